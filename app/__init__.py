@@ -1,0 +1,1 @@
+"""wavefarm: what every process shares (settings, state, stores, audio, host features, interfaces)."""

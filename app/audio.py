@@ -1,0 +1,168 @@
+"""Audio in and out: decode uploads, normalise a reference voice, write outputs atomically.
+
+Everything that touches audio *files* lives here (soundfile: WAV, FLAC, OGG, MP3 where libsndfile
+supports it). The feature maths is in `app.features`; this module does no model work.
+
+Refusals raise `BadAudio` with the reason, before any large allocation where possible: the decoder
+is told how many frames it may produce, so a lying header or a compression bomb cannot make us
+decode an hour of audio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio.functional as AF
+
+from app.errors import BadAudio
+
+log = logging.getLogger(__name__)
+
+PROMPT_SAMPLE_RATE = 24000
+PROMPT_SECONDS = 6.0
+PROMPT_SAMPLES = int(PROMPT_SAMPLE_RATE * PROMPT_SECONDS)
+MAX_CHANNELS = 8
+SILENCE_PEAK = 1e-4  # -80 dBFS: a reference quieter than this carries no voice
+
+
+@dataclass(frozen=True)
+class AudioLimits:
+    """What a client may send; the service passes values from its settings."""
+
+    max_bytes: int = 50 * 1024 * 1024
+    max_seconds: float = 600.0
+    min_seconds: float = 0.5
+    min_sample_rate: int = 8000
+    max_sample_rate: int = 96000
+
+
+@dataclass(frozen=True)
+class Decoded:
+    pcm: np.ndarray  # [T, C] float32 in [-1, 1]
+    sample_rate: int
+    format: str  # soundfile's name: WAV, FLAC, OGG, MP3
+
+
+def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> Decoded:
+    """Decode an uploaded audio file, refusing anything outside `limits`."""
+    if not data:
+        raise BadAudio("audio file is empty")
+    if len(data) > limits.max_bytes:
+        raise BadAudio(f"audio file is {len(data)} bytes; the limit is {limits.max_bytes}")
+    try:
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            sample_rate, channels, fmt = f.samplerate, f.channels, f.format
+            _check_header(sample_rate, channels, limits)
+            cap = int(limits.max_seconds * sample_rate)
+            # Read one frame past the cap: a header may lie about its length.
+            pcm = f.read(frames=cap + 1, dtype="float32", always_2d=True)
+    except BadAudio:
+        raise
+    except (sf.LibsndfileError, RuntimeError, ValueError, TypeError) as exc:
+        raise BadAudio(f"not a readable audio file (WAV, FLAC, OGG or MP3): {exc}") from exc
+    if pcm.shape[0] > cap:
+        raise BadAudio(f"audio is longer than the {limits.max_seconds:g} s limit")
+    if pcm.shape[0] < limits.min_seconds * sample_rate:
+        raise BadAudio(f"audio is {pcm.shape[0] / sample_rate:.3f} s long; at least "
+                       f"{limits.min_seconds:g} s is needed")
+    return Decoded(pcm=pcm, sample_rate=sample_rate, format=fmt)
+
+
+def _check_header(sample_rate: int, channels: int, limits: AudioLimits) -> None:
+    if channels < 1 or channels > MAX_CHANNELS:
+        raise BadAudio(f"audio has {channels} channels; at most {MAX_CHANNELS} are accepted")
+    if not limits.min_sample_rate <= sample_rate <= limits.max_sample_rate:
+        raise BadAudio(f"sample rate {sample_rate} Hz is outside the accepted "
+                       f"{limits.min_sample_rate}..{limits.max_sample_rate} Hz")
+
+
+def resample(pcm: np.ndarray | torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
+    """Band-limited resampling (torchaudio's windowed sinc, its defaults); pcm: [..., T]."""
+    wave = torch.as_tensor(pcm, dtype=torch.float32)
+    if orig_sr == new_sr:
+        return wave
+    return AF.resample(wave, orig_sr, new_sr)
+
+
+def normalise_reference(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, str]:
+    """Reference audio -> (mono 24 kHz float32 PCM of exactly 6 s, voice id).
+
+    pcm: [T, C] or [T]. Downmix, resample, truncate (with a warning) or zero-pad. The voice id is
+    the sha256 of the normalised float32 bytes followed by the sample rate, so the same voice
+    uploaded as WAV or FLAC, or at another sample rate that resamples identically, is one voice.
+    """
+    pcm = np.asarray(pcm, dtype=np.float32)
+    if pcm.ndim == 1:
+        pcm = pcm[:, None]
+    if pcm.ndim != 2 or pcm.shape[0] == 0:
+        raise BadAudio("reference audio is empty")
+    if pcm.shape[1] > MAX_CHANNELS:
+        raise BadAudio(f"reference has {pcm.shape[1]} channels; at most {MAX_CHANNELS} are accepted")
+    if not np.isfinite(pcm).all():
+        raise BadAudio("reference audio contains NaN or infinite samples")
+    mono = pcm.mean(axis=1)
+    if float(np.abs(mono).max()) < SILENCE_PEAK:
+        raise BadAudio("reference audio is silent")
+    wave = resample(mono, sample_rate, PROMPT_SAMPLE_RATE).numpy()
+    if wave.shape[0] > PROMPT_SAMPLES:
+        log.warning("reference is %.2f s; using its first %.1f s", wave.shape[0] / PROMPT_SAMPLE_RATE,
+                    PROMPT_SECONDS)
+        wave = wave[:PROMPT_SAMPLES]
+    elif wave.shape[0] < PROMPT_SAMPLES:
+        wave = np.pad(wave, (0, PROMPT_SAMPLES - wave.shape[0]))
+    wave = np.ascontiguousarray(wave, dtype=np.float32)
+    return wave, voice_id_of(wave)
+
+
+def voice_id_of(pcm24k: np.ndarray) -> str:
+    digest = hashlib.sha256(np.ascontiguousarray(pcm24k, dtype="<f4").tobytes())
+    digest.update(str(PROMPT_SAMPLE_RATE).encode())
+    return digest.hexdigest()
+
+
+def load_reference(data: bytes, limits: AudioLimits = AudioLimits()) -> tuple[np.ndarray, str]:
+    """Uploaded reference file bytes -> (normalised 24 kHz PCM, voice id)."""
+    decoded = decode_audio(data, limits)
+    return normalise_reference(decoded.pcm, decoded.sample_rate)
+
+
+OUTPUT_FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16")}
+
+
+def open_output(path: Path, fmt: str, sample_rate: int = PROMPT_SAMPLE_RATE) -> tuple[sf.SoundFile, Path]:
+    """Open a temp file beside `path` for incremental writing; `commit_output` renames it in place."""
+    if fmt not in OUTPUT_FORMATS:
+        raise BadAudio(f"output format {fmt!r} is not one of {sorted(OUTPUT_FORMATS)}")
+    container, subtype = OUTPUT_FORMATS[fmt]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    os.close(fd)
+    handle = sf.SoundFile(tmp, mode="w", samplerate=sample_rate, channels=1, format=container,
+                          subtype=subtype)
+    return handle, Path(tmp)
+
+
+def commit_output(handle: sf.SoundFile, tmp: Path, path: Path) -> None:
+    handle.close()
+    os.replace(tmp, path)
+
+
+def write_audio(path: Path, wave: np.ndarray, fmt: str, sample_rate: int = PROMPT_SAMPLE_RATE) -> None:
+    """Write a whole waveform atomically (temp name, then rename)."""
+    handle, tmp = open_output(path, fmt, sample_rate)
+    try:
+        handle.write(np.asarray(wave, dtype=np.float32))
+    except BaseException:
+        handle.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    commit_output(handle, tmp, path)

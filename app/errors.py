@@ -1,0 +1,43 @@
+"""The error tree. Interfaces map these to responses; everything else is a bug.
+
+WavefarmError
+ +-- BadInput            the client sent something we refuse (HTTP 4xx)
+ |    +-- BadAudio       unreadable, empty, non-finite, too many channels, too long ...
+ |    +-- BadTokens      out of range, wrong type, empty, too many
+ +-- NotFound            an id that does not exist
+ +-- FeaturesMissing     a voice's prepared features are not in the feature store
+ +-- ModelLoadError      a model folder that cannot be loaded (names the file)
+ +-- EngineFailure       the engine failed one job (the engine itself goes on)
+"""
+
+
+class WavefarmError(Exception):
+    """Base of every error wavefarm raises on purpose."""
+
+
+class BadInput(WavefarmError):
+    """The client's input is refused; the message says why."""
+
+
+class BadAudio(BadInput):
+    """Reference or source audio that cannot be used."""
+
+
+class BadTokens(BadInput):
+    """Speech tokens that cannot be decoded."""
+
+
+class NotFound(WavefarmError):
+    """No such job, voice or book."""
+
+
+class FeaturesMissing(WavefarmError):
+    """The feature store has no entry for a voice (never prepared, expired or evicted)."""
+
+
+class ModelLoadError(WavefarmError):
+    """A model folder is missing a file or holds something unsupported; names the file."""
+
+
+class EngineFailure(WavefarmError):
+    """The engine failed one job; other jobs go on."""

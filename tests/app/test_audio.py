@@ -1,0 +1,121 @@
+"""Reference audio: decoding limits, normalisation, identity, atomic output files."""
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from app.audio import (
+    PROMPT_SAMPLES,
+    AudioLimits,
+    decode_audio,
+    load_reference,
+    normalise_reference,
+    write_audio,
+)
+from app.errors import BadAudio
+
+
+def encode(pcm: np.ndarray, sr: int, fmt: str = "WAV", subtype: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, pcm, sr, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
+def speechy(seconds: float, sr: int, channels: int = 1, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sr)) / sr
+    mono = 0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    mono = mono + 0.01 * rng.standard_normal(mono.shape)
+    return np.stack([mono] * channels, axis=1).astype(np.float32) if channels > 1 else mono.astype(np.float32)
+
+
+def test_same_voice_in_wav_and_flac_has_one_identity():
+    pcm = speechy(3.0, 16000)
+    a_pcm, a_id = load_reference(encode(pcm, 16000, "WAV", "FLOAT"))
+    b_pcm, b_id = load_reference(encode(pcm, 16000, "FLAC", "PCM_24"))
+    assert a_pcm.shape == (PROMPT_SAMPLES,) and a_pcm.dtype == np.float32
+    assert np.abs(a_pcm - b_pcm).max() < 1e-5  # FLAC is 24-bit
+    assert a_id != b_id or np.array_equal(a_pcm, b_pcm)
+    again, again_id = load_reference(encode(pcm, 16000, "WAV", "FLOAT"))
+    assert again_id == a_id and np.array_equal(again, a_pcm)
+
+
+def test_long_reference_is_truncated_to_six_seconds_and_short_one_zero_padded(caplog):
+    long_pcm, _ = normalise_reference(speechy(9.0, 24000), 24000)
+    assert long_pcm.shape == (PROMPT_SAMPLES,)
+    assert "using its first 6.0 s" in caplog.text
+    short_pcm, _ = normalise_reference(speechy(2.0, 24000), 24000)
+    assert short_pcm.shape == (PROMPT_SAMPLES,)
+    assert np.all(short_pcm[2 * 24000:] == 0) and np.abs(short_pcm[:24000]).max() > 0.1
+
+
+def test_stereo_is_downmixed_and_48k_resampled():
+    stereo = speechy(2.0, 48000, channels=2)
+    stereo[:, 1] *= 0.0
+    pcm, _ = load_reference(encode(stereo, 48000))
+    mono, _ = load_reference(encode(stereo.mean(axis=1), 48000))
+    assert np.abs(pcm - mono).max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "empty"),
+        (encode(np.zeros(1, np.float32), 16000), "long; at least"),
+        (encode(np.zeros(16000, np.float32), 16000), "silent"),
+        (encode(speechy(1.0, 16000, channels=9), 16000), "9 channels"),
+        (encode(speechy(1.0, 192000), 192000), "192000 Hz"),
+        (b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 40, "not a readable audio file"),
+        (b"this is not audio at all, just text pretending to be a .wav", "not a readable audio file"),
+    ],
+    ids=["empty", "one-sample", "all-zeros", "nine-channels", "192k", "lying-header", "text"],
+)
+def test_bad_references_are_refused_with_the_reason(data, reason):
+    with pytest.raises(BadAudio, match=reason):
+        load_reference(data)
+
+
+def test_non_finite_samples_are_refused():
+    pcm = speechy(1.0, 16000)
+    pcm[100] = np.nan
+    with pytest.raises(BadAudio, match="NaN"):
+        normalise_reference(pcm, 16000)
+    pcm[100] = np.inf
+    with pytest.raises(BadAudio, match="NaN or infinite"):
+        normalise_reference(pcm, 16000)
+
+
+def test_truncated_file_is_refused_or_shorter():
+    data = encode(speechy(2.0, 16000), 16000, "FLAC")
+    with pytest.raises(BadAudio):
+        decode_audio(data[: len(data) // 50])
+
+
+def test_duration_and_size_limits_hold_without_decoding_everything():
+    data = encode(speechy(3.0, 8000), 8000, "FLAC")
+    with pytest.raises(BadAudio, match="longer than the 2 s limit"):
+        decode_audio(data, AudioLimits(max_seconds=2.0))
+    with pytest.raises(BadAudio, match="bytes; the limit"):
+        decode_audio(data, AudioLimits(max_bytes=100))
+
+
+def test_zip_archive_with_wav_extension_is_refused():
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("a.wav", b"\x00" * 10_000_000)
+    with pytest.raises(BadAudio, match="not a readable audio file"):
+        load_reference(buf.getvalue())
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_write_audio_is_atomic_and_readable(tmp_path, fmt):
+    wave = speechy(0.5, 24000)
+    out = tmp_path / "sub" / f"job.{fmt}"
+    write_audio(out, wave, fmt)
+    back, sr = sf.read(out, dtype="float32")
+    assert sr == 24000 and back.shape == wave.shape
+    assert np.abs(back - wave).max() < 1e-4
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
