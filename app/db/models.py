@@ -1,0 +1,174 @@
+"""SQLAlchemy 2.0 models: the source of truth for voices, jobs and worker installs.
+
+Only table definitions live here; reading and writing goes through
+`app.db.queries`. Types are chosen to behave the same on SQLite and
+PostgreSQL (strings for enums and ids, JSON for token lists, UTC datetimes).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Named constraints: Alembic's batch mode on SQLite needs names to drop or alter them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend (SQLite drops the zone; we put it back)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: wavefarm stores UTC-aware datetimes only")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class VoiceStatus(enum.StrEnum):
+    PENDING = "pending"
+    PREPARING = "preparing"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    PREPARING = "preparing"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+LIVE_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.PREPARING, JobStatus.RUNNING)
+DONE_JOB_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class JobKind(enum.StrEnum):
+    TOKENS = "tokens"
+
+
+class OutputFormat(enum.StrEnum):
+    WAV = "wav"
+    FLAC = "flac"
+
+
+class PrepPath(enum.StrEnum):
+    """How a job's voice came to be installed on the GPU worker (each path is counted)."""
+
+    PREPARED_AHEAD = "prepared_ahead"
+    ALREADY_INSTALLED = "already_installed"
+    INLINE = "inline"
+    LATE = "late"
+    FAILED = "failed"
+    QUEUE_FULL = "queue_full"
+    ABANDONED = "abandoned"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: dict[Any, Any] = {datetime: UTCDateTime()}
+
+
+class Voice(Base):
+    """A reference voice, identified by the sha256 of its normalised PCM (+ sample rate)."""
+
+    __tablename__ = "voices"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), default=VoiceStatus.PENDING)
+    # Relative to the artifact root: references/<sha256 of the file>.<ext>
+    reference_path: Mapped[str | None] = mapped_column(String(255))
+    prepare_started_at: Mapped[datetime | None]
+    prepared_at: Mapped[datetime | None]
+    prepare_ms: Mapped[float | None]  # host half, wall time of the last successful preparation
+    feature_nbytes: Mapped[int | None] = mapped_column(BigInteger)
+    prepare_count: Mapped[int] = mapped_column(Integer, default=0)
+    uses: Mapped[int] = mapped_column(Integer, default=0)  # jobs submitted with this voice
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Job(Base):
+    """One synthesis request: tokens in a voice -> an output file."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_status_priority", "status", "priority"),
+        Index("ix_jobs_voice_id", "voice_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
+    voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id"))
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
+    kind: Mapped[str] = mapped_column(String(16), default=JobKind.TOKENS)
+    # Inline JSON list of ints, or None when the list lives in the artifact store (tokens_path).
+    tokens: Mapped[list[int] | None] = mapped_column(JSON)
+    tokens_path: Mapped[str | None] = mapped_column(String(255))
+    n_tokens: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    output_format: Mapped[str] = mapped_column(String(8), default=OutputFormat.WAV)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
+    frames_done: Mapped[int] = mapped_column(Integer, default=0)
+    frames_total: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    first_audio_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    prep_path: Mapped[str | None] = mapped_column(String(32))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    output_path: Mapped[str | None] = mapped_column(String(255))
+    worker: Mapped[str | None] = mapped_column(String(255))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class WorkerVoice(Base):
+    """A voice installed on one GPU worker (prompt + setup caches resident on its device)."""
+
+    __tablename__ = "worker_voices"
+
+    worker_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"), primary_key=True)
+    installed_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used: Mapped[datetime] = mapped_column(default=utcnow)
+    pinned: Mapped[int] = mapped_column(Integer, default=0)  # live jobs using the install
+    nbytes: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,0 +1,80 @@
+"""Deployment settings: one pydantic-settings object read from WAVEFARM_* variables.
+
+Build it once at a process entry point (`get_settings()`) and pass it down
+explicitly; library code never reads the environment itself. Model
+hyper-parameters live in the model's dataclass, not here.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DAY_S = 24 * 3600
+
+
+class Settings(BaseSettings):
+    """Everything a wavefarm process may be configured with (`WAVEFARM_<NAME>`)."""
+
+    # `model_dir` and `model_preset` would collide with pydantic's `model_` namespace.
+    model_config = SettingsConfigDict(
+        env_prefix="WAVEFARM_", extra="ignore", protected_namespaces=("settings_",), frozen=True
+    )
+
+    # State and transport.
+    database_url: str = Field("", description="SQLAlchemy URL; empty: <artifact_root>/../wavefarm.sqlite")
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    result_backend: str = "redis://127.0.0.1:6379/1"
+    feature_store_url: str = "redis://127.0.0.1:6379/2"
+    artifact_root: Path = Path("./var/artifacts")
+    queue_cpu: str = Field("cpu", min_length=1, description="Celery queue of the CPU tasks")
+    queue_gpu: str = Field("gpu", min_length=1, description="Celery queue of the synth task")
+
+    # Model and device.
+    model_dir: Path | None = Field(None, description="checkpoint folder; None means dummy weights")
+    model_preset: Literal["full", "tiny"] = "full"
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+
+    # Engine.
+    micro_batch_size: int = Field(8, ge=1, le=256)
+    worker_slots: int = Field(8, ge=1, le=1024)
+    prep_wait_ms: int = Field(2000, ge=0)
+    voice_cache_capacity: int = Field(8, ge=1, description="installed voices per worker")
+    feature_ttl_s: int = Field(7 * DAY_S, ge=1)
+
+    # Limits on what clients may send.
+    max_reference_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    max_reference_seconds: float = Field(60.0, gt=0)
+    max_tokens: int = Field(25 * 3600, ge=1, description="speech tokens per job (25 per second of audio)")
+
+    # Jobs.
+    visibility_timeout_s: int = Field(6 * 3600, ge=1, description="must exceed the longest job")
+    progress_interval_s: float = Field(1.0, gt=0)
+    job_max_attempts: int = Field(3, ge=1)
+
+    api_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _default_database_url(self) -> Settings:
+        if not self.database_url:
+            path = (self.artifact_root.parent / "wavefarm.sqlite").resolve()
+            # frozen model: set through object.__setattr__ once, during validation
+            object.__setattr__(self, "database_url", f"sqlite:///{path}")
+        return self
+
+    @model_validator(mode="after")
+    def _visibility_outlasts_prep_wait(self) -> Settings:
+        if self.visibility_timeout_s * 1000 <= self.prep_wait_ms:
+            raise ValueError("visibility_timeout_s must be longer than prep_wait_ms (and the longest job)")
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once. Entry points only."""
+    return Settings()
