@@ -1,0 +1,344 @@
+"""The engine: continuous batching of streaming jobs over one decoder, in the style of vLLM's EngineCore.
+
+`add(job)` and `abort(job_id)` may be called from any thread; `step()` is called by the one thread that
+owns the device and does, in order:
+1. pump: apply aborts, admit new jobs, resolve each waiting job's voice (installed -> pin; features in the
+   store -> install; not ready -> keep waiting up to `prep_wait_ms` while other rows decode, then prepare
+   inline), and open its stream;
+2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream);
+3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
+4. finish: release finished, failed and aborted jobs (unpin, forget), reclaim abandoned installs and
+   evict least-recently-used unpinned voices over capacity.
+
+Every way a job's voice became ready is counted (`PREP_PATHS`) and recorded on the job. A failure in one
+job (bad features, a decode error confined to its row) fails that job with an `EngineFailure`; the engine
+goes on. Transport (Celery, Redis, the database) stays outside: features come through `FeatureSource`,
+inline preparation through `InlinePreparer`, and results leave as events.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from app.errors import EngineFailure
+from app.features import PromptHostFeatures
+from gpu_worker.model.config import SAMPLE_RATE
+from gpu_worker.scheduler import Scheduler, StreamView
+from gpu_worker.streams import (
+    Aborted,
+    Audio,
+    Chunk,
+    ChunkRow,
+    EngineEvent,
+    EngineJob,
+    Failed,
+    Finished,
+    VoiceEvicted,
+    VoiceInstalled,
+    VoiceReady,
+    plan_chunks,
+    validate_tokens,
+)
+from gpu_worker.voices import InstalledVoice, VoiceCache
+
+log = logging.getLogger(__name__)
+
+# How a job's voice became ready. prepared_ahead: features were in the store when the job arrived;
+# already_installed: the voice was installed on this worker; late: the features arrived while the job
+# waited; inline: the wait ran out and the worker prepared the voice itself; failed / unavailable: the
+# stored features were unusable / the store could not be read, so the worker prepared inline at once;
+# queue_full: the voice's CPU preparation was never queued, so no waiting; abandoned: the job went away
+# while waiting for its voice.
+PREP_PATHS = ("prepared_ahead", "already_installed", "late", "inline", "failed", "unavailable",
+              "queue_full", "abandoned")
+
+
+class FeatureSource(Protocol):
+    def get(self, voice_id: str) -> PromptHostFeatures | None:
+        """Prepared features, or None while not (yet) there. Raise ConnectionError if unreadable."""
+
+
+class InlinePreparer(Protocol):
+    def prepare(self, job: EngineJob) -> PromptHostFeatures:
+        """Compute the job's voice's host features now (read the reference, run the host half)."""
+
+
+class StreamDecoder(Protocol):
+    def open_stream(self, voice: Any, seed: int) -> Any: ...
+
+    def step(self, rows: list[Any]) -> list[torch.Tensor]: ...
+
+
+@dataclass
+class _Live:
+    job: EngineJob
+    tokens: torch.Tensor  # [N] int64, CPU
+    chunks: list[Chunk]
+    arrival: int
+    admitted: float
+    deadline: float = 0.0  # end of the prep wait
+    prep_path: str | None = None
+    polled: bool = False  # the feature store was asked at least once
+    stream: Any = None
+    pinned: bool = False
+    next_chunk: int = 0
+    samples: int = 0
+    times: dict[str, float] = field(default_factory=dict)
+    outcome: str | None = None  # finished | failed | aborted: released at the next finish phase
+
+
+class Engine:
+    def __init__(self, decoder: StreamDecoder, voices: VoiceCache, *, features: FeatureSource,
+                 preparer: InlinePreparer, micro_batch_size: int, prep_wait_ms: float,
+                 clock: Callable[[], float] = time.monotonic, max_first_chunks: int | None = None) -> None:
+        self.decoder = decoder
+        self.voices = voices
+        self.features = features
+        self.preparer = preparer
+        self.prep_wait_s = prep_wait_ms / 1000.0
+        self.clock = clock
+        self.scheduler = Scheduler(micro_batch_size=micro_batch_size, max_first_chunks=max_first_chunks)
+        self.counters: Counter[str] = Counter(dict.fromkeys(PREP_PATHS, 0))
+        self.stats: Counter[str] = Counter()  # steps, rows, jobs finished / failed / aborted
+        self._live: dict[str, _Live] = {}
+        self._inbox: deque[EngineJob] = deque()
+        self._aborts: set[str] = set()
+        self._known: set[str] = set()  # queued or live job ids (guarded by _cond)
+        self._cond = threading.Condition()
+        self._arrivals = itertools.count()
+
+    # -- called from any thread ----------------------------------------------------------------------
+    def add(self, job: EngineJob) -> None:
+        """Queue a job for admission at the next step; BadTokens at once if its tokens are unusable."""
+        validate_tokens(job.tokens)
+        with self._cond:
+            if job.job_id in self._known:
+                raise ValueError(f"job {job.job_id} is already in the engine")
+            self._known.add(job.job_id)
+            self._inbox.append(job)
+            self._cond.notify_all()
+
+    def abort(self, job_id: str) -> None:
+        """Drop a job at the next step (frees its slot and its voice pin); unknown ids are ignored."""
+        with self._cond:
+            if job_id in self._known:
+                self._aborts.add(job_id)
+                self._cond.notify_all()
+
+    def wait_for_work(self, timeout: float | None = None) -> bool:
+        """Block until a job or an abort is queued or a job is live; True if there is work."""
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._inbox or self._aborts or self._live), timeout)
+
+    def live_jobs(self) -> list[str]:
+        return list(self._live)
+
+    def idle_hint_s(self) -> float:
+        """How long the loop may sleep when a step decoded nothing (until the nearest prep deadline)."""
+        waiting = [lv.deadline for lv in self._live.values() if lv.stream is None and lv.outcome is None]
+        if not waiting:
+            return 0.05
+        return max(0.0, min(0.01, min(waiting) - self.clock()))
+
+    # -- the engine thread ---------------------------------------------------------------------------
+    def step(self) -> list[EngineEvent]:
+        events: list[EngineEvent] = []
+        self._pump(events)  # 1. aborts, admissions, voices
+        picked = self.scheduler.pick(self._views())  # 2. schedule
+        if picked:
+            self._execute([self._live[v.job_id] for v in picked], events)  # 3. decode
+        self._finish(events)  # 4. release, reclaim, evict
+        self.stats["steps"] += 1
+        return events
+
+    # 1. pump -----------------------------------------------------------------------------------------
+    def _pump(self, events: list[EngineEvent]) -> None:
+        with self._cond:
+            admitted = list(self._inbox)
+            self._inbox.clear()
+            aborts = set(self._aborts)
+            self._aborts.clear()
+        now = self.clock()
+        for job in admitted:
+            self._live[job.job_id] = _Live(job=job, tokens=validate_tokens(job.tokens),
+                                           chunks=plan_chunks(len(job.tokens)), arrival=next(self._arrivals),
+                                           admitted=now, deadline=now + self.prep_wait_s)
+        for job_id in aborts:
+            live = self._live.get(job_id)
+            if live is not None:
+                self._abort_live(live, events)
+        fetched: dict[str, PromptHostFeatures | None | Exception] = {}
+        for live in list(self._live.values()):
+            if live.stream is None and live.outcome is None:
+                self._resolve_voice(live, fetched, events)
+
+    def _abort_live(self, live: _Live, events: list[EngineEvent]) -> None:
+        if live.outcome is not None:
+            return
+        if live.stream is None:
+            live.prep_path = "abandoned"
+            self.counters["abandoned"] += 1
+        live.outcome = "aborted"
+        events.append(Aborted(job_id=live.job.job_id, prep_path=live.prep_path))
+
+    def _resolve_voice(self, live: _Live, fetched: dict[str, Any], events: list[EngineEvent]) -> None:
+        voice_id = live.job.voice_id
+        first_try, live.polled = not live.polled, True
+        if voice_id in self.voices:
+            self._start(live, "already_installed", self.voices.pin(voice_id), events)
+            return
+        if live.job.prep_hint in ("queue_full", "failed"):
+            self._install_inline(live, live.job.prep_hint, events)
+            return
+        if voice_id not in fetched:
+            fetched[voice_id] = self._fetch(voice_id)
+        got = fetched[voice_id]
+        if isinstance(got, PromptHostFeatures):
+            path = "prepared_ahead" if first_try else "late"
+            try:
+                self._install(got, events)
+            except Exception as exc:  # noqa: BLE001 - bad stored features fall back to inline preparation
+                log.warning("job %s: installing stored features of voice %s failed (%s); preparing inline",
+                            live.job.job_id, voice_id, exc)
+                fetched[voice_id] = exc
+                self._install_inline(live, "failed", events)
+                return
+            self._start(live, path, self.voices.pin(voice_id), events)
+        elif isinstance(got, Exception):
+            path = "unavailable" if isinstance(got, ConnectionError) else "failed"
+            self._install_inline(live, path, events)
+        elif self.clock() >= live.deadline:
+            self._install_inline(live, "inline", events)
+
+    def _fetch(self, voice_id: str) -> PromptHostFeatures | None | Exception:
+        try:
+            got = self.features.get(voice_id)
+        except Exception as exc:  # noqa: BLE001 - any store problem means "prepare inline", counted
+            log.warning("feature store read for voice %s failed: %s", voice_id, exc)
+            return exc
+        if got is not None and got.voice_id != voice_id:
+            return ValueError(f"feature store returned voice {got.voice_id} for {voice_id}")
+        return got
+
+    def _install_inline(self, live: _Live, path: str, events: list[EngineEvent]) -> None:
+        try:
+            host = self.preparer.prepare(live.job)
+            if host.voice_id != live.job.voice_id:
+                raise ValueError(f"inline preparation produced voice {host.voice_id}")
+            entry = self.voices.get(host.voice_id) or self._install(host, events)
+        except Exception as exc:  # noqa: BLE001 - one job's preparation failing fails that job only
+            self._fail(live, exc, events, path=path)
+            return
+        self._start(live, path, self.voices.pin(entry.voice_id), events)
+
+    def _install(self, host: PromptHostFeatures, events: list[EngineEvent]) -> InstalledVoice:
+        entry = self.voices.install(host)
+        events.append(VoiceInstalled(voice_id=entry.voice_id, nbytes=entry.nbytes, install_s=entry.install_s))
+        return entry
+
+    def _start(self, live: _Live, path: str, entry: InstalledVoice, events: list[EngineEvent]) -> None:
+        live.pinned = True
+        live.prep_path = path
+        self.counters[path] += 1
+        now = self.clock()
+        live.times["prep_wait_s"] = now - live.admitted
+        try:
+            live.stream = self.decoder.open_stream(entry.prompt, live.job.seed)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of device memory for this stream's caches
+            self._fail(live, exc, events, path=path)
+            return
+        events.append(VoiceReady(job_id=live.job.job_id, voice_id=live.job.voice_id, prep_path=path,
+                                 wait_s=live.times["prep_wait_s"]))
+
+    # 2. schedule -------------------------------------------------------------------------------------
+    def _views(self) -> list[StreamView]:
+        return [StreamView(job_id=lv.job.job_id, voice_id=lv.job.voice_id,
+                           ready=lv.stream is not None, chunk_index=lv.next_chunk,
+                           priority=lv.job.priority, arrival=lv.arrival)
+                for lv in self._live.values() if lv.outcome is None]
+
+    # 3. execute --------------------------------------------------------------------------------------
+    def _execute(self, batch: list[_Live], events: list[EngineEvent]) -> None:
+        rows = []
+        for live in batch:
+            self.voices.wait_ready(live.job.voice_id)
+            chunk = live.chunks[live.next_chunk]
+            rows.append(ChunkRow(live.stream, live.tokens[chunk.start:chunk.stop], chunk.last))
+        try:
+            audios = self.decoder.step(rows)
+        except Exception as exc:  # noqa: BLE001 - isolate the failing row by decoding one by one
+            if len(batch) == 1:
+                self._fail(batch[0], exc, events)
+                return
+            log.warning("batched step of %d rows failed (%s); decoding rows one by one", len(batch), exc)
+            for live in batch:
+                self._execute([live], events)
+            return
+        self.stats["rows"] += len(rows)
+        self.stats["batches"] += 1
+        for live, audio in zip(batch, _to_host(audios), strict=True):
+            self._hand_out(live, audio, events)
+
+    def _hand_out(self, live: _Live, audio: torch.Tensor, events: list[EngineEvent]) -> None:
+        now = self.clock()
+        if live.next_chunk == 0:
+            self.voices.mark_used(live.job.voice_id)
+            live.times["first_audio_s"] = now - live.admitted
+        index = live.next_chunk
+        live.next_chunk += 1
+        live.samples += audio.numel()
+        last = live.next_chunk == len(live.chunks)
+        events.append(Audio(job_id=live.job.job_id, chunk_index=index, n_chunks=len(live.chunks),
+                            samples=audio, last=last))
+        if last:
+            live.outcome = "finished"
+            live.times["total_s"] = now - live.admitted
+            self.stats["finished"] += 1
+            events.append(Finished(job_id=live.job.job_id, prep_path=live.prep_path or "",
+                                   n_samples=live.samples, audio_s=live.samples / SAMPLE_RATE,
+                                   timings=dict(live.times)))
+
+    def _fail(self, live: _Live, exc: BaseException, events: list[EngineEvent],
+              path: str | None = None) -> None:
+        error = EngineFailure(f"job {live.job.job_id}: {type(exc).__name__}: {exc}")
+        log.error("%s", error, exc_info=exc)
+        live.prep_path = live.prep_path or path
+        live.outcome = "failed"
+        self.stats["failed"] += 1
+        events.append(Failed(job_id=live.job.job_id, error=str(error), prep_path=live.prep_path))
+
+    # 4. finish ---------------------------------------------------------------------------------------
+    def _finish(self, events: list[EngineEvent]) -> None:
+        done = [lv for lv in self._live.values() if lv.outcome is not None]
+        for live in done:
+            del self._live[live.job.job_id]
+            self.scheduler.forget(live.job.job_id)
+            if live.pinned:
+                self.voices.unpin(live.job.voice_id)
+                if live.outcome != "finished":
+                    self.voices.reclaim_if_unused(live.job.voice_id)
+            if live.outcome == "aborted":
+                self.stats["aborted"] += 1
+        if done:
+            with self._cond:
+                self._known.difference_update(lv.job.job_id for lv in done)
+        for voice_id in self.voices.collect():
+            events.append(VoiceEvicted(voice_id=voice_id))
+
+
+def _to_host(audios: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Device audio rows -> float32 CPU tensors with one transfer for the whole step."""
+    if not audios:
+        return []
+    lengths = [a.numel() for a in audios]
+    flat = torch.cat([a.reshape(-1) for a in audios]).to("cpu", torch.float32)
+    return list(torch.split(flat, lengths))

@@ -1,0 +1,161 @@
+"""The vocabulary of streams shared by engine, decoder and worker: jobs, chunk plans, rows, events.
+
+No model and no transport here: `EngineJob` (what the worker hands the engine), the chunk plan (how a
+job's speech tokens are cut into streaming chunks, MODEL.md "Streaming"), `ChunkRow` (one row of a
+decoder step) and the events one engine step hands out.
+
+A chunk is 25 new tokens plus 3 lookahead tokens; the next chunk starts 25 tokens later, so the
+lookahead tokens are fed again as that chunk's new tokens. The tail (whatever is left once fewer than
+28 tokens remain, at least the 3 lookahead tokens of the previous chunk) is the final chunk, which the
+encoder pads with 3 zero frames. This is exactly how Step-Audio 2's `token2wav` streaming example feeds
+`Token2wav.stream`: chunk 0 starts at the job's first token; its left context is the voice's prompt,
+whose own lookahead in the setup solve was three silence tokens (4218).
+
+Audio per chunk: a non-final chunk yields 25 * 2 mel frames, the final one 2 * its tokens; the vocoder
+holds back its last 3840 samples (8 mel frames) for the cross-fade except after the final chunk, so a job
+of N tokens yields exactly N * 960 samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from app.errors import BadTokens
+from gpu_worker.model.config import (
+    CHUNK_TOKENS,
+    HIFT_SOURCE_CACHE,
+    LOOKAHEAD_TOKENS,
+    MEL_PER_TOKEN,
+    SAMPLES_PER_MEL,
+)
+
+VOCAB_SIZE = 6561  # speech token ids 0..6560
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    job_id: str
+    voice_id: str
+    tokens: Sequence[int] | torch.Tensor
+    seed: int
+    priority: int = 0
+    prep_hint: str | None = None  # "queue_full" or "failed": the CPU preparation will not come
+
+
+def validate_tokens(tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Speech tokens -> [N] int64 CPU tensor; BadTokens if empty or out of range."""
+    try:
+        tensor = torch.as_tensor(tokens).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise BadTokens(f"speech tokens are not a list of integers: {exc}") from exc
+    if tensor.numel() == 0:
+        raise BadTokens("no speech tokens")
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise BadTokens(f"speech tokens must be integers, got {tensor.dtype}")
+    tensor = tensor.to(torch.int64)
+    if int(tensor.min()) < 0 or int(tensor.max()) >= VOCAB_SIZE:
+        raise BadTokens(f"speech tokens must be in 0..{VOCAB_SIZE - 1}")
+    return tensor
+
+
+class Chunk(NamedTuple):
+    start: int  # first token (inclusive)
+    stop: int  # last token (exclusive), lookahead included
+    last: bool
+
+    @property
+    def mel_frames(self) -> int:
+        new_tokens = self.stop - self.start if self.last else self.stop - self.start - LOOKAHEAD_TOKENS
+        return new_tokens * MEL_PER_TOKEN
+
+
+class ChunkRow(NamedTuple):
+    """One row of a decoder step: a stream and the tokens of its next chunk."""
+
+    stream: Any  # gpu_worker.decoder.StreamState
+    tokens: torch.Tensor  # [T] int64: 25 new + 3 lookahead, or the final tail
+    last: bool
+
+
+def plan_chunks(n_tokens: int) -> list[Chunk]:
+    """[Chunk(0, 28, False), Chunk(25, 53, False), ..., Chunk(k, n_tokens, True)]."""
+    if n_tokens < 1:
+        raise ValueError(f"a stream needs at least one token, got {n_tokens}")
+    window = CHUNK_TOKENS + LOOKAHEAD_TOKENS
+    chunks: list[Chunk] = []
+    start = 0
+    while n_tokens - start >= window:
+        chunks.append(Chunk(start, start + window, False))
+        start += CHUNK_TOKENS
+    chunks.append(Chunk(start, n_tokens, True))
+    return chunks
+
+
+def chunk_samples(chunks: list[Chunk]) -> list[int]:
+    """Samples each chunk emits (the vocoder tail moves 3840 samples from one chunk to the next)."""
+    out = []
+    held = 0
+    for chunk in chunks:
+        produced = chunk.mel_frames * SAMPLES_PER_MEL + held
+        held = 0 if chunk.last else HIFT_SOURCE_CACHE
+        out.append(produced - held)
+    return out
+
+
+# -- events: what one step hands out ---------------------------------------------------------------
+@dataclass(frozen=True)
+class VoiceReady:
+    job_id: str
+    voice_id: str
+    prep_path: str
+    wait_s: float  # from admission to the voice being ready on this worker
+
+
+@dataclass(frozen=True)
+class Audio:  # a chunk's audio; chunk_index / n_chunks is the job's progress
+    job_id: str
+    chunk_index: int
+    n_chunks: int
+    samples: torch.Tensor  # [S] float32, CPU, 24 kHz
+    last: bool
+
+
+@dataclass(frozen=True)
+class Finished:
+    job_id: str
+    prep_path: str
+    n_samples: int
+    audio_s: float
+    timings: dict[str, float]  # prep_wait_s, first_audio_s, total_s (from admission)
+
+
+@dataclass(frozen=True)
+class Failed:
+    job_id: str
+    error: str
+    prep_path: str | None
+
+
+@dataclass(frozen=True)
+class Aborted:
+    job_id: str
+    prep_path: str | None
+
+
+@dataclass(frozen=True)
+class VoiceInstalled:
+    voice_id: str
+    nbytes: int
+    install_s: float
+
+
+@dataclass(frozen=True)
+class VoiceEvicted:
+    voice_id: str
+
+
+EngineEvent = VoiceReady | Audio | Finished | Failed | Aborted | VoiceInstalled | VoiceEvicted

@@ -1,0 +1,438 @@
+"""The engine with a fake decoder, a fake feature source and a fake clock: no model, Celery, Redis or DB."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from app.errors import BadTokens
+from app.features import PromptHostFeatures
+from gpu_worker.engine import PREP_PATHS, Engine
+from gpu_worker.streams import (
+    Aborted,
+    Audio,
+    ChunkRow,
+    EngineJob,
+    Failed,
+    Finished,
+    VoiceEvicted,
+    VoiceInstalled,
+    VoiceReady,
+    plan_chunks,
+)
+from gpu_worker.voices import VoiceCache
+
+# -- fakes at the engine boundary ------------------------------------------------------------------
+
+
+def features(voice_id: str) -> PromptHostFeatures:
+    seed = sum(voice_id.encode())
+    return PromptHostFeatures(voice_id=voice_id, logmel128=torch.full((128, 4), float(seed)),
+                              fbank80=torch.zeros(4, 80), mel80=torch.zeros(2, 80))
+
+
+@dataclass
+class FakePrompt:
+    voice_id: str
+    level: float
+    size: int = 1000
+
+    def nbytes(self) -> int:
+        return self.size
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        return iter(())
+
+
+def install(host: PromptHostFeatures) -> FakePrompt:
+    if host.voice_id.startswith("broken"):
+        raise RuntimeError("corrupt features")
+    return FakePrompt(host.voice_id, float(host.logmel128[0, 0]))
+
+
+@dataclass
+class FakeStream:
+    voice: FakePrompt
+    seed: int
+    chunk: int = 0
+
+
+class FakeDecoder:
+    """Deterministic fake audio: each token becomes 10 samples of voice level + seed + token."""
+
+    def __init__(self, poisoned_seeds: frozenset[int] = frozenset()) -> None:
+        self.batches: list[list[tuple[int, int]]] = []  # (seed, chunk) per row
+        self.poisoned = poisoned_seeds
+
+    def open_stream(self, voice: FakePrompt, seed: int) -> FakeStream:
+        return FakeStream(voice, seed)
+
+    def step(self, rows: list[ChunkRow]) -> list[torch.Tensor]:
+        if any(row.stream.seed in self.poisoned for row in rows):
+            raise RuntimeError("NaN in the solve")
+        self.batches.append([(row.stream.seed, row.stream.chunk) for row in rows])
+        out = []
+        for row in rows:
+            out.append(expected_chunk(row.stream.voice.level, row.stream.seed, row.tokens))
+            row.stream.chunk += 1
+        return out
+
+
+def expected_chunk(level: float, seed: int, tokens: torch.Tensor) -> torch.Tensor:
+    return (level + seed + tokens.to(torch.float32)).repeat_interleave(10)
+
+
+def expected_audio(voice_id: str, seed: int, tokens: list[int]) -> torch.Tensor:
+    level = float(sum(voice_id.encode()))
+    all_tokens = torch.tensor(tokens)
+    parts = [expected_chunk(level, seed, all_tokens[c.start:c.stop]) for c in plan_chunks(len(tokens))]
+    return torch.cat(parts)
+
+
+class FakeStore:
+    def __init__(self, *voice_ids: str) -> None:
+        self.entries = {v: features(v) for v in voice_ids}
+        self.error: Exception | None = None
+        self.gets = 0
+
+    def get(self, voice_id: str) -> PromptHostFeatures | None:
+        self.gets += 1
+        if self.error is not None:
+            raise self.error
+        return self.entries.get(voice_id)
+
+
+@dataclass
+class FakePreparer:
+    calls: list[str] = field(default_factory=list)
+    fail: bool = False
+
+    def prepare(self, job: EngineJob) -> PromptHostFeatures:
+        self.calls.append(job.job_id)
+        if self.fail:
+            raise OSError("reference audio is gone")
+        return features(job.voice_id)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    engine: Engine
+    decoder: FakeDecoder
+    store: FakeStore
+    preparer: FakePreparer
+    clock: FakeClock
+    events: list = field(default_factory=list)
+
+    def step(self, n: int = 1) -> list:
+        new = []
+        for _ in range(n):
+            new += self.engine.step()
+        self.events += new
+        return new
+
+    def run(self, max_steps: int = 200) -> None:
+        for _ in range(max_steps):
+            if not self.engine.live_jobs() and not self.engine.wait_for_work(0):
+                return
+            self.step()
+        raise AssertionError("engine did not drain")
+
+    def audio(self, job_id: str) -> torch.Tensor:
+        chunks = [e for e in self.events if isinstance(e, Audio) and e.job_id == job_id]
+        assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
+        return torch.cat([c.samples for c in chunks])
+
+    def of(self, kind: type, job_id: str | None = None) -> list:
+        return [e for e in self.events if isinstance(e, kind) and (job_id is None or e.job_id == job_id)]
+
+
+def harness(*stored: str, micro_batch_size: int = 4, prep_wait_ms: float = 500, max_voices: int = 8,
+            poisoned: frozenset[int] = frozenset()) -> Harness:
+    clock = FakeClock()
+    decoder = FakeDecoder(poisoned)
+    store = FakeStore(*stored)
+    preparer = FakePreparer()
+    voices = VoiceCache(install, device="cpu", max_voices=max_voices)
+    engine = Engine(decoder, voices, features=store, preparer=preparer, micro_batch_size=micro_batch_size,
+                    prep_wait_ms=prep_wait_ms, clock=clock)
+    return Harness(engine, decoder, store, preparer, clock)
+
+
+TOKENS = list(range(100, 180))  # 80 tokens: chunks of 28, 28, 30 (last)
+
+
+def job(job_id: str, voice: str = "alice", seed: int = 1, tokens: list[int] | None = None, **kw) -> EngineJob:
+    return EngineJob(job_id=job_id, voice_id=voice, tokens=tokens or TOKENS, seed=seed, **kw)
+
+
+# -- streaming and batching ------------------------------------------------------------------------
+
+
+def test_jobs_stream_every_chunk_in_order_and_finish() -> None:
+    h = harness("alice", "bob")
+    h.engine.add(job("j1", "alice", seed=1))
+    h.engine.add(job("j2", "bob", seed=2, tokens=TOKENS[:20]))
+    h.run()
+    assert torch.equal(h.audio("j1"), expected_audio("alice", 1, TOKENS))
+    assert torch.equal(h.audio("j2"), expected_audio("bob", 2, TOKENS[:20]))
+    done = {e.job_id: e for e in h.of(Finished)}
+    assert done.keys() == {"j1", "j2"}
+    assert done["j1"].n_samples == h.audio("j1").numel()
+    assert set(done["j1"].timings) >= {"prep_wait_s", "first_audio_s", "total_s"}
+    assert h.engine.live_jobs() == []
+
+
+def test_rows_of_different_jobs_share_a_step_up_to_micro_batch_size() -> None:
+    h = harness("alice", micro_batch_size=2)
+    for i in range(3):
+        h.engine.add(job(f"j{i}", seed=i))
+    h.run()
+    assert max(len(b) for b in h.decoder.batches) == 2
+    assert sum(len(b) for b in h.decoder.batches) == 3 * len(plan_chunks(len(TOKENS)))
+
+
+def test_first_chunk_joins_a_step_beside_continuing_rows() -> None:
+    h = harness("alice", "bob")
+    h.engine.add(job("old", "alice", seed=1))
+    h.step()
+    h.engine.add(job("new", "bob", seed=2))
+    h.step()
+    assert h.decoder.batches[1] == [(1, 1), (2, 0)]
+
+
+def test_same_voice_is_installed_once_and_reused() -> None:
+    h = harness("alice")
+    h.engine.add(job("j1", seed=1))
+    h.engine.add(job("j2", seed=2))
+    h.run()
+    assert len(h.of(VoiceInstalled)) == 1
+    paths = {e.job_id: e.prep_path for e in h.of(VoiceReady)}
+    assert paths == {"j1": "prepared_ahead", "j2": "already_installed"}
+    h.engine.add(job("j3", seed=3))
+    h.run()
+    assert h.of(VoiceReady, "j3")[0].prep_path == "already_installed"
+    assert h.store.gets == 1
+
+
+# -- preparation paths ------------------------------------------------------------------------------
+
+
+def test_missing_voice_waits_while_others_decode_then_installs_late() -> None:
+    h = harness("alice")
+    h.engine.add(job("running", "alice", seed=1))
+    h.engine.add(job("waiting", "bob", seed=2))
+    h.step(2)
+    assert all(seed == 1 for batch in h.decoder.batches for seed, _ in batch)
+    h.store.entries["bob"] = features("bob")
+    h.clock.now += 0.1
+    h.run()
+    assert h.of(VoiceReady, "waiting")[0].prep_path == "late"
+    assert h.engine.counters["late"] == 1
+    assert h.preparer.calls == []
+    assert torch.equal(h.audio("waiting"), expected_audio("bob", 2, TOKENS))
+
+
+def test_wait_runs_out_then_prepares_inline() -> None:
+    h = harness(prep_wait_ms=200)
+    h.engine.add(job("j", "carol", seed=5))
+    h.step()
+    assert h.of(Audio) == [] and h.preparer.calls == []
+    h.clock.now += 0.25
+    h.run()
+    assert h.preparer.calls == ["j"]
+    assert h.of(Finished, "j")[0].prep_path == "inline"
+    assert h.engine.counters["inline"] == 1
+    # inline output equals what prepared-ahead features give, bit for bit
+    assert torch.equal(h.audio("j"), expected_audio("carol", 5, TOKENS))
+
+
+def test_queue_full_hint_prepares_inline_without_waiting() -> None:
+    h = harness()
+    h.engine.add(job("j", "dave", prep_hint="queue_full"))
+    h.step()
+    assert h.preparer.calls == ["j"]
+    assert h.engine.counters["queue_full"] == 1
+    assert len(h.of(Audio, "j")) == 1
+
+
+def test_unreadable_store_counts_unavailable_and_prepares_inline() -> None:
+    h = harness("alice")
+    h.store.error = ConnectionError("redis is down")
+    h.engine.add(job("j"))
+    h.run()
+    assert h.engine.counters["unavailable"] == 1
+    assert h.of(Finished, "j")[0].prep_path == "unavailable"
+
+
+def test_unusable_stored_features_count_failed_and_fall_back_inline() -> None:
+    h = harness()
+    h.store.entries["erin"] = features("broken")  # the store answers with another voice's features
+    h.engine.add(job("j", "erin"))
+    h.run()
+    assert h.engine.counters["failed"] == 1
+    assert h.preparer.calls == ["j"]
+    assert h.of(Finished, "j")[0].prep_path == "failed"
+
+
+def test_install_error_on_stored_features_falls_back_inline_then_fails_only_that_job() -> None:
+    h = harness("broken-v", "alice")
+    h.engine.add(job("bad", "broken-v", seed=1))
+    h.engine.add(job("good", "alice", seed=2))
+    h.run()
+    failed = h.of(Failed, "bad")
+    assert len(failed) == 1 and "bad" in failed[0].error and failed[0].prep_path == "failed"
+    assert h.preparer.calls == ["bad"]
+    assert torch.equal(h.audio("good"), expected_audio("alice", 2, TOKENS))
+
+
+def test_inline_preparation_failure_fails_the_job_not_the_engine() -> None:
+    h = harness("alice", prep_wait_ms=0)
+    h.preparer.fail = True
+    h.engine.add(job("doomed", "nobody", seed=1))
+    h.engine.add(job("fine", "alice", seed=2))
+    h.run()
+    assert "reference audio is gone" in h.of(Failed, "doomed")[0].error
+    assert h.of(Finished, "fine")
+    assert h.engine.stats["failed"] == 1
+
+
+def test_every_prep_path_has_a_counter() -> None:
+    h = harness()
+    assert set(h.engine.counters) == set(PREP_PATHS)
+
+
+# -- failures, aborts, eviction ---------------------------------------------------------------------
+
+
+def test_decode_error_in_one_row_fails_only_that_job() -> None:
+    h = harness("alice", poisoned=frozenset({13}))
+    h.engine.add(job("ok1", seed=1))
+    h.engine.add(job("bad", seed=13))
+    h.engine.add(job("ok2", seed=2))
+    h.run()
+    assert [e.job_id for e in h.of(Failed)] == ["bad"]
+    assert torch.equal(h.audio("ok1"), expected_audio("alice", 1, TOKENS))
+    assert torch.equal(h.audio("ok2"), expected_audio("alice", 2, TOKENS))
+    assert h.engine.voices.get("alice").pins == 0
+
+
+def test_abort_while_waiting_counts_abandoned_and_decodes_nothing() -> None:
+    h = harness()
+    h.engine.add(job("j", "frank"))
+    h.step()
+    h.engine.abort("j")
+    h.step()
+    assert h.of(Aborted, "j")[0].prep_path == "abandoned"
+    assert h.engine.counters["abandoned"] == 1
+    h.clock.now += 10
+    h.step(3)
+    assert h.of(Audio) == [] and h.preparer.calls == []
+    assert h.engine.live_jobs() == []
+
+
+def test_abort_while_running_frees_the_slot_and_the_pin() -> None:
+    h = harness("alice", micro_batch_size=1)
+    h.engine.add(job("a", seed=1))
+    h.engine.add(job("b", seed=2))
+    h.step()
+    h.engine.abort("a")
+    h.step(1)
+    assert h.decoder.batches[-1] == [(2, 0)]
+    assert h.engine.voices.get("alice").pins == 1
+    h.run()
+    assert "a" not in {e.job_id for e in h.of(Finished)}
+    assert h.engine.voices.get("alice").pins == 0
+
+
+def test_abort_before_first_chunk_reclaims_the_unused_install() -> None:
+    h = harness("alice", "bob", micro_batch_size=1)
+    h.engine.add(job("other", "bob", seed=1))
+    h.step()
+    h.engine.add(job("j", "alice", seed=2))
+    h.step()  # alice is installed, but the only row went to "other"
+    assert "alice" in h.engine.voices and h.decoder.batches == [[(1, 0)], [(1, 1)]]
+    h.engine.abort("j")
+    h.step()
+    assert [e.voice_id for e in h.of(VoiceEvicted)] == ["alice"]
+    assert "alice" not in h.engine.voices and "bob" in h.engine.voices
+
+
+def test_abort_in_the_same_step_as_add_never_installs() -> None:
+    h = harness("alice")
+    h.engine.add(job("j"))
+    h.engine.abort("j")
+    h.step()
+    assert h.of(VoiceInstalled) == [] and h.engine.counters["abandoned"] == 1
+
+
+def test_abort_keeps_an_install_another_live_job_shares() -> None:
+    h = harness("alice")
+    h.engine.add(job("a", seed=1))
+    h.engine.add(job("b", seed=2))
+    h.engine.abort("a")
+    h.run()
+    assert h.of(VoiceEvicted) == []
+    assert h.of(Finished, "b")
+
+
+def test_least_recently_used_unpinned_voices_are_evicted_over_capacity() -> None:
+    h = harness("v1", "v2", "v3", max_voices=2)
+    for i, voice in enumerate(["v1", "v2"]):
+        h.engine.add(job(f"j{i}", voice, tokens=TOKENS[:10]))
+    h.run()
+    h.engine.add(job("j3", "v1", tokens=TOKENS[:10]))  # v1 becomes the most recently used
+    h.run()
+    h.engine.add(job("j4", "v3", tokens=TOKENS[:10]))
+    h.run()
+    assert [e.voice_id for e in h.of(VoiceEvicted)] == ["v2"]
+    assert sorted(h.engine.voices.ids()) == ["v1", "v3"]
+
+
+def test_pinned_voices_are_not_evicted() -> None:
+    h = harness("v1", "v2", max_voices=1)
+    h.engine.add(job("a", "v1"))
+    h.engine.add(job("b", "v2"))
+    h.step()
+    assert sorted(h.engine.voices.ids()) == ["v1", "v2"]
+    h.run()
+    assert len(h.engine.voices) == 1
+
+
+# -- the job boundary -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens", [[], [1, 6561], [-1], [0.5, 2.0]])
+def test_bad_tokens_are_refused_at_add(tokens: list) -> None:
+    h = harness()
+    with pytest.raises(BadTokens):
+        h.engine.add(EngineJob(job_id="j", voice_id="v", tokens=tokens, seed=0))
+    assert not h.engine.wait_for_work(0)
+
+
+def test_a_job_id_cannot_be_added_twice_while_live() -> None:
+    h = harness("alice")
+    h.engine.add(job("j"))
+    with pytest.raises(ValueError):
+        h.engine.add(job("j"))
+    h.run()
+    h.engine.add(job("j"))  # fine again once released
+
+
+def test_add_from_another_thread_wakes_the_engine() -> None:
+    h = harness("alice")
+    threading.Timer(0.05, lambda: h.engine.add(job("j"))).start()
+    assert h.engine.wait_for_work(timeout=5)
+    h.run()
+    assert h.of(Finished, "j")
