@@ -119,7 +119,7 @@ class Voice(Base):
     prepared_at: Mapped[datetime | None]
     prepare_ms: Mapped[float | None]  # host half, wall time of the last successful preparation
     feature_nbytes: Mapped[int | None] = mapped_column(BigInteger)
-    prepare_count: Mapped[int] = mapped_column(Integer, default=0)
+    prepare_attempts: Mapped[int] = mapped_column(Integer, default=0)  # since the last success
     uses: Mapped[int] = mapped_column(Integer, default=0)  # jobs submitted with this voice
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

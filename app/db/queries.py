@@ -70,39 +70,49 @@ def get_or_create_voice(*, session: Session, voice_id: str, reference_path: str)
             id=voice_id,
             status=VoiceStatus.PENDING,
             reference_path=reference_path,
-            prepare_count=0,
+            prepare_attempts=0,
             uses=0,
             created_at=now,
             updated_at=now,
         )
         .on_conflict_do_nothing(index_elements=["id"])
+        .returning(Voice.id)
     )
-    created = session.execute(stmt).rowcount == 1
+    # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
+    created = session.execute(stmt).first() is not None
     return require_voice(session=session, voice_id=voice_id), created
 
 
-def add_voice_use(*, session: Session, voice_id: str) -> None:
+def add_voice_use(*, session: Session, voice_id: str, delta: int = 1) -> None:
     session.execute(
-        update(Voice).where(Voice.id == voice_id).values(uses=Voice.uses + 1, updated_at=utcnow())
+        update(Voice).where(Voice.id == voice_id).values(uses=Voice.uses + delta, updated_at=utcnow())
     )
 
 
 def mark_voice_pending(*, session: Session, voice_id: str) -> None:
-    """Back to pending (features evicted or an earlier preparation failed) before a new prepare."""
+    """Back to pending (features evicted, or an earlier preparation failed) before a new prepare."""
     session.execute(
         update(Voice)
         .where(Voice.id == voice_id)
-        .values(status=VoiceStatus.PENDING, error=None, updated_at=utcnow())
+        .values(status=VoiceStatus.PENDING, error=None, prepare_attempts=0, updated_at=utcnow())
     )
 
 
-def mark_voice_preparing(*, session: Session, voice_id: str) -> None:
+def mark_voice_preparing(*, session: Session, voice_id: str) -> int:
+    """Start a preparation attempt; returns the attempt number (1 for the first since the last success)."""
     now = utcnow()
     session.execute(
         update(Voice)
         .where(Voice.id == voice_id)
-        .values(status=VoiceStatus.PREPARING, prepare_started_at=now, error=None, updated_at=now)
+        .values(
+            status=VoiceStatus.PREPARING,
+            prepare_started_at=now,
+            prepare_attempts=Voice.prepare_attempts + 1,
+            error=None,
+            updated_at=now,
+        )
     )
+    return require_voice(session=session, voice_id=voice_id).prepare_attempts
 
 
 def mark_voice_ready(*, session: Session, voice_id: str, prepare_ms: float, feature_nbytes: int) -> None:
@@ -115,7 +125,7 @@ def mark_voice_ready(*, session: Session, voice_id: str, prepare_ms: float, feat
             prepared_at=now,
             prepare_ms=prepare_ms,
             feature_nbytes=feature_nbytes,
-            prepare_count=Voice.prepare_count + 1,
+            prepare_attempts=0,
             error=None,
             updated_at=now,
         )
@@ -210,7 +220,7 @@ def create_job(
     )
     if idempotency_key is not None:
         stmt = stmt.on_conflict_do_nothing(index_elements=["idempotency_key"])
-    created = session.execute(stmt).rowcount == 1
+    created = session.execute(stmt.returning(Job.id)).first() is not None
     if created:
         return require_job(session=session, job_id=job_id), True
     existing = get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key or "")

@@ -33,7 +33,7 @@ def upgrade() -> None:
         _ts("prepared_at"),
         sa.Column("prepare_ms", sa.Double(), nullable=True),
         sa.Column("feature_nbytes", sa.BigInteger(), nullable=True),
-        sa.Column("prepare_count", sa.Integer(), nullable=False),
+        sa.Column("prepare_attempts", sa.Integer(), nullable=False),
         sa.Column("uses", sa.Integer(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         _ts("created_at", nullable=False),

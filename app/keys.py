@@ -1,0 +1,60 @@
+"""Every Redis key name wavefarm uses, and the id shapes allowed inside them.
+
+Ids are checked before they become part of a key or a file name, so a client
+string can never address another key or path.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from app.features import FEATURE_VERSION
+
+PREFIX = "wf"
+
+_VOICE_ID = re.compile(r"[0-9a-f]{64}")
+
+
+def check_voice_id(voice_id: str) -> str:
+    """A voice id is a lowercase sha256 hex digest."""
+    if not isinstance(voice_id, str) or not _VOICE_ID.fullmatch(voice_id):
+        raise ValueError(f"not a voice id (sha256 hex): {voice_id!r}")
+    return voice_id
+
+
+def check_job_id(job_id: str) -> str:
+    """A job id is a canonical (lowercase, hyphenated) UUID string."""
+    try:
+        canonical = str(uuid.UUID(job_id))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a job id (uuid): {job_id!r}") from exc
+    if canonical != job_id:
+        raise ValueError(f"not a canonical job id: {job_id!r}")
+    return job_id
+
+
+def feature_key(voice_id: str) -> str:
+    """Prepared host features of a voice (safetensors bytes, with a TTL)."""
+    return f"{PREFIX}:feat:v{FEATURE_VERSION}:{check_voice_id(voice_id)}"
+
+
+def prepare_claim_key(voice_id: str) -> str:
+    """Set while a `voice.prepare` for the voice is queued, so N submissions enqueue it once."""
+    return f"{PREFIX}:prep:queued:{check_voice_id(voice_id)}"
+
+
+def cancel_key(job_id: str) -> str:
+    """Present when a job has been cancelled; the GPU worker polls it between steps."""
+    return f"{PREFIX}:cancel:{check_job_id(job_id)}"
+
+
+# Counter groups: each is one hash whose fields are the counted outcomes.
+COUNTER_PREP_PATH = "prep_path"  # fields: app.db.models.PrepPath values
+COUNTER_PREPARE = "prepare"  # fields: prepared, noop, failed, retried
+
+
+def counter_key(group: str) -> str:
+    if not re.fullmatch(r"[a-z_]+", group):
+        raise ValueError(f"bad counter group {group!r}")
+    return f"{PREFIX}:count:{group}"
