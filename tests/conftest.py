@@ -265,10 +265,24 @@ def cpu_worker(worker_settings: Settings, tmp_path_factory: pytest.TempPathFacto
     log = tmp_path_factory.mktemp("worker-log") / "worker.log"
     env = {**os.environ, **settings_env(worker_settings), "PYTHONPATH": str(REPO)}
     cmd = [
-        sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker",
-        "-Q", worker_settings.queue_cpu, "-n", nodename, "-P", "solo", "-l", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks.celery_app",
+        "worker",
+        "-Q",
+        worker_settings.queue_cpu,
+        "-n",
+        nodename,
+        "-P",
+        "solo",
+        "-l",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

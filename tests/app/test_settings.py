@@ -57,9 +57,14 @@ def test_an_explicit_database_url_wins(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("DEVICE", "tpu"), ("DTYPE", "int8"), ("MICRO_BATCH_SIZE", "0"), ("MODEL_PRESET", "huge"),
-     ("VISIBILITY_TIMEOUT_S", "1")],
-)  # fmt: skip
+    [
+        ("DEVICE", "tpu"),
+        ("DTYPE", "int8"),
+        ("MICRO_BATCH_SIZE", "0"),
+        ("MODEL_PRESET", "huge"),
+        ("VISIBILITY_TIMEOUT_S", "1"),
+    ],
+)
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str):
     monkeypatch.setenv(f"WAVEFARM_{name}", value)
     with pytest.raises(ValidationError):
