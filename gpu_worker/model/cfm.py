@@ -1,0 +1,70 @@
+"""Conditional flow matching decoder: a fixed-step Euler solve of the DiT velocity with CFG.
+
+    x_0 = noise; for each of N steps on t = 1 - cos(linspace(0, 1, N + 1) pi / 2):
+        v = (1 + r) v(x, mu, spk, cond) - r v(x, 0, 0, 0),  x += dt v      (r = inference_cfg_rate)
+
+The conditional and unconditional halves run as one doubled batch: rows [0, B) conditional, [B, 2B)
+unconditional, the reference's order, so a row's caches hold [cond, uncond] on their batch dimension.
+
+Caches are given per Euler step (sequences of N tensors, see `dit.py` for the layouts):
+    conv_caches[s]: [depth, 2B, 2 hidden, 2]          -> returned as new_conv [N, depth, 2B, 2 hidden, 2]
+    kvs[s]:         [depth, 2B, H, T + Lc, 2 head_dim] (new frames written in place at [:T])
+The same buffer may be given for every step when its contents are not needed afterwards.
+
+Not in here: the noise buffer (the caller slices it), padding and unpadding of rows, cache trimming.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from gpu_worker.model.config import FlowArgs
+from gpu_worker.model.dit import DiT
+
+
+def time_span(n_steps: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    t = torch.linspace(0, 1, n_steps + 1, device=device, dtype=dtype)
+    return 1 - torch.cos(t * 0.5 * math.pi)
+
+
+class CFM(nn.Module):
+    def __init__(self, args: FlowArgs):
+        super().__init__()
+        self.n_steps = args.n_timesteps
+        self.cfg_rate = args.inference_cfg_rate
+        self.estimator = DiT(args.dit)
+
+    def solve(
+        self, noise: Tensor, mu: Tensor, spk: Tensor, cond: Tensor,
+        conv_caches: Sequence[Tensor], kvs: Sequence[Tensor],
+        key_mask: Tensor | None = None, lengths: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """noise, mu, cond: [B, T, 80]; spk: [B, 80] -> mel [B, T, 80], new conv caches [N, depth, 2B, 2C, 2].
+
+        key_mask [B, T + Lc] and lengths [B] describe each row (see `dit.py`); they are shared by the
+        conditional and unconditional halves.
+        """
+        b = noise.size(0)
+        t_span = time_span(self.n_steps, noise.device, noise.dtype)
+        zeros = torch.zeros_like
+        fixed = (torch.cat([mu, zeros(mu)]), torch.cat([spk, zeros(spk)])[:, None, :].expand(-1, mu.size(1), -1),
+                 torch.cat([cond, zeros(cond)]))
+        key_mask = None if key_mask is None else torch.cat([key_mask, key_mask])
+        lengths = None if lengths is None else torch.cat([lengths, lengths])
+        x, t, dt = noise, t_span[:1], t_span[1] - t_span[0]
+        new_conv = []
+        for step in range(self.n_steps):
+            packed = torch.cat([torch.cat([x, x]), *fixed], dim=-1)  # [2B, T, 320]
+            v, conv = self.estimator(packed, t, conv_caches[step], kvs[step], key_mask, lengths)
+            new_conv.append(conv)
+            v_cond, v_uncond = v.split(b)
+            x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
+            t = t + dt
+            if step < self.n_steps - 1:
+                dt = t_span[step + 2] - t
+        return x, torch.stack(new_conv)

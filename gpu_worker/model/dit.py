@@ -1,0 +1,181 @@
+"""DiT velocity estimator of the flow's CFM, batch-first, with per-row masks for mixed batches.
+
+    [x | mu | spk | cond] [B, T, 4 * 80] -> in_proj -> `depth` adaLN-Zero blocks -> final layer -> [B, T, 80]
+
+A block is attention (q/k LayerNorm, no positions), then a causal conv block (conv k3, LayerNorm, Mish,
+conv k3), then a tanh-GELU MLP, each modulated by the timestep embedding (the only conditioning in c).
+
+Caches, one set per Euler step (the CFM owns the step dimension):
+    conv_cache: [depth, B, 2 hidden, 2]  = [conv1 input (hidden) | conv2 input (hidden)], last 2 frames
+    kv:         [depth, B, H, T + Lc, 2 head_dim], keys | values on the last dim. The forward writes the
+                new frames' keys/values into [:, :, :, :T] in place and attends over all T + Lc slots;
+                the caller puts the cached frames at [T:]. New frames first is the reference's order.
+    key_mask:   [B, T + Lc] bool, True for slots a row may attend to (its valid new frames and its own
+                cached frames); None means every slot.
+    lengths:    [B] valid new frames per row (queries past it are padding); None means all T.
+Padding frames sit after a row's valid frames, so the causal convs and the key mask keep every valid
+frame independent of the padding and of the other rows.
+
+Not in here: the Euler loop, CFG doubling, noise, cache trimming.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from gpu_worker.model.config import DiTArgs
+
+BLOCK_NORM_EPS = 1e-6  # affine-free LayerNorms before each modulated branch
+CONV_CACHE = 2  # causal conv kernel 3 -> 2 frames of context
+TIME_SCALE = 1000.0
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale) + shift
+
+
+def block_norm(x: Tensor) -> Tensor:
+    return F.layer_norm(x, (x.size(-1),), eps=BLOCK_NORM_EPS)
+
+
+class TimestepEmbedder(nn.Module):
+    def __init__(self, hidden: int, freq_dim: int):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+
+    def forward(self, t: Tensor) -> Tensor:
+        # t: [N] in [0, 1] -> [N, hidden]; sinusoid of t * 1000, cos half first
+        half = self.freq_dim // 2
+        freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        angle = (t * TIME_SCALE)[:, None] * freq.to(t.dtype)[None]
+        return self.mlp(torch.cat([angle.cos(), angle.sin()], dim=-1))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_head: int, head_dim: int):
+        super().__init__()
+        self.n_head, self.head_dim = n_head, head_dim
+        inner = n_head * head_dim
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(dim, inner)
+        self.to_v = nn.Linear(dim, inner)
+        self.q_norm = nn.LayerNorm(head_dim)
+        self.k_norm = nn.LayerNorm(head_dim)
+        self.proj = nn.Linear(inner, dim)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        return x.view(x.size(0), x.size(1), self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+
+    def forward(self, x: Tensor, kv: Tensor, key_mask: Tensor | None) -> Tensor:
+        # x: [B, T, C]; kv: [B, H, T + Lc, 2 D] (written at [:, :, :T]); key_mask: [B, 1, 1, T + Lc]
+        b, t, _ = x.shape
+        q = self.q_norm(self._heads(self.to_q(x)))
+        kv[:, :, :t, : self.head_dim] = self.k_norm(self._heads(self.to_k(x)))
+        kv[:, :, :t, self.head_dim :] = self._heads(self.to_v(x))
+        k, v = kv[..., : self.head_dim], kv[..., self.head_dim :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # [B, H, T, D]
+        return self.proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+def causal_conv(conv: nn.Conv1d, x: Tensor, cache: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
+    """x: [B, C, T]; cache: [B, C, 2]; last: [B, 2] indices of each row's last 2 valid frames in [cache | x]."""
+    h = torch.cat([cache, x], dim=2)
+    new_cache = h.gather(2, last[:, None, :].expand(-1, h.size(1), -1))
+    return conv(h), new_cache
+
+
+class CausalConvBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        # ModuleDict keys are the positions in the released checkpoint's Sequential (transposes between)
+        self.block = nn.ModuleDict({
+            "1": nn.Conv1d(dim, dim, CONV_CACHE + 1), "3": nn.LayerNorm(dim), "6": nn.Conv1d(dim, dim, CONV_CACHE + 1),
+        })
+
+    def forward(self, x: Tensor, cache: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
+        # x: [B, T, C]; cache: [B, 2 C, 2] -> [B, T, C], new cache [B, 2 C, 2]
+        h, cache1 = causal_conv(self.block["1"], x.transpose(1, 2), cache[:, : self.dim], last)
+        h = F.mish(self.block["3"](h.transpose(1, 2)))
+        h, cache2 = causal_conv(self.block["6"], h.transpose(1, 2), cache[:, self.dim :], last)
+        return h.transpose(1, 2), torch.cat([cache1, cache2], dim=1)
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, args: DiTArgs):
+        super().__init__()
+        dim = args.hidden_size
+        self.attn = Attention(dim, args.num_heads, args.head_dim)
+        self.mlp = Mlp(dim, int(dim * args.mlp_ratio))
+        self.conv = CausalConvBlock(dim)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 9 * dim))
+
+    def forward(
+        self, x: Tensor, c: Tensor, conv_cache: Tensor, kv: Tensor, key_mask: Tensor | None, last: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        # x: [B, T, C]; c: [B or 1, 1, C] -> [B, T, C], new conv cache [B, 2 C, 2]
+        (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
+         shift_conv, scale_conv, gate_conv) = self.adaLN_modulation(c).chunk(9, dim=-1)
+        x = x + gate_msa * self.attn(modulate(block_norm(x), shift_msa, scale_msa), kv, key_mask)
+        h, new_conv_cache = self.conv(modulate(block_norm(x), shift_conv, scale_conv), conv_cache, last)
+        x = x + gate_conv * h
+        x = x + gate_mlp * self.mlp(modulate(block_norm(x), shift_mlp, scale_mlp))
+        return x, new_conv_cache
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, dim: int, out_channels: int):
+        super().__init__()
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        self.linear = nn.Linear(dim, out_channels)
+
+    def forward(self, x: Tensor, c: Tensor) -> Tensor:
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
+        return self.linear(modulate(block_norm(x), shift, scale))
+
+
+class DiT(nn.Module):
+    def __init__(self, args: DiTArgs):
+        super().__init__()
+        self.args = args
+        self.t_embedder = TimestepEmbedder(args.hidden_size, args.freq_embed_size)
+        self.in_proj = nn.Linear(args.in_channels, args.hidden_size)
+        self.blocks = nn.ModuleList(DiTBlock(args) for _ in range(args.depth))
+        self.final_layer = FinalLayer(args.hidden_size, args.out_channels)
+
+    def forward(
+        self, x: Tensor, t: Tensor, conv_cache: Tensor, kv: Tensor,
+        key_mask: Tensor | None = None, lengths: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """x: [B, T, in_channels] packed inputs; t: [1] or [B] -> velocity [B, T, out], conv cache [depth, B, 2 C, 2].
+
+        Caches and masks as in the module docstring; kv is updated in place.
+        """
+        b, t_len, _ = x.shape
+        if lengths is None:
+            lengths = torch.full((b,), t_len, dtype=torch.long, device=x.device)
+        last = lengths[:, None] + torch.arange(CONV_CACHE, device=x.device)  # in [cache | x] coordinates
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        c = self.t_embedder(t)[:, None, :]  # [1 or B, 1, C]
+        h = self.in_proj(x)
+        new_conv = []
+        for i, block in enumerate(self.blocks):
+            h, cache = block(h, c, conv_cache[i], kv[i], mask, last)
+            new_conv.append(cache)
+        return self.final_layer(h, c), torch.stack(new_conv)
