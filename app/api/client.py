@@ -1,0 +1,172 @@
+"""Clients the CLI uses: `HttpClient` (the API over httpx) and `LocalClient` (app.submit + database).
+
+Both answer with the API's JSON shapes (`JobOut`, `VoiceOut` as dicts), so the CLI prints one
+thing whichever way it went. HTTP errors come back as the error tree (BadInput, NotFound, ...).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import httpx
+
+from app.errors import BadAudio, BadInput, BadTokens, NotFound, WavefarmError
+
+POLL_S = 0.5
+ERRORS: dict[str, type[WavefarmError]] = {"BadAudio": BadAudio, "BadTokens": BadTokens, "NotFound": NotFound}
+
+
+class ApiError(WavefarmError):
+    """The API refused a request or could not be reached; the message says which and why."""
+
+
+class Client(Protocol):
+    def submit(self, *, voice: str | bytes, tokens: Sequence[Any], seed: int | None, output_format: str,
+               priority: int, idempotency_key: str | None) -> dict[str, Any]: ...
+    def job(self, job_id: str) -> dict[str, Any]: ...
+    def jobs(self, *, status: str | None, voice_id: str | None, limit: int) -> list[dict[str, Any]]: ...
+    def cancel(self, job_id: str) -> dict[str, Any]: ...
+    def audio(self, job_id: str) -> bytes: ...
+    def voices(self) -> list[dict[str, Any]]: ...
+    def add_voice(self, data: bytes) -> dict[str, Any]: ...
+
+
+class HttpClient:
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 60.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+
+    def _call(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, url, **kwargs)
+        except httpx.TransportError as exc:
+            raise ApiError(f"cannot reach the API at {self.http.base_url} ({exc}); is `wavefarm serve` "
+                           "running, or did you mean --local?") from exc
+        if response.status_code >= 400:
+            raise _error(response)
+        return response
+
+    def submit(self, *, voice: str | bytes, tokens: Sequence[Any], seed: int | None, output_format: str,
+               priority: int, idempotency_key: str | None) -> dict[str, Any]:
+        if isinstance(voice, bytes):
+            form = {"output_format": output_format, "priority": str(priority)}
+            if seed is not None:
+                form["seed"] = str(seed)
+            if idempotency_key:
+                form["idempotency_key"] = idempotency_key
+            files = {"reference": ("reference", voice), "tokens": ("tokens.json", _json_bytes(tokens))}
+            return self._call("POST", "/v1/jobs", data=form, files=files).json()
+        body = {"voice_id": voice, "tokens": list(tokens), "seed": seed, "output_format": output_format,
+                "priority": priority, "idempotency_key": idempotency_key}
+        return self._call("POST", "/v1/jobs", json=body).json()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}").json()
+
+    def jobs(self, *, status: str | None = None, voice_id: str | None = None,
+             limit: int = 100) -> list[dict[str, Any]]:
+        params = {k: v for k, v in (("status", status), ("voice_id", voice_id)) if v}
+        return self._call("GET", "/v1/jobs", params={**params, "limit": limit}).json()
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel").json()
+
+    def audio(self, job_id: str) -> bytes:
+        return self._call("GET", f"/v1/jobs/{job_id}/audio").content
+
+    def voices(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/voices").json()
+
+    def add_voice(self, data: bytes) -> dict[str, Any]:
+        return self._call("POST", "/v1/voices", files={"file": ("reference", data)}).json()
+
+
+def _json_bytes(tokens: Sequence[Any]) -> bytes:
+    import json
+
+    return json.dumps(list(tokens)).encode()
+
+
+def _error(response: httpx.Response) -> WavefarmError:
+    try:
+        body = response.json()
+        kind, reason = str(body.get("error", "")), str(body.get("reason", response.text))
+    except ValueError:
+        kind, reason = "", response.text[:500]
+    cls = ERRORS.get(kind) or (BadInput if response.status_code in (400, 422) else ApiError)
+    return cls(f"{reason} (HTTP {response.status_code})")
+
+
+class LocalClient:
+    """The same operations straight against the database, the feature store and the broker."""
+
+    def __init__(self, settings: Any) -> None:
+        from app.api.main import build_context
+
+        self.ctx = build_context(settings)
+
+    def submit(self, *, voice: str | bytes, tokens: Sequence[Any], seed: int | None, output_format: str,
+               priority: int, idempotency_key: str | None) -> dict[str, Any]:
+        from app.api.routes_jobs import _submit
+
+        fields = {"voice_id": None if isinstance(voice, bytes) else voice,
+                  "reference_bytes": voice if isinstance(voice, bytes) else None, "tokens": list(tokens),
+                  "seed": seed, "output_format": output_format, "priority": priority,
+                  "idempotency_key": idempotency_key}
+        return _submit(self.ctx, fields).model_dump(mode="json")
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        from app.api.routes_jobs import get_job
+
+        return get_job(job_id, self.ctx).model_dump(mode="json")
+
+    def jobs(self, *, status: str | None = None, voice_id: str | None = None,
+             limit: int = 100) -> list[dict[str, Any]]:
+        from app.api.routes_jobs import list_jobs
+
+        found = list_jobs(self.ctx, status, voice_id, limit)  # type: ignore[arg-type]
+        return [j.model_dump(mode="json") for j in found]
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        from app.api.routes_jobs import cancel_job
+
+        return cancel_job(job_id, self.ctx).model_dump(mode="json")
+
+    def audio(self, job_id: str) -> bytes:
+        from app.api.routes_jobs import get_audio
+
+        return get_audio(job_id, self.ctx).path.read_bytes()  # type: ignore[arg-type]
+
+    def voices(self) -> list[dict[str, Any]]:
+        from app.api.routes_voices import list_voices
+
+        return [v.model_dump(mode="json") for v in list_voices(self.ctx, 100)]
+
+    def add_voice(self, data: bytes) -> dict[str, Any]:
+        from app.api.routes_voices import _voice_out, register_voice
+
+        voice_id, _ = register_voice(self.ctx, data)
+        return _voice_out(self.ctx, voice_id).model_dump(mode="json")
+
+
+def follow(client: Client, job_id: str, *, timeout_s: float | None = None,
+           poll_s: float = POLL_S) -> dict[str, Any]:
+    """Poll a job until it finishes, with a tqdm bar over its decoded frames; returns the last state."""
+    from tqdm import tqdm
+
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    job = client.job(job_id)
+    with tqdm(total=job["progress"]["frames_total"] or None, unit="frame", desc=job_id[:8]) as bar:
+        while True:
+            bar.total = job["progress"]["frames_total"] or bar.total
+            bar.set_postfix_str(job["status"])
+            bar.update(job["progress"]["frames_done"] - bar.n)
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise ApiError(f"job {job_id} still {job['status']} after {timeout_s:g} s")
+            time.sleep(poll_s)
+            job = client.job(job_id)

@@ -1,0 +1,126 @@
+"""The FastAPI app factory: `create_app(settings)`, and the error mapping every route relies on.
+
+Errors: BadInput -> 422 and NotFound -> 404 with the reason; request validation -> 422; an
+unreachable database or Redis -> 503; anything else is a bug: logged with a traceback, 500 without
+details. Every error body has the `Problem` shape ({"error", "reason"}).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import kombu.exceptions
+import redis
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.api import reads
+from app.api.deps import ApiContext, session
+from app.api.metrics import HttpMetrics, StateCollector, http_metrics
+from app.api.routes_jobs import router as jobs_router
+from app.api.routes_ops import router as ops_router
+from app.api.routes_voices import router as voices_router
+from app.api.schemas import problem
+from app.artifacts import ArtifactStore
+from app.db.session import make_engine, make_sessionmaker
+from app.errors import BadInput, NotFound
+from app.settings import Settings, get_settings
+from app.store import FeatureStore
+from app.submit import TaskSender
+
+log = logging.getLogger(__name__)
+
+# The broker (kombu), Redis or the database not answering: not the client's fault, not a bug either.
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, OperationalError, kombu.exceptions.OperationalError)
+
+
+def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiContext:
+    """Clients for everything the API talks to; none of them connects before first use."""
+    if sender is None:
+        from tasks.celery_app import make_celery  # the producer side only: same queues and options
+
+        sender = make_celery(settings)
+    engine = make_engine(settings.database_url)
+    ctx = ApiContext(
+        settings=settings, engine=engine, sessions=make_sessionmaker(engine),
+        broker=redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=2),
+        store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),
+        artifacts=ArtifactStore(settings.artifact_root), sender=sender, registry=CollectorRegistry())
+    ctx.registry.register(StateCollector(
+        broker=ctx.broker, store=ctx.store, queues=[settings.queue_cpu, settings.queue_gpu],
+        job_counts=lambda: _job_counts(ctx)))
+    return ctx
+
+
+def _job_counts(ctx: ApiContext) -> dict[str, int]:
+    with session(ctx) as s:
+        return reads.count_jobs_by_status(session=s)
+
+
+def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastAPI:
+    """The API. `sender` replaces the Celery producer (tests that need no broker round trip)."""
+    ctx = build_context(settings, sender)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        ctx.close()
+
+    app = FastAPI(title="wavefarm", version="0.1.0", lifespan=lifespan,
+                  description="Offline speech synthesis: speech tokens in, audio in a reference voice out.")
+    app.state.ctx = ctx
+    app.add_middleware(HttpMetrics, metrics=http_metrics(ctx.registry))
+    for router in (voices_router, jobs_router, ops_router):
+        app.include_router(router)
+    _install_error_handlers(app)
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """`uvicorn --factory app.api.main:app_from_environment` (what `wavefarm serve` runs)."""
+    return create_app(get_settings())
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    def respond(status: int, error: str, reason: str, **extra: Any) -> JSONResponse:
+        return JSONResponse(status_code=status, content={**problem(error, reason), **extra})
+
+    @app.exception_handler(BadInput)
+    async def bad_input(_: Request, exc: BadInput) -> JSONResponse:
+        return respond(422, type(exc).__name__, str(exc))
+
+    @app.exception_handler(NotFound)
+    async def not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return respond(404, "NotFound", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = jsonable_encoder(exc.errors())
+        reason = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in errors)
+        return respond(422, "ValidationError", reason or "invalid request", detail=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        names = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
+                 410: "Gone", 413: "TooLarge", 415: "UnsupportedMediaType"}
+        return JSONResponse(status_code=exc.status_code, headers=exc.headers,
+                            content=problem(names.get(exc.status_code, "HTTPError"), str(exc.detail)))
+
+    for kind in UNAVAILABLE:
+        @app.exception_handler(kind)
+        async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+            log.error("%s %s: dependency unavailable: %s", request.method, request.url.path, exc)
+            return respond(503, "Unavailable", f"a backing service is unavailable ({type(exc).__name__})")
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s: unhandled error", request.method, request.url.path)
+        return respond(500, "InternalError", "internal error; the server log has the details")

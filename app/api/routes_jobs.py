@@ -1,0 +1,184 @@
+"""/v1/jobs: submit (JSON or multipart), follow, list, cancel, download the audio."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from app import submit
+from app.api import reads
+from app.api.deps import ApiContext, Ctx, authorize, session
+from app.api.routes_voices import read_upload
+from app.api.schemas import JobOut, JobRequest, OutputFormat, Problem, parse_tokens
+from app.db import queries
+from app.db.models import JobStatus
+from app.errors import BadInput, BadTokens, NotFound
+from app.keys import check_job_id
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authorize)],
+                   responses={401: {"model": Problem}})
+
+MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac"}
+FORM_FIELDS = ("voice_id", "reference", "tokens", "seed", "output_format", "priority", "idempotency_key")
+MULTIPART_SCHEMA = {
+    "type": "object",
+    "required": ["tokens"],
+    "properties": {
+        "voice_id": {"type": "string", "description": "a voice from POST /v1/voices (or send reference)"},
+        "reference": {"type": "string", "format": "binary", "description": "reference audio file"},
+        "tokens": {"type": "string", "format": "binary", "description": "JSON list of token ids"},
+        "seed": {"type": "integer", "minimum": 0},
+        "output_format": {"type": "string", "enum": ["wav", "flac"], "default": "wav"},
+        "priority": {"type": "integer", "minimum": 0, "maximum": submit.MAX_PRIORITY, "default": 0},
+        "idempotency_key": {"type": "string", "maxLength": submit.IDEMPOTENCY_KEY_MAX},
+    },
+}
+SUBMIT_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": JobRequest.model_json_schema()},
+    "multipart/form-data": {"schema": MULTIPART_SCHEMA},
+}}}
+
+
+def _tokens_limit(ctx: ApiContext) -> int:
+    return 8 * ctx.settings.max_tokens + 64 * 1024  # "6560, " per token is 6 bytes; room for spaces
+
+
+async def _json_fields(request: Request, ctx: ApiContext) -> dict[str, Any]:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _tokens_limit(ctx):
+            raise BadTokens("request body is larger than the token limit allows")
+    try:
+        req = JobRequest.model_validate_json(bytes(body))
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from exc
+    return req.model_dump()
+
+
+async def _form_fields(request: Request, ctx: ApiContext) -> dict[str, Any]:
+    form = await request.form(max_files=2, max_fields=len(FORM_FIELDS), max_part_size=_tokens_limit(ctx))
+    unknown = set(form.keys()) - set(FORM_FIELDS)
+    if unknown:
+        raise BadInput(f"unknown form fields: {sorted(unknown)}")
+    fields: dict[str, Any] = {"voice_id": _text(form.get("voice_id"), "voice_id")}
+    reference = form.get("reference")
+    if reference is not None and not isinstance(reference, UploadFile):
+        raise BadInput("reference must be an uploaded file")
+    fields["reference_bytes"] = (await read_upload(reference, ctx.settings.max_reference_bytes,
+                                                   "reference audio")) if reference else None
+    tokens = form.get("tokens")
+    if tokens is None:
+        raise BadTokens("tokens are missing")
+    raw = await tokens.read(_tokens_limit(ctx) + 1) if isinstance(tokens, UploadFile) else tokens
+    if len(raw) > _tokens_limit(ctx):
+        raise BadTokens("tokens file is larger than the token limit allows")
+    fields["tokens"] = parse_tokens(raw)
+    fields["seed"] = _integer(form.get("seed"), "seed")
+    fields["priority"] = _integer(form.get("priority"), "priority") or 0
+    fields["output_format"] = _text(form.get("output_format"), "output_format") or "wav"
+    fields["idempotency_key"] = _text(form.get("idempotency_key"), "idempotency_key")
+    return fields
+
+
+def _text(value: Any, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise BadInput(f"{name} must be a text field")
+    return value
+
+
+def _integer(value: Any, name: str) -> int | None:
+    text = _text(value, name)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise BadInput(f"{name} must be an integer, not {text!r}") from exc
+
+
+def _submit(ctx: ApiContext, fields: dict[str, Any]) -> JobOut:
+    with session(ctx) as s:
+        job_id = submit.submit_job(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                   artifacts=ctx.artifacts, **fields)
+        return JobOut.of(queries.require_job(session=s, job_id=job_id))
+
+
+@router.post("", status_code=202, response_model=JobOut, openapi_extra=SUBMIT_BODY,
+             responses={404: {"model": Problem}, 415: {"model": Problem}, 422: {"model": Problem}})
+async def create_job(
+    request: Request, response: Response, ctx: Ctx,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JobOut:
+    """Submit a job: tokens in a voice. JSON names a voice id; multipart may upload the reference
+    instead and send the tokens as a file. Returns at once (202); follow GET /v1/jobs/{id}."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.startswith("application/json"):
+        fields = await _json_fields(request, ctx)
+    elif ctype.startswith("multipart/form-data"):
+        fields = await _form_fields(request, ctx)
+    else:
+        raise HTTPException(415, detail="send application/json or multipart/form-data")
+    fields["idempotency_key"] = fields.get("idempotency_key") or idempotency_key
+    job = await run_in_threadpool(_submit, ctx, fields)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job
+
+
+@router.get("", response_model=list[JobOut])
+def list_jobs(ctx: Ctx, status: JobStatus | None = None, voice_id: str | None = None,
+              limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[JobOut]:
+    """Newest first."""
+    with session(ctx) as s:
+        jobs = reads.list_jobs(session=s, status=status, voice_id=voice_id, limit=limit)
+        return [JobOut.of(job) for job in jobs]
+
+
+def _job_id(job_id: str) -> str:
+    try:
+        return check_job_id(job_id)
+    except ValueError as exc:
+        raise NotFound(f"no job {job_id}") from exc
+
+
+@router.get("/{job_id}", response_model=JobOut, responses={404: {"model": Problem}})
+def get_job(job_id: str, ctx: Ctx) -> JobOut:
+    with session(ctx) as s:
+        return JobOut.of(queries.require_job(session=s, job_id=_job_id(job_id)))
+
+
+@router.get("/{job_id}/audio", response_class=FileResponse, responses={
+    200: {"content": {t: {} for t in MEDIA_TYPES.values()}, "description": "the rendered audio"},
+    404: {"model": Problem}, 409: {"model": Problem, "description": "the job has not succeeded"}})
+def get_audio(job_id: str, ctx: Ctx) -> FileResponse:
+    with session(ctx) as s:
+        job = queries.require_job(session=s, job_id=_job_id(job_id))
+    if job.status != JobStatus.SUCCEEDED or job.output_path is None:
+        raise HTTPException(409, detail=f"job {job.id} is {job.status}; audio exists once it succeeded")
+    path = ctx.artifacts.path(job.output_path)
+    if not path.is_file():
+        raise HTTPException(410, detail=f"the audio of job {job.id} has been removed")
+    fmt: OutputFormat = "flac" if job.output_format == "flac" else "wav"
+    return FileResponse(path, media_type=MEDIA_TYPES[fmt], filename=f"{job.id}.{fmt}")
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut,
+             responses={404: {"model": Problem}, 409: {"model": Problem, "description": "already finished"}})
+def cancel_job(job_id: str, ctx: Ctx) -> JobOut:
+    """Cancel a queued or running job (idempotent). A finished job cannot be cancelled: 409."""
+    with session(ctx) as s:
+        queries.cancel_job(session=s, job_id=_job_id(job_id))
+        job = queries.require_job(session=s, job_id=job_id)
+    if job.status != JobStatus.CANCELLED:
+        raise HTTPException(409, detail=f"job {job.id} already {job.status}")
+    # After the commit: the GPU worker polls this flag between steps and drops the job's rows.
+    ctx.store.request_cancel(job.id, ttl_s=ctx.settings.visibility_timeout_s)
+    return JobOut.of(job)

@@ -1,0 +1,50 @@
+"""Operations: /healthz (database and both Redis reachable) and /metrics (Prometheus text)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from app.api.deps import ApiContext, Ctx, session
+from app.api.schemas import Health
+
+router = APIRouter(tags=["operations"])
+
+
+def _check(ctx: ApiContext) -> dict[str, str]:
+    checks: dict[str, str] = {}
+    probes = {
+        "database": lambda: _select_one(ctx),
+        "broker": ctx.broker.ping,
+        "feature_store": ctx.store.client.ping,
+    }
+    for name, probe in probes.items():
+        try:
+            probe()
+            checks[name] = "ok"
+        except Exception as exc:  # a health check reports any failure; it never raises
+            checks[name] = f"{type(exc).__name__}: {exc}"[:300]
+    return checks
+
+
+def _select_one(ctx: ApiContext) -> None:
+    with session(ctx) as s:
+        s.execute(text("SELECT 1"))
+
+
+@router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
+def healthz(response: Response, ctx: Ctx) -> Health:
+    """200 when the database, the broker and the feature store all answer; 503 says which did not."""
+    checks = _check(ctx)
+    healthy = all(v == "ok" for v in checks.values())
+    if not healthy:
+        response.status_code = 503
+    return Health(status="ok" if healthy else "degraded", checks=checks)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
+def metrics(ctx: Ctx) -> Response:
+    """Queue depths, preparation-path counters, job counts by status, and the API's request metrics."""
+    return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,84 @@
+"""/v1/voices: upload a reference voice (prepared ahead on a CPU worker), look voices up."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Query, Response, UploadFile
+from fastapi.concurrency import run_in_threadpool
+
+from app import submit
+from app.api import reads
+from app.api.deps import ApiContext, Ctx, authorize, session
+from app.api.schemas import Problem, VoiceOut
+from app.db import queries
+from app.db.models import utcnow
+from app.errors import BadAudio, NotFound
+from app.keys import check_voice_id
+
+router = APIRouter(prefix="/v1/voices", tags=["voices"], dependencies=[Depends(authorize)],
+                   responses={401: {"model": Problem}, 422: {"model": Problem}})
+
+
+async def read_upload(upload: UploadFile, limit: int, what: str) -> bytes:
+    """The upload's bytes, refusing more than `limit` without reading them all into memory."""
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise BadAudio(f"{what} is larger than the {limit} byte limit")
+    return data
+
+
+def register_voice(ctx: ApiContext, data: bytes) -> tuple[str, bool]:
+    """Store a reference and queue its preparation; returns (voice id, created).
+
+    app.submit has no public voice-only entry yet: these are its own two helpers, so a voice
+    uploaded alone is stored, deduplicated and prepared exactly like one uploaded with a job."""
+    started = utcnow()
+    with session(ctx) as s:
+        voice = submit._voice_from_reference(settings=ctx.settings, session=s, artifacts=ctx.artifacts,
+                                             reference_bytes=data)
+        created = voice.created_at >= started  # the row's clock is ours (app.db.models.utcnow)
+        prepare = submit._needs_prepare(session=s, store=ctx.store, voice=voice)
+        voice_id = voice.id
+    if prepare:
+        try:
+            ctx.sender.send_task(submit.PREPARE_TASK, args=[voice_id], queue=ctx.settings.queue_cpu,
+                                 priority=submit.broker_priority(0))
+        except Exception:
+            ctx.store.release_prepare(voice_id)  # the next upload or job queues it again
+            raise
+    return voice_id, created
+
+
+@router.post("", status_code=201, response_model=VoiceOut,
+             responses={200: {"model": VoiceOut, "description": "the voice existed already"}})
+async def create_voice(response: Response, file: Annotated[UploadFile, File(description="reference audio")],
+                       ctx: Ctx) -> VoiceOut:
+    """Upload reference audio (WAV, FLAC, OGG, MP3). Its id is the sha256 of the normalised audio, so
+    the same voice uploaded twice is one voice; preparation starts on a CPU worker at once."""
+    data = await read_upload(file, ctx.settings.max_reference_bytes, "reference audio")
+    voice_id, created = await run_in_threadpool(register_voice, ctx, data)
+    if not created:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/voices/{voice_id}"
+    return await run_in_threadpool(_voice_out, ctx, voice_id)
+
+
+@router.get("", response_model=list[VoiceOut])
+def list_voices(ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[VoiceOut]:
+    with session(ctx) as s:
+        return [VoiceOut.of(v) for v in reads.list_voices(session=s, limit=limit)]
+
+
+@router.get("/{voice_id}", response_model=VoiceOut, responses={404: {"model": Problem}})
+def get_voice(voice_id: str, ctx: Ctx) -> VoiceOut:
+    return _voice_out(ctx, voice_id)
+
+
+def _voice_out(ctx: ApiContext, voice_id: str) -> VoiceOut:
+    try:
+        check_voice_id(voice_id)
+    except ValueError as exc:
+        raise NotFound(f"no voice {voice_id}") from exc
+    with session(ctx) as s:
+        return VoiceOut.of(queries.require_voice(session=s, voice_id=voice_id))

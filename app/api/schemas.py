@@ -1,0 +1,143 @@
+"""Request and response bodies of the HTTP API (pydantic), built from the ORM rows.
+
+Responses are explicit models, never ORM objects: the published schema (/openapi.json) is the
+contract, and a column added to a table does not leak out by accident.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.db.models import Job, Voice
+from app.errors import BadTokens
+from app.submit import MAX_PRIORITY
+
+OutputFormat = Literal["wav", "flac"]
+SEED_MAX = 2**63 - 1
+
+
+class Problem(BaseModel):
+    """Every error response: the error class and why."""
+
+    error: str = Field(description="error kind, e.g. BadAudio, BadTokens, NotFound, Conflict")
+    reason: str
+
+
+class VoiceOut(BaseModel):
+    id: str = Field(description="sha256 of the normalised 24 kHz reference")
+    status: str = Field(description="pending | preparing | ready | failed")
+    created_at: datetime
+    prepare_started_at: datetime | None
+    prepared_at: datetime | None
+    prepare_ms: float | None = Field(description="host-half preparation time of the last success")
+    feature_nbytes: int | None
+    prepare_attempts: int
+    uses: int = Field(description="jobs submitted with this voice")
+    error: str | None
+
+    @classmethod
+    def of(cls, voice: Voice) -> VoiceOut:
+        return cls(id=voice.id, status=voice.status, created_at=voice.created_at,
+                   prepare_started_at=voice.prepare_started_at, prepared_at=voice.prepared_at,
+                   prepare_ms=voice.prepare_ms, feature_nbytes=voice.feature_nbytes,
+                   prepare_attempts=voice.prepare_attempts, uses=voice.uses, error=voice.error)
+
+
+class JobRequest(BaseModel):
+    """POST /v1/jobs as JSON. To upload the reference instead of naming a voice, use multipart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voice_id: str = Field(min_length=64, max_length=64, description="a voice from POST /v1/voices")
+    tokens: list[int] = Field(min_length=1, description="speech token ids, 25 per second of audio")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="random when omitted")
+    output_format: OutputFormat = "wav"
+    priority: int = Field(0, ge=0, le=MAX_PRIORITY, description="0..9, higher runs first")
+    idempotency_key: str | None = Field(None, min_length=1, max_length=128,
+                                        description="resubmitting with the same key returns the same job")
+
+
+class Progress(BaseModel):
+    frames_done: int = Field(description="mel frames decoded so far (2 per token)")
+    frames_total: int
+    fraction: float
+
+
+class Timings(BaseModel):
+    submitted_at: datetime
+    started_at: datetime | None
+    first_audio_at: datetime | None
+    finished_at: datetime | None
+    queued_ms: float | None = Field(description="submitted -> started (this attempt)")
+    first_audio_ms: float | None = Field(description="started -> first decoded audio")
+    run_ms: float | None = Field(description="started -> finished")
+
+
+class JobOut(BaseModel):
+    id: str
+    voice_id: str
+    status: str = Field(description="queued | preparing | running | succeeded | failed | cancelled")
+    kind: str
+    n_tokens: int
+    seed: int
+    output_format: str
+    priority: int
+    idempotency_key: str | None
+    progress: Progress
+    timings: Timings
+    prep_path: str | None = Field(description="how the voice was installed: prepared_ahead, inline, ...")
+    attempts: int
+    error: str | None
+    audio_url: str | None = Field(description="set once the job succeeded")
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        total = job.frames_total or 0
+        return cls(
+            id=job.id, voice_id=job.voice_id, status=job.status, kind=job.kind, n_tokens=job.n_tokens,
+            seed=job.seed, output_format=job.output_format, priority=job.priority,
+            idempotency_key=job.idempotency_key,
+            progress=Progress(frames_done=job.frames_done, frames_total=total,
+                              fraction=round(job.frames_done / total, 4) if total else 0.0),
+            timings=Timings(
+                submitted_at=job.submitted_at, started_at=job.started_at, first_audio_at=job.first_audio_at,
+                finished_at=job.finished_at, queued_ms=_ms(job.submitted_at, job.started_at),
+                first_audio_ms=_ms(job.started_at, job.first_audio_at),
+                run_ms=_ms(job.started_at, job.finished_at)),
+            prep_path=job.prep_path, attempts=job.attempts, error=job.error,
+            audio_url=f"/v1/jobs/{job.id}/audio" if job.status == "succeeded" else None,
+        )
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    checks: dict[str, str] = Field(description="component -> 'ok' or the failure")
+
+
+def _ms(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds() * 1000.0, 1)
+
+
+def parse_tokens(data: bytes | str) -> list[Any]:
+    """A tokens file or form field: a JSON list of ids, or an object with a "tokens" list.
+
+    Only the shape is checked here; ranges and types are app.submit.check_tokens' job."""
+    try:
+        parsed = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadTokens(f"tokens are not JSON: {exc}") from exc
+    if isinstance(parsed, dict):
+        parsed = parsed.get("tokens")
+    if not isinstance(parsed, list):
+        raise BadTokens('tokens must be a JSON list of integers, or {"tokens": [...]}')
+    return parsed
+
+
+def problem(error: str, reason: str) -> dict[str, Any]:
+    return Problem(error=error, reason=reason).model_dump()

@@ -1,0 +1,274 @@
+"""The `wavefarm` command: run the services, talk to the API, run the demo.
+
+Service commands (serve, cpu-worker, gpu-worker, flower) replace this process with the real server
+so signals reach it directly. Client commands (submit, status, cancel, jobs, voices) speak HTTP to
+the API, or, with `--local`, use `app.submit` and the database directly. Heavy imports happen
+inside the commands: building the parser (shell completion, `tests/test_compose.py`) stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from app.errors import WavefarmError
+
+log = logging.getLogger("wavefarm")
+
+DEFAULT_API = "http://127.0.0.1:8000"
+CELERY_CPU_APP = "tasks.celery_app"
+CELERY_GPU_APP = "gpu_worker.worker"
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wavefarm", description="Offline speech synthesis service.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_service_commands(sub)
+    _add_client_commands(sub)
+    db = sub.add_parser("db", help="database maintenance")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_sub.add_parser("upgrade", help="apply the Alembic migrations (idempotent)").set_defaults(
+        handler=cmd_db_upgrade)
+    demo = sub.add_parser("demo", help="one-command embedded run: local Redis, SQLite, workers, samples")
+    demo.add_argument("--jobs-per-voice", type=int, default=2, help="sample jobs per sample voice")
+    demo.add_argument("--var", type=Path, default=Path("var"), help="folder for the database, files, logs")
+    demo.add_argument("--timeout", type=float, default=270.0, help="seconds to wait for the jobs")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def _add_service_commands(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(handler=cmd_serve)
+    for name, what in (("cpu-worker", "voice preparation and maintenance tasks (celery -Q cpu)"),
+                       ("gpu-worker", "the synthesis worker (celery -Q gpu, thread pool of worker_slots)")):
+        worker = sub.add_parser(name, help=what)
+        worker.add_argument("--loglevel", default="info")
+        worker.add_argument("--hostname", help="celery node name (default: <kind>@%%h)")
+        if name == "cpu-worker":
+            worker.add_argument("--concurrency", type=int, help="processes (default: one per core)")
+        worker.set_defaults(handler=cmd_worker, kind=name.split("-")[0])
+    flower = sub.add_parser("flower", help="Celery's monitoring UI (basic auth from FLOWER_BASIC_AUTH)")
+    flower.add_argument("--address", default="127.0.0.1")
+    flower.add_argument("--port", type=int, default=5555)
+    flower.set_defaults(handler=cmd_flower)
+
+
+def _add_client_commands(sub: Any) -> None:
+    def client(name: str, help_: str, handler: Handler) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--api", default=DEFAULT_API, help=f"API base URL (default {DEFAULT_API})")
+        p.add_argument("--local", action="store_true", help="use the database directly, not the API")
+        p.set_defaults(handler=handler)
+        return p
+
+    submit = client("submit", "submit a job: a voice (id or reference file) and speech tokens", cmd_submit)
+    submit.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
+    submit.add_argument("--tokens", required=True, type=Path, help="JSON file: [ids] or {\"tokens\": [ids]}")
+    submit.add_argument("-o", "--output", type=Path, help="where to write the audio (implies --wait)")
+    submit.add_argument("--seed", type=int)
+    submit.add_argument("--format", dest="output_format", choices=("wav", "flac"), default="wav")
+    submit.add_argument("--priority", type=int, default=0)
+    submit.add_argument("--idempotency-key")
+    submit.add_argument("--wait", action="store_true", help="follow progress until the job finishes")
+    status = client("status", "show a job", cmd_status)
+    status.add_argument("job_id")
+    cancel = client("cancel", "cancel a job", cmd_cancel)
+    cancel.add_argument("job_id")
+    jobs = client("jobs", "list recent jobs", cmd_jobs)
+    jobs.add_argument("--status")
+    jobs.add_argument("--voice-id")
+    jobs.add_argument("--limit", type=int, default=20)
+    voices = client("voices", "list voices, or upload one with --add", cmd_voices)
+    voices.add_argument("--add", type=Path, metavar="FILE", help="upload a reference audio file")
+
+
+def subcommands(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """Every command path ('serve', 'db upgrade', ...) -> its parser; for tests and completion."""
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(p: argparse.ArgumentParser, prefix: str) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    path = f"{prefix} {name}".strip()
+                    found[path] = child
+                    walk(child, path)
+
+    walk(parser or build_parser(), "")
+    return found
+
+
+# Service commands --------------------------------------------------------------------------------
+
+
+def _settings() -> Any:
+    from app.settings import get_settings
+
+    return get_settings()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
+                log_level=args.log_level)
+    return 0
+
+
+def worker_argv(kind: str, settings: Any, *, loglevel: str = "info", hostname: str | None = None,
+                concurrency: int | None = None) -> list[str]:
+    """The celery command line of a CPU or GPU worker."""
+    if kind == "gpu":
+        # Threads: every slot is a synth task waiting on the one engine thread that owns the device.
+        argv = ["-A", CELERY_GPU_APP, "worker", "-Q", settings.queue_gpu, "-P", "threads",
+                "-c", str(settings.worker_slots)]
+    else:
+        argv = ["-A", CELERY_CPU_APP, "worker", "-Q", settings.queue_cpu]
+        if concurrency:
+            argv += ["-c", str(concurrency)]
+    return argv + ["-n", hostname or f"{kind}@%h", "--loglevel", loglevel]
+
+
+def flower_argv(*, address: str, port: int) -> list[str]:
+    # Basic auth is read by Flower from FLOWER_BASIC_AUTH itself: credentials stay out of argv (ps).
+    return ["-A", CELERY_CPU_APP, "flower", f"--address={address}", f"--port={port}"]
+
+
+def _exec_celery(argv: list[str]) -> int:
+    log.info("exec: celery %s", " ".join(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "celery", *argv])
+    return 0  # not reached
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    return _exec_celery(worker_argv(args.kind, _settings(), loglevel=args.loglevel, hostname=args.hostname,
+                                    concurrency=getattr(args, "concurrency", None)))
+
+
+def cmd_flower(args: argparse.Namespace) -> int:
+    if not os.environ.get("FLOWER_BASIC_AUTH"):
+        log.warning("FLOWER_BASIC_AUTH is not set: Flower runs WITHOUT authentication")
+    return _exec_celery(flower_argv(address=args.address, port=args.port))
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from app.db import upgrade
+
+    settings = _settings()
+    upgrade(settings.database_url)
+    print(f"database at {_redact(settings.database_url)} is up to date")
+    return 0
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from app.demo import run_demo
+
+    return run_demo(var=args.var, jobs_per_voice=args.jobs_per_voice, timeout_s=args.timeout)
+
+
+# Client commands ---------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Any:
+    if args.local:
+        from app.api.client import LocalClient
+
+        return LocalClient(_settings())
+    from app.api.client import HttpClient
+
+    token = _settings().api_token
+    return HttpClient(args.api, token=token.get_secret_value() if token else None)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from app.api.client import follow
+    from app.api.schemas import parse_tokens
+
+    client = _client(args)
+    tokens = parse_tokens(args.tokens.read_bytes())
+    voice: str | bytes = args.voice
+    if Path(args.voice).is_file():
+        voice = Path(args.voice).read_bytes()
+    job = client.submit(voice=voice, tokens=tokens, seed=args.seed, output_format=args.output_format,
+                        priority=args.priority, idempotency_key=args.idempotency_key)
+    print(job["id"])
+    if not (args.wait or args.output):
+        return 0
+    job = follow(client, job["id"])
+    print(f"job {job['id']}: {job['status']}" + (f" ({job['error']})" if job.get("error") else ""))
+    if job["status"] != "succeeded":
+        return 1
+    if args.output:
+        args.output.write_bytes(client.audio(job["id"]))
+        print(f"audio written to {args.output}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _print_json(_client(args).job(args.job_id))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = _client(args).cancel(args.job_id)
+    print(f"job {job['id']}: {job['status']}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    for job in _client(args).jobs(status=args.status, voice_id=args.voice_id, limit=args.limit):
+        done, total = job["progress"]["frames_done"], job["progress"]["frames_total"]
+        print(f"{job['id']}  {job['status']:<10} {done:>7}/{total:<7} voice {job['voice_id'][:12]}")
+    return 0
+
+
+def cmd_voices(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.add:
+        _print_json(client.add_voice(args.add.read_bytes()))
+        return 0
+    for voice in client.voices():
+        print(f"{voice['id']}  {voice['status']:<9} uses {voice['uses']}")
+    return 0
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args))
+    except WavefarmError as exc:  # refused input or missing ids: a message, not a traceback
+        print(f"wavefarm: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("wavefarm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""The HTTP API against the real Redis (broker + feature store) and a real database (SQLite, PostgreSQL).
+
+Tasks are really sent to the broker, on per-test queues nobody consumes, so the tests see what a
+worker would receive; jobs are finished through `app.db.queries` where a test needs a done job.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import soundfile as sf
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from app.api.main import create_app
+from app.api.metrics import broker_queue_depth
+from app.artifacts import ArtifactStore
+from app.db import queries
+from app.db.models import JobStatus, PrepPath
+from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.keys import COUNTER_PREP_PATH, cancel_key
+from app.settings import Settings
+from app.store import FeatureStore
+
+SAMPLES = Path(__file__).resolve().parents[2] / "app" / "samples"
+TOKENS = [1, 2, 3, 4, 5, 6560, 0, 42]
+
+
+def wav_bytes(seconds: float = 2.0, freq: float = 220.0, sr: int = 16000, amp: float = 0.3) -> bytes:
+    t = np.arange(int(seconds * sr)) / sr
+    buf = io.BytesIO()
+    sf.write(buf, (amp * np.sin(2 * np.pi * freq * t)).astype(np.float32), sr, format="WAV")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def reference() -> bytes:
+    return (SAMPLES / "voice_a.wav").read_bytes()
+
+
+def make_client(settings: Settings, **kwargs: Any) -> Iterator[TestClient]:
+    with TestClient(create_app(settings), **kwargs) as client:
+        yield client
+
+
+@pytest.fixture
+def client(settings: Settings, feature_redis: redis.Redis) -> Iterator[TestClient]:
+    """An app on this test's database and queues; the feature store is flushed around the test."""
+    yield from make_client(settings)
+
+
+@pytest.fixture
+def broker(settings: Settings) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.broker_url)
+    yield client
+    for queue in (settings.queue_cpu, settings.queue_gpu):
+        client.delete(queue, *[f"{queue}\x06\x16{n}" for n in range(1, 10)])
+    client.close()
+
+
+def queued(broker: redis.Redis, queue: str) -> list[dict[str, Any]]:
+    """The task messages waiting on a queue (every priority list), as kombu wrote them."""
+    keys = [queue] + [f"{queue}\x06\x16{n}" for n in range(1, 10)]
+    return [json.loads(raw) for key in keys for raw in broker.lrange(key, 0, -1)]
+
+
+def upload_voice(client: TestClient, data: bytes) -> Any:
+    return client.post("/v1/voices", files={"file": ("ref.wav", data, "audio/wav")})
+
+
+def submit(client: TestClient, voice_id: str, tokens: list[Any] = TOKENS, **extra: Any) -> Any:
+    return client.post("/v1/jobs", json={"voice_id": voice_id, "tokens": tokens, **extra})
+
+
+def finish(settings: Settings, job_id: str, status: JobStatus, output: bytes | None = None) -> None:
+    """Play the GPU worker's part: finish a job (writing its output file when given)."""
+    artifacts = ArtifactStore(settings.artifact_root)
+    engine = make_engine(settings.database_url)
+    with session_scope(make_sessionmaker(engine)) as s:
+        relpath = None
+        if output is not None:
+            relpath = artifacts.output_relpath(job_id, "wav")
+            artifacts.write_bytes(relpath, output)
+        assert queries.finish_job(session=s, job_id=job_id, status=status, output_path=relpath)
+    engine.dispose()
+
+
+# Schema --------------------------------------------------------------------------------------------
+
+
+def test_openapi_schema_parses_and_publishes_every_route(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert spec["openapi"].startswith("3.")
+    assert set(spec["paths"]) >= {
+        "/v1/voices", "/v1/voices/{voice_id}", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/audio",
+        "/v1/jobs/{job_id}/cancel", "/healthz", "/metrics"}
+    body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "multipart/form-data"}
+    assert "tokens" in body["application/json"]["schema"]["properties"]
+    assert spec["components"]["schemas"]["JobOut"]["properties"]["progress"]
+
+
+# Voices --------------------------------------------------------------------------------------------
+
+
+def test_upload_voice_creates_it_once_and_queues_one_preparation(
+        client: TestClient, broker: redis.Redis, settings: Settings, reference: bytes) -> None:
+    first = upload_voice(client, reference)
+    assert first.status_code == 201, first.text
+    voice = first.json()
+    assert len(voice["id"]) == 64 and voice["status"] == "pending"
+    assert first.headers["location"] == f"/v1/voices/{voice['id']}"
+    again = upload_voice(client, reference)
+    assert again.status_code == 200 and again.json()["id"] == voice["id"]
+    tasks = queued(broker, settings.queue_cpu)
+    assert [t["headers"]["task"] for t in tasks] == ["voice.prepare"]
+    assert tasks[0]["headers"]["argsrepr"] == repr([voice["id"]])
+    got = client.get(f"/v1/voices/{voice['id']}")
+    assert got.status_code == 200 and got.json()["id"] == voice["id"]
+    assert [v["id"] for v in client.get("/v1/voices").json()] == [voice["id"]]
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "empty"),
+    (b"RIFF not really a wav file at all", "not a readable audio file"),
+    (wav_bytes(0.1), "at least"),
+    (wav_bytes(amp=0.0), "silent"),
+])
+def test_bad_reference_audio_is_refused_with_its_reason(client: TestClient, data: bytes, reason: str) -> None:
+    response = upload_voice(client, data)
+    assert response.status_code == 422
+    assert response.json()["error"] == "BadAudio"
+    assert reason in response.json()["reason"]
+
+
+def test_reference_over_the_size_limit_is_refused(settings: Settings) -> None:
+    for client in make_client(settings.model_copy(update={"max_reference_bytes": 1000})):
+        response = upload_voice(client, wav_bytes())
+        assert response.status_code == 422 and "limit" in response.json()["reason"]
+
+
+# Jobs ----------------------------------------------------------------------------------------------
+
+
+def test_submit_json_job_queues_synth_and_reports_status(
+        client: TestClient, broker: redis.Redis, settings: Settings, reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    response = submit(client, voice_id, seed=7, output_format="flac", priority=5)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert response.headers["location"] == f"/v1/jobs/{job['id']}"
+    assert job["status"] == "queued" and job["voice_id"] == voice_id and job["seed"] == 7
+    assert job["progress"] == {"frames_done": 0, "frames_total": 2 * len(TOKENS), "fraction": 0.0}
+    assert job["output_format"] == "flac" and job["priority"] == 5 and job["attempts"] == 0
+    assert job["audio_url"] is None and job["prep_path"] is None
+    synth = queued(broker, settings.queue_gpu)
+    assert [(t["headers"]["task"], t["headers"]["id"]) for t in synth] == [("synth", job["id"])]
+    got = client.get(f"/v1/jobs/{job['id']}").json()
+    assert got["id"] == job["id"] and got["timings"]["submitted_at"]
+
+
+def test_submit_multipart_with_reference_and_token_file(
+        client: TestClient, broker: redis.Redis, settings: Settings, reference: bytes) -> None:
+    response = client.post("/v1/jobs", data={"seed": "3", "output_format": "wav"}, files={
+        "reference": ("ref.wav", reference, "audio/wav"),
+        "tokens": ("tokens.json", (SAMPLES / "tokens_a.json").read_bytes(), "application/json")})
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["n_tokens"] == len(json.loads((SAMPLES / "tokens_a.json").read_text())) and job["seed"] == 3
+    voice = client.get(f"/v1/voices/{job['voice_id']}").json()
+    assert voice["uses"] == 1
+    assert [t["headers"]["task"] for t in queued(broker, settings.queue_cpu)] == ["voice.prepare"]
+
+
+def test_idempotency_key_returns_the_same_job(client: TestClient, reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    first = submit(client, voice_id, idempotency_key="k-1").json()
+    assert submit(client, voice_id, idempotency_key="k-1").json()["id"] == first["id"]
+    by_header = client.post("/v1/jobs", json={"voice_id": voice_id, "tokens": TOKENS},
+                            headers={"Idempotency-Key": "k-1"})
+    assert by_header.json()["id"] == first["id"]
+    assert submit(client, voice_id, idempotency_key="k-2").json()["id"] != first["id"]
+
+
+@pytest.mark.parametrize("tokens, status, reason", [
+    ([], 422, "tokens"),
+    ([1, 6561], 422, "0..6560"),
+    ([-1], 422, "0..6560"),
+    (["a", 2], 422, "tokens"),
+    ([1.5], 422, "tokens"),
+])
+def test_bad_tokens_are_refused(client: TestClient, reference: bytes, tokens: list[Any], status: int,
+                                reason: str) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    response = submit(client, voice_id, tokens)
+    assert response.status_code == status, response.text
+    assert reason in response.json()["reason"]
+
+
+def test_bad_token_files_and_options_are_refused(client: TestClient, reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+
+    def post(tokens: bytes, **form: str) -> Any:
+        return client.post("/v1/jobs", data={"voice_id": voice_id, **form},
+                           files={"tokens": ("t.json", tokens, "application/json")})
+
+    assert post(b"not json").json()["error"] == "BadTokens"
+    assert post(b'{"nope": 1}').json()["error"] == "BadTokens"
+    assert post(b"[7000]").status_code == 422
+    assert post(b"[1, 2]", seed="x").json()["reason"] == "seed must be an integer, not 'x'"
+    assert post(b"[1, 2]", output_format="mp3").status_code == 422
+    assert post(b"[1, 2]", priority="99").status_code == 422
+    assert client.post("/v1/jobs", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
+    broken_json = client.post("/v1/jobs", content=b"{", headers={"content-type": "application/json"})
+    assert broken_json.status_code == 422 and broken_json.json()["error"] == "ValidationError"
+    both = client.post("/v1/jobs", data={"voice_id": voice_id}, files={
+        "reference": ("r.wav", reference, "audio/wav"), "tokens": ("t.json", b"[1]", "application/json")})
+    assert both.status_code == 422 and "exactly one" in both.json()["reason"]
+
+
+def test_list_jobs_filters_by_status_and_voice(client: TestClient, settings: Settings,
+                                               reference: bytes) -> None:
+    voice_a = upload_voice(client, reference).json()["id"]
+    voice_b = upload_voice(client, wav_bytes(freq=330.0)).json()["id"]
+    a1, a2 = (submit(client, voice_a).json()["id"] for _ in range(2))
+    b1 = submit(client, voice_b).json()["id"]
+    finish(settings, a1, JobStatus.FAILED)
+    assert {j["id"] for j in client.get("/v1/jobs").json()} == {a1, a2, b1}
+    assert [j["id"] for j in client.get("/v1/jobs", params={"voice_id": voice_b}).json()] == [b1]
+    assert [j["id"] for j in client.get("/v1/jobs", params={"status": "failed"}).json()] == [a1]
+    assert len(client.get("/v1/jobs", params={"limit": 2}).json()) == 2
+    assert client.get("/v1/jobs", params={"status": "bogus"}).status_code == 422
+    assert client.get("/v1/jobs", params={"limit": 0}).status_code == 422
+
+
+def test_cancel_a_queued_job_flags_it_for_the_worker(client: TestClient, settings: Settings,
+                                                    reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    job_id = submit(client, voice_id).json()["id"]
+    response = client.post(f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+    store = redis.Redis.from_url(settings.feature_store_url)
+    assert store.exists(cancel_key(job_id)) and store.ttl(cancel_key(job_id)) > 0
+    assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200  # idempotent
+    assert client.get(f"/v1/jobs/{job_id}/audio").status_code == 409
+
+
+def test_cancel_after_the_job_finished_is_a_conflict(client: TestClient, settings: Settings,
+                                                    reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    job_id = submit(client, voice_id).json()["id"]
+    finish(settings, job_id, JobStatus.SUCCEEDED, output=wav_bytes())
+    response = client.post(f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code == 409 and "succeeded" in response.json()["reason"]
+
+
+def test_audio_is_a_conflict_until_the_job_succeeded(client: TestClient, settings: Settings,
+                                                    reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    job_id = submit(client, voice_id).json()["id"]
+    pending = client.get(f"/v1/jobs/{job_id}/audio")
+    assert pending.status_code == 409 and pending.json()["error"] == "Conflict"
+    output = wav_bytes(1.0)
+    finish(settings, job_id, JobStatus.SUCCEEDED, output=output)
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded" and job["audio_url"] == f"/v1/jobs/{job_id}/audio"
+    assert job["progress"]["frames_done"] == job["progress"]["frames_total"]
+    audio = client.get(job["audio_url"])
+    assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
+    assert audio.content == output
+
+
+@pytest.mark.parametrize("method, path", [
+    ("get", "/v1/voices/" + "0" * 64),
+    ("get", "/v1/voices/not-a-sha"),
+    ("get", "/v1/jobs/00000000-0000-4000-8000-000000000000"),
+    ("get", "/v1/jobs/not-a-uuid"),
+    ("get", "/v1/jobs/00000000-0000-4000-8000-000000000000/audio"),
+    ("post", "/v1/jobs/00000000-0000-4000-8000-000000000000/cancel"),
+    ("get", "/v1/nothing-here"),
+])
+def test_unknown_ids_are_404(client: TestClient, method: str, path: str) -> None:
+    response = client.request(method.upper(), path)
+    assert response.status_code == 404
+    assert response.json()["error"] == "NotFound"
+
+
+def test_submit_with_an_unknown_voice_is_404(client: TestClient) -> None:
+    response = submit(client, "f" * 64)
+    assert response.status_code == 404 and response.json()["error"] == "NotFound"
+
+
+# Auth, health, metrics, errors -------------------------------------------------------------------
+
+
+def test_bearer_token_is_required_when_configured(settings: Settings) -> None:
+    for client in make_client(settings.model_copy(update={"api_token": SecretStr("s3cret")})):
+        assert client.get("/v1/jobs").status_code == 401
+        wrong = client.get("/v1/jobs", headers={"Authorization": "Bearer s3cre"})
+        assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+        assert client.get("/v1/jobs", headers={"Authorization": "Basic s3cret"}).status_code == 401
+        assert client.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.get("/healthz").status_code == 200  # probes stay open
+        assert client.get("/openapi.json").status_code == 200
+
+
+def test_no_token_configured_means_an_open_api(client: TestClient) -> None:
+    assert client.get("/v1/jobs").status_code == 200
+    assert client.get("/v1/jobs", headers={"Authorization": "Bearer anything"}).status_code == 200
+
+
+def test_healthz_checks_database_and_both_redis(client: TestClient, settings: Settings) -> None:
+    ok = client.get("/healthz")
+    assert ok.status_code == 200
+    assert ok.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok", "feature_store": "ok"}}
+    down = settings.model_copy(update={"feature_store_url": "redis://127.0.0.1:1/0"})
+    for other in make_client(down):
+        response = other.get("/healthz")
+        assert response.status_code == 503
+        checks = response.json()["checks"]
+        assert checks["database"] == "ok" and checks["feature_store"].startswith("ConnectionError")
+
+
+def test_metrics_report_queues_prep_paths_and_job_counts(client: TestClient, settings: Settings,
+                                                         reference: bytes, broker: redis.Redis) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    job_ids = [submit(client, voice_id).json()["id"] for _ in range(3)]
+    finish(settings, job_ids[0], JobStatus.CANCELLED)
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=60)
+    store.incr(COUNTER_PREP_PATH, PrepPath.PREPARED_AHEAD, 5)
+    store.incr(COUNTER_PREP_PATH, PrepPath.INLINE)
+    store.close()
+    assert broker_queue_depth(broker, settings.queue_gpu) == 3
+    text = client.get("/metrics").text
+    assert f'wavefarm_queue_depth{{queue="{settings.queue_gpu}"}} 3.0' in text
+    assert f'wavefarm_queue_depth{{queue="{settings.queue_cpu}"}} 1.0' in text
+    assert 'wavefarm_prep_path_total{path="prepared_ahead"} 5.0' in text
+    assert 'wavefarm_prep_path_total{path="inline"} 1.0' in text
+    assert 'wavefarm_jobs{status="queued"} 2.0' in text and 'wavefarm_jobs{status="cancelled"} 1.0' in text
+    assert 'wavefarm_source_up{source="broker"} 1.0' in text
+    assert 'wavefarm_http_requests_total{method="POST",route="/v1/jobs",status="202"} 3.0' in text
+
+
+class BrokenSender:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> Any:
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, status", [(redis.ConnectionError("broker gone"), 503),
+                                         (RuntimeError("a bug"), 500)])
+def test_server_side_failures_are_5xx_without_details(settings: Settings, reference: bytes,
+                                                      exc: Exception, status: int) -> None:
+    app = create_app(settings, sender=BrokenSender(exc))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.post("/v1/jobs", files={"reference": ("r.wav", reference, "audio/wav"),
+                                                  "tokens": ("t.json", b"[1, 2, 3]", "application/json")})
+        assert response.status_code == status
+        assert str(exc) not in response.text
+        assert client.get("/v1/jobs").json() == []  # the job was withdrawn: the client may retry
