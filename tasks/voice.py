@@ -1,0 +1,155 @@
+"""`voice.prepare`: the host half of prompt preparation, ahead of the GPU, on a CPU worker.
+
+Reference file -> normalise -> host features -> feature store (with TTL) ->
+voice row ready (timings, size). Idempotent: a voice that is ready with its
+features in the store is a counted no-op. A reference that cannot be
+prepared marks the voice failed (the GPU worker then prepares inline or
+fails the job); only infrastructure errors (Redis, database) are retried,
+a bounded number of times, and a voice that keeps killing its worker is
+given up after `job_max_attempts` deliveries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import cache
+
+import redis
+from celery import Task
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import audio, features
+from app.artifacts import ArtifactStore
+from app.db import queries
+from app.db.models import VoiceStatus
+from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.errors import BadAudio, WavefarmError
+from app.keys import COUNTER_PREPARE, check_voice_id
+from app.settings import Settings, get_settings
+from app.store import FeatureStore
+from app.submit import reference_limits
+from tasks.celery_app import celery_app
+
+log = logging.getLogger(__name__)
+
+TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError)
+MAX_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the task needs, built once per worker process."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    store: FeatureStore
+    artifacts: ArtifactStore
+
+
+@cache
+def resources() -> Resources:
+    settings = get_settings()
+    return Resources(
+        settings=settings,
+        sessions=make_sessionmaker(make_engine(settings.database_url)),
+        store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),
+        artifacts=ArtifactStore(settings.artifact_root),
+    )
+
+
+def _start(voice_id: str, res: Resources) -> tuple[str | None, str]:
+    """Record the start of an attempt: (reference path to prepare, "") or (None, outcome) to stop."""
+    with session_scope(res.sessions) as session:
+        voice = queries.get_voice(session=session, voice_id=voice_id)
+        if voice is None:
+            log.error("voice.prepare %s: no such voice", voice_id)
+            res.store.incr(COUNTER_PREPARE, "failed")
+            return None, "failed"
+        if voice.status == VoiceStatus.READY and res.store.exists(voice_id):
+            res.store.incr(COUNTER_PREPARE, "noop")
+            return None, "noop"
+        if voice.reference_path is None:
+            _fail(session, res, voice_id, "voice has no stored reference audio")
+            return None, "failed"
+        attempt = queries.mark_voice_preparing(session=session, voice_id=voice_id)
+        if attempt > res.settings.job_max_attempts:
+            # Earlier deliveries died without finishing (worker killed): stop redelivering.
+            _fail(session, res, voice_id, f"gave up after {attempt - 1} interrupted attempts")
+            return None, "failed"
+        return voice.reference_path, ""
+
+
+def _fail(session: Session, res: Resources, voice_id: str, error: str) -> None:
+    log.error("voice.prepare %s failed: %s", voice_id, error)
+    queries.mark_voice_failed(session=session, voice_id=voice_id, error=error)
+    res.store.incr(COUNTER_PREPARE, "failed")
+    res.store.release_prepare(voice_id)
+
+
+def _host_features(voice_id: str, reference_path: str, res: Resources) -> bytes:
+    """Reference file -> safetensors bytes of its host features (BadAudio if it is not this voice)."""
+    data = res.artifacts.read_bytes(reference_path)
+    pcm24k, computed_id = audio.load_reference(data, reference_limits(res.settings))
+    if computed_id != voice_id:
+        raise BadAudio(f"stored reference normalises to voice {computed_id}, not {voice_id}")
+    return features.host_half(pcm24k, voice_id).to_bytes()
+
+
+def prepare_voice(voice_id: str, res: Resources) -> str:
+    """Prepare one voice; returns the outcome: "prepared", "noop" or "failed"."""
+    reference_path, outcome = _start(voice_id, res)
+    if reference_path is None:
+        return outcome
+    started = time.perf_counter()
+    try:
+        blob = _host_features(voice_id, reference_path, res)
+    except TRANSIENT_ERRORS:
+        raise
+    except Exception as exc:  # boundary: any failure of the host half fails the voice, not the worker
+        if not isinstance(exc, WavefarmError | OSError):
+            log.exception("voice.prepare %s: unexpected error", voice_id)
+        with session_scope(res.sessions) as session:
+            _fail(session, res, voice_id, f"{type(exc).__name__}: {exc}")
+        return "failed"
+    prepare_ms = (time.perf_counter() - started) * 1000.0
+    res.store.put(voice_id, blob, res.settings.feature_ttl_s)
+    with session_scope(res.sessions) as session:
+        queries.mark_voice_ready(
+            session=session, voice_id=voice_id, prepare_ms=prepare_ms, feature_nbytes=len(blob)
+        )
+    res.store.release_prepare(voice_id)
+    res.store.incr(COUNTER_PREPARE, "prepared")
+    log.info("voice.prepare %s: %d bytes in %.0f ms", voice_id, len(blob), prepare_ms)
+    return "prepared"
+
+
+def _give_up(voice_id: str, res: Resources, exc: Exception) -> None:
+    """Retries spent on an infrastructure error: record the failure if we still can."""
+    try:
+        with session_scope(res.sessions) as session:
+            _fail(session, res, voice_id, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
+    except TRANSIENT_ERRORS:
+        log.exception("voice.prepare %s: could not record the failure", voice_id)
+
+
+@celery_app.task(name="voice.prepare", bind=True, max_retries=MAX_RETRIES)
+def prepare(self: Task, voice_id: str) -> str:
+    """Celery adapter: voice id in, voice id out; outcomes are in the database and the counters."""
+    try:
+        check_voice_id(voice_id)
+    except ValueError:
+        log.error("voice.prepare: refusing malformed voice id %r", voice_id)
+        return voice_id
+    res = resources()
+    try:
+        prepare_voice(voice_id, res)
+    except TRANSIENT_ERRORS as exc:
+        if self.request.retries >= MAX_RETRIES:
+            _give_up(voice_id, res, exc)
+            return voice_id
+        log.warning("voice.prepare %s: %s; retrying", voice_id, exc)
+        raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
+    return voice_id

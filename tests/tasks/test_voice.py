@@ -1,0 +1,154 @@
+"""`voice.prepare`: in process on both databases, and through a real Celery CPU worker."""
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.artifacts import ArtifactStore
+from app.db import queries as q
+from app.db.models import VoiceStatus
+from app.features import PromptHostFeatures
+from app.keys import COUNTER_PREPARE
+from app.settings import Settings
+from app.store import FeatureStore
+from app.submit import submit_job
+from tasks.celery_app import make_celery
+from tasks.voice import Resources, prepare_voice
+from tests.app.test_submit import wav_bytes
+
+
+@pytest.fixture
+def res(
+    settings: Settings, sessions: sessionmaker[Session], store: FeatureStore, artifacts: ArtifactStore
+) -> Resources:
+    return Resources(settings=settings, sessions=sessions, store=store, artifacts=artifacts)
+
+
+@pytest.fixture
+def celery(settings: Settings) -> Iterator[Celery]:
+    app = make_celery(settings, include=())
+    yield app
+    app.close()
+
+
+def submitted_voice(res: Resources, celery: Celery, reference: bytes | None = None) -> str:
+    with res.sessions() as session:
+        job_id = submit_job(
+            settings=res.settings,
+            session=session,
+            sender=celery,
+            store=res.store,
+            artifacts=res.artifacts,
+            tokens=[1, 2, 3],
+            reference_bytes=reference or wav_bytes(),
+        )
+        return q.require_job(session=session, job_id=job_id).voice_id
+
+
+def voice_row(res: Resources, voice_id: str):
+    with res.sessions() as session:
+        return q.require_voice(session=session, voice_id=voice_id)
+
+
+def test_prepare_puts_features_in_the_store_and_marks_the_voice_ready(res: Resources, celery: Celery):
+    voice_id = submitted_voice(res, celery)
+    assert prepare_voice(voice_id, res) == "prepared"
+    blob = res.store.get(voice_id)
+    assert blob is not None and PromptHostFeatures.from_bytes(blob).voice_id == voice_id
+    assert 0 < (res.store.ttl(voice_id) or 0) <= res.settings.feature_ttl_s
+    voice = voice_row(res, voice_id)
+    assert (voice.status, voice.feature_nbytes, voice.error) == (VoiceStatus.READY, len(blob), None)
+    assert voice.prepare_ms and voice.prepare_ms > 0 and voice.prepared_at and voice.prepare_started_at
+    assert res.store.counters(COUNTER_PREPARE) == {"prepared": 1}
+    assert res.store.claim_prepare(voice_id, 10)  # the submission's claim was released
+
+
+def test_preparing_a_ready_voice_again_is_a_counted_no_op(res: Resources, celery: Celery):
+    voice_id = submitted_voice(res, celery)
+    prepare_voice(voice_id, res)
+    before = voice_row(res, voice_id).prepared_at
+    assert prepare_voice(voice_id, res) == "noop"
+    assert voice_row(res, voice_id).prepared_at == before
+    assert res.store.counters(COUNTER_PREPARE) == {"prepared": 1, "noop": 1}
+    res.store.delete(voice_id)  # evicted: preparing again is real work
+    assert prepare_voice(voice_id, res) == "prepared" and res.store.exists(voice_id)
+
+
+def test_a_reference_that_cannot_be_prepared_fails_the_voice_without_raising(res: Resources, celery: Celery):
+    voice_id = submitted_voice(res, celery)
+    path = res.artifacts.path(voice_row(res, voice_id).reference_path or "")
+    path.write_bytes(wav_bytes(freq=330.0))  # a different voice under this one's name
+    assert prepare_voice(voice_id, res) == "failed"
+    voice = voice_row(res, voice_id)
+    assert voice.status == VoiceStatus.FAILED and "normalises to voice" in (voice.error or "")
+    path.unlink()
+    assert prepare_voice(voice_id, res) == "failed"
+    assert "FileNotFoundError" in (voice_row(res, voice_id).error or "")
+    assert not res.store.exists(voice_id) and res.store.counters(COUNTER_PREPARE) == {"failed": 2}
+
+
+def test_an_unknown_voice_is_a_counted_failure(res: Resources):
+    assert prepare_voice("0" * 64, res) == "failed"
+    assert res.store.count(COUNTER_PREPARE, "failed") == 1
+
+
+def test_a_voice_whose_attempts_keep_dying_is_given_up(res: Resources, celery: Celery):
+    voice_id = submitted_voice(res, celery)
+    with res.sessions() as session:  # deliveries that started and never finished (worker killed)
+        for _ in range(res.settings.job_max_attempts):
+            q.mark_voice_preparing(session=session, voice_id=voice_id)
+        session.commit()
+    assert prepare_voice(voice_id, res) == "failed"
+    voice = voice_row(res, voice_id)
+    assert voice.status == VoiceStatus.FAILED and "interrupted attempts" in (voice.error or "")
+
+
+# Through a real worker (PostgreSQL, broker db 10, this session's cpu queue) ----------------------
+
+
+def wait_for(predicate, timeout: float = 60.0, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not true within {timeout} s")
+
+
+@pytest.mark.integration
+def test_a_real_cpu_worker_prepares_a_submitted_voice(
+    cpu_worker: str, worker_settings: Settings, worker_sessions: sessionmaker[Session], feature_redis
+):
+    store = FeatureStore(feature_redis, ttl_s=worker_settings.feature_ttl_s)
+    artifacts = ArtifactStore(worker_settings.artifact_root)
+    celery = make_celery(worker_settings, include=())
+    try:
+        with worker_sessions() as session:
+            job_id = submit_job(
+                settings=worker_settings,
+                session=session,
+                sender=celery,
+                store=store,
+                artifacts=artifacts,
+                tokens=[1, 2, 3],
+                reference_bytes=wav_bytes(freq=440.0),
+            )
+            voice_id = q.require_job(session=session, job_id=job_id).voice_id
+
+        def ready() -> bool:
+            with worker_sessions() as session:
+                return q.require_voice(session=session, voice_id=voice_id).status == VoiceStatus.READY
+
+        wait_for(ready)
+        blob = store.get(voice_id)
+        assert blob is not None and PromptHostFeatures.from_bytes(blob).voice_id == voice_id
+        # Sent again by name (as a redelivery would be): a counted no-op, same id back.
+        result = celery.send_task("voice.prepare", args=[voice_id], queue=worker_settings.queue_cpu)
+        assert result.get(timeout=60) == voice_id
+        assert store.counters(COUNTER_PREPARE) == {"prepared": 1, "noop": 1}
+    finally:
+        celery.close()
