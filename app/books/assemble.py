@@ -1,0 +1,239 @@
+"""Rendered segments -> chapter WAV/FLAC files, one M4B audiobook, a chapter index (JSON + WebVTT).
+
+`assemble_chapter` concatenates a planned chapter's segment files (looked up by content key) with
+each segment's pause after it, optionally normalises loudness (pyloudnorm, ITU-R BS.1770, to a
+target LUFS, then lowers the gain if the peak would pass -1 dBFS), and records where every segment
+lies. A chapter is assembled in memory (one hour of 24 kHz mono is 350 MB of float32).
+`write_m4b` encodes the chapter files to AAC in an MP4 ("M4B " brand) with PyAV: chapter markers
+at the exact sample where each chapter starts, title/author/album/genre tags, and a JPEG/PNG cover as
+an attached picture. No ffmpeg binary is run. Every file is written to a temporary name beside
+its target and renamed into place (`os.replace`), so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pyloudnorm
+import soundfile as sf
+
+from app.audio import PROMPT_SAMPLE_RATE, resample, write_audio
+from app.books.plan import PlanChapter
+from app.errors import BadInput, NotFound
+
+PEAK_CEILING_DBFS = -1.0
+_BLOCK = 1 << 16  # samples per read while encoding
+_COVER_CODECS = {"image/jpeg": ("mjpeg", "yuvj420p"), "image/png": ("png", "rgb24")}
+
+
+@dataclass(frozen=True)
+class SegmentTiming:
+    key: str
+    text: str
+    start: float  # seconds from the start of the chapter file
+    end: float  # end of the segment's own audio, before its pause
+
+
+@dataclass(frozen=True)
+class ChapterAudio:
+    index: int
+    title: str
+    path: Path
+    sample_rate: int
+    samples: int  # whole file, trailing pause included
+    segments: tuple[SegmentTiming, ...]
+
+    @property
+    def duration(self) -> float:
+        return self.samples / self.sample_rate
+
+
+def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path, *, fmt: str = "flac",
+                     sample_rate: int = PROMPT_SAMPLE_RATE, target_lufs: float | None = None) -> ChapterAudio:
+    """Concatenate a chapter's segments (audio[key] -> file) with their pauses into `out`."""
+    pieces: list[np.ndarray] = []
+    timings: list[SegmentTiming] = []
+    cursor = 0
+    for i, segment in enumerate(chapter.segments):
+        where = f"segment {i + 1} of chapter {chapter.index + 1}"
+        wave = read_segment(audio, segment.key, sample_rate, where=where)
+        pause = np.zeros(round(segment.pause_after_ms * sample_rate / 1000), np.float32)
+        timings.append(SegmentTiming(segment.key, segment.text, cursor / sample_rate,
+                                     (cursor + len(wave)) / sample_rate))
+        pieces += [wave, pause]
+        cursor += len(wave) + len(pause)
+    whole = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    if target_lufs is not None:
+        whole = normalise_loudness(whole, sample_rate, target_lufs)
+    write_audio(out, whole, fmt, sample_rate)
+    return ChapterAudio(chapter.index, chapter.title, out, sample_rate, len(whole), tuple(timings))
+
+
+def read_segment(audio: Mapping[str, Path], key: str, sample_rate: int, *, where: str) -> np.ndarray:
+    """A rendered segment file -> mono float32 at `sample_rate`; NotFound if it was never rendered."""
+    path = audio.get(key)
+    if path is None or not Path(path).is_file():
+        raise NotFound(f"{where} (key {key[:12]}) has no rendered audio")
+    pcm, rate = sf.read(path, dtype="float32", always_2d=True)
+    mono = pcm.mean(axis=1)
+    if rate != sample_rate:
+        mono = resample(mono, rate, sample_rate).numpy()
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def normalise_loudness(wave: np.ndarray, sample_rate: int, target_lufs: float,
+                       peak_dbfs: float = PEAK_CEILING_DBFS) -> np.ndarray:
+    """Gain to `target_lufs` integrated loudness, lowered if the peak would pass `peak_dbfs`.
+
+    Audio shorter than one 400 ms gating block, or silent, is returned unchanged.
+    """
+    if len(wave) < int(0.4 * sample_rate) + 1 or not np.any(wave):
+        return wave
+    loudness = pyloudnorm.Meter(sample_rate).integrated_loudness(wave.astype(np.float64))
+    if not np.isfinite(loudness):
+        return wave
+    gain = 10.0 ** ((target_lufs - loudness) / 20.0)
+    peak = float(np.abs(wave).max()) * gain
+    ceiling = 10.0 ** (peak_dbfs / 20.0)
+    if peak > ceiling:
+        gain *= ceiling / peak
+    return (wave * gain).astype(np.float32)
+
+
+@contextmanager
+def _atomic(path: Path):
+    """Yield a temp path beside `path`; rename it into place on success, remove it on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    with _atomic(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+# --- M4B -----------------------------------------------------------------------------------------
+
+def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, title: str, author: str,
+              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000) -> None:
+    """Encode the chapter files, in order, into one AAC M4B with a chapter marker per file."""
+    if not chapters:
+        raise BadInput("an audiobook needs at least one chapter")
+    rate = chapters[0].sample_rate
+    if any(c.sample_rate != rate for c in chapters):
+        raise ValueError("chapters have different sample rates")
+    with _atomic(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"brand": "M4B "}) as box:
+        for key, value in {"title": title, "album": title, "artist": author, "album_artist": author,
+                           "genre": "Audiobook"}.items():
+            if value:
+                box.metadata[key] = value
+        stream = box.add_stream("aac", rate=rate, layout="mono")
+        stream.bit_rate = bitrate
+        picture = _cover_stream(box, cover_type) if cover else None
+        box.set_chapters(_markers(chapters, rate))
+        pts = 0
+        for chapter in chapters:
+            pts = _encode_file(box, stream, chapter.path, rate, pts)
+        for packet in stream.encode(None):
+            box.mux(packet)
+        if picture is not None and cover is not None:
+            packet = av.Packet(cover)
+            packet.stream, packet.pts, packet.dts = picture, 0, 0
+            box.mux(packet)
+
+
+def _markers(chapters: Sequence[ChapterAudio], rate: int) -> list[dict[str, Any]]:
+    marks, start = [], 0
+    for i, chapter in enumerate(chapters):
+        marks.append({"id": i + 1, "start": start, "end": start + chapter.samples,
+                      "time_base": Fraction(1, rate), "metadata": {"title": chapter.title}})
+        start += chapter.samples
+    return marks
+
+
+def _cover_stream(box: Any, cover_type: str | None) -> Any:
+    if cover_type not in _COVER_CODECS:
+        raise BadInput(f"cover type {cover_type!r} is not one of {sorted(_COVER_CODECS)}")
+    codec, pix_fmt = _COVER_CODECS[cover_type]
+    picture = box.add_stream(codec)
+    picture.width, picture.height, picture.pix_fmt = 16, 16, pix_fmt  # the muxer copies the bytes as they are
+    picture.disposition = av.stream.Disposition.attached_pic
+    return picture
+
+
+def _encode_file(box: Any, stream: Any, path: Path, rate: int, pts: int) -> int:
+    with sf.SoundFile(path) as handle:
+        if handle.samplerate != rate:
+            raise ValueError(f"{path} is {handle.samplerate} Hz, not {rate}")
+        for block in handle.blocks(blocksize=_BLOCK, dtype="float32", always_2d=True):
+            mono = np.ascontiguousarray(block.mean(axis=1)[None, :], dtype=np.float32)
+            frame = av.AudioFrame.from_ndarray(mono, format="flt", layout="mono")
+            frame.sample_rate, frame.pts = rate, pts
+            pts += frame.samples
+            for packet in stream.encode(frame):
+                box.mux(packet)
+    return pts
+
+
+# --- chapter index -------------------------------------------------------------------------------
+
+def chapter_index(chapters: Sequence[ChapterAudio], *, title: str, author: str) -> dict[str, Any]:
+    """Chapters on the book's timeline; segments on their chapter file's and on the book's timeline."""
+    out, offset = [], 0.0
+    for chapter in chapters:
+        out.append({"index": chapter.index, "title": chapter.title, "file": chapter.path.name,
+                    "start": round(offset, 3), "end": round(offset + chapter.duration, 3),
+                    "segments": [{"key": s.key, "text": s.text,
+                                  "start": round(s.start, 3), "end": round(s.end, 3),
+                                  "book_start": round(offset + s.start, 3),
+                                  "book_end": round(offset + s.end, 3)} for s in chapter.segments]})
+        offset += chapter.duration
+    return {"title": title, "author": author, "duration": round(offset, 3), "chapters": out}
+
+
+def webvtt(index: Mapping[str, Any]) -> str:
+    """The index as WebVTT: one cue per segment on the book's timeline, a NOTE per chapter."""
+    lines = ["WEBVTT", ""]
+    for chapter in index["chapters"]:
+        lines += [f"NOTE Chapter {chapter['index'] + 1}: {_vtt_text(chapter['title'])}", ""]
+        for j, seg in enumerate(chapter["segments"]):
+            text = seg["text"] or f"({chapter['title']}, segment {j + 1})"
+            lines += [f"c{chapter['index'] + 1}-s{j + 1}",
+                      f"{_vtt_time(seg['book_start'])} --> {_vtt_time(seg['book_end'])}", _vtt_text(text), ""]
+    return "\n".join(lines)
+
+
+def write_index(chapters: Sequence[ChapterAudio], json_path: Path, vtt_path: Path, *, title: str,
+                author: str) -> dict[str, Any]:
+    index = chapter_index(chapters, title=title, author=author)
+    write_text(json_path, json.dumps(index, ensure_ascii=False, indent=1))
+    write_text(vtt_path, webvtt(index))
+    return index
+
+
+def _vtt_time(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    hours, ms = divmod(ms, 3_600_000)
+    minutes, ms = divmod(ms, 60_000)
+    return f"{hours:02d}:{minutes:02d}:{ms // 1000:02d}.{ms % 1000:03d}"
+
+
+def _vtt_text(text: str) -> str:
+    return " ".join(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").split())

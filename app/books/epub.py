@@ -1,0 +1,288 @@
+"""EPUB 2/3 -> `SourceBook`: chapters in spine order, titled from the table of contents.
+
+The table of contents is the EPUB 3 navigation document (`nav.xhtml`, `<nav epub:type="toc">`) or,
+failing that, the EPUB 2 `toc.ncx`. Every TOC entry starts a chapter: at its file, or at the element
+its `#fragment` names inside a file. Spine documents without an entry continue the chapter before
+them (front matter before the first entry becomes chapters titled by the document's `<title>`).
+Cover image (JPEG/PNG) and dc:title, dc:creator, dc:language are read from the package document.
+
+Only the stdlib: zipfile, xml.etree for the package/NCX files (DTD entity declarations refused, so
+no entity expansion), html.parser for XHTML (lenient, knows HTML entities). Zip bombs are refused
+from the central directory before anything is inflated - entry count, declared total and per-entry
+sizes, compression ratio - and every read is capped, so a lying header cannot inflate more.
+Not supported: DRM-encrypted books, fixed-layout text in images, reading text from SVG.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import re
+import xml.etree.ElementTree as ET
+import zipfile
+import zlib
+from html.parser import HTMLParser
+from urllib.parse import unquote
+
+from app.books import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
+from app.books.parse import finish_book
+from app.errors import BadInput
+
+NS = {"c": "urn:oasis:names:tc:opendocument:xmlns:container", "opf": "http://www.idpf.org/2007/opf",
+      "dc": "http://purl.org/dc/elements/1.1/", "ncx": "http://www.daisy.org/z3986/2005/ncx/"}
+_RATIO_FLOOR = 1024 * 1024  # small entries may compress very well (a run of spaces) without harm
+_BLOCKS = {"p", "div", "h1", "h2", "h3", "h4", "h5", "h6", "li", "blockquote", "section", "article",
+           "br", "tr", "dd", "dt", "figcaption", "pre", "aside", "header", "footer", "hr", "table"}
+_SKIPPED = {"script", "style", "head", "title", "rt", "rp", "svg", "math", "nav", "template"}
+_COVER_TYPES = {"image/jpeg", "image/png"}
+
+TocEntry = tuple[str, str | None, str]  # (path in the zip, fragment or None, title)
+
+
+def parse_epub(data: bytes, *, title: str | None = None, author: str | None = None,
+               language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
+    archive = open_archive(data, limits)
+    opf_path = _rootfile(_xml(read_entry(archive, "META-INF/container.xml", limits), "container.xml"))
+    opf = _xml(read_entry(archive, opf_path, limits), opf_path)
+    base = posixpath.dirname(opf_path)
+    items = {i.get("id"): i for i in opf.iterfind("opf:manifest/opf:item", NS) if i.get("id")}
+    href = {k: posixpath.normpath(posixpath.join(base, unquote(i.get("href", "")))) for k, i in items.items()}
+    spine_el = opf.find("opf:spine", NS)
+    if spine_el is None:
+        raise BadInput(f"EPUB package {opf_path} has no spine (reading order)")
+    spine = [href[r.get("idref")] for r in spine_el.iterfind("opf:itemref", NS)
+             if r.get("idref") in href and r.get("linear", "yes") != "no"]
+    toc = _nav_toc(archive, items, href, limits) or _ncx_toc(archive, spine_el.get("toc"), href, limits)
+    chapters = _chapters(archive, spine, toc, limits)
+    cover, cover_type = _cover(archive, opf, items, href, limits)
+    return finish_book(chapters, title=title or _dc(opf, "title") or "Untitled",
+                       author=author or _dc(opf, "creator"),
+                       language=language or (_dc(opf, "language") or "en").split("-")[0],
+                       limits=limits, cover=cover, cover_type=cover_type)
+
+
+# --- the zip, safely -----------------------------------------------------------------------------
+
+def open_archive(data: bytes, limits: BookLimits) -> zipfile.ZipFile:
+    """Open the EPUB's zip and refuse it from its central directory if it could inflate too much."""
+    if not data:
+        raise BadInput("the EPUB is empty")
+    if len(data) > limits.max_epub_bytes:
+        raise BadInput(f"the EPUB is {len(data)} bytes; the limit is {limits.max_epub_bytes}")
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
+        raise BadInput(f"not a valid EPUB: the zip container is broken ({exc})") from exc
+    infos = archive.infolist()
+    if len(infos) > limits.epub_max_entries:
+        raise BadInput(f"the EPUB has {len(infos)} files; the limit is {limits.epub_max_entries}")
+    total = sum(i.file_size for i in infos)
+    if total > limits.epub_max_unpacked:
+        raise BadInput(f"the EPUB unpacks to {total} bytes; the limit is {limits.epub_max_unpacked} "
+                       "(refused as a possible zip bomb)")
+    for info in infos:
+        _check_entry(info, limits)
+    return archive
+
+
+def _check_entry(info: zipfile.ZipInfo, limits: BookLimits) -> None:
+    if info.file_size > limits.epub_max_entry:
+        raise BadInput(f"EPUB file {info.filename!r} unpacks to {info.file_size} bytes; "
+                       f"the limit is {limits.epub_max_entry}")
+    ratio = info.file_size / max(1, info.compress_size)
+    if info.file_size > _RATIO_FLOOR and ratio > limits.epub_max_ratio:
+        raise BadInput(f"EPUB file {info.filename!r} is compressed {ratio:.0f}:1; the limit is "
+                       f"{limits.epub_max_ratio}:1 (refused as a possible zip bomb)")
+
+
+def read_entry(archive: zipfile.ZipFile, name: str, limits: BookLimits) -> bytes:
+    try:
+        info = archive.getinfo(name)
+    except KeyError:
+        raise BadInput(f"not a valid EPUB: {name!r} is missing") from None
+    try:
+        with archive.open(info) as handle:
+            content = handle.read(min(info.file_size, limits.epub_max_entry) + 1)
+    except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError, ValueError) as exc:
+        raise BadInput(f"not a valid EPUB: {name!r} cannot be unpacked ({exc})") from exc
+    if len(content) > info.file_size:  # pragma: no cover - zipfile stops at the declared size
+        raise BadInput(f"EPUB file {name!r} is larger than its header says")
+    return content
+
+
+def _xml(content: bytes, name: str) -> ET.Element:
+    if re.search(rb"<!ENTITY", content[:65536], re.IGNORECASE):
+        raise BadInput(f"EPUB file {name!r} declares XML entities; refused")
+    try:
+        return ET.fromstring(content)
+    except ET.ParseError as exc:
+        raise BadInput(f"not a valid EPUB: {name!r} is not well-formed XML ({exc})") from exc
+
+
+def _rootfile(container: ET.Element) -> str:
+    root = container.find("c:rootfiles/c:rootfile", NS)
+    if root is None or not root.get("full-path"):
+        raise BadInput("not a valid EPUB: META-INF/container.xml names no package document")
+    return posixpath.normpath(unquote(root.get("full-path", "")))
+
+
+def _dc(opf: ET.Element, name: str) -> str:
+    el = opf.find(f"opf:metadata/dc:{name}", NS)
+    return " ".join((el.text or "").split()) if el is not None else ""
+
+
+# --- table of contents ---------------------------------------------------------------------------
+
+def _split_href(base: str, target: str) -> tuple[str, str | None]:
+    path, _, fragment = unquote(target).partition("#")
+    return posixpath.normpath(posixpath.join(posixpath.dirname(base), path)), fragment or None
+
+
+def _nav_toc(archive: zipfile.ZipFile, items: dict, href: dict, limits: BookLimits) -> list[TocEntry]:
+    nav_id = next((k for k, i in items.items() if "nav" in i.get("properties", "").split()), None)
+    if nav_id is None:
+        return []
+    parser = _NavParser()
+    parser.feed(read_entry(archive, href[nav_id], limits).decode("utf-8", "replace"))
+    return [(*_split_href(href[nav_id], target), title) for target, title in parser.entries if title]
+
+
+def _ncx_toc(archive: zipfile.ZipFile, toc_id: str | None, href: dict, limits: BookLimits) -> list[TocEntry]:
+    if not toc_id or toc_id not in href:
+        return []
+    ncx = _xml(read_entry(archive, href[toc_id], limits), href[toc_id])
+    entries: list[TocEntry] = []
+    for point in ncx.iter(f"{{{NS['ncx']}}}navPoint"):  # document order == reading order
+        label = point.find("ncx:navLabel/ncx:text", NS)
+        content = point.find("ncx:content", NS)
+        if label is not None and content is not None and content.get("src"):
+            title = " ".join((label.text or "").split())
+            entries.append((*_split_href(href[toc_id], content.get("src", "")), title))
+    return [e for e in entries if e[2]]
+
+
+class _NavParser(HTMLParser):
+    """Collects (href, text) of the links inside `<nav epub:type="toc">`, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.entries: list[tuple[str, str]] = []
+        self._nav_depth = 0
+        self._link: list[str] | None = None
+        self._target = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "nav":
+            in_toc = self._nav_depth > 0 or "toc" in (a.get("epub:type") or "").split()
+            self._nav_depth += 1 if in_toc else 0
+        elif tag == "a" and self._nav_depth and a.get("href"):
+            self._link, self._target = [], a.get("href") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "nav" and self._nav_depth:
+            self._nav_depth -= 1
+        elif tag == "a" and self._link is not None:
+            self.entries.append((self._target, " ".join("".join(self._link).split())))
+            self._link = None
+
+    def handle_data(self, data: str) -> None:
+        if self._link is not None:
+            self._link.append(data)
+
+
+# --- content documents ---------------------------------------------------------------------------
+
+class _TextParser(HTMLParser):
+    """XHTML -> events: ("anchor", id) where an element with an id starts, ("para", text) per block."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.events: list[tuple[str, str]] = []
+        self.title = ""
+        self._buffer: list[str] = []
+        self._skip = 0
+        self._in_title = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _SKIPPED:
+            self._skip += 1
+            self._in_title = tag == "title"
+            return
+        if tag in _BLOCKS:
+            self._flush()
+        anchor = dict(attrs).get("id") or (dict(attrs).get("name") if tag == "a" else None)
+        if anchor and not self._skip:
+            self._flush()
+            self.events.append(("anchor", anchor))
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in _SKIPPED:
+            self.handle_starttag(tag, attrs)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _SKIPPED:
+            self._skip = max(0, self._skip - 1)
+            self._in_title = False
+        elif tag in _BLOCKS:
+            self._flush()
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+        elif not self._skip:
+            self._buffer.append(data)
+
+    def close(self) -> None:
+        super().close()
+        self._flush()
+
+    def _flush(self) -> None:
+        text = " ".join("".join(self._buffer).split())
+        self._buffer = []
+        if text:
+            self.events.append(("para", text))
+
+
+def _chapters(archive: zipfile.ZipFile, spine: list[str], toc: list[TocEntry],
+              limits: BookLimits) -> list[SourceChapter]:
+    by_doc: dict[str, list[tuple[str | None, str]]] = {}
+    for path, fragment, title in toc:
+        by_doc.setdefault(path, []).append((fragment, title))
+    chapters: list[tuple[str, list[str]]] = []
+    for path in spine:
+        parser = _TextParser()
+        parser.feed(read_entry(archive, path, limits).decode("utf-8", "replace"))
+        parser.close()
+        entries = by_doc.get(path, [])
+        anchors = {value for kind, value in parser.events if kind == "anchor"}
+        starts = {f: t for f, t in entries if f and f in anchors}
+        whole = next((t for f, t in entries if f is None or f not in anchors), None)
+        if whole is not None or not chapters:
+            chapters.append((whole or " ".join(parser.title.split()) or "Front matter", []))
+        for kind, value in parser.events:
+            if kind == "anchor" and value in starts:
+                chapters.append((starts.pop(value), []))
+            elif kind == "para":
+                chapters[-1][1].append(value)
+    return [SourceChapter(title, tuple(_drop_heading(title, paras))) for title, paras in chapters]
+
+
+def _drop_heading(title: str, paragraphs: list[str]) -> list[str]:
+    """The chapter's own heading is usually its first paragraph(s); the title is spoken already."""
+    key = re.sub(r"\W+", " ", title).strip().lower()
+    while paragraphs and (found := re.sub(r"\W+", " ", paragraphs[0]).strip().lower()) and found in key:
+        paragraphs = paragraphs[1:]
+    return paragraphs
+
+
+def _cover(archive: zipfile.ZipFile, opf: ET.Element, items: dict, href: dict,
+           limits: BookLimits) -> tuple[bytes | None, str | None]:
+    cover_id = next((k for k, i in items.items() if "cover-image" in i.get("properties", "").split()), None)
+    if cover_id is None:
+        meta = next((m for m in opf.iterfind("opf:metadata/opf:meta", NS) if m.get("name") == "cover"), None)
+        cover_id = meta.get("content") if meta is not None else None
+    item = items.get(cover_id)
+    if item is None or item.get("media-type") not in _COVER_TYPES:
+        return None, None
+    return read_entry(archive, href[cover_id], limits), item.get("media-type")

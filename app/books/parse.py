@@ -1,0 +1,202 @@
+"""Book files -> `SourceBook`: plain text, Markdown, EPUB, or a JSON manifest of speech tokens.
+
+`parse_book` picks the reader by `fmt` or sniffs it; the readers refuse with `BadInput` and a reason:
+empty or binary input, non-UTF-8 text, over-size files or paragraphs, too many chapters, broken or
+bomb-like EPUBs (`app.books.epub`), malformed manifests (`app.books.manifest`).
+
+- Plain text: paragraphs are separated by blank lines (or, in a file without any blank line, are
+  single lines); a short paragraph such as "Chapter 3", "CHAPTER IV. The Storm", "Prologue" starts a
+  chapter.
+- Markdown: chapters at headings (with one `#` title and several `##`, the `##` ones; otherwise the
+  top level used); front matter `title:`/`author:`; code blocks, images, HTML and link targets are
+  dropped, emphasis is unwrapped.
+Paragraph text stays raw here: normalisation is `app.books.text`'s job. Language is not detected:
+callers pass it (EPUBs declare it), English by default.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from app.books import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
+from app.errors import BadInput
+
+FORMATS = ("text", "markdown", "epub", "manifest")
+_BINARY_CONTROL_SHARE = 0.001  # more C0 control characters than this is not a text file
+
+
+def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = None, title: str | None = None,
+               author: str | None = None, language: str | None = None, limits: BookLimits = DEFAULT_LIMITS,
+               base_dir: Path | None = None) -> SourceBook:
+    """Any supported book file -> SourceBook. `base_dir` (CLI only) lets a manifest name audio files."""
+    fmt = fmt or sniff_format(data, filename)
+    if fmt == "epub":
+        from app.books.epub import parse_epub
+        return parse_epub(data, title=title, author=author, language=language, limits=limits)
+    if fmt == "manifest":
+        from app.books.manifest import parse_manifest
+        return parse_manifest(data, limits=limits, base_dir=base_dir)
+    if fmt == "markdown":
+        return parse_markdown(data, title=title, author=author, language=language, limits=limits)
+    if fmt == "text":
+        return parse_text(data, title=title, author=author, language=language, limits=limits)
+    raise BadInput(f"book format {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def sniff_format(data: bytes, filename: str | None = None) -> str:
+    suffix = Path(filename).suffix.lower() if filename else ""
+    if data[:4] == b"PK\x03\x04" or suffix == ".epub":
+        return "epub"
+    if suffix in (".md", ".markdown"):
+        return "markdown"
+    if suffix == ".json" or data.lstrip()[:1] == b"{":
+        return "manifest"
+    return "text"
+
+
+def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
+    """Bytes of a text file -> str, refusing empty, over-size, binary and non-UTF-8 input."""
+    if not data or not data.strip():
+        raise BadInput(f"the {what} is empty")
+    if len(data) > limits.max_text_bytes:
+        raise BadInput(f"the {what} is {len(data)} bytes; the limit is {limits.max_text_bytes}")
+    try:
+        if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            text = data.decode("utf-16")
+        else:
+            text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"the {what} is not UTF-8 text (byte {exc.start} is invalid); "
+                       "send UTF-8, Markdown or an EPUB") from exc
+    controls = sum(1 for c in text if ord(c) < 32 and c not in "\t\n\r\f")
+    if "\x00" in text or controls > _BINARY_CONTROL_SHARE * len(text):
+        raise BadInput(f"the {what} looks like binary data, not text ({controls} control characters)")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def finish_book(chapters: list[SourceChapter], *, title: str, author: str, language: str,
+                limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None) -> SourceBook:
+    """Drop empty chapters and check the limits every text reader shares."""
+    kept = [c for c in chapters if c.paragraphs or c.items]
+    if not any(c.paragraphs or c.items for c in kept):
+        raise BadInput("the book has no text to read")
+    if len(kept) > limits.max_chapters:
+        raise BadInput(f"the book has {len(kept)} chapters; the limit is {limits.max_chapters}")
+    for ci, chapter in enumerate(kept):
+        for pi, paragraph in enumerate(chapter.paragraphs):
+            if len(paragraph) > limits.max_paragraph_chars:
+                raise BadInput(f"paragraph {pi + 1} of chapter {ci + 1} ({chapter.title!r}) is "
+                               f"{len(paragraph)} characters; the limit is {limits.max_paragraph_chars}")
+    return SourceBook(title=title.strip() or "Untitled", author=author.strip(),
+                      language=(language or "en").lower(), chapters=tuple(kept), cover=cover,
+                      cover_type=cover_type)
+
+
+# --- plain text ----------------------------------------------------------------------------------
+
+_CHAPTER_LINE_RE = re.compile(
+    r"^(chapter|part|book|prologue|epilogue|preface|foreword|introduction|afterword)\b[^\n]{0,70}$",
+    re.IGNORECASE)
+
+
+def paragraphs_of(text: str) -> list[str]:
+    """Blank-line separated paragraphs, lines joined; a file without blank lines: one per line."""
+    blocks = re.split(r"\n\s*\n", text) if re.search(r"\n\s*\n", text) else text.split("\n")
+    return [" ".join(line.strip() for line in block.split("\n") if line.strip()) for block in blocks
+            if block.strip()]
+
+
+def parse_text(data: bytes, *, title: str | None = None, author: str | None = None,
+               language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
+    paragraphs = paragraphs_of(decode_text(data, limits))
+    book_title = title or (paragraphs[0] if paragraphs and len(paragraphs[0]) <= 80 else "Untitled")
+    chapters: list[SourceChapter] = []
+    current_title, current = book_title, []
+    for paragraph in paragraphs:
+        if _CHAPTER_LINE_RE.match(paragraph):
+            chapters.append(SourceChapter(current_title, tuple(current)))
+            current_title, current = paragraph, []
+        else:
+            current.append(paragraph)
+    chapters.append(SourceChapter(current_title, tuple(current)))
+    return finish_book(chapters, title=book_title, author=author or "", language=language or "en",
+                       limits=limits)
+
+
+# --- Markdown ------------------------------------------------------------------------------------
+
+_FRONT_MATTER_RE = re.compile(r"\A---\n(.*?)\n---\n", re.DOTALL)
+_FENCE_RE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.DOTALL | re.MULTILINE)
+_ATX_RE = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_SETEXT_RE = re.compile(r"^([^\n]+)\n(=+|-+)[ \t]*$", re.MULTILINE)
+_INLINE_STEPS = (
+    (re.compile(r"<!--.*?-->", re.DOTALL), ""),
+    (re.compile(r"!\[[^\]]*\]\([^)]*\)"), ""),  # images
+    (re.compile(r"\[([^\]]*)\]\([^)]*\)"), r"\1"),  # links keep their text
+    (re.compile(r"\[([^\]]*)\]\[[^\]]*\]"), r"\1"),
+    (re.compile(r"^[ \t]*\[[^\]]+\]:[ \t]*\S+.*$", re.MULTILINE), ""),  # link definitions
+    (re.compile(r"</?[A-Za-z][^>]*>"), ""),  # inline HTML
+    (re.compile(r"^[ \t]*([-*_])([ \t]*\1){2,}[ \t]*$", re.MULTILINE), ""),  # rules
+    (re.compile(r"^[ \t]{0,3}(?:>[ \t]?)+", re.MULTILINE), ""),  # block quotes
+    (re.compile(r"^[ \t]*(?:[-*+]|\d+[.)])[ \t]+", re.MULTILINE), "\n\n"),  # list items: own paragraphs
+    (re.compile(r"(\*\*|__|\*|_|`)(?=\S)(.{1,400}?)(?<=\S)\1"), r"\2"),  # emphasis (bounded: no blowup)
+)
+
+
+def parse_markdown(data: bytes, *, title: str | None = None, author: str | None = None,
+                   language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
+    text = decode_text(data, limits)
+    meta: dict[str, str] = {}
+    front = _FRONT_MATTER_RE.match(text)
+    if front:
+        for line in front.group(1).split("\n"):
+            key, _, value = line.partition(":")
+            meta[key.strip().lower()] = value.strip().strip("\"'")
+        text = text[front.end():]
+    text = _FENCE_RE.sub("", text)
+    text = _SETEXT_RE.sub(lambda m: ("# " if m.group(2)[0] == "=" else "## ") + m.group(1), text)
+    blocks = _markdown_blocks(text)
+    levels = [level for level, _ in blocks if level]
+    book_title = title or meta.get("title") or ""
+    chapter_level = min(levels) if levels else 0
+    if levels.count(1) == 1 and 2 in levels:  # one "# Title" over "## Chapter"s
+        chapter_level = 2
+        book_title = book_title or next(t for lv, t in blocks if lv == 1)
+    chapters: list[SourceChapter] = []
+    current_title, current = book_title or "Untitled", []
+    for level, content in blocks:
+        if level and level <= chapter_level:
+            if level == chapter_level:
+                chapters.append(SourceChapter(current_title, tuple(current)))
+                current_title, current = content, []
+            continue  # the book title line itself
+        current.extend(paragraphs_of(_inline(content)) if not level else [content])
+    chapters.append(SourceChapter(current_title, tuple(current)))
+    return finish_book(chapters, title=book_title or chapters[0].title,
+                       author=author or meta.get("author", ""),
+                       language=language or meta.get("lang", meta.get("language", "en")), limits=limits)
+
+
+def _markdown_blocks(text: str) -> list[tuple[int, str]]:
+    """-> [(heading level or 0, heading text or a chunk of body lines)] in order."""
+    blocks: list[tuple[int, str]] = []
+    body: list[str] = []
+    for line in text.split("\n"):
+        heading = _ATX_RE.match(line)
+        if heading:
+            if body:
+                blocks.append((0, "\n".join(body)))
+                body = []
+            blocks.append((len(heading.group(1)), _inline(heading.group(2)).strip()))
+        else:
+            body.append(line)
+    if body:
+        blocks.append((0, "\n".join(body)))
+    return blocks
+
+
+def _inline(text: str) -> str:
+    for pattern, repl in _INLINE_STEPS:
+        text = pattern.sub(repl, text)
+    return text

@@ -1,0 +1,139 @@
+"""`SourceBook` -> `BookPlan`: chapters -> segments, each with a content key.
+
+A segment's key is the sha256 of what decides its audio and nothing else:
+    (kind, content, voice id, source options)
+where content is the normalised text (kind "text"), the speech tokens ("tokens"), or the source
+audio file's sha256 ("audio"), and source options are the caller's render options (seed, model ...)
+plus, for text, the guide voice's identity (`app.books.guide_voice.identity`). Position, chapter,
+title and pauses are not in it, so re-rendering a book reuses every finished segment, an edit to one
+paragraph changes only that paragraph's keys, and a repeated sentence is rendered once. Pauses live on
+the segments and in the plan's own `key`, which names the assembled output.
+
+The plan is plain data; `to_dict` gives JSON for Celery and the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from app.books import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
+from app.books.text import DEFAULT_OPTIONS, SegmentOptions, segment_chapter
+from app.errors import BadInput
+
+KEY_VERSION = 1  # bump when a change here or in normalisation should re-render every book
+Kind = Literal["text", "tokens", "audio"]
+_VOICE_ID_RE = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class PlanSegment:
+    key: str
+    kind: Kind
+    text: str  # normalised text to speak ("" for tokens and audio)
+    tokens: tuple[int, ...] | None  # kind "tokens"
+    audio: str | None  # kind "audio": path relative to the manifest
+    est_tokens: int
+    pause_after_ms: int
+    paragraph: int  # index in the source chapter (-1: the spoken title; items: the item's index)
+
+
+@dataclass(frozen=True)
+class PlanChapter:
+    index: int
+    title: str
+    segments: tuple[PlanSegment, ...]
+
+
+@dataclass(frozen=True)
+class BookPlan:
+    title: str
+    author: str
+    language: str
+    voice_id: str
+    chapters: tuple[PlanChapter, ...]
+    key: str  # changes when anything the assembled book depends on changes
+
+    def segments(self) -> Iterator[tuple[PlanChapter, PlanSegment]]:
+        for chapter in self.chapters:
+            for segment in chapter.segments:
+                yield chapter, segment
+
+    def unique_keys(self) -> list[str]:
+        """Every distinct segment key once, in reading order: the render work list."""
+        return list(dict.fromkeys(s.key for _, s in self.segments()))
+
+    @property
+    def est_seconds(self) -> float:
+        return sum(s.est_tokens for _, s in self.segments()) / 25.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def segment_key(*, kind: Kind, content: str | list[int], voice_id: str, options: Mapping[str, Any]) -> str:
+    payload = {"v": KEY_VERSION, "kind": kind, "content": content, "voice": voice_id,
+               "options": dict(options)}
+    return hashlib.sha256(canonical_json(payload)).hexdigest()
+
+
+def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, Any] | None = None,
+              guide_options: Mapping[str, Any] | None = None, options: SegmentOptions = DEFAULT_OPTIONS,
+              limits: BookLimits = DEFAULT_LIMITS) -> BookPlan:
+    """Plan every chapter. `render_options` go into every key, `guide_options` into text keys."""
+    if not _VOICE_ID_RE.fullmatch(voice_id):
+        raise BadInput(f"voice id {voice_id!r} is not a sha256 hex digest")
+    common = dict(render_options or {})
+    text_options = {**common, "guide": dict(guide_options or {}), "language": book.language}
+    chapters: list[PlanChapter] = []
+    count = 0
+    for source in book.chapters:
+        segments = (_items(source, voice_id, common, options) if source.items
+                    else _text(source, book.language, voice_id, text_options, options))
+        count += len(segments)
+        if count > limits.max_segments:
+            raise BadInput(f"the book makes more than {limits.max_segments} segments; split it")
+        if segments:
+            chapters.append(PlanChapter(len(chapters), source.title, tuple(segments)))
+    if not chapters:
+        raise BadInput("the book has nothing to speak after normalisation")
+    book_key = hashlib.sha256(canonical_json({
+        "v": KEY_VERSION, "title": book.title, "author": book.author,
+        "chapters": [[c.title, [[s.key, s.pause_after_ms] for s in c.segments]] for c in chapters],
+    })).hexdigest()
+    return BookPlan(book.title, book.author, book.language, voice_id, tuple(chapters), book_key)
+
+
+def _text(source: SourceChapter, language: str, voice_id: str, key_options: Mapping[str, Any],
+          options: SegmentOptions) -> list[PlanSegment]:
+    return [PlanSegment(key=segment_key(kind="text", content=s.text, voice_id=voice_id, options=key_options),
+                        kind="text", text=s.text, tokens=None, audio=None, est_tokens=s.est_tokens,
+                        pause_after_ms=s.pause_after_ms, paragraph=s.paragraph)
+            for s in segment_chapter(source.title, source.paragraphs, language=language, options=options)]
+
+
+def _items(source: SourceChapter, voice_id: str, key_options: Mapping[str, Any],
+           options: SegmentOptions) -> list[PlanSegment]:
+    """Manifest items are segments as given: no title is spoken, pauses are the sentence/chapter ones."""
+    out: list[PlanSegment] = []
+    last = len(source.items) - 1
+    for i, item in enumerate(source.items):
+        pause = options.chapter_pause_ms if i == last else options.sentence_pause_ms
+        if item.tokens is not None:
+            key = segment_key(kind="tokens", content=list(item.tokens), voice_id=voice_id,
+                              options=key_options)
+            out.append(PlanSegment(key, "tokens", "", item.tokens, None, len(item.tokens), pause, i))
+        else:
+            assert item.audio is not None and item.audio_sha256 is not None  # parse_manifest sets both
+            key = segment_key(kind="audio", content=item.audio_sha256, voice_id=voice_id, options=key_options)
+            # The length of source audio is not known until it is read; the estimate is a minimum.
+            out.append(PlanSegment(key, "audio", "", None, item.audio, 1, pause, i))
+    return out

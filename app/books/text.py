@@ -1,0 +1,248 @@
+"""Text for the guide voice: English normalisation, then sentences -> segments of bounded length.
+
+Languages: English ("en", the default) is normalised - numbers (cardinals, ordinals, years,
+decades, decimals, percentages, times, currency), common abbreviations (Mr., Dr., St., e.g., etc.
+...), Roman numerals after Chapter/Part/Book, and punctuation. Any other language passes through
+unnormalised: Unicode (NFC) and whitespace clean-up only, then sentence splitting on . ! ? and
+their CJK forms.
+
+Segments are sized by an estimate, not by speaking: speech is 25 tokens/s and a reader says about
+15 characters/s, so a segment's tokens are estimated from its characters (`estimate_tokens`).
+A sentence over the bound is cut at clause punctuation, then between words, then hard.
+Pauses (after a sentence, a clause cut, a paragraph, a chapter) are data on each segment: the
+assembler inserts them, so changing a pause never changes what a segment says.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from app.books import TOKENS_PER_SECOND
+from app.books import numbers as num
+
+
+@dataclass(frozen=True)
+class SegmentOptions:
+    max_tokens: int = 400  # about 16 s of speech per segment
+    chars_per_second: float = 15.0
+    tokens_per_second: float = TOKENS_PER_SECOND
+    clause_pause_ms: int = 120  # where a long sentence was cut
+    sentence_pause_ms: int = 350
+    paragraph_pause_ms: int = 900
+    chapter_pause_ms: int = 2000
+    speak_titles: bool = True  # the chapter title is the chapter's first segment
+
+    @property
+    def max_chars(self) -> int:
+        return max(1, int(self.max_tokens / self.tokens_per_second * self.chars_per_second))
+
+
+DEFAULT_OPTIONS = SegmentOptions()
+
+
+@dataclass(frozen=True)
+class TextSegment:
+    text: str  # normalised
+    est_tokens: int
+    pause_after_ms: int
+    paragraph: int  # index in the chapter's paragraphs; -1 for the spoken title
+
+
+def estimate_tokens(text: str, options: SegmentOptions = DEFAULT_OPTIONS) -> int:
+    return max(1, math.ceil(len(text) / options.chars_per_second * options.tokens_per_second))
+
+
+def is_english(language: str) -> bool:
+    return language.lower().split("-")[0] in ("en", "")
+
+
+# --- normalisation -------------------------------------------------------------------------------
+
+_UNICODE = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
+                          "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u00ab": '"', "\u00bb": '"',
+                          "\u2013": "-", "\u2014": " - ", "\u2015": " - ", "\u2026": "...",
+                          "\u00a0": " ", "\u00ad": None, "\u200b": None, "\ufeff": None})
+
+_TITLES = {"Mr": "Mister", "Mrs": "Missus", "Ms": "Miz", "Prof": "Professor", "Capt": "Captain",
+           "Gen": "General", "Col": "Colonel", "Lt": "Lieutenant", "Sgt": "Sergeant", "Rev": "Reverend",
+           "Hon": "Honorable", "Mt": "Mount", "Fr": "Father", "vs": "versus"}
+# May end a sentence: keep the period when a capital or the end of the text follows.
+_TRAILING = {"etc": "et cetera", "Jr": "Junior", "Sr": "Senior", "Ave": "Avenue", "Blvd": "Boulevard",
+             "Rd": "Road", "Co": "Company", "Inc": "Incorporated", "Ltd": "Limited",
+             "approx": "approximately",
+             "a.m": "A M", "p.m": "P M", "A.M": "A M", "P.M": "P M"}
+_PHRASES = {"e.g.": "for example", "i.e.": "that is", "cf.": "compare", "viz.": "namely"}
+
+_TITLE_RE = re.compile(r"\b(" + "|".join(_TITLES) + r")\.(?=\s)")
+_TRAILING_RE = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in _TRAILING) + r")\.")
+_PHRASE_RE = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in _PHRASES) + r")(,?)")
+_SAINT_DOCTOR_RE = re.compile(r"(\S*)(\s*)\b(St|Dr)\.(?=(\s+[A-Z])?)")
+_NUMBER_SIGN_RE = re.compile(r"\b(No|Nos|no)\.\s*(?=\d)")
+_INITIAL_RE = re.compile(r"\b([B-HJ-Z])\.(?=\s*[A-Z])")
+_ROMAN_RE = re.compile(r"\b(Chapter|Part|Book|Volume|Act|Scene|Section|CHAPTER|PART|BOOK)\s+([IVXLCDM]+)\b")
+_MONEY_RE = re.compile(r"([$£€¥])\s?(\d[\d,]*(?:\.\d+)?)(?:\s?(thousand|million|billion|trillion)\b)?")
+_PERCENT_RE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s?%")
+_ORDINAL_RE = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
+_DECADE_RE = re.compile(r"\b(1[1-9]\d0|20\d0)'?s\b")
+_SHORT_DECADE_RE = re.compile(r"'([2-9]0)s\b")
+_TIME_RE = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)\b")
+_YEAR_RE = re.compile(r"(?<![\d,.])(1[1-9]\d\d|20\d\d)(?![\d,]|\.\d)")
+_NUMBER_RE = re.compile(r"(?<![\w.])(-?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?!\w)")
+_STRAY_DIGITS_RE = re.compile(r"\d+")
+
+
+def _keep_period(text: str, end: int) -> str:
+    rest = text[end:].lstrip()
+    return "." if not rest or rest[0].isupper() else ""
+
+
+def _abbreviations(text: str) -> str:
+    text = _NUMBER_SIGN_RE.sub(lambda m: "numbers " if m.group(1) == "Nos" else "number ", text)
+    text = _PHRASE_RE.sub(lambda m: _PHRASES[m.group(1)] + m.group(2), text)
+    text = _TITLE_RE.sub(lambda m: _TITLES[m.group(1)], text)
+
+    def saint_doctor(m: re.Match[str]) -> str:
+        before, space, abbr = m.group(1), m.group(2), m.group(3)
+        name_follows = m.group(4) is not None
+        after_name = bool(before) and before[0].isupper() and before[-1].isalpha()
+        if name_follows and not after_name:  # "Dr. Watson", "St. Paul"
+            return f"{before}{space}{'Doctor' if abbr == 'Dr' else 'Saint'}"
+        word = "Drive" if abbr == "Dr" else "Street"  # "Baker St."
+        return f"{before}{space}{word}{_keep_period(m.string, m.end())}"
+
+    text = _SAINT_DOCTOR_RE.sub(saint_doctor, text)
+    text = _TRAILING_RE.sub(lambda m: _TRAILING[m.group(1)] + _keep_period(m.string, m.end()), text)
+    return _INITIAL_RE.sub(r"\1", text)  # "J. R. R. Tolkien": not three sentences
+
+
+def _plain_number(m: re.Match[str]) -> str:
+    sign, whole, frac = m.group(1), m.group(2), m.group(3) or ""
+    words = num.decimal(whole + frac) if len(whole.replace(",", "")) <= 15 else num.digits(whole + frac)
+    return ("minus " if sign else "") + words
+
+
+def _numbers(text: str) -> str:
+    text = _ROMAN_RE.sub(lambda m: f"{m.group(1)} {num.cardinal(num.roman_to_int(m.group(2)) or 0)}"
+                         if num.roman_to_int(m.group(2)) else m.group(0), text)
+    text = _MONEY_RE.sub(lambda m: num.money(m.group(1), m.group(2), m.group(3)), text)
+    text = _PERCENT_RE.sub(lambda m: num.decimal(m.group(1)) + " percent", text)
+    text = _ORDINAL_RE.sub(lambda m: num.ordinal(int(m.group(1))), text)
+    text = _DECADE_RE.sub(lambda m: num.plural(num.year(int(m.group(1)))), text)
+    text = _SHORT_DECADE_RE.sub(lambda m: num.plural(num.cardinal(int(m.group(1)))), text)
+    text = _TIME_RE.sub(_time, text)
+    text = _YEAR_RE.sub(lambda m: num.year(int(m.group(1))), text)
+    text = _NUMBER_RE.sub(_plain_number, text)
+    return _STRAY_DIGITS_RE.sub(lambda m: " " + num.digits(m.group(0)) + " ", text)
+
+
+def _time(m: re.Match[str]) -> str:
+    hours, minutes = int(m.group(1)), int(m.group(2))
+    if minutes == 0:
+        return f"{num.cardinal(hours)} o'clock"
+    tail = f"oh {num.cardinal(minutes)}" if minutes < 10 else num.cardinal(minutes)
+    return f"{num.cardinal(hours)} {tail}"
+
+
+_PUNCT_STEPS = (
+    (re.compile(r"[\"*_#~`|<>\[\]{}\\^]"), " "),  # markup and quotes are not spoken
+    (re.compile(r"\s*[()]\s*"), ", "),  # a parenthesis reads as a comma pause
+    (re.compile(r"\s*&\s*"), " and "),
+    (re.compile(r"(?<=\s)-(?=\s)|--+"), ","),  # a dash between words is a pause
+    (re.compile(r"\.{3,}(?=\s+[a-z])"), ","),  # trailing off mid-sentence
+    (re.compile(r"\.{3,}"), "."),
+    (re.compile(r"([!?])[!?.]+"), r"\1"),
+    (re.compile(r"([,;:])[,;:]+"), r"\1"),
+    (re.compile(r"\s+([,.;:!?])"), r"\1"),
+    (re.compile(r"^[\s,;:.]+|[\s,;:]+$"), ""),
+    (re.compile(r"([,;:])([,.;:!?])"), r"\2"),
+    (re.compile(r"([,.;:!?])(?=[^\s\d,.;:!?'])"), r"\1 "),
+    (re.compile(r"\s+"), " "),
+)
+
+
+def _punctuation(text: str) -> str:
+    for pattern, repl in _PUNCT_STEPS:
+        text = pattern.sub(repl, text)
+    return text.strip()
+
+
+def normalise(text: str, language: str = "en") -> str:
+    """Text as the guide voice should read it; see the module docstring for what is done."""
+    text = unicodedata.normalize("NFKC", text).translate(_UNICODE)
+    text = "".join(c if c.isprintable() else " " for c in text)
+    if not is_english(language):
+        return re.sub(r"\s+", " ", text).strip()
+    return _punctuation(_numbers(_abbreviations(text)))
+
+
+# --- segmentation --------------------------------------------------------------------------------
+
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|(?<=[。！？])")
+_ANY_SENTENCE_END_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？；])")
+_CLAUSE_RE = re.compile(r"(?<=[,;:、，；：])\s*")
+
+
+def split_sentences(text: str, language: str = "en") -> list[str]:
+    pattern = _SENTENCE_END_RE if is_english(language) else _ANY_SENTENCE_END_RE
+    return [s.strip() for s in pattern.split(text) if s.strip()]
+
+
+def _cut(text: str, max_chars: int) -> list[str]:
+    """Cut one over-long sentence into pieces of at most `max_chars`: clauses, then words, then hard."""
+    pieces: list[str] = []
+    for unit in _pack(_CLAUSE_RE.split(text), max_chars):
+        if len(unit) <= max_chars:
+            pieces.append(unit)
+            continue
+        for word_run in _pack(unit.split(" "), max_chars):
+            pieces.extend(word_run[i:i + max_chars] for i in range(0, len(word_run), max_chars))
+    return [p for p in pieces if p.strip()]
+
+
+def _pack(parts: Iterable[str], max_chars: int) -> list[str]:
+    """Greedily join consecutive parts with spaces while the result fits."""
+    out: list[str] = []
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        if out and len(out[-1]) + 1 + len(part) <= max_chars:
+            out[-1] = f"{out[-1]} {part}"
+        else:
+            out.append(part)
+    return out
+
+
+def segment_paragraph(paragraph: str, index: int, *, language: str = "en",
+                      options: SegmentOptions = DEFAULT_OPTIONS) -> list[TextSegment]:
+    """One paragraph -> its segments; the last one carries the paragraph pause."""
+    segments: list[TextSegment] = []
+    for sentence in split_sentences(normalise(paragraph, language), language):
+        pieces = _cut(sentence, options.max_chars) if len(sentence) > options.max_chars else [sentence]
+        for j, piece in enumerate(pieces):
+            pause = options.sentence_pause_ms if j == len(pieces) - 1 else options.clause_pause_ms
+            segments.append(TextSegment(piece, estimate_tokens(piece, options), pause, index))
+    if segments:
+        last = segments[-1]
+        segments[-1] = TextSegment(last.text, last.est_tokens, options.paragraph_pause_ms, index)
+    return segments
+
+
+def segment_chapter(title: str, paragraphs: Iterable[str], *, language: str = "en",
+                    options: SegmentOptions = DEFAULT_OPTIONS) -> list[TextSegment]:
+    """A chapter's paragraphs (raw text) -> segments; the last one carries the chapter pause."""
+    segments: list[TextSegment] = []
+    if options.speak_titles and title.strip():
+        spoken = " ".join(split_sentences(normalise(title, language), language))
+        for piece in _cut(spoken, options.max_chars):
+            est = estimate_tokens(piece, options)
+            segments.append(TextSegment(piece, est, options.paragraph_pause_ms, -1))
+    for i, paragraph in enumerate(paragraphs):
+        segments.extend(segment_paragraph(paragraph, i, language=language, options=options))
+    if segments:
+        last = segments[-1]
+        segments[-1] = TextSegment(last.text, last.est_tokens, options.chapter_pause_ms, last.paragraph)
+    return segments

@@ -1,0 +1,1 @@
+"""Audiobook parsing, text, planning, guide voice and assembly."""
