@@ -68,6 +68,8 @@ def _job_counts(ctx: ApiContext) -> dict[str, int]:
 def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastAPI:
     """The API. `sender` replaces the Celery producer (tests that need no broker round trip)."""
     ctx = build_context(settings, sender)
+    if settings.api_token is None or not settings.api_token.get_secret_value():
+        log.warning("WAVEFARM_API_TOKEN is not set: the API accepts every request")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

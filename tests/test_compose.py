@@ -1,0 +1,113 @@
+"""docker-compose.yml and the Dockerfile agree with the code: real CLI commands, real settings.
+
+No Docker needed: the YAML is parsed, every wavefarm command goes through the CLI's own parser, and
+every WAVEFARM_* variable (set or interpolated) must be a Settings field whose value validates.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.cli import build_parser, subcommands
+from app.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+SERVICES = {"broker", "features", "postgres", "migrate", "api", "cpu-worker", "gpu-worker", "flower"}
+WAVEFARM_SERVICES = SERVICES - {"broker", "features", "postgres"}
+INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?([-?])([^}]*))?\}")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+def interpolate(value: str) -> str:
+    """What compose would substitute with nothing set in the shell: the default, or a stand-in."""
+    return INTERPOLATION.sub(lambda m: m.group(3) if m.group(2) == "-" else "stand-in", value)
+
+
+def test_compose_has_every_service(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == SERVICES
+
+
+@pytest.mark.parametrize("name", sorted(WAVEFARM_SERVICES))
+def test_every_command_is_a_real_cli_subcommand(compose: dict[str, Any], name: str) -> None:
+    command = compose["services"][name]["command"]
+    assert command[0] == "wavefarm"
+    args = build_parser().parse_args(command[1:])  # exits (fails the test) on anything unknown
+    assert callable(args.handler)
+
+
+def test_dockerfile_default_command_is_a_real_cli_subcommand() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
+    assert cmd is not None
+    argv = yaml.safe_load(cmd.group(1))
+    assert argv[0] == "wavefarm" and build_parser().parse_args(argv[1:]).command == "serve"
+    assert "pip install" in dockerfile and "USER " in dockerfile
+
+
+def wavefarm_variables(compose: dict[str, Any]) -> dict[str, str]:
+    """Every WAVEFARM_* name compose sets or interpolates anywhere, with its value (if set)."""
+    found: dict[str, str] = {}
+    for service in compose["services"].values():
+        for key, value in (service.get("environment") or {}).items():
+            if key.startswith("WAVEFARM_"):
+                found[key] = interpolate(str(value))
+    for name in INTERPOLATION.findall((REPO / "docker-compose.yml").read_text()):
+        if name[0].startswith("WAVEFARM_"):
+            found.setdefault(name[0], "")
+    return found
+
+
+def test_every_wavefarm_variable_is_a_setting_and_validates(compose: dict[str, Any]) -> None:
+    variables = wavefarm_variables(compose)
+    assert "WAVEFARM_DATABASE_URL" in variables and "WAVEFARM_API_TOKEN" in variables
+    fields = {f"WAVEFARM_{name.upper()}" for name in Settings.model_fields}
+    assert set(variables) <= fields, f"not settings: {sorted(set(variables) - fields)}"
+    for service in WAVEFARM_SERVICES:
+        env = compose["services"][service].get("environment") or {}
+        Settings(**{k.removeprefix("WAVEFARM_").lower(): interpolate(str(v))
+                    for k, v in env.items() if k.startswith("WAVEFARM_")})
+
+
+def test_services_share_state_and_wait_for_the_migration(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    urls = {services[name]["environment"]["WAVEFARM_DATABASE_URL"] for name in WAVEFARM_SERVICES}
+    assert len(urls) == 1 and "@postgres:" in urls.pop()
+    for name in WAVEFARM_SERVICES - {"migrate"}:
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert "artifacts:/data" in services[name]["volumes"]
+    assert services["migrate"]["restart"] == "no"
+
+
+def test_redis_roles_broker_never_evicts_feature_store_is_an_lru_cache(compose: dict[str, Any]) -> None:
+    broker = compose["services"]["broker"]["command"]
+    assert broker[broker.index("--maxmemory-policy") + 1] == "noeviction"
+    features = compose["services"]["features"]["command"]
+    assert "--maxmemory" in features
+    assert features[features.index("--maxmemory-policy") + 1].endswith("-lru")
+
+
+def test_gpu_worker_reserves_an_nvidia_gpu(compose: dict[str, Any]) -> None:
+    gpu = compose["services"]["gpu-worker"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    assert gpu["environment"]["WAVEFARM_DEVICE"] == "cuda"
+
+
+def test_flower_basic_auth_comes_from_the_environment(compose: dict[str, Any]) -> None:
+    flower = compose["services"]["flower"]
+    assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
+    assert not any("auth" in part for part in flower["command"])  # never on a command line
+
+
+def test_cli_has_every_documented_command() -> None:
+    assert set(subcommands()) >= {"serve", "cpu-worker", "gpu-worker", "flower", "submit", "status", "cancel",
+                                  "voices", "db", "db upgrade", "demo"}
