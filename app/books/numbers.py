@@ -60,9 +60,9 @@ def ordinal(n: int) -> str:
 
 def year(n: int) -> str:
     """1066 -> ten sixty-six, 1905 -> nineteen oh five, 1900 -> nineteen hundred, 2005 -> two thousand five"""
-    if 2000 <= n <= 2009 or not 1000 <= n <= 9999:
-        return cardinal(n)
     high, low = divmod(n, 100)
+    if 2000 <= n <= 2009 or not 1000 <= n <= 9999 or (n < 1100 and low < 10):
+        return cardinal(n)
     if low == 0:
         return f"{cardinal(high)} hundred"
     if low < 10:

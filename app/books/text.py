@@ -90,7 +90,7 @@ _ORDINAL_RE = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
 _DECADE_RE = re.compile(r"\b(1[1-9]\d0|20\d0)'?s\b")
 _SHORT_DECADE_RE = re.compile(r"'([2-9]0)s\b")
 _TIME_RE = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)\b")
-_YEAR_RE = re.compile(r"(?<![\d,.])(1[1-9]\d\d|20\d\d)(?![\d,]|\.\d)")
+_YEAR_RE = re.compile(r"(?<![\d,.])(1\d\d\d|20\d\d)(?![\d,]|\.\d)")
 _NUMBER_RE = re.compile(r"(?<![\w.])(-?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?!\w)")
 _STRAY_DIGITS_RE = re.compile(r"\d+")
 
@@ -159,6 +159,7 @@ _PUNCT_STEPS = (
     (re.compile(r"\s+([,.;:!?])"), r"\1"),
     (re.compile(r"^[\s,;:.]+|[\s,;:]+$"), ""),
     (re.compile(r"([,;:])([,.;:!?])"), r"\2"),
+    (re.compile(r"([.!?])[,;:]"), r"\1"),
     (re.compile(r"([,.;:!?])(?=[^\s\d,.;:!?'])"), r"\1 "),
     (re.compile(r"\s+"), " "),
 )
