@@ -93,21 +93,32 @@ def _check_options(
     return seed
 
 
-def _voice_from_reference(
+def _store_reference(
     *, settings: Settings, session: Session, artifacts: ArtifactStore, reference_bytes: bytes
-) -> Voice:
-    """Decode and normalise the upload (BadAudio if unusable); store it once per voice."""
+) -> tuple[Voice, bool]:
+    """Decode and normalise the upload (BadAudio if unusable); store it once per voice.
+
+    Returns (voice, created)."""
     decoded = audio.decode_audio(reference_bytes, reference_limits(settings))
     _, voice_id = audio.normalise_reference(decoded.pcm, decoded.sample_rate)
     voice = queries.get_voice(session=session, voice_id=voice_id)
     if voice is not None and voice.reference_path and artifacts.path(voice.reference_path).exists():
-        return voice
+        return voice, False
     relpath = artifacts.put_reference(reference_bytes, decoded.format)
     voice, created = queries.get_or_create_voice(session=session, voice_id=voice_id, reference_path=relpath)
     if not created and voice.reference_path != relpath:  # the stored file had gone missing
         voice.reference_path = relpath
         session.flush()
-    return voice
+    return voice, created
+
+
+def _voice_from_reference(
+    *, settings: Settings, session: Session, artifacts: ArtifactStore, reference_bytes: bytes
+) -> Voice:
+    # Kept for callers written before register_voice existed.
+    return _store_reference(
+        settings=settings, session=session, artifacts=artifacts, reference_bytes=reference_bytes
+    )[0]
 
 
 def _resolve_voice(
@@ -129,6 +140,35 @@ def _resolve_voice(
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     return queries.require_voice(session=session, voice_id=voice_id or "")
+
+
+def register_voice(
+    *,
+    settings: Settings,
+    session: Session,
+    sender: TaskSender,
+    store: FeatureStore,
+    artifacts: ArtifactStore,
+    reference_bytes: bytes,
+) -> tuple[str, bool]:
+    """Store a reference voice on its own and queue its preparation; returns (voice id, created).
+
+    Commits `session`. The voice is stored, deduplicated and prepared exactly as one sent with a job."""
+    voice, created = _store_reference(
+        settings=settings, session=session, artifacts=artifacts, reference_bytes=reference_bytes
+    )
+    prepare = _needs_prepare(session=session, store=store, voice=voice)
+    voice_id = voice.id
+    session.commit()
+    if prepare:
+        try:
+            sender.send_task(
+                PREPARE_TASK, args=[voice_id], queue=settings.queue_cpu, priority=broker_priority(0)
+            )
+        except Exception:
+            store.release_prepare(voice_id)  # the next upload or job queues it again
+            raise
+    return voice_id, created
 
 
 def _needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> bool:
@@ -238,6 +278,20 @@ def _enqueue(
         if job.tokens_path:
             artifacts.remove(job.tokens_path)
         raise
+
+
+def reclaim_abandoned_voice(*, session: Session, store: FeatureStore, voice_id: str) -> bool:
+    """Drop a voice's prepared features if every job that wanted it was cancelled.
+
+    Call after cancelling a job, and once a preparation settles (voice.prepare does).
+    The voice goes back to pending, so a later job prepares it again; the caller commits.
+    GPU installs are the GPU worker's to reclaim."""
+    if not queries.is_voice_abandoned(session=session, voice_id=voice_id):
+        return False
+    store.delete(voice_id)
+    store.release_prepare(voice_id)
+    queries.mark_voice_pending(session=session, voice_id=voice_id)
+    return True
 
 
 def job_tokens(*, job: Job, artifacts: ArtifactStore) -> list[int]:

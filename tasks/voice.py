@@ -2,7 +2,9 @@
 
 Reference file -> normalise -> host features -> feature store (with TTL) ->
 voice row ready (timings, size). Idempotent: a voice that is ready with its
-features in the store is a counted no-op. A reference that cannot be
+features in the store is a counted no-op. A voice whose only jobs were all
+cancelled is not prepared, or, if they were cancelled while it was being
+prepared, its features are reclaimed once it settles. A reference that cannot be
 prepared marks the voice failed (the GPU worker then prepares inline or
 fails the job); only infrastructure errors (Redis, database) are retried,
 a bounded number of times, and a voice that keeps killing its worker is
@@ -30,7 +32,7 @@ from app.errors import BadAudio, WavefarmError
 from app.keys import COUNTER_PREPARE, check_voice_id
 from app.settings import Settings, get_settings
 from app.store import FeatureStore
-from app.submit import reference_limits
+from app.submit import reclaim_abandoned_voice, reference_limits
 from tasks.celery_app import celery_app
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,9 @@ def _start(voice_id: str, res: Resources) -> tuple[str | None, str]:
         if voice.status == VoiceStatus.READY and res.store.exists(voice_id):
             res.store.incr(COUNTER_PREPARE, "noop")
             return None, "noop"
+        if reclaim_abandoned_voice(session=session, store=res.store, voice_id=voice_id):
+            res.store.incr(COUNTER_PREPARE, "abandoned")  # its only jobs were cancelled before we started
+            return None, "abandoned"
         if voice.reference_path is None:
             _fail(session, res, voice_id, "voice has no stored reference audio")
             return None, "failed"
@@ -99,7 +104,7 @@ def _host_features(voice_id: str, reference_path: str, res: Resources) -> bytes:
 
 
 def prepare_voice(voice_id: str, res: Resources) -> str:
-    """Prepare one voice; returns the outcome: "prepared", "noop" or "failed"."""
+    """Prepare one voice; returns the outcome: prepared, noop, failed, abandoned or reclaimed."""
     reference_path, outcome = _start(voice_id, res)
     if reference_path is None:
         return outcome
@@ -114,7 +119,11 @@ def prepare_voice(voice_id: str, res: Resources) -> str:
         with session_scope(res.sessions) as session:
             _fail(session, res, voice_id, f"{type(exc).__name__}: {exc}")
         return "failed"
-    prepare_ms = (time.perf_counter() - started) * 1000.0
+    return _finish(voice_id, blob, (time.perf_counter() - started) * 1000.0, res)
+
+
+def _finish(voice_id: str, blob: bytes, prepare_ms: float, res: Resources) -> str:
+    """Publish the features, mark the voice ready, then reclaim it if its jobs were cancelled meanwhile."""
     res.store.put(voice_id, blob, res.settings.feature_ttl_s)
     with session_scope(res.sessions) as session:
         queries.mark_voice_ready(
@@ -123,6 +132,10 @@ def prepare_voice(voice_id: str, res: Resources) -> str:
     res.store.release_prepare(voice_id)
     res.store.incr(COUNTER_PREPARE, "prepared")
     log.info("voice.prepare %s: %d bytes in %.0f ms", voice_id, len(blob), prepare_ms)
+    with session_scope(res.sessions) as session:
+        if reclaim_abandoned_voice(session=session, store=res.store, voice_id=voice_id):
+            res.store.incr(COUNTER_PREPARE, "reclaimed")
+            return "reclaimed"
     return "prepared"
 
 

@@ -154,6 +154,18 @@ def count_live_jobs(*, session: Session, voice_id: str, exclude_job_id: str | No
     return int(session.execute(stmt).scalar_one())
 
 
+def is_voice_abandoned(*, session: Session, voice_id: str) -> bool:
+    """The voice was wanted only by jobs that have all been cancelled (so its preparation leaked).
+
+    A voice uploaded on its own (no jobs) or used by any job that was not cancelled is not abandoned."""
+    total, cancelled = session.execute(
+        select(func.count(), func.count().filter(Job.status == JobStatus.CANCELLED)).where(
+            Job.voice_id == voice_id
+        )
+    ).one()
+    return total > 0 and total == cancelled
+
+
 def referenced_paths(*, session: Session) -> set[str]:
     """Every artifact path the database points at (references, token files, outputs)."""
     paths: set[str] = set(

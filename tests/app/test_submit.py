@@ -20,7 +20,7 @@ from app.db.models import Job, Voice, VoiceStatus
 from app.errors import BadAudio, BadInput, BadTokens, NotFound
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import INLINE_TOKENS_MAX, job_tokens, submit_job
+from app.submit import INLINE_TOKENS_MAX, job_tokens, reclaim_abandoned_voice, register_voice, submit_job
 from tasks.celery_app import make_celery
 
 
@@ -218,3 +218,46 @@ def test_a_job_the_broker_refused_is_withdrawn(
     assert count(session, Job) == 0
     voice = session.scalars(select(Voice)).one()
     assert voice.uses == 0 and store.claim_prepare(voice.id, 10)  # the claim was released
+
+
+def test_a_voice_registered_alone_is_stored_once_and_prepared_once(
+    settings: Settings,
+    session: Session,
+    celery: Celery,
+    store: FeatureStore,
+    artifacts: ArtifactStore,
+    broker_redis: redis.Redis,
+):
+    def register() -> tuple[str, bool]:
+        return register_voice(
+            settings=settings,
+            session=session,
+            sender=celery,
+            store=store,
+            artifacts=artifacts,
+            reference_bytes=wav_bytes(),
+        )
+
+    voice_id, created = register()
+    again, created_again = register()
+    assert (voice_id, created, created_again) == (again, True, False)
+    assert [m["args"] for m in queued(broker_redis, settings.queue_cpu)] == [[voice_id]]
+    assert not q.is_voice_abandoned(session=session, voice_id=voice_id)  # no jobs: kept
+
+
+def test_cancelling_the_last_job_of_a_prepared_voice_reclaims_its_features(
+    submit, session: Session, store: FeatureStore
+):
+    from tests.app.test_store import blob
+
+    a, b = submit(), submit()
+    voice_id = q.require_job(session=session, job_id=a).voice_id
+    q.mark_voice_ready(session=session, voice_id=voice_id, prepare_ms=1.0, feature_nbytes=10)
+    store.put(voice_id, blob())
+    q.cancel_job(session=session, job_id=a)
+    assert not reclaim_abandoned_voice(session=session, store=store, voice_id=voice_id)  # b still wants it
+    q.cancel_job(session=session, job_id=b)
+    assert reclaim_abandoned_voice(session=session, store=store, voice_id=voice_id)
+    session.commit()
+    assert not store.exists(voice_id)
+    assert q.require_voice(session=session, voice_id=voice_id).status == VoiceStatus.PENDING

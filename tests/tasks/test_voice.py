@@ -152,3 +152,80 @@ def test_a_real_cpu_worker_prepares_a_submitted_voice(
         assert store.counters(COUNTER_PREPARE) == {"prepared": 1, "noop": 1}
     finally:
         celery.close()
+
+
+# Cancelled jobs must not leak their voice's preparation --------------------------------------------
+
+
+def submitted_job(res: Resources, celery: Celery, reference: bytes | None = None) -> tuple[str, str]:
+    with res.sessions() as session:
+        job_id = submit_job(
+            settings=res.settings,
+            session=session,
+            sender=celery,
+            store=res.store,
+            artifacts=res.artifacts,
+            tokens=[1, 2, 3],
+            reference_bytes=reference or wav_bytes(),
+        )
+        return job_id, q.require_job(session=session, job_id=job_id).voice_id
+
+
+def cancel(res: Resources, job_id: str) -> None:
+    with res.sessions() as session:
+        assert q.cancel_job(session=session, job_id=job_id)
+        session.commit()
+
+
+def test_a_voice_whose_only_job_was_cancelled_before_preparation_is_not_prepared(
+    res: Resources, celery: Celery
+):
+    job_id, voice_id = submitted_job(res, celery)
+    cancel(res, job_id)
+    assert prepare_voice(voice_id, res) == "abandoned"
+    assert not res.store.exists(voice_id) and voice_row(res, voice_id).status == VoiceStatus.PENDING
+    assert res.store.counters(COUNTER_PREPARE) == {"abandoned": 1}
+
+
+def test_a_job_cancelled_while_its_voice_prepares_leaves_no_features(
+    res: Resources, celery: Celery, monkeypatch: pytest.MonkeyPatch
+):
+    import tasks.voice
+
+    job_id, voice_id = submitted_job(res, celery)
+    real = tasks.voice._host_features
+
+    def cancelled_meanwhile(*args, **kwargs):
+        cancel(res, job_id)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.voice, "_host_features", cancelled_meanwhile)
+    assert prepare_voice(voice_id, res) == "reclaimed"
+    assert not res.store.exists(voice_id) and voice_row(res, voice_id).status == VoiceStatus.PENDING
+    assert res.store.claim_prepare(voice_id, 10)
+
+
+def test_a_voice_shared_with_a_live_job_is_kept_when_one_job_is_cancelled(
+    res: Resources, celery: Celery, monkeypatch: pytest.MonkeyPatch
+):
+    import tasks.voice
+
+    job_a, voice_id = submitted_job(res, celery)
+    submitted_job(res, celery)
+    real = tasks.voice._host_features
+
+    def one_cancelled_meanwhile(*args, **kwargs):
+        cancel(res, job_a)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.voice, "_host_features", one_cancelled_meanwhile)
+    assert prepare_voice(voice_id, res) == "prepared"
+    assert res.store.exists(voice_id) and voice_row(res, voice_id).status == VoiceStatus.READY
+
+
+def test_a_failed_preparation_of_a_cancelled_job_leaves_nothing_behind(res: Resources, celery: Celery):
+    job_id, voice_id = submitted_job(res, celery)
+    res.artifacts.path(voice_row(res, voice_id).reference_path or "").unlink()
+    assert prepare_voice(voice_id, res) == "failed"
+    cancel(res, job_id)
+    assert not res.store.exists(voice_id) and res.store.claim_prepare(voice_id, 10)
