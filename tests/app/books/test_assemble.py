@@ -1,0 +1,153 @@
+"""Assembly: chapter files with pauses, loudness, an M4B read back with PyAV, JSON + WebVTT timings."""
+
+import json
+import re
+from pathlib import Path
+
+import av
+import numpy as np
+import pyloudnorm
+import pytest
+import soundfile as sf
+
+from app.books.assemble import (
+    assemble_chapter,
+    normalise_loudness,
+    write_index,
+    write_m4b,
+)
+from app.books.parse import parse_markdown
+from app.books.plan import plan_book
+from app.books.text import SegmentOptions
+from app.errors import NotFound
+from tests.app.books.conftest import tiny_png
+
+SR = 24000
+AAC_FRAME = 1024 / SR  # one AAC frame, the tolerance on read-back times
+
+
+def tone(seconds: float, freq: float, sr: int = SR, amp: float = 0.2) -> np.ndarray:
+    t = np.arange(int(round(seconds * sr))) / sr
+    return (amp * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+@pytest.fixture
+def rendered(markdown_book, tmp_path):
+    """The 3-chapter book planned and every segment 'rendered' as a tone of a known length."""
+    plan = plan_book(parse_markdown(markdown_book), voice_id="ab" * 32,
+                     options=SegmentOptions(sentence_pause_ms=250, paragraph_pause_ms=500, chapter_pause_ms=1000))
+    audio, lengths = {}, {}
+    for i, key in enumerate(plan.unique_keys()):
+        lengths[key] = 0.4 + 0.1 * i
+        path = tmp_path / "segments" / f"{key}.wav"
+        path.parent.mkdir(exist_ok=True)
+        sf.write(path, tone(lengths[key], 200 + 20 * i), SR)
+        audio[key] = path
+    return plan, audio, lengths
+
+
+def test_chapter_is_segments_and_pauses_back_to_back(rendered, tmp_path):
+    plan, audio, lengths = rendered
+    chapter = plan.chapters[0]
+    out = assemble_chapter(chapter, audio, tmp_path / "ch1.flac", fmt="flac")
+    expected = sum(lengths[s.key] + s.pause_after_ms / 1000 for s in chapter.segments)
+    assert out.duration == pytest.approx(expected, abs=1 / SR * len(chapter.segments))
+    pcm, rate = sf.read(out.path, dtype="float32")
+    assert rate == SR and len(pcm) == out.samples
+    cursor = 0.0
+    for timing, segment in zip(out.segments, chapter.segments, strict=True):
+        assert timing.start == pytest.approx(cursor, abs=1e-3)
+        assert timing.end - timing.start == pytest.approx(lengths[segment.key], abs=1e-3)
+        cursor = timing.end + segment.pause_after_ms / 1000
+        gap = pcm[int(timing.end * SR) + 2:int(cursor * SR) - 2]
+        assert np.abs(gap).max() < 1e-3  # the pause is silence (FLAC is 16-bit)
+        assert np.abs(pcm[int(timing.start * SR):int(timing.end * SR)]).max() > 0.1
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".part"] == []
+
+
+def test_segments_at_other_rates_and_channels_are_converted(rendered, tmp_path):
+    plan, audio, lengths = rendered
+    key = plan.chapters[2].segments[0].key
+    sf.write(audio[key], np.stack([tone(lengths[key], 300, 16000)] * 2, axis=1), 16000)
+    out = assemble_chapter(plan.chapters[2], audio, tmp_path / "ch3.wav", fmt="wav")
+    assert out.segments[0].end == pytest.approx(lengths[key], abs=1e-3)
+
+
+def test_a_missing_segment_is_named(rendered, tmp_path):
+    plan, audio, _ = rendered
+    missing = plan.chapters[1].segments[1].key
+    del audio[missing]
+    with pytest.raises(NotFound, match=rf"segment 2 of chapter 2 \(key {missing[:12]}\) has no rendered audio"):
+        assemble_chapter(plan.chapters[1], audio, tmp_path / "ch2.wav", fmt="wav")
+    assert not (tmp_path / "ch2.wav").exists()
+
+
+def test_loudness_is_normalised_to_the_target_without_clipping():
+    quiet = tone(3.0, 440, amp=0.01)
+    louder = normalise_loudness(quiet, SR, -20.0)
+    assert pyloudnorm.Meter(SR).integrated_loudness(louder.astype(np.float64)) == pytest.approx(-20.0, abs=0.1)
+    hot = normalise_loudness(quiet, SR, 0.0)  # would need a peak far above full scale
+    assert np.abs(hot).max() == pytest.approx(10 ** (-1 / 20), rel=1e-3)
+    silence = np.zeros(SR, np.float32)
+    assert normalise_loudness(silence, SR, -20.0) is silence
+
+
+def test_m4b_has_the_chapters_times_and_metadata_of_its_inputs(rendered, tmp_path):
+    plan, audio, _ = rendered
+    chapters = [assemble_chapter(c, audio, tmp_path / f"ch{c.index + 1}.flac", target_lufs=-18.0)
+                for c in plan.chapters]
+    book = tmp_path / "book.m4b"
+    write_m4b(chapters, book, title="The Lighthouse Keeper", author="Ada Quill", cover=tiny_png(),
+              cover_type="image/png")
+    with av.open(str(book)) as box:
+        marks = box.chapters()
+        assert box.metadata["title"] == "The Lighthouse Keeper" and box.metadata["artist"] == "Ada Quill"
+        assert box.metadata["major_brand"].strip() == "M4B"
+        assert [m["metadata"]["title"] for m in marks] == [c.title for c in plan.chapters]
+        start = 0.0
+        for mark, chapter in zip(marks, chapters, strict=True):
+            tb = mark["time_base"]
+            assert float(mark["start"] * tb) == pytest.approx(start, abs=AAC_FRAME)
+            assert float((mark["end"] - mark["start"]) * tb) == pytest.approx(chapter.duration, abs=AAC_FRAME)
+            start += chapter.duration
+        stream = box.streams.audio[0]
+        assert stream.codec_context.name == "aac" and stream.sample_rate == SR
+        assert float(stream.duration * stream.time_base) == pytest.approx(start, abs=AAC_FRAME)
+        picture = box.streams.video[0]
+        assert picture.disposition & av.stream.Disposition.attached_pic
+        assert bytes(next(p for p in box.demux(picture) if p.size)) == tiny_png()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
+        "book.m4b", "ch1.flac", "ch2.flac", "ch3.flac"]  # no temp files left
+
+
+def parse_vtt(text: str) -> list[tuple[str, float, float, str]]:
+    def seconds(stamp: str) -> float:
+        h, m, s = stamp.split(":")
+        return int(h) * 3600 + int(m) * 60 + float(s)
+
+    cues = re.findall(r"^(c\d+-s\d+)\n([\d:.]+) --> ([\d:.]+)\n(.+)$", text, re.MULTILINE)
+    return [(cid, seconds(a), seconds(b), body) for cid, a, b, body in cues]
+
+
+def test_json_and_webvtt_indexes_agree_with_the_audio(rendered, tmp_path):
+    plan, audio, _ = rendered
+    chapters = [assemble_chapter(c, audio, tmp_path / f"ch{c.index + 1}.wav", fmt="wav") for c in plan.chapters]
+    index = write_index(chapters, tmp_path / "index.json", tmp_path / "index.vtt", title="T", author="A")
+    assert json.loads((tmp_path / "index.json").read_text()) == index
+    vtt = (tmp_path / "index.vtt").read_text()
+    assert vtt.startswith("WEBVTT\n")
+    cues = parse_vtt(vtt)
+    segments = [s for c in index["chapters"] for s in c["segments"]]
+    assert len(cues) == len(segments) == sum(len(c.segments) for c in plan.chapters)
+    for (_, start, end, text), seg in zip(cues, segments, strict=True):
+        assert (start, end) == (pytest.approx(seg["book_start"], abs=1e-3), pytest.approx(seg["book_end"], abs=1e-3))
+        assert text == seg["text"]
+    assert all(b[1] >= a[2] for a, b in zip(cues, cues[1:], strict=False))  # in order, never overlapping
+    offset = 0.0
+    for entry, chapter in zip(index["chapters"], chapters, strict=True):
+        assert entry["start"] == pytest.approx(offset, abs=1e-3)
+        assert entry["end"] - entry["start"] == pytest.approx(chapter.duration, abs=2e-3)
+        assert all(entry["start"] <= s["book_start"] < s["book_end"] <= entry["end"] for s in entry["segments"])
+        assert sf.info(Path(tmp_path / entry["file"])).duration == pytest.approx(chapter.duration, abs=1e-6)
+        offset += chapter.duration
+    assert index["duration"] == pytest.approx(offset, abs=1e-3)

@@ -1,0 +1,60 @@
+"""The guide voice speaks normalised text as 16 kHz PCM, through the wheel or the espeak-ng binary."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from app.books import guide_voice
+from app.books.guide_voice import GUIDE_SAMPLE_RATE, GuideOptions, identity, speak
+from app.errors import BadInput
+
+SENTENCE = "The lighthouse keeper climbed one hundred thirty-two steps."
+
+
+def test_a_sentence_becomes_16_khz_speech_of_plausible_length():
+    pcm = speak(SENTENCE)
+    assert pcm.dtype == np.float32 and pcm.ndim == 1
+    seconds = len(pcm) / GUIDE_SAMPLE_RATE
+    assert 1.5 < seconds < 8.0  # 8 words at about 165 words a minute
+    assert 0.05 < np.abs(pcm).max() <= 1.0 and np.isfinite(pcm).all()
+
+
+def test_speech_is_repeatable_and_grows_with_the_text():
+    once, again = speak(SENTENCE), speak(SENTENCE)
+    # libespeak-ng carries a little prosody state from one utterance to the next (a few ms)
+    assert abs(len(once) - len(again)) < 0.02 * len(once)
+    assert len(speak(f"{SENTENCE} {SENTENCE}")) > 1.6 * len(once)
+
+
+def test_rate_and_voice_options_change_the_audio():
+    slow = speak(SENTENCE, GuideOptions(rate_wpm=100))
+    assert len(slow) > 1.3 * len(speak(SENTENCE))
+    assert len(speak("Guten Morgen, wie geht es dir?", GuideOptions(voice="de"))) > GUIDE_SAMPLE_RATE // 2
+
+
+def test_identity_names_the_backend_version_and_options():
+    ident = identity(GuideOptions(voice="en-gb", rate_wpm=150))
+    assert ident["voice"] == "en-gb" and ident["rate_wpm"] == 150
+    assert str(ident["backend"]).startswith(("espeakng-loader ", "espeak-ng binary "))
+    assert any(ch.isdigit() for ch in str(ident["backend"]))
+
+
+@pytest.mark.parametrize("text, message", [("   ", "no text"), ("word " * 1000, "too long for the guide voice")])
+def test_empty_and_over_long_text_is_refused(text, message):
+    with pytest.raises(BadInput, match=message):
+        speak(text)
+
+
+def test_an_unknown_voice_is_refused():
+    with pytest.raises(BadInput, match="no voice 'xx-nonexistent'|could not speak"):
+        speak("Hello.", GuideOptions(voice="xx-nonexistent"))
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the Debian espeak-ng binary is not installed")
+def test_the_binary_fallback_speaks_the_same_sentence(monkeypatch):
+    wheel = speak(SENTENCE)
+    monkeypatch.setattr(guide_voice, "_library", lambda: None)
+    binary = speak(SENTENCE)
+    assert guide_voice.backend().startswith("espeak-ng binary ")
+    assert abs(len(binary) - len(wheel)) < 0.25 * len(wheel)  # another espeak-ng version, same speech
