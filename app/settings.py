@@ -26,36 +26,40 @@ class Settings(BaseSettings):
     )
 
     # State and transport.
-    database_url: str = Field("", description="SQLAlchemy URL; empty: <artifact_root>/../wavefarm.sqlite")
+    database_url: str = Field(
+        default="", description="SQLAlchemy URL; empty: <artifact_root>/../wavefarm.sqlite"
+    )
     broker_url: str = "redis://127.0.0.1:6379/0"
     result_backend: str = "redis://127.0.0.1:6379/1"
     feature_store_url: str = "redis://127.0.0.1:6379/2"
     artifact_root: Path = Path("./var/artifacts")
-    queue_cpu: str = Field("cpu", min_length=1, description="Celery queue of the CPU tasks")
-    queue_gpu: str = Field("gpu", min_length=1, description="Celery queue of the synth task")
+    queue_cpu: str = Field(default="cpu", min_length=1, description="Celery queue of the CPU tasks")
+    queue_gpu: str = Field(default="gpu", min_length=1, description="Celery queue of the synth task")
 
     # Model and device.
-    model_dir: Path | None = Field(None, description="checkpoint folder; None means dummy weights")
+    model_dir: Path | None = Field(default=None, description="checkpoint folder; None means dummy weights")
     model_preset: Literal["full", "tiny"] = "full"
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
 
     # Engine.
-    micro_batch_size: int = Field(8, ge=1, le=256)
-    worker_slots: int = Field(8, ge=1, le=1024)
-    prep_wait_ms: int = Field(2000, ge=0)
-    voice_cache_capacity: int = Field(8, ge=1, description="installed voices per worker")
-    feature_ttl_s: int = Field(7 * DAY_S, ge=1)
+    micro_batch_size: int = Field(default=8, ge=1, le=256)
+    worker_slots: int = Field(default=8, ge=1, le=1024)
+    prep_wait_ms: int = Field(default=2000, ge=0)
+    voice_cache_capacity: int = Field(default=8, ge=1, description="installed voices per worker")
+    feature_ttl_s: int = Field(default=7 * DAY_S, ge=1)
 
     # Limits on what clients may send.
-    max_reference_bytes: int = Field(20 * 1024 * 1024, ge=1)
-    max_reference_seconds: float = Field(60.0, gt=0)
-    max_tokens: int = Field(25 * 3600, ge=1, description="speech tokens per job (25 per second of audio)")
+    max_reference_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
+    max_reference_seconds: float = Field(default=60.0, gt=0)
+    max_tokens: int = Field(
+        default=25 * 3600, ge=1, description="speech tokens per job (25 per second of audio)"
+    )
 
     # Jobs.
-    visibility_timeout_s: int = Field(6 * 3600, ge=1, description="must exceed the longest job")
-    progress_interval_s: float = Field(1.0, gt=0)
-    job_max_attempts: int = Field(3, ge=1)
+    visibility_timeout_s: int = Field(default=6 * 3600, ge=1, description="must exceed the longest job")
+    progress_interval_s: float = Field(default=1.0, gt=0)
+    job_max_attempts: int = Field(default=3, ge=1)
 
     api_token: SecretStr | None = None
 

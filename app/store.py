@@ -11,6 +11,7 @@ under volatile-lru.
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import redis
 
@@ -57,7 +58,7 @@ class FeatureStore:
 
     def get(self, voice_id: str, ttl_s: int | None = None) -> bytes | None:
         """The features, or None on a miss; a hit pushes the expiry out again (GETEX)."""
-        value = self.client.getex(keys.feature_key(voice_id), ex=ttl_s or self.ttl_s)
+        value = cast(bytes | None, self.client.getex(keys.feature_key(voice_id), ex=ttl_s or self.ttl_s))
         return bytes(value) if value is not None else None
 
     def exists(self, voice_id: str) -> bool:
@@ -90,7 +91,7 @@ class FeatureStore:
         return int(value) if value is not None else 0
 
     def counters(self, group: str) -> dict[str, int]:
-        raw = self.client.hgetall(keys.counter_key(group))
+        raw = cast(dict[bytes, bytes], self.client.hgetall(keys.counter_key(group)))
         return {name.decode(): int(value) for name, value in raw.items()}
 
     # Cancel flags ---------------------------------------------------------------

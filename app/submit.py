@@ -66,12 +66,14 @@ def check_tokens(tokens: Iterable[Any], *, max_tokens: int) -> list[int]:
         raise BadTokens("tokens are empty")
     if len(out) > max_tokens:
         raise BadTokens(f"{len(out)} tokens; at most {max_tokens} are accepted per job")
+    ids: list[int] = []
     for i, token in enumerate(out):
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             raise BadTokens(f"token {i} is {token!r}, not an integer")
-        if not 0 <= token < VOCAB_SIZE:
+        if not 0 <= int(token) < VOCAB_SIZE:
             raise BadTokens(f"token {i} is {token}; ids are 0..{VOCAB_SIZE - 1}")
-    return [int(t) for t in out]
+        ids.append(int(token))
+    return ids
 
 
 def _check_options(

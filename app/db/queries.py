@@ -10,9 +10,9 @@ DO NOTHING (SQLite and PostgreSQL both have it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import CursorResult, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -35,6 +35,11 @@ ERROR_MAX_CHARS = 4000
 
 def _clip(error: str) -> str:
     return error if len(error) <= ERROR_MAX_CHARS else error[: ERROR_MAX_CHARS - 3] + "..."
+
+
+def _rowcount(result: Any) -> int:
+    """Rows an UPDATE matched (a CursorResult's rowcount; typed as plain Result by session.execute)."""
+    return int(cast(CursorResult[Any], result).rowcount)
 
 
 def _insert(session: Session, model: type[Any]) -> Any:
@@ -130,7 +135,7 @@ def mark_voice_ready(*, session: Session, voice_id: str, prepare_ms: float, feat
             updated_at=now,
         )
     )
-    if result.rowcount != 1:
+    if _rowcount(result) != 1:
         raise NotFound(f"no voice {voice_id}")
 
 
@@ -273,7 +278,7 @@ def claim_job_attempt(*, session: Session, job_id: str, worker: str, max_attempt
             updated_at=now,
         )
     )
-    if result.rowcount != 1:
+    if _rowcount(result) != 1:
         return None
     return require_job(session=session, job_id=job_id)
 
@@ -285,7 +290,7 @@ def mark_job_running(*, session: Session, job_id: str, prep_path: PrepPath | str
         .where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES))
         .values(status=JobStatus.RUNNING, prep_path=str(prep_path), updated_at=utcnow())
     )
-    return result.rowcount == 1
+    return _rowcount(result) == 1
 
 
 def update_progress(
@@ -303,7 +308,7 @@ def update_progress(
     result = session.execute(
         update(Job).where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES)).values(**values)
     )
-    return result.rowcount == 1
+    return _rowcount(result) == 1
 
 
 def finish_job(
@@ -326,7 +331,7 @@ def finish_job(
     result = session.execute(
         update(Job).where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES)).values(**values)
     )
-    return result.rowcount == 1
+    return _rowcount(result) == 1
 
 
 def cancel_job(*, session: Session, job_id: str) -> bool:
