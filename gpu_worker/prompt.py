@@ -1,0 +1,109 @@
+"""The device half of prompt preparation: host features -> an installed `VoicePrompt`.
+
+    install_voice(host, speaker=..., decoder=...):
+        1. S3-quantize the 128-bin log-mel into prompt tokens and run CAM++ on the fbank (`speaker`);
+        2. pad (replicate) or crop the 24 kHz prompt mel to 2 x prompt tokens frames;
+        3. the setup solve: encode prompt tokens + 3 silence tokens and run the CFM with cond = prompt mel
+           and the voice's own seeded noise, keeping the caches it builds.
+
+The result is read-only and shared by every stream of the voice (streams build new cache tensors from
+it, never write into it). Its setup noise is drawn from a seed derived from the voice id, so a voice
+installs to the same bits on every worker and whether its features were prepared ahead or inline.
+
+Not in here: the host half (`app.features`), the cache of installed voices (`voices.py`), side streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from app.features import PromptHostFeatures
+from gpu_worker.model.config import LOOKAHEAD_TOKENS, MEL_PER_TOKEN, SILENCE_TOKEN
+from gpu_worker.model.flow import FlowCache
+
+NOISE_SHAPE = (1, 80, 30000)  # the reference's fixed Gaussian buffer: 600 s of mel frames
+
+
+class Speaker(Protocol):
+    """S3 tokenizer + CAM++ (`gpu_worker.speaker`)."""
+
+    def quantize_and_embed(self, logmel128: Tensor, fbank80: Tensor) -> tuple[Tensor, Tensor]:
+        """logmel128 [128, T16], fbank80 [Tf, 80] -> prompt tokens [1, Tp] int64, embedding [1, 192]."""
+        ...
+
+
+@dataclass(frozen=True)
+class VoicePrompt:
+    """A voice installed on a device. Read-only; shared by every stream of the voice."""
+
+    voice_id: str
+    spk: Tensor  # [1, 80] projected speaker embedding (F.normalize + affine)
+    prompt_len: int  # prompt mel frames, 2 x prompt tokens (300 for 6 s)
+    conformer_cnn_cache: Tensor  # [1, C_enc, 6]
+    conformer_att_cache: Tensor  # [blocks + up_blocks, 1, H, 2 Tp, 2 d_k]
+    estimator_cnn_cache: Tensor  # [steps, depth, 2 (cond | uncond), 2 hidden, 2]
+    estimator_att_cache: Tensor  # [steps, depth, 2, H, prompt_len, 2 head_dim]
+
+    def flow_cache(self) -> FlowCache:
+        return FlowCache(conformer_cnn=self.conformer_cnn_cache, conformer_att=self.conformer_att_cache,
+                         estimator_cnn=self.estimator_cnn_cache, estimator_att=self.estimator_att_cache)
+
+    def tensors(self) -> Iterator[Tensor]:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                yield value
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def voice_seed(voice_id: str) -> int:
+    """The setup noise seed of a voice: the first 60 bits of its sha256 id."""
+    return int(voice_id[:15], 16)
+
+
+def fit_prompt_mel(mel: Tensor, n_frames: int) -> Tensor:
+    """mel [1, Tm, 80] -> [1, n_frames, 80]: replicate the last frame, or crop (the reference's pad)."""
+    if n_frames <= mel.size(1):
+        return mel[:, :n_frames]
+    padded = F.pad(mel.transpose(1, 2), (0, n_frames - mel.size(1)), mode="replicate")
+    return padded.transpose(1, 2)
+
+
+def seeded_noise(seed: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, torch.Generator]:
+    """The CFM's (1, 80, 30000) Gaussian buffer drawn from Generator(seed), and that generator after it."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    noise = torch.randn(NOISE_SHAPE, generator=generator, device=device, dtype=torch.float32)
+    return noise.to(dtype), generator
+
+
+def _to_device(t: Tensor, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()  # an asynchronous copy on the installing (side) stream
+    return t.to(device=device, dtype=dtype or t.dtype, non_blocking=True)
+
+
+@torch.inference_mode()
+def install_voice(host: PromptHostFeatures, *, speaker: Speaker, decoder: Any,
+                  seed: int | None = None) -> VoicePrompt:
+    """Device half: host features -> VoicePrompt on `decoder.device` in `decoder.dtype`."""
+    device, dtype, flow = decoder.device, decoder.dtype, decoder.model.flow
+    tokens, embedding = speaker.quantize_and_embed(host.logmel128, host.fbank80)  # 1.
+    tokens = _to_device(tokens, device, torch.int64)
+    mel = fit_prompt_mel(_to_device(host.mel80, device, dtype)[None], MEL_PER_TOKEN * tokens.size(1))  # 2.
+    silence = torch.full((1, LOOKAHEAD_TOKENS), SILENCE_TOKEN, dtype=torch.int64, device=device)
+    noise, _ = seeded_noise(voice_seed(host.voice_id) if seed is None else seed, device, dtype)
+    spk, cache = flow.setup(torch.cat([tokens, silence], dim=1), mel,  # 3.
+                            _to_device(embedding, device, dtype), noise)
+    assert cache.conformer_cnn is not None and cache.conformer_att is not None
+    assert cache.estimator_cnn is not None and cache.estimator_att is not None
+    return VoicePrompt(voice_id=host.voice_id, spk=spk, prompt_len=mel.size(1),
+                       conformer_cnn_cache=cache.conformer_cnn, conformer_att_cache=cache.conformer_att,
+                       estimator_cnn_cache=cache.estimator_cnn, estimator_att_cache=cache.estimator_att)
