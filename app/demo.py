@@ -1,0 +1,272 @@
+"""`wavefarm demo`: the whole service on one machine, in one command, and tidied away afterwards.
+
+SQLite and artifacts under ./var, a Redis on localhost (ours if none listens), a CPU worker and a
+GPU worker as child processes, the bundled sample voices and tokens submitted through `app.submit`,
+progress bars, then where the audio is and how each voice was prepared. Everything started here is
+stopped on the way out, also on Ctrl-C or failure. Dummy weights (noise) unless WAVEFARM_MODEL_DIR
+is set, with the tiny preset unless WAVEFARM_MODEL_PRESET says otherwise, so it fits in minutes on a
+small CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from app import services
+from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
+
+SAMPLES = Path(__file__).resolve().parent / "samples"
+SAMPLE_JOBS = [("voice_a.wav", "tokens_a.json"), ("voice_b.wav", "tokens_b.json")]
+FINAL = ("succeeded", "failed", "cancelled")
+POLL_S = 0.5
+
+
+def say(message: str = "") -> None:
+    print(message, flush=True)
+
+
+def banner(lines: list[str]) -> None:
+    width = max(len(line) for line in lines) + 4
+    say("!" * width)
+    for line in lines:
+        say(f"! {line.ljust(width - 4)} !")
+    say("!" * width)
+
+
+def demo_environment(var: Path) -> dict[str, str]:
+    """WAVEFARM_* defaults for the embedded run; anything the user already set wins."""
+    var = var.resolve()
+    defaults = {"WAVEFARM_ARTIFACT_ROOT": str(var / "artifacts"),
+                "WAVEFARM_DATABASE_URL": f"sqlite:///{var / 'wavefarm.sqlite'}",
+                "WAVEFARM_WORKER_SLOTS": "4", "WAVEFARM_PREP_WAIT_MS": "5000"}
+    if not os.environ.get("WAVEFARM_MODEL_DIR"):
+        defaults["WAVEFARM_MODEL_PRESET"] = "tiny"
+    return {**defaults, **{k: v for k, v in os.environ.items() if k.startswith("WAVEFARM_")}}
+
+
+def announce_model(env: dict[str, str]) -> None:
+    if env.get("WAVEFARM_MODEL_DIR"):
+        say(f"model: checkpoints from {env['WAVEFARM_MODEL_DIR']} "
+            f"(preset {env.get('WAVEFARM_MODEL_PRESET', 'full')})")
+        return
+    preset = env.get("WAVEFARM_MODEL_PRESET", "tiny")
+    banner(["DUMMY WEIGHTS: WAVEFARM_MODEL_DIR is not set.",
+            "The model has random weights: the audio it renders is NOISE, not speech.",
+            f"Preset '{preset}'" + (" (small and fast, so the demo fits a laptop CPU)." if preset == "tiny"
+                                    else "."),
+            "Point WAVEFARM_MODEL_DIR at the released checkpoints for real speech."])
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_demo(*, var: Path, jobs_per_voice: int = 2, timeout_s: float = 270.0) -> int:
+    """The embedded run; returns the process exit code (0 when every sample job succeeded)."""
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` tidies up like Ctrl-C does
+    env = demo_environment(var)
+    os.environ.update(env)  # this process is an entry point: its Settings come from here too
+    from app.settings import Settings
+
+    settings = Settings()
+    announce_model(env)
+    logs = var.resolve() / "logs"
+    with ExitStack() as stack:
+        try:
+            procs = _start_services(stack, settings, env, var.resolve(), logs)
+            job_ids, counts_before = _submit_samples(settings, jobs_per_voice)
+            jobs = _follow(settings, job_ids, timeout_s, _watchdog(procs, logs))
+            _report(settings, jobs, counts_before)
+            return 0 if all(job["status"] == "succeeded" for job in jobs) else 1
+        except services.ServiceError as exc:
+            say(f"\ndemo: {exc}")
+            _show_logs(logs)
+            return 1
+        except KeyboardInterrupt:
+            say("\ndemo: interrupted; stopping what it started")
+            return 130
+        finally:
+            say("stopping the demo's processes ...")
+
+
+def _show_logs(logs: Path) -> None:
+    for kind in ("cpu-worker", "gpu-worker"):
+        path = logs / f"{kind}.log"
+        if path.exists():
+            say(f"--- last lines of {path} ---\n{services.log_tail(path, 15)}")
+
+
+Procs = dict[str, subprocess.Popen[bytes]]
+
+
+def _start_services(stack: ExitStack, settings: Any, env: dict[str, str], var: Path, logs: Path) -> Procs:
+    from app.db import upgrade
+
+    for url in dict.fromkeys((settings.broker_url, settings.feature_store_url)):
+        stop = services.ensure_redis(url, var / "redis")
+        if stop is not None:
+            stack.callback(stop)
+    upgrade(settings.database_url)
+    say(f"database: {settings.database_url}")
+    child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    procs: Procs = {}
+    for kind, extra in (("cpu-worker", ["--concurrency", "1"]), ("gpu-worker", [])):
+        procs[kind] = services.start_cli([kind, "--loglevel", "info", *extra], env=child_env,
+                                         log_path=logs / f"{kind}.log")
+        stack.callback(services.stop_process, procs[kind])
+    say(f"workers started (logs in {logs})")
+    return procs
+
+
+def _watchdog(procs: Procs, logs: Path) -> Callable[[], None]:
+    """A check to call while waiting: fails fast, with the log tail, when a worker died."""
+    def check() -> None:
+        for kind, proc in procs.items():
+            if proc.poll() is not None:
+                tail = services.log_tail(logs / f"{kind}.log")
+                raise services.ServiceError(f"the {kind} exited with code {proc.returncode}:\n{tail}")
+
+    return check
+
+
+def _submit_samples(settings: Any, jobs_per_voice: int) -> tuple[list[str], dict[str, dict[str, int]]]:
+    from app.artifacts import ArtifactStore
+    from app.db.session import make_engine, make_sessionmaker, session_scope
+    from app.store import FeatureStore
+    from app.submit import submit_job
+    from tasks.celery_app import make_celery
+
+    sender = make_celery(settings)
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
+    artifacts = ArtifactStore(settings.artifact_root)
+    artifacts.ensure_layout()
+    before = {group: store.counters(group) for group in (COUNTER_PREP_PATH, COUNTER_PREPARE)}
+    engine = make_engine(settings.database_url)
+    job_ids: list[str] = []
+    try:
+        for reference_name, tokens_name in SAMPLE_JOBS:
+            reference = (SAMPLES / reference_name).read_bytes()
+            tokens = json.loads((SAMPLES / tokens_name).read_text())
+            for i in range(jobs_per_voice):
+                with session_scope(make_sessionmaker(engine)) as session:
+                    job_ids.append(submit_job(settings=settings, session=session, sender=sender, store=store,
+                                              artifacts=artifacts, tokens=tokens, reference_bytes=reference,
+                                              seed=i))
+        say(f"submitted {len(job_ids)} jobs: {jobs_per_voice} per voice, {len(SAMPLE_JOBS)} voices")
+    finally:
+        engine.dispose()
+        store.close()
+        sender.close()
+    return job_ids, before
+
+
+def _follow(settings: Any, job_ids: list[str], timeout_s: float,
+            check: Callable[[], None]) -> list[dict[str, Any]]:
+    """Poll the jobs until all are final: tqdm bars on a terminal, a status line now and then otherwise."""
+    from app.db.session import make_engine, make_sessionmaker
+
+    engine = make_engine(settings.database_url)
+    sessions = make_sessionmaker(engine)
+    show = _Bars(job_ids) if sys.stdout.isatty() else _Lines()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            jobs = _read_jobs(sessions, job_ids)
+            show.update(jobs)
+            if all(job["status"] in FINAL for job in jobs):
+                return jobs
+            check()
+            if time.monotonic() > deadline:
+                raise services.ServiceError(f"jobs not finished after {timeout_s:g} s:\n{_summary(jobs)}")
+            time.sleep(POLL_S)
+    finally:
+        show.close()
+        engine.dispose()
+
+
+def _read_jobs(sessions: Any, job_ids: list[str]) -> list[dict[str, Any]]:
+    from app.api.schemas import JobOut
+    from app.db import queries
+    from app.db.session import session_scope
+
+    with session_scope(sessions) as s:
+        return [JobOut.of(queries.require_job(session=s, job_id=j)).model_dump(mode="json") for j in job_ids]
+
+
+def _summary(jobs: list[dict[str, Any]]) -> str:
+    return "  ".join(f"{j['id'][:8]} {j['status']} {j['progress']['frames_done']}/"
+                     f"{j['progress']['frames_total']}" for j in jobs)
+
+
+class _Bars:
+    def __init__(self, job_ids: list[str]) -> None:
+        from tqdm import tqdm
+
+        self.bars = [tqdm(total=1, desc=job_id[:8], unit="frame", position=i, leave=True)
+                     for i, job_id in enumerate(job_ids)]
+
+    def update(self, jobs: list[dict[str, Any]]) -> None:
+        for bar, job in zip(self.bars, jobs, strict=True):
+            bar.total = max(job["progress"]["frames_total"], 1)
+            bar.n = job["progress"]["frames_done"]
+            bar.set_postfix_str(f"{job['status']} {job['prep_path'] or ''}".strip())
+
+    def close(self) -> None:
+        for bar in self.bars:
+            bar.close()
+
+
+class _Lines:
+    """Not a terminal (CI, a log file): one summary line when something changed, at most every 5 s."""
+
+    def __init__(self) -> None:
+        self.last, self.at = "", 0.0
+
+    def update(self, jobs: list[dict[str, Any]]) -> None:
+        line = _summary(jobs)
+        final = all(job["status"] in FINAL for job in jobs)
+        if line != self.last and (final or time.monotonic() - self.at >= 5.0):
+            say(f"progress: {line}")
+            self.last, self.at = line, time.monotonic()
+
+    def close(self) -> None:
+        pass
+
+
+def _report(settings: Any, jobs: list[dict[str, Any]], before: dict[str, dict[str, int]]) -> None:
+    from app.artifacts import ArtifactStore
+    from app.db import queries
+    from app.db.session import make_engine, make_sessionmaker, session_scope
+    from app.store import FeatureStore
+
+    artifacts = ArtifactStore(settings.artifact_root)
+    engine = make_engine(settings.database_url)
+    say("\njobs:")
+    with session_scope(make_sessionmaker(engine)) as s:
+        for job in jobs:
+            row = queries.require_job(session=s, job_id=job["id"])
+            where = artifacts.path(row.output_path) if row.output_path else row.error
+            say(f"  {job['id']}  {job['status']:<9} voice {job['voice_id'][:10]}  "
+                f"prep {job['prep_path'] or '-':<17} "
+                f"first audio {job['timings']['first_audio_ms']} ms  -> {where}")
+    engine.dispose()
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
+    try:
+        for group, title in ((COUNTER_PREP_PATH, "how each job's voice reached the GPU worker"),
+                             (COUNTER_PREPARE, "voice preparations on the CPU worker")):
+            now = store.counters(group)
+            delta = {k: v - before[group].get(k, 0) for k, v in sorted(now.items())
+                     if v != before[group].get(k, 0)}
+            say(f"{title}: {delta or 'none'}")
+    finally:
+        store.close()
+    say(f"audio files are under {artifacts.root / 'outputs'}")
