@@ -2,6 +2,8 @@
 
 import hashlib
 import os
+import subprocess
+import sys
 import uuid
 from datetime import UTC
 
@@ -16,7 +18,7 @@ from app.db import queries as q
 from app.db.models import Base, JobStatus, PrepPath, VoiceStatus
 from app.db.session import make_engine, session_scope
 from app.errors import NotFound
-from tests.conftest import pg_database
+from tests.conftest import REPO, pg_database
 
 
 def vid(n: int = 0) -> str:
@@ -212,3 +214,15 @@ def test_worker_installs_pin_unpin_and_order_by_last_use(session: Session, voice
     assert q.clear_worker_voices(session=session, worker_id="gpu0") == 1
     session.commit()
     assert q.list_worker_voices(session=session, worker_id="gpu0") == []
+
+
+def test_services_starting_together_upgrade_the_schema_once(empty_db: str):
+    # Separate processes, as services are (Alembic's context is process-global: not for threads).
+    code = "import sys; from app.db import upgrade; upgrade(sys.argv[1])"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, empty_db], cwd=REPO, stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert {"voices", "jobs", "worker_voices"} <= _schema(empty_db)
