@@ -175,7 +175,10 @@ def get_audio(job_id: str, ctx: Ctx) -> FileResponse:
 def cancel_job(job_id: str, ctx: Ctx) -> JobOut:
     """Cancel a queued or running job (idempotent). A finished job cannot be cancelled: 409."""
     with session(ctx) as s:
-        queries.cancel_job(session=s, job_id=_job_id(job_id))
+        if queries.cancel_job(session=s, job_id=_job_id(job_id)):
+            job = queries.require_job(session=s, job_id=job_id)
+            # Preparation already under way for this voice must not leak if nobody else wants it.
+            submit.reclaim_abandoned_voice(session=s, store=ctx.store, voice_id=job.voice_id)
         job = queries.require_job(session=s, job_id=job_id)
     if job.status != JobStatus.CANCELLED:
         raise HTTPException(409, detail=f"job {job.id} already {job.status}")

@@ -12,7 +12,6 @@ from app.api import reads
 from app.api.deps import ApiContext, Ctx, authorize, session
 from app.api.schemas import Problem, VoiceOut
 from app.db import queries
-from app.db.models import utcnow
 from app.errors import BadAudio, NotFound
 from app.keys import check_voice_id
 
@@ -29,25 +28,10 @@ async def read_upload(upload: UploadFile, limit: int, what: str) -> bytes:
 
 
 def register_voice(ctx: ApiContext, data: bytes) -> tuple[str, bool]:
-    """Store a reference and queue its preparation; returns (voice id, created).
-
-    app.submit has no public voice-only entry yet: these are its own two helpers, so a voice
-    uploaded alone is stored, deduplicated and prepared exactly like one uploaded with a job."""
-    started = utcnow()
+    """Store a reference and queue its preparation; returns (voice id, created)."""
     with session(ctx) as s:
-        voice = submit._voice_from_reference(settings=ctx.settings, session=s, artifacts=ctx.artifacts,
-                                             reference_bytes=data)
-        created = voice.created_at >= started  # the row's clock is ours (app.db.models.utcnow)
-        prepare = submit._needs_prepare(session=s, store=ctx.store, voice=voice)
-        voice_id = voice.id
-    if prepare:
-        try:
-            ctx.sender.send_task(submit.PREPARE_TASK, args=[voice_id], queue=ctx.settings.queue_cpu,
-                                 priority=submit.broker_priority(0))
-        except Exception:
-            ctx.store.release_prepare(voice_id)  # the next upload or job queues it again
-            raise
-    return voice_id, created
+        return submit.register_voice(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                     artifacts=ctx.artifacts, reference_bytes=data)
 
 
 @router.post("", status_code=201, response_model=VoiceOut,

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import redis
 import soundfile as sf
+import torch
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
@@ -250,6 +251,32 @@ def test_cancel_a_queued_job_flags_it_for_the_worker(client: TestClient, setting
     assert store.exists(cancel_key(job_id)) and store.ttl(cancel_key(job_id)) > 0
     assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200  # idempotent
     assert client.get(f"/v1/jobs/{job_id}/audio").status_code == 409
+
+
+def mark_prepared(settings: Settings, voice_id: str) -> FeatureStore:
+    """Play the CPU worker: features in the store, voice ready."""
+    from safetensors.torch import save
+
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
+    store.put(voice_id, save({"x": torch.zeros(1)}))
+    engine = make_engine(settings.database_url)
+    with session_scope(make_sessionmaker(engine)) as s:
+        queries.mark_voice_ready(session=s, voice_id=voice_id, prepare_ms=1.0, feature_nbytes=8)
+    engine.dispose()
+    return store
+
+
+def test_cancelling_the_last_job_of_a_voice_reclaims_its_features(client: TestClient, settings: Settings,
+                                                                  reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    first, second = (submit(client, voice_id).json()["id"] for _ in range(2))
+    store = mark_prepared(settings, voice_id)
+    assert client.post(f"/v1/jobs/{first}/cancel").status_code == 200
+    assert store.exists(voice_id), "another live job still wants the voice"
+    assert client.post(f"/v1/jobs/{second}/cancel").status_code == 200
+    assert not store.exists(voice_id)
+    assert client.get(f"/v1/voices/{voice_id}").json()["status"] == "pending"
+    store.close()
 
 
 def test_cancel_after_the_job_finished_is_a_conflict(client: TestClient, settings: Settings,
