@@ -58,6 +58,9 @@ def _add_service_commands(sub: Any) -> None:
         worker.add_argument("--hostname", help="celery node name (default: <kind>@%%h)")
         if name == "cpu-worker":
             worker.add_argument("--concurrency", type=int, help="processes (default: one per core)")
+        else:
+            worker.add_argument("--metrics-port", type=int,
+                                help="serve Prometheus metrics (engine, installs) on this port")
         worker.set_defaults(handler=cmd_worker, kind=name.split("-")[0])
     flower = sub.add_parser("flower", help="Celery's monitoring UI (basic auth from FLOWER_BASIC_AUTH)")
     flower.add_argument("--address", default="127.0.0.1")
@@ -155,8 +158,27 @@ def _exec_celery(argv: list[str]) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    return _exec_celery(worker_argv(args.kind, _settings(), loglevel=args.loglevel, hostname=args.hostname,
-                                    concurrency=getattr(args, "concurrency", None)))
+    argv = worker_argv(args.kind, _settings(), loglevel=args.loglevel, hostname=args.hostname,
+                       concurrency=getattr(args, "concurrency", None))
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        return _exec_celery(argv)
+    # The GPU worker's pool is threads: one process, so an exporter started here serves the
+    # metrics its engine registers in prometheus_client's default registry.
+    from app.api.metrics import start_exporter
+
+    start_exporter(port)
+    log.info("worker metrics on :%d/metrics", port)
+    return _run_celery(argv)
+
+
+def _run_celery(argv: list[str]) -> int:
+    """Celery in this process (not exec'd), for when this process must keep something running."""
+    from celery.__main__ import main as celery_main
+
+    sys.argv = ["celery", *argv]
+    celery_main()  # exits
+    return 0
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
