@@ -72,6 +72,11 @@ def run_migrations_online() -> None:
     engine = make_engine(url, poolclass=pool.NullPool)
     try:
         with sqlite_file_lock(url) if is_sqlite else contextlib.nullcontext(), engine.connect() as connection:
+            if is_sqlite:
+                # Batch mode drops and renames tables; with foreign keys on, dropping a parent
+                # table deletes (or refuses) its children. Off outside a transaction, checked after.
+                connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                connection.commit()
             context.configure(
                 connection=connection,
                 target_metadata=target_metadata,
@@ -85,6 +90,11 @@ def run_migrations_online() -> None:
                         text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
                     )
                 context.run_migrations()
+            if is_sqlite:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                connection.commit()
+                if broken:
+                    raise RuntimeError(f"migration left rows with dangling foreign keys: {broken[:10]}")
     finally:
         engine.dispose()
 

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CheckConstraint,
     DateTime,
     ForeignKey,
     Index,
@@ -101,6 +102,11 @@ class PrepPath(enum.StrEnum):
     ABANDONED = "abandoned"
 
 
+def one_of(column: str, values: type[enum.StrEnum]) -> str:
+    """SQL for `column IN (...)` over an enum's values (CHECK constraints, shared with the migrations)."""
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: dict[Any, Any] = {datetime: UTCDateTime()}
@@ -110,6 +116,7 @@ class Voice(Base):
     """A reference voice, identified by the sha256 of its normalised PCM (+ sample rate)."""
 
     __tablename__ = "voices"
+    __table_args__ = (CheckConstraint(one_of("status", VoiceStatus), name="status"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), default=VoiceStatus.PENDING)
@@ -133,6 +140,10 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_status_priority", "status", "priority"),
         Index("ix_jobs_voice_id", "voice_id"),
+        CheckConstraint(one_of("status", JobStatus), name="status"),
+        CheckConstraint(one_of("output_format", OutputFormat), name="output_format"),
+        CheckConstraint(f"prep_path IS NULL OR {one_of('prep_path', PrepPath)}", name="prep_path"),
+        CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))

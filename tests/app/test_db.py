@@ -10,12 +10,13 @@ from datetime import UTC
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import downgrade, upgrade
 from app.db import queries as q
-from app.db.models import Base, JobStatus, PrepPath, VoiceStatus
+from app.db.models import Base, Job, JobStatus, PrepPath, VoiceStatus, utcnow
 from app.db.session import make_engine, session_scope
 from app.errors import NotFound
 from tests.conftest import REPO, pg_database
@@ -226,3 +227,43 @@ def test_services_starting_together_upgrade_the_schema_once(empty_db: str):
     errors = [p.communicate(timeout=120)[1].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     assert {"voices", "jobs", "worker_voices"} <= _schema(empty_db)
+
+
+def test_migrations_keep_the_rows_they_rebuild_tables_around(empty_db: str):
+    upgrade(empty_db, "0001")
+    engine = make_engine(empty_db)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO voices (id, status, prepare_attempts, uses, created_at, updated_at) "
+                "VALUES (:v, 'ready', 0, 1, :t, :t)"
+            ),
+            {"v": vid(), "t": utcnow()},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, voice_id, status, kind, n_tokens, seed, output_format, priority, "
+                "frames_done, frames_total, submitted_at, attempts, updated_at) VALUES "
+                "(:j, :v, 'queued', 'tokens', 1, 0, 'wav', 0, 0, 2, :t, 0, :t)"
+            ),
+            {"j": str(uuid.uuid4()), "v": vid(), "t": utcnow()},
+        )
+    upgrade(empty_db)
+    downgrade(empty_db, "0001")
+    upgrade(empty_db)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 1
+        assert conn.execute(text("SELECT count(*) FROM voices")).scalar_one() == 1
+    engine.dispose()
+
+
+def test_the_database_refuses_values_outside_the_enums(session: Session, voice: str):
+    job_id = new_job(session, voice)[0].id
+    session.commit()
+    with pytest.raises(IntegrityError):
+        session.execute(update(Job).where(Job.id == job_id).values(status="exploded"))
+        session.flush()
+    session.rollback()
+    with pytest.raises(IntegrityError):
+        session.execute(update(Job).where(Job.id == job_id).values(priority=10))
+        session.flush()
