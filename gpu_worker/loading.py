@@ -17,6 +17,7 @@ Not in here: CAM++ and the S3 tokenizer (`gpu_worker.speaker`), writing folders 
 from __future__ import annotations
 
 import logging
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 FLOW_YAML, FLOW_PT, HIFT_PT = "flow.yaml", "flow.pt", "hift.pt"
 CAMPPLUS_ONNX, TOKENIZER_ONNX = "campplus.onnx", "speech_tokenizer_v2_25hz.onnx"
 NEW_TAG = "!new:"
+MAX_FLOW_YAML_BYTES = 64 * 1024  # the released file is about 1 KiB
 _ABSENT = object()  # the reference has no default: the field must be in the file
 
 
@@ -137,9 +139,13 @@ def read_flow_config(path: str | Path, args: FlowArgs | None = None) -> FlowArgs
     """Parses flow.yaml without executing it and returns its FlowArgs if it is the supported one."""
     file, args = Path(path), args or FlowArgs()
     try:
+        if file.stat().st_size > MAX_FLOW_YAML_BYTES:
+            raise ModelLoadError(f"{file}: {file.stat().st_size} bytes is too large for a flow.yaml")
         data = yaml.load(file.read_text(encoding="utf-8"), Loader=_FlowYamlLoader)  # noqa: S506 (safe subclass)
-    except OSError as exc:
-        raise ModelLoadError(f"{file}: cannot be read ({exc.strerror or exc})") from exc
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"{file}: missing") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{file}: cannot be read ({exc})") from exc
     except yaml.YAMLError as exc:
         raise ModelLoadError(f"{file}: not a supported flow.yaml ({_first_line(exc)})") from exc
     if not isinstance(data, dict) or set(data) != {"flow"}:
@@ -156,8 +162,8 @@ def _first_line(exc: Exception) -> str:
 def _read_state_dict(file: Path) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise ModelLoadError(f"{file}: missing")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    try:  # mmap needs the zip format; older checkpoints are read whole
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
     except Exception as exc:  # truncated zip, pickle refused by weights_only, ...: all one answer
         reason = _first_line(exc)
         raise ModelLoadError(f"{file}: cannot be read as a weights-only state dict ({reason})") from exc

@@ -208,7 +208,7 @@ class HiFTGenerator(nn.Module):
 
     def decode(self, mel: Tensor, source: Tensor) -> Tensor:
         # mel: [B, 80, T], source: [B, 1, T * 480] -> audio [B, T * 480]
-        dtype = self.conv_pre.parametrizations.weight.original1.dtype
+        dtype = self.f0_predictor.classifier.weight.dtype
         s = self._stft(source.squeeze(1).float()).to(dtype)
         x = self.conv_pre(mel)
         for i, up in enumerate(self.ups):

@@ -160,6 +160,23 @@ def test_truncated_flow_pt_is_refused(folder_copy):
         load_model_folder(folder_copy, args=TINY)
 
 
+def test_legacy_non_zip_checkpoint_still_loads(folder_copy, tiny_folder):
+    state = torch.load(folder_copy / "hift.pt", weights_only=True)
+    torch.save(state, folder_copy / "hift.pt", _use_new_zipfile_serialization=False)
+    loaded = load_hift(folder_copy / "hift.pt", TINY.hift)
+    assert torch.equal(loaded.conv_post.parametrizations.weight.original1,
+                       tiny_folder[1].hift.conv_post.parametrizations.weight.original1)
+
+
+def test_oversized_or_binary_flow_yaml_is_refused(folder_copy):
+    (folder_copy / "flow.yaml").write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ModelLoadError, match="flow.yaml"):
+        load_model_folder(folder_copy, args=TINY)
+    (folder_copy / "flow.yaml").write_text("flow: 1\n" + "#" * 70_000)
+    with pytest.raises(ModelLoadError, match="too large"):
+        load_model_folder(folder_copy, args=TINY)
+
+
 def test_pickled_object_in_a_checkpoint_is_refused(folder_copy):
     torch.save({"weights": logging.getLogger("x")}, folder_copy / "hift.pt")
     with pytest.raises(ModelLoadError, match="hift.pt"):
