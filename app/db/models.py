@@ -98,6 +98,7 @@ class PrepPath(enum.StrEnum):
     INLINE = "inline"
     LATE = "late"
     FAILED = "failed"
+    UNAVAILABLE = "unavailable"  # the feature store could not be reached
     QUEUE_FULL = "queue_full"
     ABANDONED = "abandoned"
 

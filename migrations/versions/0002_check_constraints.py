@@ -23,7 +23,8 @@ JOB_CHECKS = {
     "status": "status IN ('queued', 'preparing', 'running', 'succeeded', 'failed', 'cancelled')",
     "output_format": "output_format IN ('wav', 'flac')",
     "prep_path": "prep_path IS NULL OR prep_path IN "
-    "('prepared_ahead', 'already_installed', 'inline', 'late', 'failed', 'queue_full', 'abandoned')",
+    "('prepared_ahead', 'already_installed', 'inline', 'late', 'failed', 'unavailable', 'queue_full', "
+    "'abandoned')",
     "priority": "priority BETWEEN 0 AND 9",
 }
 

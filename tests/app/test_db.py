@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import downgrade, upgrade
 from app.db import queries as q
-from app.db.models import Base, Job, JobStatus, PrepPath, VoiceStatus, utcnow
+from app.db.models import Base, Job, JobStatus, PrepPath, Voice, VoiceStatus, utcnow
 from app.db.session import make_engine, session_scope
 from app.errors import NotFound
 from tests.conftest import REPO, pg_database
@@ -267,3 +267,17 @@ def test_the_database_refuses_values_outside_the_enums(session: Session, voice: 
     with pytest.raises(IntegrityError):
         session.execute(update(Job).where(Job.id == job_id).values(priority=10))
         session.flush()
+
+
+def test_every_enum_value_the_code_knows_is_allowed_by_the_migrated_schema(session: Session, voice: str):
+    job_id = new_job(session, voice)[0].id
+    for path in PrepPath:
+        assert q.mark_job_running(session=session, job_id=job_id, prep_path=path)
+        session.flush()
+    for status in VoiceStatus:
+        session.execute(update(Voice).where(Voice.id == voice).values(status=status))
+        session.flush()
+    for status in JobStatus:
+        session.execute(update(Job).where(Job.id == job_id).values(status=status))
+        session.flush()
+    session.commit()
