@@ -38,6 +38,21 @@ class Speaker(Protocol):
         ...
 
 
+class StandInSpeaker:
+    """Speaker for dummy-weight runs (no model folder): tokens and embedding are cheap deterministic
+    functions of the features, so installs stay reproducible. The audio is noise either way."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def quantize_and_embed(self, logmel128: Tensor, fbank80: Tensor) -> tuple[Tensor, Tensor]:
+        n = logmel128.size(1) // 4  # 25 tokens per second from 100 log-mel frames per second
+        frames = logmel128[:, : 4 * n].reshape(logmel128.size(0), n, 4).mean(dim=(0, 2))  # [n]
+        tokens = (frames.abs() * 7919).long() % 6561
+        embedding = torch.cat([fbank80.mean(dim=0), fbank80.std(dim=0), fbank80.amax(dim=0)[:32]])
+        return tokens[None].to(self.device), embedding[None].float().to(self.device)
+
+
 @dataclass(frozen=True)
 class VoicePrompt:
     """A voice installed on a device. Read-only; shared by every stream of the voice."""

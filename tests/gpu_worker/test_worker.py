@@ -1,0 +1,272 @@
+"""The GPU worker: `synth` jobs through the real engine (tiny preset, dummy weights) on real Redis and
+SQLite, in process (a recording stand-in for the Celery task object) and through a real Celery worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import soundfile as sf
+import torch
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.artifacts import ArtifactStore
+from app.audio import load_reference
+from app.db import queries
+from app.db.models import JobStatus
+from app.db.session import make_engine, make_sessionmaker
+from app.errors import EngineFailure
+from app.features import host_half
+from app.keys import COUNTER_PREP_PATH
+from app.settings import Settings
+from app.store import FeatureStore
+from app.submit import submit_job
+from gpu_worker.worker import JobRun, Runtime, build_runtime, make_gpu_celery
+from tests.conftest import REPO, make_test_settings, settings_env
+
+SAMPLES = REPO / "app" / "samples"
+VOICE_A, VOICE_B = (SAMPLES / "voice_a.wav").read_bytes(), (SAMPLES / "voice_b.wav").read_bytes()
+
+
+class RecordingSender:
+    """Celery's send_task at the submission boundary: records what would be enqueued."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
+        self.sent.append((name, args))
+
+
+class RecordingTask:
+    """The bound Celery task as JobRun uses it: events and state are recorded."""
+
+    def __init__(self) -> None:
+        self.request = SimpleNamespace(id=None, hostname="gpu-test@host")
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def send_event(self, kind: str, **fields: Any) -> None:
+        self.events.append((kind, fields))
+
+
+@pytest.fixture
+def sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(sqlite_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def settings_for(sqlite_url: str, artifacts: ArtifactStore, **extra: Any) -> Settings:
+    base = {"model_preset": "tiny", "prep_wait_ms": 100, "progress_interval_s": 0.05, "micro_batch_size": 4,
+            "worker_slots": 4, "voice_cache_capacity": 2}
+    return make_test_settings(database_url=sqlite_url, artifact_root=artifacts.root,
+                              tag=f"t{os.getpid()}-{uuid.uuid4().hex[:6]}", **{**base, **extra})
+
+
+@pytest.fixture
+def make_runtime(sqlite_url, artifacts, store) -> Iterator:
+    built: list[Runtime] = []
+
+    def make(**extra: Any) -> Runtime:
+        rt = build_runtime(settings_for(sqlite_url, artifacts, **extra), f"gpu-{len(built)}@test")
+        built.append(rt)
+        return rt
+
+    torch.set_num_threads(1)  # tiny ops on a shared machine
+    yield make
+    for rt in built:
+        rt.close()
+
+
+def submit(rt: Runtime, sessions, reference: bytes, n_tokens: int, seed: int = 7) -> str:
+    tokens = torch.randint(0, 6561, (n_tokens,), generator=torch.Generator().manual_seed(n_tokens)).tolist()
+    with sessions() as session:
+        return submit_job(settings=rt.settings, session=session, sender=RecordingSender(), store=rt.store,
+                          artifacts=rt.artifacts, tokens=tokens, reference_bytes=reference, seed=seed)
+
+
+def prepare_ahead(rt: Runtime, reference: bytes) -> str:
+    pcm, voice_id = load_reference(reference)
+    rt.store.put(voice_id, host_half(pcm, voice_id).to_bytes())
+    return voice_id
+
+
+def job_row(sessions, job_id: str):
+    with sessions() as session:
+        return queries.require_job(session=session, job_id=job_id)
+
+
+# -- in process -------------------------------------------------------------------------------------
+def test_a_prepared_ahead_job_streams_into_its_output_file(make_runtime, sessions) -> None:
+    rt = make_runtime()
+    voice_id = prepare_ahead(rt, VOICE_A)
+    job_id = submit(rt, sessions, VOICE_A, n_tokens=60)
+    task = RecordingTask()
+    result = JobRun(rt, task, job_id).run()
+    assert result["status"] == "succeeded" and result["prep_path"] == "prepared_ahead"
+    audio, rate = sf.read(rt.artifacts.path(result["output_path"]), dtype="float32")
+    assert rate == 24000 and audio.shape == (60 * 960,) and abs(audio).max() > 0
+    row = job_row(sessions, job_id)
+    assert row.status == JobStatus.SUCCEEDED and row.prep_path == "prepared_ahead"
+    assert row.worker == rt.worker_id and row.attempts == 1 and row.first_audio_at is not None
+    assert row.frames_done == row.frames_total == 120
+    assert [k for k, _ in task.events] and all(k == "task-progress" for k, _ in task.events)
+    assert rt.store.count(COUNTER_PREP_PATH, "prepared_ahead") == 1
+    rt.book.drain()
+    with sessions() as session:
+        installed = queries.list_worker_voices(session=session, worker_id=rt.worker_id)
+    assert [(w.voice_id, w.pinned) for w in installed] == [(voice_id, 0)]
+    assert not list((rt.artifacts.root / "outputs").glob("*.part"))
+
+
+def test_inline_output_equals_prepared_ahead_output_bit_for_bit(make_runtime, sessions) -> None:
+    inline_rt = make_runtime(prep_wait_ms=0)
+    inline_job = submit(inline_rt, sessions, VOICE_B, n_tokens=40, seed=3)
+    inline = JobRun(inline_rt, RecordingTask(), inline_job).run()
+    assert inline["prep_path"] == "inline"
+    assert inline_rt.store.get(job_row(sessions, inline_job).voice_id) is not None  # kept for others
+    ahead_rt = make_runtime()  # a second worker: nothing installed yet, features already in the store
+    ahead_job = submit(ahead_rt, sessions, VOICE_B, n_tokens=40, seed=3)
+    ahead = JobRun(ahead_rt, RecordingTask(), ahead_job).run()
+    assert ahead["prep_path"] == "prepared_ahead"
+    a = ahead_rt.artifacts.path(ahead["output_path"]).read_bytes()
+    b = inline_rt.artifacts.path(inline["output_path"]).read_bytes()
+    assert a == b
+
+
+def test_jobs_sharing_a_voice_prepare_it_once(make_runtime, sessions) -> None:
+    rt = make_runtime()
+    prepare_ahead(rt, VOICE_A)
+    jobs = [submit(rt, sessions, VOICE_A, n_tokens=n, seed=n) for n in (30, 50, 40)]
+    results: dict[str, dict] = {}
+    threads = [threading.Thread(target=lambda j=j: results.update({j: JobRun(rt, RecordingTask(), j).run()}))
+               for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    paths = sorted(r["prep_path"] for r in results.values())
+    assert paths == ["already_installed", "already_installed", "prepared_ahead"]
+    assert rt.loop.engine.stats["batches"] < rt.loop.engine.stats["rows"]  # rows of jobs shared steps
+
+
+def test_a_failing_job_fails_alone_and_leaves_no_partial_file(make_runtime, sessions) -> None:
+    rt = make_runtime(prep_wait_ms=0)
+    bad = submit(rt, sessions, VOICE_A, n_tokens=30)
+    assert rt.artifacts.remove(_reference_of(sessions, bad))
+    with pytest.raises(EngineFailure):
+        JobRun(rt, RecordingTask(), bad).run()
+    row = job_row(sessions, bad)
+    assert row.status == JobStatus.FAILED and "No such file" in (row.error or "")
+    good = submit(rt, sessions, VOICE_B, n_tokens=30)
+    assert JobRun(rt, RecordingTask(), good).run()["status"] == "succeeded"
+    assert not list((rt.artifacts.root / "outputs").glob("*.part"))
+
+
+def _reference_of(sessions, job_id: str) -> str:
+    with sessions() as session:
+        voice = queries.require_voice(session=session, voice_id=job_row(sessions, job_id).voice_id)
+        return voice.reference_path
+
+
+def test_cancel_while_running_stops_the_job_and_removes_its_temp_file(make_runtime, sessions) -> None:
+    rt = make_runtime()
+    prepare_ahead(rt, VOICE_A)
+    job_id = submit(rt, sessions, VOICE_A, n_tokens=600)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(JobRun(rt, RecordingTask(), job_id).run()))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while job_row(sessions, job_id).frames_done == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rt.store.request_cancel(job_id, ttl_s=60)
+    with sessions() as session:
+        assert queries.cancel_job(session=session, job_id=job_id)
+        session.commit()
+    runner.join(60)
+    assert result["status"] == "cancelled"
+    assert job_row(sessions, job_id).status == JobStatus.CANCELLED
+    assert not list((rt.artifacts.root / "outputs").iterdir())
+    assert rt.loop.engine.live_jobs() == []
+
+
+def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
+    rt = make_runtime()
+    prepare_ahead(rt, VOICE_A)
+    job_id = submit(rt, sessions, VOICE_A, n_tokens=10)
+    assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "succeeded"
+    assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "skipped"  # a redelivered message
+
+
+# -- a real Celery worker ---------------------------------------------------------------------------
+@pytest.fixture
+def gpu_worker(sqlite_url, artifacts, redis_session_lock, tmp_path) -> Iterator[Settings]:
+    settings = settings_for(sqlite_url, artifacts, prep_wait_ms=200)
+    nodename = f"gpu-{settings.queue_gpu}@{os.uname().nodename}"
+    log = tmp_path / "gpu-worker.log"
+    env = {**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "celery", "-A", "gpu_worker.worker", "worker", "-Q", settings.queue_gpu,
+           "-P", "threads", "-c", "4", "-n", nodename, "-E", "-l", "INFO", "--without-gossip",
+           "--without-mingle", "--without-heartbeat"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    app = make_gpu_celery(settings)
+    try:
+        deadline = time.monotonic() + 120
+        while not app.control.ping(destination=[nodename], timeout=1.0):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        yield settings
+    finally:
+        app.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print(Path(log).read_text()[-2000:])
+
+
+@pytest.mark.timeout(300)
+def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sessions) -> None:
+    settings = gpu_worker
+    app = make_gpu_celery(settings)
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
+    artifacts = ArtifactStore(settings.artifact_root)
+    jobs = []
+    for reference, n in ((VOICE_A, 40), (VOICE_B, 30), (VOICE_A, 55), (VOICE_B, 20)):
+        tokens = torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        with sessions() as session:
+            job_id = submit_job(settings=settings, session=session, sender=app, store=store,
+                                artifacts=artifacts, tokens=tokens, reference_bytes=reference, seed=n)
+        jobs.append((job_id, n))
+    try:
+        results = {job_id: app.AsyncResult(job_id).get(timeout=240) for job_id, _ in jobs}
+    finally:
+        app.close()
+        store.close()
+    for job_id, n in jobs:
+        assert results[job_id]["status"] == "succeeded"
+        audio, rate = sf.read(artifacts.path(results[job_id]["output_path"]), dtype="float32")
+        assert rate == 24000 and audio.shape == (n * 960,)
+        assert job_row(sessions, job_id).status == JobStatus.SUCCEEDED
+    paths = sorted(r["prep_path"] for r in results.values())
+    assert "inline" in paths or "late" in paths  # no CPU worker prepared ahead in this test
+    with sessions() as session:
+        rows = queries.list_worker_voices(session=session, worker_id=_node(results))
+    installed = {w.voice_id for w in rows}
+    assert installed == {job_row(sessions, j).voice_id for j, _ in jobs}
+
+
+def _node(results: dict[str, dict]) -> str:
+    return next(iter(results.values()))["worker"]
