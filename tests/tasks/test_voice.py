@@ -229,3 +229,27 @@ def test_a_failed_preparation_of_a_cancelled_job_leaves_nothing_behind(res: Reso
     assert prepare_voice(voice_id, res) == "failed"
     cancel(res, job_id)
     assert not res.store.exists(voice_id) and res.store.claim_prepare(voice_id, 10)
+
+
+@pytest.mark.integration
+def test_the_real_worker_refuses_pickled_messages(
+    cpu_worker: str, worker_settings: Settings, worker_sessions: sessionmaker[Session], feature_redis
+):
+    store = FeatureStore(feature_redis, ttl_s=worker_settings.feature_ttl_s)
+    celery = make_celery(worker_settings, include=())
+    try:
+        with worker_sessions() as session:
+            q.get_or_create_voice(session=session, voice_id="ab" * 32, reference_path="references/none.wav")
+            session.commit()
+        celery.send_task(
+            "voice.prepare", args=["ab" * 32], queue=worker_settings.queue_cpu, serializer="pickle"
+        )
+        # A JSON message sent after it is handled, so the pickled one has been seen (and refused) by then.
+        ok = celery.send_task("voice.prepare", args=["cd" * 32], queue=worker_settings.queue_cpu)
+        assert ok.get(timeout=60) == "cd" * 32
+        with worker_sessions() as session:
+            assert q.require_voice(session=session, voice_id="ab" * 32).status == VoiceStatus.PENDING
+        assert store.counters(COUNTER_PREPARE) == {"failed": 1}  # only the JSON one ran (no such voice)
+        assert celery.control.ping(destination=[cpu_worker], timeout=5)
+    finally:
+        celery.close()
