@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api import reads
 from app.api.deps import ApiContext, session
+from app.api.limits import BodyLimit
 from app.api.metrics import HttpMetrics, StateCollector, http_metrics
 from app.api.routes_jobs import router as jobs_router
 from app.api.routes_ops import router as ops_router
@@ -79,6 +80,8 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
     app = FastAPI(title="wavefarm", version="0.1.0", lifespan=lifespan,
                   description="Offline speech synthesis: speech tokens in, audio in a reference voice out.")
     app.state.ctx = ctx
+    # Largest acceptable body: a reference, a token file at the token limit, and form overhead.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_reference_bytes + 8 * settings.max_tokens + 2**20)
     app.add_middleware(HttpMetrics, metrics=http_metrics(ctx.registry))
     for router in (voices_router, jobs_router, ops_router):
         app.include_router(router)

@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from app.db.models import Job, Voice
 from app.errors import BadTokens
@@ -53,10 +53,10 @@ class JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     voice_id: str = Field(min_length=64, max_length=64, description="a voice from POST /v1/voices")
-    tokens: list[int] = Field(min_length=1, description="speech token ids, 25 per second of audio")
-    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="random when omitted")
+    tokens: list[StrictInt] = Field(min_length=1, description="speech token ids, 25 per second of audio")
+    seed: StrictInt | None = Field(None, ge=0, le=SEED_MAX, description="random when omitted")
     output_format: OutputFormat = "wav"
-    priority: int = Field(0, ge=0, le=MAX_PRIORITY, description="0..9, higher runs first")
+    priority: StrictInt = Field(0, ge=0, le=MAX_PRIORITY, description="0..9, higher runs first")
     idempotency_key: str | None = Field(None, min_length=1, max_length=128,
                                         description="resubmitting with the same key returns the same job")
 

@@ -142,9 +142,18 @@ def test_bad_reference_audio_is_refused_with_its_reason(client: TestClient, data
 
 
 def test_reference_over_the_size_limit_is_refused(settings: Settings) -> None:
-    for client in make_client(settings.model_copy(update={"max_reference_bytes": 1000})):
-        response = upload_voice(client, wav_bytes())
+    small = settings.model_copy(update={"max_reference_bytes": 100_000, "max_tokens": 10})
+    for client in make_client(small):
+        response = upload_voice(client, wav_bytes(4.0))  # 128 kB: passes the door, not the check
         assert response.status_code == 422 and "limit" in response.json()["reason"]
+        huge = upload_voice(client, wav_bytes(60.0))  # never read: refused by its Content-Length
+        assert huge.status_code == 413 and huge.json()["error"] == "TooLarge"
+
+        def chunked() -> Iterator[bytes]:
+            yield from (b"x" * 65536 for _ in range(40))
+
+        streamed = client.post("/v1/jobs", content=chunked(), headers={"content-type": "application/json"})
+        assert streamed.status_code == 413
 
 
 # Jobs ----------------------------------------------------------------------------------------------
@@ -196,6 +205,8 @@ def test_idempotency_key_returns_the_same_job(client: TestClient, reference: byt
     ([-1], 422, "0..6560"),
     (["a", 2], 422, "tokens"),
     ([1.5], 422, "tokens"),
+    (["5"], 422, "tokens"),
+    ([True], 422, "tokens"),
 ])
 def test_bad_tokens_are_refused(client: TestClient, reference: bytes, tokens: list[Any], status: int,
                                 reason: str) -> None:
