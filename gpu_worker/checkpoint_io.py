@@ -17,9 +17,9 @@ Not in here: reading folders (`gpu_worker.loading`).
 
 from __future__ import annotations
 
-import io
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -123,12 +123,10 @@ def write_campplus_onnx(path: str | Path, seed: int) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = _SpeakerStandIn().eval()
-    buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.zeros(1, 200, 80),), buffer, dynamo=False, opset_version=17,
+        torch.onnx.export(net, (torch.zeros(1, 200, 80),), str(path), dynamo=False, opset_version=17,
                           input_names=["input"], output_names=["output"], dynamic_axes={"input": {1: "T"}})
-    Path(path).write_bytes(buffer.getvalue())
 
 
 def _s3_tensors() -> list[tuple[str, str, tuple[int, ...]]]:
@@ -170,7 +168,8 @@ def write_s3_tokenizer_onnx(path: str | Path, seed: int, *, dtype: np.dtype | ty
     # 124 M independent normals take seconds; cycling a prime-length pool from random offsets is
     # random enough for a stand-in and costs a memory copy.
     pool = rng.standard_normal(1_000_003, dtype=np.float32)
-    initializers, inputs_of = [], {}
+    initializers: list[onnx.TensorProto] = []
+    inputs_of: dict[str, list[str]] = {}  # node name -> its initializer names
     for node_name, init_name, shape in _s3_tensors():
         values = np.resize(np.roll(pool, -int(rng.integers(pool.size))), shape)
         if len(shape) == 1:  # LayerNorm scales near 1, biases near 0
@@ -185,7 +184,7 @@ def write_s3_tokenizer_onnx(path: str | Path, seed: int, *, dtype: np.dtype | ty
     previous = "feats"
     for node_name, weights in inputs_of.items():
         op = _op_type(node_name)
-        attrs = {"group": S3_STATE} if "fsmn" in node_name else {}
+        attrs: dict[str, Any] = {"group": S3_STATE} if "fsmn" in node_name else {}
         out = f"{node_name}_output_0"
         if op == "Add":  # exported biases come first: Add(bias, x)
             nodes.append(helper.make_node(op, [*weights, previous], [out], name=node_name))

@@ -20,7 +20,7 @@ import logging
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -29,6 +29,9 @@ from app.errors import ModelLoadError
 from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import FlowArgs, HiftArgs, ModelArgs
 from gpu_worker.model.hift import HiFTGenerator
+
+if TYPE_CHECKING:
+    from gpu_worker.model.flow import Flow
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +213,7 @@ def normalize_hift_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return out
 
 
-def _build_flow(args: FlowArgs) -> torch.nn.Module:
+def _build_flow(args: FlowArgs) -> Flow:
     from gpu_worker.model.flow import Flow  # lazily: the flow model is a separate component
 
     return Flow(args)
@@ -235,7 +238,7 @@ def load_model_folder(path: str | Path, *, device: str | torch.device = "cpu",
 
 
 def load_flow(folder: str | Path, args: FlowArgs, *, device: str | torch.device = "cpu",
-              dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+              dtype: torch.dtype = torch.float32) -> Flow:
     """flow.yaml (validated against `args`) + flow.pt -> Flow, built on meta and assigned."""
     folder = Path(folder)
     flow_args = read_flow_config(folder / FLOW_YAML, args)

@@ -44,7 +44,7 @@ class S3Quantizer:
     """S3 tokenizer v2 on a device: a [128, T] log-mel -> prompt tokens (25 per second)."""
 
     def __init__(self, module: torch.nn.Module):
-        self.module = module.eval()
+        self.module: Any = module.eval()  # s3tokenizer's S3TokenizerV2
 
     @classmethod
     def load(cls, path: str | Path, *, device: str | torch.device = "cpu") -> S3Quantizer:
