@@ -281,3 +281,25 @@ def test_every_enum_value_the_code_knows_is_allowed_by_the_migrated_schema(sessi
         session.execute(update(Job).where(Job.id == job_id).values(status=status))
         session.flush()
     session.commit()
+
+
+def test_referenced_paths_lists_every_artifact_the_rows_point_at(session: Session, voice: str):
+    job_id = new_job(session, voice)[0].id
+    q.finish_job(
+        session=session, job_id=job_id, status=JobStatus.SUCCEEDED, output_path=f"outputs/{job_id}.wav"
+    )
+    session.execute(update(Job).where(Job.id == job_id).values(tokens_path=f"tokens/{job_id}.json"))
+    assert q.referenced_paths(session=session) == {
+        f"references/{vid(99)}.wav",
+        f"outputs/{job_id}.wav",
+        f"tokens/{job_id}.json",
+    }
+
+
+def test_a_voice_is_abandoned_only_when_all_its_jobs_were_cancelled(session: Session, voice: str):
+    assert not q.is_voice_abandoned(session=session, voice_id=voice)  # no jobs: uploaded on its own
+    a, b = new_job(session, voice)[0].id, new_job(session, voice)[0].id
+    q.cancel_job(session=session, job_id=a)
+    assert not q.is_voice_abandoned(session=session, voice_id=voice)
+    q.cancel_job(session=session, job_id=b)
+    assert q.is_voice_abandoned(session=session, voice_id=voice)
