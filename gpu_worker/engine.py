@@ -291,7 +291,6 @@ class Engine:
     def _hand_out(self, live: _Live, audio: torch.Tensor, events: list[EngineEvent]) -> None:
         now = self.clock()
         if live.next_chunk == 0:
-            self.voices.mark_used(live.job.voice_id)
             live.times["first_audio_s"] = now - live.admitted
         index = live.next_chunk
         live.next_chunk += 1
@@ -301,6 +300,7 @@ class Engine:
                             samples=audio, last=last))
         if last:
             live.outcome = "finished"
+            self.voices.mark_used(live.job.voice_id)  # an install that served a whole job is worth keeping
             live.times["total_s"] = now - live.admitted
             self.stats["finished"] += 1
             events.append(Finished(job_id=live.job.job_id, prep_path=live.prep_path or "",

@@ -49,7 +49,7 @@ class InstalledVoice:
     nbytes: int
     install_s: float  # host time spent in the installer (the device work may still be running)
     pins: int = 0
-    uses: int = 0  # streams opened on it
+    uses: int = 0  # jobs that finished with it
     last_used: int = 0  # logical time of the last pin or use
     ready_event: Any = None  # torch.cuda.Event until the first step that needs it has waited on it
     reclaim: bool = field(default=False)  # discard once settled (installed for a job that went away)
@@ -139,7 +139,8 @@ class VoiceCache:
 
     # -- reclaim and evict ---------------------------------------------------------------------------
     def reclaim_if_unused(self, voice_id: str) -> None:
-        """A job that caused this install went away: drop it once settled, unless someone uses it."""
+        """A job on this voice went away (aborted, failed): drop the install once settled, unless a live
+        job pins it or a job has finished with it (then it is a normal LRU entry)."""
         entry = self._voices.get(voice_id)
         if entry is not None and entry.pins == 0 and entry.uses == 0:
             entry.reclaim = True

@@ -42,7 +42,7 @@ from app.features import PromptHostFeatures, host_half
 from app.keys import COUNTER_PREP_PATH
 from app.settings import Settings, get_settings
 from app.store import FeatureStore
-from app.submit import job_tokens, reference_limits
+from app.submit import job_tokens, reclaim_abandoned_voice, reference_limits
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.engine import Engine, FeatureSource, InlinePreparer
 from gpu_worker.loading import load_dummy, load_model_folder
@@ -309,6 +309,7 @@ class _Output:
 
 @dataclass
 class _Progress:
+    voice_id: str
     frames_per_chunk: list[int]
     frames_done: int = 0
     next_report: float = 0.0
@@ -327,11 +328,15 @@ class JobRun:
             return {"job_id": self.job_id, "status": "skipped"}
         engine_job, fmt = job
         output = _Output(self.rt.artifacts, self.job_id, fmt)  # 2. open the output's temp file
+        submitted = False
         try:
             events = self.rt.loop.submit(engine_job)  # 3. hand the job to the engine
+            submitted = True
             return self._stream(events, output, engine_job)  # 4. write audio until the end
         except BaseException as exc:
             output.discard()
+            if submitted:  # e.g. the database went away mid-job: free the engine slot and the pin
+                self.rt.loop.abort(self.job_id)
             if not isinstance(exc, EngineFailure):
                 self._finish(JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
             raise
@@ -351,7 +356,7 @@ class JobRun:
             return job, row.output_format
 
     def _stream(self, events: queue.Queue[EngineEvent], output: _Output, job: EngineJob) -> dict[str, Any]:
-        progress = _Progress([c.mel_frames for c in plan_chunks(len(job.tokens))])
+        progress = _Progress(job.voice_id, [c.mel_frames for c in plan_chunks(len(job.tokens))])
         try:
             while True:
                 try:
@@ -386,6 +391,7 @@ class JobRun:
             output.discard()
             if event.prep_path == "abandoned":
                 self._count("abandoned")
+            self._reclaim_features(progress.voice_id)
             return {"job_id": self.job_id, "status": "cancelled", "prep_path": event.prep_path,
                     "worker": self.rt.worker_id}
         return None
@@ -413,6 +419,12 @@ class JobRun:
             self.task.update_state(state="PROGRESS", meta=meta)
         if not live or self._cancel_requested():
             self.rt.loop.abort(self.job_id)
+
+    def _reclaim_features(self, voice_id: str) -> None:
+        """Features prepared for jobs that were all cancelled (inline ones too) must not linger."""
+        with session_scope(self.rt.sessions) as session:
+            if reclaim_abandoned_voice(session=session, store=self.rt.store, voice_id=voice_id):
+                log.info("voice %s: every job that wanted it was cancelled; features reclaimed", voice_id)
 
     def _cancel_requested(self) -> bool:
         try:

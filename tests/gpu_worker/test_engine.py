@@ -369,6 +369,18 @@ def test_abort_before_first_chunk_reclaims_the_unused_install() -> None:
     assert "alice" not in h.engine.voices and "bob" in h.engine.voices
 
 
+def test_abort_midway_reclaims_an_install_no_job_finished_with() -> None:
+    h = harness("alice", "bob")
+    h.engine.add(job("keep", "bob", seed=1, tokens=TOKENS[:10]))
+    h.engine.add(job("cancelled", "alice", seed=2))
+    h.step(2)
+    assert h.of(Audio, "cancelled") and h.of(Finished, "keep")
+    h.engine.abort("cancelled")
+    h.step()
+    assert [e.voice_id for e in h.of(VoiceEvicted)] == ["alice"]
+    assert h.engine.voices.ids() == ["bob"]
+
+
 def test_abort_in_the_same_step_as_add_never_installs() -> None:
     h = harness("alice")
     h.engine.add(job("j"))

@@ -198,6 +198,8 @@ def test_cancel_while_running_stops_the_job_and_removes_its_temp_file(make_runti
     assert job_row(sessions, job_id).status == JobStatus.CANCELLED
     assert not list((rt.artifacts.root / "outputs").iterdir())
     assert rt.loop.engine.live_jobs() == []
+    assert rt.store.get(job_row(sessions, job_id).voice_id) is None  # its only job was cancelled
+    assert rt.loop.engine.voices.ids() == []  # and no job finished with the install
 
 
 def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
