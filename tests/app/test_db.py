@@ -303,3 +303,29 @@ def test_a_voice_is_abandoned_only_when_all_its_jobs_were_cancelled(session: Ses
     assert not q.is_voice_abandoned(session=session, voice_id=voice)
     q.cancel_job(session=session, job_id=b)
     assert q.is_voice_abandoned(session=session, voice_id=voice)
+
+
+def test_two_workers_claiming_the_same_attempt_never_both_win(sessions: sessionmaker[Session], voice: str):
+    import threading
+    import time
+
+    with session_scope(sessions) as s:
+        job_id = new_job(s, voice)[0].id
+    first = sessions()
+    assert q.claim_job_attempt(session=first, job_id=job_id, worker="w1", max_attempts=3) is not None
+    second: list[object] = []
+
+    def claim() -> None:  # reads attempts=0, then its UPDATE waits for the first claim's lock
+        with session_scope(sessions) as s:
+            second.append(q.claim_job_attempt(session=s, job_id=job_id, worker="w2", max_attempts=3))
+
+    thread = threading.Thread(target=claim)
+    thread.start()
+    time.sleep(0.5)
+    first.commit()
+    first.close()
+    thread.join(timeout=60)
+    assert second == [None]
+    with session_scope(sessions) as s:
+        job = q.require_job(session=s, job_id=job_id)
+        assert (job.attempts, job.worker) == (1, "w1")
