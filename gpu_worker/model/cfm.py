@@ -51,9 +51,8 @@ class CFM(nn.Module):
         """
         b = noise.size(0)
         t_span = time_span(self.n_steps, noise.device, noise.dtype)
-        zeros = torch.zeros_like
-        fixed = (torch.cat([mu, zeros(mu)]), torch.cat([spk, zeros(spk)])[:, None, :].expand(-1, mu.size(1), -1),
-                 torch.cat([cond, zeros(cond)]))
+        spk = spk[:, None, :].expand(-1, mu.size(1), -1)
+        fixed = [torch.cat([c, torch.zeros_like(c)]) for c in (mu, spk, cond)]  # unconditional half: zeros
         key_mask = None if key_mask is None else torch.cat([key_mask, key_mask])
         lengths = None if lengths is None else torch.cat([lengths, lengths])
         x, t, dt = noise, t_span[:1], t_span[1] - t_span[0]

@@ -94,7 +94,7 @@ class Mlp(nn.Module):
 
 
 def causal_conv(conv: nn.Conv1d, x: Tensor, cache: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
-    """x: [B, C, T]; cache: [B, C, 2]; last: [B, 2] indices of each row's last 2 valid frames in [cache | x]."""
+    """x: [B, C, T]; cache: [B, C, 2]; last: [B, 2] each row's last 2 valid frames, indexed in [cache | x]."""
     h = torch.cat([cache, x], dim=2)
     new_cache = h.gather(2, last[:, None, :].expand(-1, h.size(1), -1))
     return conv(h), new_cache
@@ -105,9 +105,8 @@ class CausalConvBlock(nn.Module):
         super().__init__()
         self.dim = dim
         # ModuleDict keys are the positions in the released checkpoint's Sequential (transposes between)
-        self.block = nn.ModuleDict({
-            "1": nn.Conv1d(dim, dim, CONV_CACHE + 1), "3": nn.LayerNorm(dim), "6": nn.Conv1d(dim, dim, CONV_CACHE + 1),
-        })
+        conv1, conv2 = nn.Conv1d(dim, dim, CONV_CACHE + 1), nn.Conv1d(dim, dim, CONV_CACHE + 1)
+        self.block = nn.ModuleDict({"1": conv1, "3": nn.LayerNorm(dim), "6": conv2})
 
     def forward(self, x: Tensor, cache: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
         # x: [B, T, C]; cache: [B, 2 C, 2] -> [B, T, C], new cache [B, 2 C, 2]
@@ -163,9 +162,8 @@ class DiT(nn.Module):
         self, x: Tensor, t: Tensor, conv_cache: Tensor, kv: Tensor,
         key_mask: Tensor | None = None, lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """x: [B, T, in_channels] packed inputs; t: [1] or [B] -> velocity [B, T, out], conv cache [depth, B, 2 C, 2].
-
-        Caches and masks as in the module docstring; kv is updated in place.
+        """x: [B, T, in_channels] packed inputs; t: [1] or [B] -> velocity [B, T, out_channels] and the
+        new conv cache [depth, B, 2 C, 2]. Caches and masks: module docstring; kv is updated in place.
         """
         b, t_len, _ = x.shape
         if lengths is None:

@@ -176,7 +176,7 @@ class ConformerEncoder(nn.Module):
         return PRE_CONV2_CACHE + 2 * self.args.up_stride
 
     def forward(self, x: Tensor) -> Tensor:
-        """Whole utterance, full attention, zeros as the lookahead of the last frames: [B, T, C] -> [B, 2T, C]."""
+        """Whole utterance, full attention, zeros as the last frames' lookahead: [B, T, C] -> [B, 2T, C]."""
         return self.forward_chunk(x, None, None, last_chunk=True)[0]
 
     def forward_chunk(
@@ -207,7 +207,8 @@ class ConformerEncoder(nn.Module):
         return self.after_norm(x), torch.cat([pre_cache, up_cache], dim=2), new_att
 
     @staticmethod
-    def _layers(layers: nn.ModuleList, x: Tensor, caches: Tensor | None, cached: int) -> tuple[Tensor, Tensor]:
+    def _layers(layers: nn.ModuleList, x: Tensor, caches: Tensor | None, cached: int
+                ) -> tuple[Tensor, Tensor]:
         # x: [B, T, C]; caches: [n_layers, B, H, cached, 2 d_k] -> x, [n_layers, B, H, cached + T, 2 d_k]
         pos = rel_pos_table(cached + x.size(1), x.size(1), x.size(2), x.device).to(x.dtype)
         new_caches = []

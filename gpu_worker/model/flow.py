@@ -94,10 +94,13 @@ class Flow(nn.Module):
             self.input_embedding(tokens), cache.conformer_cnn, cache.conformer_att, last_chunk)
         return self.encoder_proj(h), replace(cache, conformer_cnn=cnn, conformer_att=att)
 
-    def setup(self, prompt_tokens: Tensor, prompt_mel: Tensor, spk_raw: Tensor, noise: Tensor) -> tuple[Tensor, FlowCache]:
+    def setup(
+        self, prompt_tokens: Tensor, prompt_mel: Tensor, spk_raw: Tensor, noise: Tensor
+    ) -> tuple[Tensor, FlowCache]:
         """The setup solve of a voice: encode the prompt (+ lookahead) and solve it with cond = prompt mel."""
         look, up = self.args.encoder.pre_lookahead_len, self.args.encoder.up_stride
-        assert (prompt_tokens.size(1) - look) * up == prompt_mel.size(1), (prompt_tokens.shape, prompt_mel.shape)
+        frames = (prompt_tokens.size(1) - look) * up
+        assert frames == prompt_mel.size(1), (prompt_tokens.shape, prompt_mel.shape)
         spk = self.project_speaker(spk_raw)
         mu, cache = self.encode_chunk(prompt_tokens, FlowCache(), last_chunk=False)
         _, (cache,) = self.solve_chunk_batch([mu], spk, [noise], [cache], cond=[prompt_mel])
@@ -108,7 +111,8 @@ class Flow(nn.Module):
         noise: list[Tensor],
     ) -> tuple[Tensor, list[int], list[FlowCache]]:
         """One chunk of each of B streams: tokens[i] [1, T_i] -> mel [B, 80, max T'], T'_i, new caches."""
-        encoded = [self.encode_chunk(tok, cache, last) for tok, cache, last in zip(tokens, caches, last_chunks)]
+        rows = zip(tokens, caches, last_chunks, strict=True)
+        encoded = [self.encode_chunk(tok, cache, last) for tok, cache, last in rows]
         mu = [m for m, _ in encoded]
         mel, new_caches = self.solve_chunk_batch(mu, spk, noise, [c for _, c in encoded])
         return mel, [m.size(1) for m in mu], new_caches
@@ -122,7 +126,7 @@ class Flow(nn.Module):
         n_new = [m.size(1) for m in mu]
         n_old = [c.offset for c in caches]
         t_max, l_max = max(n_new), max(n_old)
-        noise_rows = [z[0, :, off : off + n].t() for z, off, n in zip(noise, n_old, n_new)]
+        noise_rows = [z[0, :, off : off + n].t() for z, off, n in zip(noise, n_old, n_new, strict=True)]
         cond_rows = [torch.zeros_like(m[0]) for m in mu] if cond is None else [c[0] for c in cond]
         conv, kv = self._gather_caches(caches, t_max, l_max, mu[0])
         lengths = torch.tensor(n_new, device=spk.device)
@@ -130,13 +134,16 @@ class Flow(nn.Module):
         olds = torch.tensor(n_old, device=spk.device)
         key_mask = (slot < lengths[:, None]) | ((slot >= t_max) & (slot < t_max + olds[:, None]))
         x, new_conv = self.decoder.solve(
-            _pad_rows(noise_rows, t_max), _pad_rows([m[0] for m in mu], t_max), spk, _pad_rows(cond_rows, t_max),
-            conv.unbind(0), kv.unbind(0), key_mask, lengths)
+            _pad_rows(noise_rows, t_max), _pad_rows([m[0] for m in mu], t_max), spk,
+            _pad_rows(cond_rows, t_max), conv.unbind(0), kv.unbind(0), key_mask, lengths)
         mel = x.masked_fill((slot[:t_max] >= lengths[:, None])[..., None], 0.0).transpose(1, 2)
         return mel, self._scatter_caches(caches, new_conv, kv, n_new, t_max)
 
-    def _gather_caches(self, caches: list[FlowCache], t_max: int, l_max: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-row estimator caches -> padded batch: conv [N, depth, 2B, 2C, 2], kv [N, depth, 2B, H, t_max + l_max, 2D]."""
+    def _gather_caches(
+        self, caches: list[FlowCache], t_max: int, l_max: int, like: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Per-row estimator caches -> padded batch: conv [N, depth, 2B, 2C, 2] and
+        kv [N, depth, 2B, H, t_max + l_max, 2D] with row i's old frames at [t_max, t_max + L_i)."""
         a, b = self.args.dit, len(caches)
         conv = like.new_zeros(self.args.n_timesteps, a.depth, 2 * b, 2 * a.hidden_size, 2)
         kv = like.new_zeros(self.args.n_timesteps, a.depth, 2 * b, a.num_heads, t_max + l_max, 2 * a.head_dim)
@@ -156,7 +163,8 @@ class Flow(nn.Module):
             att = kv[:, :, i :: b, :, : n_new[i]]  # newest frames first, then the old cache
             if cache.estimator_att is not None:
                 att = torch.cat([att, cache.estimator_att], dim=4)
-            out.append(replace(cache, estimator_cnn=new_conv[:, :, i :: b].clone(), estimator_att=att.contiguous()))
+            cnn = new_conv[:, :, i :: b].clone()
+            out.append(replace(cache, estimator_cnn=cnn, estimator_att=att.contiguous()))
         return out
 
     def inference(
@@ -171,5 +179,5 @@ class Flow(nn.Module):
         conv = mu.new_zeros(a.depth, 2, 2 * a.hidden_size, 2)
         kv = mu.new_zeros(a.depth, 2, a.num_heads, n, 2 * a.head_dim)  # reused by every step
         steps = self.args.n_timesteps
-        x, _ = self.decoder.solve(noise[:, :, :n].transpose(1, 2), mu, spk, cond, [conv] * steps, [kv] * steps)
+        x, _ = self.decoder.solve(noise[0, :, :n].t()[None], mu, spk, cond, [conv] * steps, [kv] * steps)
         return x[:, n_prompt:].transpose(1, 2)
