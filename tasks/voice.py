@@ -68,21 +68,21 @@ def _start(voice_id: str, res: Resources) -> tuple[str | None, str]:
         voice = queries.get_voice(session=session, voice_id=voice_id)
         if voice is None:
             log.error("voice.prepare %s: no such voice", voice_id)
-            res.store.incr(COUNTER_PREPARE, "failed")
+            _count(res, "failed")
             return None, "failed"
         if voice.status == VoiceStatus.READY and res.store.exists(voice_id):
-            res.store.incr(COUNTER_PREPARE, "noop")
+            _count(res, "noop")
             return None, "noop"
         if reclaim_abandoned_voice(session=session, store=res.store, voice_id=voice_id):
-            res.store.incr(COUNTER_PREPARE, "abandoned")  # its only jobs were cancelled before we started
+            _count(res, "abandoned")  # its only jobs were cancelled before we started
             return None, "abandoned"
         if voice.reference_path is None:
             _fail(session, res, voice_id, "voice has no stored reference audio")
             return None, "failed"
         attempt = queries.mark_voice_preparing(session=session, voice_id=voice_id)
         if attempt > res.settings.job_max_attempts:
-            # Earlier deliveries died without finishing (worker killed): stop redelivering.
-            _fail(session, res, voice_id, f"gave up after {attempt - 1} interrupted attempts")
+            # Earlier attempts never finished (worker killed, or Redis/database errors): stop here.
+            _fail(session, res, voice_id, f"gave up after {attempt - 1} unfinished attempts")
             return None, "failed"
         return voice.reference_path, ""
 
@@ -90,8 +90,24 @@ def _start(voice_id: str, res: Resources) -> tuple[str | None, str]:
 def _fail(session: Session, res: Resources, voice_id: str, error: str) -> None:
     log.error("voice.prepare %s failed: %s", voice_id, error)
     queries.mark_voice_failed(session=session, voice_id=voice_id, error=error)
-    res.store.incr(COUNTER_PREPARE, "failed")
-    res.store.release_prepare(voice_id)
+    _count(res, "failed")
+    _release(res, voice_id)
+
+
+def _count(res: Resources, outcome: str) -> None:
+    """Best effort: a counter that cannot be written must not undo or retry the work it counts."""
+    try:
+        res.store.incr(COUNTER_PREPARE, outcome)
+    except redis.RedisError as exc:
+        log.warning("voice.prepare: could not count %s: %s", outcome, exc)
+
+
+def _release(res: Resources, voice_id: str) -> None:
+    """Best effort: an unreleased claim only expires later (app.submit.PREPARE_CLAIM_TTL_S)."""
+    try:
+        res.store.release_prepare(voice_id)
+    except redis.RedisError as exc:
+        log.warning("voice.prepare %s: could not release the claim: %s", voice_id, exc)
 
 
 def _host_features(voice_id: str, reference_path: str, res: Resources) -> bytes:
@@ -129,12 +145,12 @@ def _finish(voice_id: str, blob: bytes, prepare_ms: float, res: Resources) -> st
         queries.mark_voice_ready(
             session=session, voice_id=voice_id, prepare_ms=prepare_ms, feature_nbytes=len(blob)
         )
-    res.store.release_prepare(voice_id)
-    res.store.incr(COUNTER_PREPARE, "prepared")
+    _release(res, voice_id)
+    _count(res, "prepared")
     log.info("voice.prepare %s: %d bytes in %.0f ms", voice_id, len(blob), prepare_ms)
     with session_scope(res.sessions) as session:
         if reclaim_abandoned_voice(session=session, store=res.store, voice_id=voice_id):
-            res.store.incr(COUNTER_PREPARE, "reclaimed")
+            _count(res, "reclaimed")
             return "reclaimed"
     return "prepared"
 

@@ -103,7 +103,7 @@ def test_a_voice_whose_attempts_keep_dying_is_given_up(res: Resources, celery: C
         session.commit()
     assert prepare_voice(voice_id, res) == "failed"
     voice = voice_row(res, voice_id)
-    assert voice.status == VoiceStatus.FAILED and "interrupted attempts" in (voice.error or "")
+    assert voice.status == VoiceStatus.FAILED and "unfinished attempts" in (voice.error or "")
 
 
 # Through a real worker (PostgreSQL, broker db 10, this session's cpu queue) ----------------------
@@ -253,3 +253,20 @@ def test_the_real_worker_refuses_pickled_messages(
         assert celery.control.ping(destination=[cpu_worker], timeout=5)
     finally:
         celery.close()
+
+
+def test_an_unreachable_store_is_retried_a_bounded_number_of_times_then_fails_the_voice(
+    res: Resources, celery: Celery, monkeypatch: pytest.MonkeyPatch
+):
+    import tasks.voice
+
+    voice_id = submitted_voice(res, celery)
+    down = FeatureStore.from_url("redis://127.0.0.1:1/0", ttl_s=60)  # nothing listens on port 1
+    monkeypatch.setattr(
+        tasks.voice, "resources", lambda: Resources(res.settings, res.sessions, down, res.artifacts)
+    )
+    monkeypatch.setattr(tasks.voice.time, "sleep", lambda _s: None)
+    result = tasks.voice.prepare.apply(args=[voice_id])
+    assert result.get() == voice_id  # the task ends; it does not retry forever
+    voice = voice_row(res, voice_id)
+    assert voice.status == VoiceStatus.FAILED and "unfinished attempts" in (voice.error or "")
