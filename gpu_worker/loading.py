@@ -4,6 +4,7 @@
     read_flow_config(path, args)                      flow.yaml -> FlowArgs, or ModelLoadError
     load_flow(folder, args.flow) / load_hift(file, args.hift)   one component
     load_dummy(args, seed)                            seeded random weights (the output is noise)
+    fuse_weight_norm(model.hift)                      optional, for inference: g * v / |v| folded once
 
 flow.yaml is HyperPyYAML: its `!new:module.Class` tags would import and call code. Here they become
 plain data (a YAML safe loader with one constructor for `!new:`); every other tag is refused, and every
@@ -258,6 +259,19 @@ def load_hift(file: str | Path, args: HiftArgs, *, device: str | torch.device = 
     state = normalize_hift_state(_read_state_dict(file))
     _assign(hift, state, file, device=torch.device(device), dtype=dtype)
     return hift
+
+
+def fuse_weight_norm(module: torch.nn.Module) -> torch.nn.Module:
+    """Folds weight-norm parametrizations into plain weights (same outputs, fewer kernels per call).
+
+    For inference after loading: the state dict then has `*.weight` where the checkpoint had g and v.
+    """
+    from torch.nn.utils import parametrize
+
+    for sub in module.modules():
+        if parametrize.is_parametrized(sub, "weight"):
+            parametrize.remove_parametrizations(sub, "weight", leave_parametrized=True)
+    return module
 
 
 def _millions(module: torch.nn.Module) -> float:

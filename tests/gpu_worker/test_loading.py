@@ -12,6 +12,7 @@ import torch
 from app.errors import ModelLoadError
 from gpu_worker.checkpoint_io import hift_checkpoint_state, render_flow_yaml, write_official_layout
 from gpu_worker.loading import (
+    fuse_weight_norm,
     load_dummy,
     load_hift,
     load_model_folder,
@@ -68,6 +69,18 @@ def test_hift_checkpoint_styles_all_load_to_the_same_weights(folder_copy, tiny_f
     loaded = load_hift(folder_copy / "hift.pt", TINY.hift)
     expected = tiny_folder[1].hift.state_dict()
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_fused_weight_norm_keeps_the_vocoder_output(tiny_folder):
+    hift = load_hift(tiny_folder[0] / "hift.pt", TINY.hift)
+    mel = torch.randn(1, 80, 12, generator=torch.Generator().manual_seed(0)) - 4.0
+    noise = hift.draw_noise([torch.Generator().manual_seed(1)], 12)
+    with torch.inference_mode():
+        before, _ = hift(mel, noise=noise)
+        fuse_weight_norm(hift)
+        after, _ = hift(mel, noise=noise)
+    assert "conv_pre.weight" in hift.state_dict()
+    assert (before - after).abs().max().item() <= 1e-5
 
 
 def test_normalize_hift_state_maps_old_weight_norm_names():
