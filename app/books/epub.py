@@ -41,20 +41,20 @@ TocEntry = tuple[str, str | None, str]  # (path in the zip, fragment or None, ti
 
 def parse_epub(data: bytes, *, title: str | None = None, author: str | None = None,
                language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
-    archive = open_archive(data, limits)
-    opf_path = _rootfile(_xml(read_entry(archive, "META-INF/container.xml", limits), "container.xml"))
-    opf = _xml(read_entry(archive, opf_path, limits), opf_path)
+    archive = _Archive(open_archive(data, limits), limits)
+    opf_path = _rootfile(_xml(archive.read("META-INF/container.xml"), "container.xml"))
+    opf = _xml(archive.read(opf_path), opf_path)
     base = posixpath.dirname(opf_path)
     items = {i.get("id"): i for i in opf.iterfind("opf:manifest/opf:item", NS) if i.get("id")}
     href = {k: posixpath.normpath(posixpath.join(base, unquote(i.get("href", "")))) for k, i in items.items()}
     spine_el = opf.find("opf:spine", NS)
     if spine_el is None:
         raise BadInput(f"EPUB package {opf_path} has no spine (reading order)")
-    spine = [href[r.get("idref")] for r in spine_el.iterfind("opf:itemref", NS)
-             if r.get("idref") in href and r.get("linear", "yes") != "no"]
-    toc = _nav_toc(archive, items, href, limits) or _ncx_toc(archive, spine_el.get("toc"), href, limits)
-    chapters = _chapters(archive, spine, toc, limits)
-    cover, cover_type = _cover(archive, opf, items, href, limits)
+    spine = list(dict.fromkeys(href[r.get("idref")] for r in spine_el.iterfind("opf:itemref", NS)
+                               if r.get("idref") in href and r.get("linear", "yes") != "no"))
+    toc = _nav_toc(archive, items, href) or _ncx_toc(archive, spine_el.get("toc"), href)
+    chapters = _chapters(archive, spine, toc)
+    cover, cover_type = _cover(archive, opf, items, href)
     return finish_book(chapters, title=title or _dc(opf, "title") or "Untitled",
                        author=author or _dc(opf, "creator"),
                        language=language or (_dc(opf, "language") or "en").split("-")[0],
@@ -110,6 +110,21 @@ def read_entry(archive: zipfile.ZipFile, name: str, limits: BookLimits) -> bytes
     return content
 
 
+class _Archive:
+    """Reads entries and counts them against the unpacked limit: a file read twice counts twice."""
+
+    def __init__(self, archive: zipfile.ZipFile, limits: BookLimits) -> None:
+        self.zip, self.limits, self.left = archive, limits, limits.epub_max_unpacked
+
+    def read(self, name: str) -> bytes:
+        content = read_entry(self.zip, name, self.limits)
+        self.left -= len(content)
+        if self.left < 0:
+            raise BadInput(f"reading the EPUB unpacks more than {self.limits.epub_max_unpacked} bytes "
+                           "(refused as a possible zip bomb)")
+        return content
+
+
 def _xml(content: bytes, name: str) -> ET.Element:
     if re.search(rb"<!ENTITY", content[:65536], re.IGNORECASE):
         raise BadInput(f"EPUB file {name!r} declares XML entities; refused")
@@ -138,19 +153,19 @@ def _split_href(base: str, target: str) -> tuple[str, str | None]:
     return posixpath.normpath(posixpath.join(posixpath.dirname(base), path)), fragment or None
 
 
-def _nav_toc(archive: zipfile.ZipFile, items: dict, href: dict, limits: BookLimits) -> list[TocEntry]:
+def _nav_toc(archive: _Archive, items: dict, href: dict) -> list[TocEntry]:
     nav_id = next((k for k, i in items.items() if "nav" in i.get("properties", "").split()), None)
     if nav_id is None:
         return []
     parser = _NavParser()
-    parser.feed(read_entry(archive, href[nav_id], limits).decode("utf-8", "replace"))
+    parser.feed(archive.read(href[nav_id]).decode("utf-8", "replace"))
     return [(*_split_href(href[nav_id], target), title) for target, title in parser.entries if title]
 
 
-def _ncx_toc(archive: zipfile.ZipFile, toc_id: str | None, href: dict, limits: BookLimits) -> list[TocEntry]:
+def _ncx_toc(archive: _Archive, toc_id: str | None, href: dict) -> list[TocEntry]:
     if not toc_id or toc_id not in href:
         return []
-    ncx = _xml(read_entry(archive, href[toc_id], limits), href[toc_id])
+    ncx = _xml(archive.read(href[toc_id]), href[toc_id])
     entries: list[TocEntry] = []
     for point in ncx.iter(f"{{{NS['ncx']}}}navPoint"):  # document order == reading order
         label = point.find("ncx:navLabel/ncx:text", NS)
@@ -244,15 +259,14 @@ class _TextParser(HTMLParser):
             self.events.append(("para", text))
 
 
-def _chapters(archive: zipfile.ZipFile, spine: list[str], toc: list[TocEntry],
-              limits: BookLimits) -> list[SourceChapter]:
+def _chapters(archive: _Archive, spine: list[str], toc: list[TocEntry]) -> list[SourceChapter]:
     by_doc: dict[str, list[tuple[str | None, str]]] = {}
     for path, fragment, title in toc:
         by_doc.setdefault(path, []).append((fragment, title))
     chapters: list[tuple[str, list[str]]] = []
     for path in spine:
         parser = _TextParser()
-        parser.feed(read_entry(archive, path, limits).decode("utf-8", "replace"))
+        parser.feed(archive.read(path).decode("utf-8", "replace"))
         parser.close()
         entries = by_doc.get(path, [])
         anchors = {value for kind, value in parser.events if kind == "anchor"}
@@ -276,8 +290,7 @@ def _drop_heading(title: str, paragraphs: list[str]) -> list[str]:
     return paragraphs
 
 
-def _cover(archive: zipfile.ZipFile, opf: ET.Element, items: dict, href: dict,
-           limits: BookLimits) -> tuple[bytes | None, str | None]:
+def _cover(archive: _Archive, opf: ET.Element, items: dict, href: dict) -> tuple[bytes | None, str | None]:
     cover_id = next((k for k, i in items.items() if "cover-image" in i.get("properties", "").split()), None)
     if cover_id is None:
         meta = next((m for m in opf.iterfind("opf:metadata/opf:meta", NS) if m.get("name") == "cover"), None)
@@ -285,4 +298,4 @@ def _cover(archive: zipfile.ZipFile, opf: ET.Element, items: dict, href: dict,
     item = items.get(cover_id)
     if item is None or item.get("media-type") not in _COVER_TYPES:
         return None, None
-    return read_entry(archive, href[cover_id], limits), item.get("media-type")
+    return archive.read(href[cover_id]), item.get("media-type")

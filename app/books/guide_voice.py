@@ -12,8 +12,10 @@ libespeak-ng keeps global state (one voice, one callback): calls are serialised 
 process speaks one segment at a time. It also carries a little prosody state from one utterance to
 the next, so the same text spoken twice in one process may differ by a few milliseconds (the binary,
 a fresh process per call, repeats exactly). Plan keys do not depend on it: a key names the text and
-the guide voice, and whichever rendering is stored first is reused. Languages: any espeak-ng voice name ("en-us", "de", "fr" ...);
-the text should already be normalised (`app.books.text`).
+the guide voice, and whichever rendering is stored first is reused.
+
+Languages: any espeak-ng voice name ("en-us", "de", "fr" ...); the text should already be
+normalised (`app.books.text`).
 """
 
 from __future__ import annotations

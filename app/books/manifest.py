@@ -33,6 +33,8 @@ def parse_manifest(data: bytes, *, limits: BookLimits = DEFAULT_LIMITS,
     except json.JSONDecodeError as exc:
         raise BadInput(f"the manifest is not valid JSON: {exc.msg} at line {exc.lineno} "
                        f"column {exc.colno}") from exc
+    except (ValueError, RecursionError) as exc:  # a 5000-digit number, arrays nested 100000 deep
+        raise BadInput(f"the manifest is not acceptable JSON: {type(exc).__name__}") from exc
     if not isinstance(doc, dict):
         raise BadInput("the manifest must be a JSON object with a 'chapters' list")
     _no_unknown(doc, _BOOK_KEYS, "the manifest")

@@ -24,6 +24,7 @@ from app.errors import BadInput
 
 FORMATS = ("text", "markdown", "epub", "manifest")
 _BINARY_CONTROL_SHARE = 0.001  # more C0 control characters than this is not a text file
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0e-\x1f]")
 
 
 def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = None, title: str | None = None,
@@ -69,7 +70,7 @@ def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
     except UnicodeDecodeError as exc:
         raise BadInput(f"the {what} is not UTF-8 text (byte {exc.start} is invalid); "
                        "send UTF-8, Markdown or an EPUB") from exc
-    controls = sum(1 for c in text if ord(c) < 32 and c not in "\t\n\r\f")
+    controls = len(_CONTROL_RE.findall(text))
     if "\x00" in text or controls > _BINARY_CONTROL_SHARE * len(text):
         raise BadInput(f"the {what} looks like binary data, not text ({controls} control characters)")
     return text.replace("\r\n", "\n").replace("\r", "\n")
@@ -128,20 +129,33 @@ def parse_text(data: bytes, *, title: str | None = None, author: str | None = No
 
 _FRONT_MATTER_RE = re.compile(r"\A---\n(.*?)\n---\n", re.DOTALL)
 _FENCE_RE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.DOTALL | re.MULTILINE)
-_ATX_RE = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_ATX_RE = re.compile(r"^(#{1,6})\s+(.{0,500}?)\s*#*\s*$")
 _SETEXT_RE = re.compile(r"^([^\n]+)\n(=+|-+)[ \t]*$", re.MULTILINE)
+# Each pattern stops at the next bracket, delimiter or newline, so a file full of unclosed brackets or
+# delimiters costs linear time, never quadratic.
 _INLINE_STEPS = (
-    (re.compile(r"<!--.*?-->", re.DOTALL), ""),
-    (re.compile(r"!\[[^\]]*\]\([^)]*\)"), ""),  # images
-    (re.compile(r"\[([^\]]*)\]\([^)]*\)"), r"\1"),  # links keep their text
-    (re.compile(r"\[([^\]]*)\]\[[^\]]*\]"), r"\1"),
-    (re.compile(r"^[ \t]*\[[^\]]+\]:[ \t]*\S+.*$", re.MULTILINE), ""),  # link definitions
-    (re.compile(r"</?[A-Za-z][^>]*>"), ""),  # inline HTML
+    (re.compile(r"!\[[^\[\]\n]{0,500}\]\([^()\n]{0,2000}\)"), ""),  # images
+    (re.compile(r"\[([^\[\]\n]{0,500})\]\([^()\n]{0,2000}\)"), r"\1"),  # links keep their text
+    (re.compile(r"\[([^\[\]\n]{0,500})\]\[[^\[\]\n]{0,200}\]"), r"\1"),
+    (re.compile(r"^[ \t]*\[[^\[\]\n]{1,200}\]:[ \t]*\S+.*$", re.MULTILINE), ""),  # link definitions
+    (re.compile(r"</?[A-Za-z][^<>\n]{0,2000}>"), ""),  # inline HTML
     (re.compile(r"^[ \t]*([-*_])([ \t]*\1){2,}[ \t]*$", re.MULTILINE), ""),  # rules
     (re.compile(r"^[ \t]{0,3}(?:>[ \t]?)+", re.MULTILINE), ""),  # block quotes
     (re.compile(r"^[ \t]*(?:[-*+]|\d+[.)])[ \t]+", re.MULTILINE), "\n\n"),  # list items: own paragraphs
-    (re.compile(r"(\*\*|__|\*|_|`)(?=\S)(.{1,400}?)(?<=\S)\1"), r"\2"),  # emphasis (bounded: no blowup)
+    (re.compile(r"\*\*([^*\n]{1,400})\*\*|__([^_\n]{1,400})__"), r"\1\2"),  # strong
+    (re.compile(r"\*([^*\n]{1,400})\*|(?<!\w)_([^_\n]{1,400})_(?!\w)|`([^`\n]{1,400})`"), r"\1\2\3"),
 )
+
+
+def _drop_comments(text: str) -> str:
+    """Remove <!-- ... --> (an unclosed one runs to the end); str.find keeps it linear."""
+    out, pos = [], 0
+    while (start := text.find("<!--", pos)) >= 0:
+        out.append(text[pos:start])
+        end = text.find("-->", start + 4)
+        pos = len(text) if end < 0 else end + 3
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def parse_markdown(data: bytes, *, title: str | None = None, author: str | None = None,
@@ -154,7 +168,7 @@ def parse_markdown(data: bytes, *, title: str | None = None, author: str | None 
             key, _, value = line.partition(":")
             meta[key.strip().lower()] = value.strip().strip("\"'")
         text = text[front.end():]
-    text = _FENCE_RE.sub("", text)
+    text = _FENCE_RE.sub("", _drop_comments(text))
     text = _SETEXT_RE.sub(lambda m: ("# " if m.group(2)[0] == "=" else "## ") + m.group(1), text)
     blocks = _markdown_blocks(text)
     levels = [level for level, _ in blocks if level]

@@ -80,12 +80,12 @@ _PHRASES = {"e.g.": "for example", "i.e.": "that is", "cf.": "compare", "viz.": 
 _TITLE_RE = re.compile(r"\b(" + "|".join(_TITLES) + r")\.(?=\s)")
 _TRAILING_RE = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in _TRAILING) + r")\.")
 _PHRASE_RE = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in _PHRASES) + r")(,?)")
-_SAINT_DOCTOR_RE = re.compile(r"(\S*)(\s*)\b(St|Dr)\.(?=(\s+[A-Z])?)")
+_SAINT_DOCTOR_RE = re.compile(r"\b(St|Dr)\.(?=( [A-Z])?)")
 _NUMBER_SIGN_RE = re.compile(r"\b(No|Nos|no)\.\s*(?=\d)")
 _INITIAL_RE = re.compile(r"\b([B-HJ-Z])\.(?=\s*[A-Z])")
 _ROMAN_RE = re.compile(r"\b(Chapter|Part|Book|Volume|Act|Scene|Section|CHAPTER|PART|BOOK)\s+([IVXLCDM]+)\b")
 _MONEY_RE = re.compile(r"([$£€¥])\s?(\d[\d,]*(?:\.\d+)?)(?:\s?(thousand|million|billion|trillion)\b)?")
-_PERCENT_RE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s?%")
+_PERCENT_RE = re.compile(r"(?<![\d,.])(\d[\d,]*(?:\.\d+)?)\s?%")
 _ORDINAL_RE = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
 _DECADE_RE = re.compile(r"\b(1[1-9]\d0|20\d0)'?s\b")
 _SHORT_DECADE_RE = re.compile(r"'([2-9]0)s\b")
@@ -93,6 +93,7 @@ _TIME_RE = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)\b")
 _YEAR_RE = re.compile(r"(?<![\d,.])(1\d\d\d|20\d\d)(?![\d,]|\.\d)")
 _NUMBER_RE = re.compile(r"(?<![\w.])(-?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?!\w)")
 _STRAY_DIGITS_RE = re.compile(r"\d+")
+_REPEATS_RE = re.compile(r"([^\w\s])\1{3,}")
 
 
 def _keep_period(text: str, end: int) -> str:
@@ -106,13 +107,13 @@ def _abbreviations(text: str) -> str:
     text = _TITLE_RE.sub(lambda m: _TITLES[m.group(1)], text)
 
     def saint_doctor(m: re.Match[str]) -> str:
-        before, space, abbr = m.group(1), m.group(2), m.group(3)
-        name_follows = m.group(4) is not None
+        abbr, name_follows = m.group(1), m.group(2) is not None
+        before = m.string[max(0, m.start() - 40):m.start()].rstrip().rpartition(" ")[2]
         after_name = bool(before) and before[0].isupper() and before[-1].isalpha()
         if name_follows and not after_name:  # "Dr. Watson", "St. Paul"
-            return f"{before}{space}{'Doctor' if abbr == 'Dr' else 'Saint'}"
+            return "Doctor" if abbr == "Dr" else "Saint"
         word = "Drive" if abbr == "Dr" else "Street"  # "Baker St."
-        return f"{before}{space}{word}{_keep_period(m.string, m.end())}"
+        return f"{word}{_keep_period(m.string, m.end())}"
 
     text = _SAINT_DOCTOR_RE.sub(saint_doctor, text)
     text = _TRAILING_RE.sub(lambda m: _TRAILING[m.group(1)] + _keep_period(m.string, m.end()), text)
@@ -147,36 +148,41 @@ def _time(m: re.Match[str]) -> str:
     return f"{num.cardinal(hours)} {tail}"
 
 
+_SPACES_RE = re.compile(r"\s+")
 _PUNCT_STEPS = (
     (re.compile(r"[\"*_#~`|<>\[\]{}\\^]"), " "),  # markup and quotes are not spoken
-    (re.compile(r"\s*[()]\s*"), ", "),  # a parenthesis reads as a comma pause
-    (re.compile(r"\s*&\s*"), " and "),
-    (re.compile(r"(?<=\s)-(?=\s)|--+"), ","),  # a dash between words is a pause
-    (re.compile(r"\.{3,}(?=\s+[a-z])"), ","),  # trailing off mid-sentence
+    (_SPACES_RE, " "),  # (again, so no pattern below meets a long run of spaces)
+    (re.compile(r" ?[()] ?"), ", "),  # a parenthesis reads as a comma pause
+    (re.compile(r" ?& ?"), " and "),
+    (re.compile(r"(?<= )-(?= )|--+"), ","),  # a dash between words is a pause
+    (re.compile(r"\.{3,}(?= [a-z])"), ","),  # trailing off mid-sentence
     (re.compile(r"\.{3,}"), "."),
     (re.compile(r"([!?])[!?.]+"), r"\1"),
     (re.compile(r"([,;:])[,;:]+"), r"\1"),
-    (re.compile(r"\s+([,.;:!?])"), r"\1"),
-    (re.compile(r"^[\s,;:.]+|[\s,;:]+$"), ""),
+    (_SPACES_RE, " "),
+    (re.compile(r" ([,.;:!?])"), r"\1"),
     (re.compile(r"([,;:])([,.;:!?])"), r"\2"),
     (re.compile(r"([.!?])[,;:]"), r"\1"),
     (re.compile(r"([,.;:!?])(?=[^\s\d,.;:!?'])"), r"\1 "),
-    (re.compile(r"\s+"), " "),
+    (_SPACES_RE, " "),
 )
 
 
 def _punctuation(text: str) -> str:
     for pattern, repl in _PUNCT_STEPS:
         text = pattern.sub(repl, text)
-    return text.strip()
+    return text.strip(" ,;:").lstrip(".").strip()
 
 
 def normalise(text: str, language: str = "en") -> str:
     """Text as the guide voice should read it; see the module docstring for what is done."""
     text = unicodedata.normalize("NFKC", text).translate(_UNICODE)
     text = "".join(c if c.isprintable() else " " for c in text)
+    # One space between words and at most three of any symbol in a row: every later pattern then
+    # sees short runs, so none of them can backtrack quadratically on hostile input.
+    text = _REPEATS_RE.sub(r"\1\1\1", _SPACES_RE.sub(" ", text)).strip()
     if not is_english(language):
-        return re.sub(r"\s+", " ", text).strip()
+        return text
     return _punctuation(_numbers(_abbreviations(text)))
 
 

@@ -25,6 +25,13 @@ def test_markdown_book_has_three_chapters_in_order_with_heading_titles(markdown_
     assert third.paragraphs == ("Dr. Watson arrived at 7:30, i.e. early. The end.",)
 
 
+@pytest.mark.timeout(60)
+def test_markdown_full_of_unclosed_brackets_comments_and_delimiters_parses_in_linear_time():
+    hostile = b"# T\n\n" + b"[" * 3_000_000 + b"<!--" * 500_000 + b"<a" * 500_000 + b"*_`" * 300_000
+    with pytest.raises(BadInput, match="characters; the limit is"):  # one giant paragraph, refused at the end
+        parse_markdown(hostile)
+
+
 def test_markdown_without_a_single_title_heading_splits_at_its_top_level():
     book = parse_markdown(b"# One\n\nA.\n\n### deep\n\nB.\n\n# Two\n\nC.\n\nSetext\n======\n\nD.\n")
     assert [c.title for c in book.chapters] == ["One", "Two", "Setext"]
@@ -169,6 +176,8 @@ def test_manifest_over_the_api_refuses_audio_paths():
     (b'{"chapters": []}', BadInput, "non-empty 'chapters'"),
     (b'{"chapters": [', BadInput, "not valid JSON"),
     (b'[1, 2]', BadInput, "must be a JSON object"),
+    (b"[" * 100_000 + b"]" * 100_000, BadInput, "not acceptable JSON: RecursionError"),
+    (b'{"title": ' + b"9" * 5000 + b"}", BadInput, "not acceptable JSON"),
 ])
 def test_malformed_manifests_say_what_is_wrong(body, error, message):
     with pytest.raises(error, match=message):

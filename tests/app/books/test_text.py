@@ -95,3 +95,14 @@ def test_titles_are_not_spoken_when_turned_off():
 def test_empty_paragraphs_make_no_segments():
     assert segment_paragraph(" ... ", 0) == []
     assert segment_chapter("", []) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hostile", [
+    "1" * 99_000, "x" * 99_000, ",;" * 49_000, "*_" * 49_000, "a" + " " * 99_000 + "b", "." * 99_000,
+    "Dr." * 33_000, "( " * 49_000, "<a" * 49_000, "9%" * 49_000,
+])
+def test_hostile_paragraphs_normalise_in_linear_time(hostile):
+    # Each of these took minutes with a backtracking pattern; linear patterns take well under a second.
+    segments = segment_paragraph(hostile, 0)
+    assert all(s.est_tokens <= SegmentOptions().max_tokens for s in segments)
