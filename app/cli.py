@@ -282,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration step otherwise
     try:
         return int(args.handler(args))
     except WavefarmError as exc:  # refused input or missing ids: a message, not a traceback

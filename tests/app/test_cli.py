@@ -285,3 +285,28 @@ def test_stop_process_ends_the_whole_process_group(tmp_path: Path) -> None:
     assert proc.returncode is not None
     listing = subprocess.run(["ps", "-o", "stat=", "-g", str(proc.pid)], capture_output=True, text=True)
     assert all(state.startswith("Z") for state in listing.stdout.split())  # dead (zombies wait for init)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(330)
+def test_demo_renders_the_samples_and_stops_everything_it_started(tmp_path: Path) -> None:
+    """The one-command run, on a private Redis port so the demo starts (and must stop) its own."""
+    if services.shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WAVEFARM_")}
+    env.update({"WAVEFARM_BROKER_URL": f"redis://127.0.0.1:{port}/0",
+                "WAVEFARM_RESULT_BACKEND": f"redis://127.0.0.1:{port}/1",
+                "WAVEFARM_FEATURE_STORE_URL": f"redis://127.0.0.1:{port}/2", "OMP_NUM_THREADS": "1"})
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--var", str(tmp_path / "var")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - start
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "DUMMY WEIGHTS" in done.stdout and "tiny" in done.stdout
+    assert done.stdout.count(" succeeded voice ") == 4
+    assert "voice preparations on the CPU worker: {'prepared': 2}" in done.stdout
+    outputs = list((tmp_path / "var" / "artifacts" / "outputs").glob("*.wav"))
+    assert len(outputs) == 4 and all(sf.info(str(p)).samplerate == 24000 for p in outputs)
+    assert not services.port_open("127.0.0.1", port), "the demo's Redis is still running"
+    assert elapsed < 300
