@@ -235,3 +235,18 @@ def test_dummy_leaves_the_global_rng_alone():
     torch.manual_seed(0)
     load_dummy(TINY, seed=9)
     assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("preset", ["full", "tiny"])
+def test_reference_driver_reads_our_flow_yaml_into_a_module_with_our_state_dict(preset):
+    """The reference Token2wav builds its flow with HyperPyYAML from flow.yaml; built on meta here."""
+    token2wav = pytest.importorskip("stepaudio2.token2wav")
+    from gpu_worker.model.flow import Flow
+
+    token2wav._setup_cosyvoice2_alias()
+    args = ModelArgs.preset(preset).flow
+    with torch.device("meta"):
+        reference = token2wav.load_hyperpyyaml(render_flow_yaml(args))["flow"]
+        ours = Flow(args)
+    shapes = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+    assert shapes == {k: tuple(v.shape) for k, v in ours.state_dict().items()}
