@@ -34,9 +34,9 @@ class SourceNoise(NamedTuple):
 def draw_source_noise(generators: Sequence[torch.Generator], n_samples: int, n_harmonics: int) -> SourceNoise:
     """Draws each row's source noise from that row's own generator (phase first, then noise).
 
-    The order and shapes of the draws per row match the reference's global-RNG draws for one row, so
-    a generator seeded like `torch.manual_seed(s)` reproduces the reference exactly. Tensors are on the
-    generators' device; move them to the model's device if it differs.
+    A row's draws depend only on its generator and length, never on the other rows. The reference
+    draws the same shapes from the global RNG (in another memory order), so parity tests hand it these
+    values instead of seeding it. Tensors are on the generators' device; move them if that differs.
     """
     phases, noises = [], []
     for gen in generators:
