@@ -3,20 +3,18 @@ parity of a whole stream (flow + cache trimming + HiFT tail and cross-fade) with
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 
 from app.features import PromptHostFeatures
 from gpu_worker.decoder import StreamingDecoder
+from gpu_worker.loading import random_code2wav
+from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import LOOKAHEAD_TOKENS, SILENCE_TOKEN, ModelArgs
-from gpu_worker.model.flow import Flow
-from gpu_worker.model.hift import HiFTGenerator, draw_source_noise
+from gpu_worker.model.hift import draw_source_noise
 from gpu_worker.prompt import VoicePrompt, fit_prompt_mel, install_voice
 from gpu_worker.streams import ChunkRow, chunk_samples, plan_chunks
-from tests.gpu_worker.ref_oracle import random_state_dict, reference_on_meta
 
 ARGS = ModelArgs.tiny()
 BATCH_TOL = 1e-4  # float reduction order may change with the batch; the noise and masks do not
@@ -24,12 +22,9 @@ PARITY_TOL = 1e-4
 
 
 # -- shared helpers (also used by test_prompt and test_engine's decoder checks) ---------------------
-def tiny_model(seed: int = 0) -> SimpleNamespace:
-    flow = Flow(ARGS.flow)
-    flow.load_state_dict(random_state_dict(reference_on_meta(ARGS.flow), seed), strict=True)
-    torch.manual_seed(seed)
-    hift = HiFTGenerator(ARGS.hift)
-    return SimpleNamespace(flow=flow.eval(), hift=hift.eval(), args=ARGS)
+def tiny_model(seed: int = 0) -> Code2Wav:
+    """Seeded random weights (the loader's dummy model): speech-like F0, non-zero velocities."""
+    return random_code2wav(ARGS, seed)
 
 
 class FakeSpeaker:

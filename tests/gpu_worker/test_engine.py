@@ -448,3 +448,47 @@ def test_add_from_another_thread_wakes_the_engine() -> None:
     assert h.engine.wait_for_work(timeout=5)
     h.run()
     assert h.of(Finished, "j")
+
+
+# -- the real decoder (tiny preset); the side-stream install path needs CUDA -------------------------
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+])
+def test_engine_output_equals_the_decoder_alone_with_installs_beside_the_decode(device: str) -> None:
+    """On CUDA the installs run on a side stream that the first step of each job waits on; the audio
+    must equal each job decoded alone with a plainly installed voice."""
+    from gpu_worker.decoder import StreamingDecoder
+    from gpu_worker.prompt import install_voice
+    from tests.gpu_worker.test_decoder import FakeSpeaker, host_features, tiny_model
+
+    torch.set_num_threads(1)
+    model = tiny_model()
+    model.flow.to(device)
+    model.hift.to(device)
+    decoder = StreamingDecoder(model, device=device, dtype=torch.float32, micro_batch_size=4)
+    speaker = FakeSpeaker()
+    hosts = {f"{i:064x}": host_features(f"{i:064x}", seed=i) for i in range(2)}
+    store = FakeStore()
+    store.entries = dict(hosts)
+    voices = VoiceCache(lambda host: install_voice(host, speaker=speaker, decoder=decoder), device=device)
+    engine = Engine(decoder, voices, features=store, preparer=FakePreparer(), micro_batch_size=4,
+                    prep_wait_ms=0)
+    jobs = [EngineJob(job_id=f"j{i}", voice_id=list(hosts)[i % 2], tokens=TOKENS[: 30 + 10 * i], seed=i)
+            for i in range(3)]
+    for j in jobs:
+        engine.add(j)
+    audio: dict[str, list[torch.Tensor]] = {j.job_id: [] for j in jobs}
+    for _ in range(50):
+        for event in engine.step():
+            if isinstance(event, Audio):
+                audio[event.job_id].append(event.samples)
+        if not engine.live_jobs():
+            break
+    for j in jobs:
+        plain = install_voice(hosts[j.voice_id], speaker=speaker, decoder=decoder)
+        alone = decoder.decode_offline(plain, torch.tensor(j.tokens), j.seed).cpu()
+        assert torch.allclose(torch.cat(audio[j.job_id]), alone, atol=1e-4, rtol=0)
+
