@@ -310,3 +310,20 @@ def test_demo_renders_the_samples_and_stops_everything_it_started(tmp_path: Path
     assert len(outputs) == 4 and all(sf.info(str(p)).samplerate == 24000 for p in outputs)
     assert not services.port_open("127.0.0.1", port), "the demo's Redis is still running"
     assert elapsed < 300
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_flower_takes_its_basic_auth_from_the_environment(cli_settings: Settings, tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, **settings_env(cli_settings), "FLOWER_BASIC_AUTH": "admin:pw"}
+    proc = services.start_cli(["flower", "--port", str(port)], env=env, log_path=tmp_path / "flower.log")
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        assert services.wait_until(lambda: services.port_open("127.0.0.1", port), timeout=60), \
+            services.log_tail(tmp_path / "flower.log")
+        assert httpx.get(url, timeout=10).status_code == 401
+        assert httpx.get(url, auth=("admin", "wrong"), timeout=10).status_code == 401
+        assert httpx.get(url, auth=("admin", "pw"), timeout=10).status_code == 200
+    finally:
+        services.stop_process(proc)
