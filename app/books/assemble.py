@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
@@ -30,6 +30,9 @@ import soundfile as sf
 from app.audio import PROMPT_SAMPLE_RATE, resample, write_audio
 from app.books.plan import PlanChapter
 from app.errors import BadInput, NotFound
+
+if TYPE_CHECKING:
+    from av.container.core import Chapter  # a TypedDict, only in PyAV's stubs
 
 PEAK_CEILING_DBFS = -1.0
 _BLOCK = 1 << 16  # samples per read while encoding
@@ -159,8 +162,9 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, title: str, author
             box.mux(packet)
 
 
-def _markers(chapters: Sequence[ChapterAudio], rate: int) -> list[dict[str, Any]]:
-    marks, start = [], 0
+def _markers(chapters: Sequence[ChapterAudio], rate: int) -> list[Chapter]:
+    marks: list[Chapter] = []
+    start = 0
     for i, chapter in enumerate(chapters):
         marks.append({"id": i + 1, "start": start, "end": start + chapter.samples,
                       "time_base": Fraction(1, rate), "metadata": {"title": chapter.title}})

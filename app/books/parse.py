@@ -113,7 +113,7 @@ def parse_text(data: bytes, *, title: str | None = None, author: str | None = No
     paragraphs = paragraphs_of(decode_text(data, limits))
     book_title = title or (paragraphs[0] if paragraphs and len(paragraphs[0]) <= 80 else "Untitled")
     chapters: list[SourceChapter] = []
-    current_title, current = book_title, []
+    current_title, current = book_title, list[str]()
     for paragraph in paragraphs:
         if _CHAPTER_LINE_RE.match(paragraph):
             chapters.append(SourceChapter(current_title, tuple(current)))
@@ -178,7 +178,7 @@ def parse_markdown(data: bytes, *, title: str | None = None, author: str | None 
         chapter_level = 2
         book_title = book_title or next(t for lv, t in blocks if lv == 1)
     chapters: list[SourceChapter] = []
-    current_title, current = book_title or "Untitled", []
+    current_title, current = book_title or "Untitled", list[str]()
     for level, content in blocks:
         if level and level <= chapter_level:
             if level == chapter_level:

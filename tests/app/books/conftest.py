@@ -67,7 +67,7 @@ EPUB_TOC = [("zz_first.xhtml", "Chapter One: Dusk"), ("aa_second.xhtml#c2", "Cha
 
 
 def make_epub(*, nav: bool = True, ncx: bool = True, cover: bytes | None = None, docs=None, toc=None,
-              extra: dict[str, bytes] | None = None, opf_extra: str = "") -> bytes:
+              extra: dict[str, bytes] | None = None, opf_extra: str = "", spine: list[int] | None = None) -> bytes:
     docs = EPUB_DOCS if docs is None else docs
     toc = EPUB_TOC if toc is None else toc
     buf = io.BytesIO()
@@ -95,14 +95,15 @@ def make_epub(*, nav: bool = True, ncx: bool = True, cover: bytes | None = None,
         if cover is not None:
             z.writestr("OEBPS/cover.png", cover)
             items.append('<item id="cov" href="cover.png" media-type="image/png" properties="cover-image"/>')
-        spine = "".join(f'<itemref idref="d{i}"/>' for i in range(len(docs)))
+        order = range(len(docs)) if spine is None else spine
+        refs = "".join(f'<itemref idref="d{i}"/>' for i in order)
         z.writestr("OEBPS/content.opf",
                    '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
                    '<metadata xmlns:dc="http://purl.org/dc/elements/1.1/">'
                    "<dc:title>The Clockmaker Tales</dc:title><dc:creator>Ida North</dc:creator>"
                    f"<dc:language>en-GB</dc:language>{opf_extra}</metadata>"
                    f"<manifest>{''.join(items)}</manifest>"
-                   f'<spine{" toc=&quot;ncx&quot;" if ncx else ""}>{spine}</spine></package>'.replace("&quot;", '"'))
+                   f'<spine{" toc=&quot;ncx&quot;" if ncx else ""}>{refs}</spine></package>'.replace("&quot;", '"'))
         for name, data in (extra or {}).items():
             z.writestr(name, data)
     return buf.getvalue()

@@ -113,6 +113,9 @@ def test_m4b_has_the_chapters_times_and_metadata_of_its_inputs(rendered, tmp_pat
         stream = box.streams.audio[0]
         assert stream.codec_context.name == "aac" and stream.sample_rate == SR
         assert float(stream.duration * stream.time_base) == pytest.approx(start, abs=AAC_FRAME)
+        for chapter in chapters:  # each chapter was normalised to -18 LUFS before encoding
+            pcm, _ = sf.read(chapter.path, dtype="float64")
+            assert pyloudnorm.Meter(SR).integrated_loudness(pcm) == pytest.approx(-18.0, abs=0.2)
         picture = box.streams.video[0]
         assert picture.disposition & av.stream.Disposition.attached_pic
         assert bytes(next(p for p in box.demux(picture) if p.size)) == tiny_png()

@@ -62,6 +62,18 @@ def test_epub_chapters_follow_the_spine_with_titles_from_the_nav_document(epub_b
     assert book.cover == tiny_png() and book.cover_type == "image/png"
 
 
+def test_epub_spine_order_wins_and_a_document_listed_twice_is_read_once():
+    book = parse_epub(make_epub(spine=[0, 2, 1, 2, 2]))
+    assert [c.title for c in book.chapters] == ["Title Page", "Chapter Two: Dawn", "Chapter Three: Noon",
+                                                "Chapter One: Dusk"]
+
+
+def test_epub_without_any_text_is_refused():
+    docs = [("a.xhtml", "A", "<p>  </p><img src='x.png'/>"), ("b.xhtml", "B", "<script>x = 1</script>")]
+    with pytest.raises(BadInput, match="no text to read"):
+        parse_epub(make_epub(docs=docs, toc=[("a.xhtml", "A"), ("b.xhtml", "B")]))
+
+
 def test_epub2_titles_come_from_toc_ncx_when_there_is_no_nav():
     book = parse_epub(make_epub(nav=False))
     assert [c.title for c in book.chapters][1:] == ["Chapter One: Dusk", "Chapter Two: Dawn", "Chapter Three: Noon"]
