@@ -123,10 +123,10 @@ async def create_job(
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("application/json"):
         fields = await _json_fields(request, ctx)
-    elif ctype.startswith("multipart/form-data"):
+    elif ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         fields = await _form_fields(request, ctx)
     else:
-        raise HTTPException(415, detail="send application/json or multipart/form-data")
+        raise HTTPException(415, detail="send application/json or a form (multipart/form-data)")
     fields["idempotency_key"] = fields.get("idempotency_key") or idempotency_key
     job = await run_in_threadpool(_submit, ctx, fields)
     response.headers["Location"] = f"/v1/jobs/{job.id}"

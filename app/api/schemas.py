@@ -130,8 +130,8 @@ def parse_tokens(data: bytes | str) -> list[Any]:
     Only the shape is checked here; ranges and types are app.submit.check_tokens' job."""
     try:
         parsed = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadTokens(f"tokens are not JSON: {exc}") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: [[[[...]]]]
+        raise BadTokens(f"tokens are not JSON: {type(exc).__name__}") from exc
     if isinstance(parsed, dict):
         parsed = parsed.get("tokens")
     if not isinstance(parsed, list):
