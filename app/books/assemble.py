@@ -28,7 +28,7 @@ import pyloudnorm
 import soundfile as sf
 
 from app.audio import PROMPT_SAMPLE_RATE, resample, write_audio
-from app.books.plan import PlanChapter
+from app.books.plan import BookPlan, PlanChapter
 from app.errors import BadInput, NotFound
 
 if TYPE_CHECKING:
@@ -130,6 +130,29 @@ def _atomic(path: Path):
 def write_text(path: Path, text: str) -> None:
     with _atomic(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class BookAudio:
+    chapters: tuple[ChapterAudio, ...]
+    m4b: Path | None
+    index_json: Path
+    index_vtt: Path
+
+
+def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = "flac",
+                  sample_rate: int = PROMPT_SAMPLE_RATE, target_lufs: float | None = None, m4b: bool = True,
+                  cover: bytes | None = None, cover_type: str | None = None) -> BookAudio:
+    """The whole book: `out_dir`/chapter-NNN.<fmt>, book.m4b, chapters.json, chapters.vtt."""
+    chapters = tuple(assemble_chapter(c, audio, out_dir / f"chapter-{c.index + 1:03d}.{fmt}", fmt=fmt,
+                                      sample_rate=sample_rate, target_lufs=target_lufs)
+                     for c in plan.chapters)
+    book = out_dir / "book.m4b" if m4b else None
+    if book is not None:
+        write_m4b(chapters, book, title=plan.title, author=plan.author, cover=cover, cover_type=cover_type)
+    index_json, index_vtt = out_dir / "chapters.json", out_dir / "chapters.vtt"
+    write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author)
+    return BookAudio(chapters, book, index_json, index_vtt)
 
 
 # --- M4B -----------------------------------------------------------------------------------------

@@ -74,6 +74,16 @@ class BookPlan:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BookPlan:
+        """Inverse of `to_dict` (after a JSON round trip: lists back to tuples)."""
+        chapters = tuple(
+            PlanChapter(c["index"], c["title"], tuple(
+                PlanSegment(**{**s, "tokens": None if s["tokens"] is None else tuple(s["tokens"])})
+                for s in c["segments"]))
+            for c in data["chapters"])
+        return cls(data["title"], data["author"], data["language"], data["voice_id"], chapters, data["key"])
+
 
 def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

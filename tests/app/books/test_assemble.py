@@ -11,6 +11,7 @@ import pytest
 import soundfile as sf
 
 from app.books.assemble import (
+    assemble_book,
     assemble_chapter,
     normalise_loudness,
     write_index,
@@ -154,3 +155,15 @@ def test_json_and_webvtt_indexes_agree_with_the_audio(rendered, tmp_path):
         assert sf.info(Path(tmp_path / entry["file"])).duration == pytest.approx(chapter.duration, abs=1e-6)
         offset += chapter.duration
     assert index["duration"] == pytest.approx(offset, abs=1e-3)
+
+
+def test_assemble_book_writes_every_output_beside_each_other(rendered, tmp_path):
+    plan, audio, _ = rendered
+    out = assemble_book(plan, audio, tmp_path / "book", fmt="wav", target_lufs=-20.0)
+    assert sorted(p.name for p in (tmp_path / "book").iterdir()) == [
+        "book.m4b", "chapter-001.wav", "chapter-002.wav", "chapter-003.wav", "chapters.json", "chapters.vtt"]
+    index = json.loads(out.index_json.read_text())
+    assert [c["title"] for c in index["chapters"]] == [c.title for c in plan.chapters]
+    assert [c["file"] for c in index["chapters"]] == ["chapter-001.wav", "chapter-002.wav", "chapter-003.wav"]
+    with av.open(str(out.m4b)) as box:
+        assert len(box.chapters()) == 3

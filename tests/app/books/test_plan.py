@@ -10,7 +10,7 @@ import pytest
 
 from app.books.manifest import parse_manifest
 from app.books.parse import parse_markdown
-from app.books.plan import plan_book
+from app.books.plan import BookPlan, plan_book
 from app.books.text import SegmentOptions
 from app.errors import BadInput
 from tests.app.books.conftest import MARKDOWN_BOOK
@@ -32,7 +32,7 @@ def test_plan_has_the_books_chapters_and_segments(markdown_book):
                          "eighteen ninety-five.", "The lamp cost twelve dollars and fifty cents."]
     assert all(len(s.key) == 64 for _, s in plan.segments())
     assert plan.est_seconds == pytest.approx(sum(s.est_tokens for _, s in plan.segments()) / 25)
-    json.dumps(plan.to_dict())  # plain data for Celery and the database
+    assert BookPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan  # plain data for Celery and the DB
 
 
 def test_keys_are_stable_across_processes(markdown_book):
@@ -89,6 +89,7 @@ def test_manifest_segments_key_tokens_and_audio_content(tmp_path):
     (tmp_path / "a.wav").write_bytes(b"first take")
     body = b'{"chapters": [{"segments": [{"tokens": [5, 6, 7]}, {"audio": "a.wav"}]}]}'
     plan = plan_book(parse_manifest(body, base_dir=tmp_path), voice_id=VOICE)
+    assert BookPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     tokens, audio = plan.chapters[0].segments
     assert (tokens.kind, tokens.tokens, tokens.est_tokens) == ("tokens", (5, 6, 7), 3)
     assert (audio.kind, audio.audio) == ("audio", "a.wav")
