@@ -99,8 +99,9 @@ class Flow(nn.Module):
     ) -> tuple[Tensor, FlowCache]:
         """The setup solve of a voice: encode the prompt (+ lookahead) and solve it with cond = prompt mel."""
         look, up = self.args.encoder.pre_lookahead_len, self.args.encoder.up_stride
-        frames = (prompt_tokens.size(1) - look) * up
-        assert frames == prompt_mel.size(1), (prompt_tokens.shape, prompt_mel.shape)
+        if (prompt_tokens.size(1) - look) * up != prompt_mel.size(1):
+            raise ValueError(f"prompt mel needs {up} frames per token, {look} lookahead tokens excluded: "
+                             f"got tokens {tuple(prompt_tokens.shape)}, mel {tuple(prompt_mel.shape)}")
         spk = self.project_speaker(spk_raw)
         mu, cache = self.encode_chunk(prompt_tokens, FlowCache(), last_chunk=False)
         _, (cache,) = self.solve_chunk_batch([mu], spk, [noise], [cache], cond=[prompt_mel])
@@ -126,8 +127,10 @@ class Flow(nn.Module):
         n_new = [m.size(1) for m in mu]
         n_old = [c.offset for c in caches]
         t_max, l_max = max(n_new), max(n_old)
-        noise_rows = [z[0, :, off : off + n].t() for z, off, n in zip(noise, n_old, n_new, strict=True)]
-        cond_rows = [torch.zeros_like(m[0]) for m in mu] if cond is None else [c[0] for c in cond]
+        dtype = mu[0].dtype
+        spans = zip(noise, n_old, n_new, strict=True)
+        noise_rows = [z[0, :, off : off + n].t().to(dtype) for z, off, n in spans]
+        cond_rows = [torch.zeros_like(m[0]) for m in mu] if cond is None else [c[0].to(dtype) for c in cond]
         conv, kv = self._gather_caches(caches, t_max, l_max, mu[0])
         lengths = torch.tensor(n_new, device=spk.device)
         slot = torch.arange(t_max + l_max, device=spk.device)
@@ -135,7 +138,7 @@ class Flow(nn.Module):
         key_mask = (slot < lengths[:, None]) | ((slot >= t_max) & (slot < t_max + olds[:, None]))
         x, new_conv = self.decoder.solve(
             _pad_rows(noise_rows, t_max), _pad_rows([m[0] for m in mu], t_max), spk,
-            _pad_rows(cond_rows, t_max), conv.unbind(0), kv.unbind(0), key_mask, lengths)
+            _pad_rows(cond_rows, t_max), conv, [kv[s] for s in range(len(kv))], key_mask, lengths)
         mel = x.masked_fill((slot[:t_max] >= lengths[:, None])[..., None], 0.0).transpose(1, 2)
         return mel, self._scatter_caches(caches, new_conv, kv, n_new, t_max)
 

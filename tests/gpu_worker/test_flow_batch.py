@@ -113,11 +113,14 @@ def test_rows_decoded_together_equal_rows_decoded_alone_within_1e_5(tiny_flow, v
         assert torch.equal(a.cache.conformer_att, b.cache.conformer_att)  # the encoder runs per row
 
 
-def test_streams_reach_trimmed_caches_of_different_lengths(tiny_flow, voices):
+def test_streams_trim_their_own_caches_and_leave_the_shared_voice_caches_untouched(tiny_flow, voices):
+    before = [[t.clone() for t in vars(v.cache).values()] for v in voices]
     streams = _streams(tiny_flow, voices)
     _decode_together(tiny_flow, streams)
     lengths = {s.cache.offset for s in streams}
     assert len(lengths) > 1 and max(lengths) == max(2 * n for n in PROMPT_TOKENS) + 100
+    for voice, saved in zip(voices, before, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(vars(voice.cache).values(), saved, strict=True))
 
 
 @torch.inference_mode()
