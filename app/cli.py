@@ -12,12 +12,13 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.errors import WavefarmError
+from app.errors import BadInput, WavefarmError
 
 log = logging.getLogger("wavefarm")
 
@@ -231,6 +232,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     voice: str | bytes = args.voice
     if Path(args.voice).is_file():
         voice = Path(args.voice).read_bytes()
+    elif not re.fullmatch(r"[0-9a-f]{64}", args.voice):
+        raise BadInput(f"--voice {args.voice!r} is neither a reference audio file nor a voice id (sha256)")
     job = client.submit(voice=voice, tokens=tokens, seed=args.seed, output_format=args.output_format,
                         priority=args.priority, idempotency_key=args.idempotency_key)
     print(job["id"])

@@ -213,6 +213,8 @@ def test_client_errors_are_messages_not_tracebacks(server: str, tmp_path: Path,
     bad.write_text("[1, 99999]")
     assert run("submit", "--api", server, "--voice", str(SAMPLES / "voice_a.wav"), "--tokens", str(bad)) == 2
     assert "0..6560" in capsys.readouterr().err
+    assert run("submit", "--api", server, "--voice", "nope.wav", "--tokens", str(bad)) == 2
+    assert "neither a reference audio file nor a voice id" in capsys.readouterr().err
     assert run("jobs", "--api", f"http://127.0.0.1:{free_port()}") == 2
     assert "wavefarm serve" in capsys.readouterr().err
 
