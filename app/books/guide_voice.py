@@ -50,6 +50,12 @@ class GuideOptions:
     rate_wpm: int = 165
     pitch: int = 50  # 0..99
 
+    @classmethod
+    def for_language(cls, language: str) -> GuideOptions:
+        """A book's language ("en", "de", "pt-BR") -> the espeak-ng voice of that name."""
+        code = language.lower()
+        return cls(voice="en-us" if code in ("en", "") else code)
+
 
 class _Library:
     """libespeak-ng from the espeakng-loader wheel, initialised once per process."""

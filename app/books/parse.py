@@ -111,7 +111,9 @@ def paragraphs_of(text: str) -> list[str]:
 def parse_text(data: bytes, *, title: str | None = None, author: str | None = None,
                language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
     paragraphs = paragraphs_of(decode_text(data, limits))
-    book_title = title or (paragraphs[0] if paragraphs and len(paragraphs[0]) <= 80 else "Untitled")
+    book_title = title or "Untitled"
+    if not title and paragraphs and len(paragraphs[0]) <= 80 and not _CHAPTER_LINE_RE.match(paragraphs[0]):
+        book_title = paragraphs.pop(0)  # a short first line is the title, not text to read twice
     chapters: list[SourceChapter] = []
     current_title, current = book_title, list[str]()
     for paragraph in paragraphs:

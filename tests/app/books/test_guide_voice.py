@@ -33,6 +33,13 @@ def test_rate_and_voice_options_change_the_audio():
     assert len(speak("Guten Morgen, wie geht es dir?", GuideOptions(voice="de"))) > GUIDE_SAMPLE_RATE // 2
 
 
+def test_options_follow_the_books_language():
+    assert GuideOptions.for_language("en").voice == "en-us"
+    assert GuideOptions.for_language("de").voice == "de"
+    assert GuideOptions.for_language("pt-BR").voice == "pt-br"
+    assert len(speak("Olá, tudo bem?", GuideOptions.for_language("pt-BR"))) > GUIDE_SAMPLE_RATE // 4
+
+
 def test_identity_names_the_backend_version_and_options():
     ident = identity(GuideOptions(voice="en-gb", rate_wpm=150))
     assert ident["voice"] == "en-gb" and ident["rate_wpm"] == 150

@@ -42,8 +42,8 @@ def test_plain_text_starts_chapters_at_chapter_lines():
     text = b"My Novel\n\nCHAPTER I. The Start\n\nFirst line\nwrapped here.\n\nSecond.\n\nChapter 2\n\nThird.\n"
     book = parse_text(text, author="Me")
     assert book.title == "My Novel"
-    assert [c.title for c in book.chapters] == ["My Novel", "CHAPTER I. The Start", "Chapter 2"]
-    assert book.chapters[1].paragraphs == ("First line wrapped here.", "Second.")
+    assert [c.title for c in book.chapters] == ["CHAPTER I. The Start", "Chapter 2"]
+    assert book.chapters[0].paragraphs == ("First line wrapped here.", "Second.")
 
 
 def test_plain_text_without_blank_lines_has_one_paragraph_per_line():
@@ -118,7 +118,7 @@ def test_a_50_mb_single_paragraph_is_refused_by_size_before_parsing():
 
 def test_an_over_long_paragraph_under_the_byte_limit_names_its_paragraph():
     with pytest.raises(BadInput, match=r"paragraph 2 of chapter 1 .* is 200004 characters; the limit is 100000"):
-        parse_text(b"Short.\n\n" + b"word " * 40000 + b"end.")
+        parse_text(b"Short.\n\n" + b"word " * 40000 + b"end.", title="Long")
 
 
 def test_broken_epub_is_refused():
