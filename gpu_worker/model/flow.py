@@ -11,13 +11,16 @@ Streaming, one `FlowCache` per stream (reference layouts, so `trim_cache` is the
     solve_chunk_batch(mu: list of [1, T'_i, 80], spk [B, 80], noise: list of [1, 80, N], caches: list of
           FlowCache | None, cond: list of [1, T'_i, 80] | None) -> mel [B, 80, max T'_i] (zero past each
           row's T'_i), FlowCaches with new estimator caches
-    stream_chunks(tokens, spk, caches, last_chunks, noise) = encode_chunk per row + one solve_chunk_batch
-    trim_cache(cache, prompt_len) after every chunk.
+    stream_chunks(tokens: list of [1, T_i], spk [B, 80], caches, last_chunks, noise) -> mel [B, 80, max T'_i],
+          [T'_i], new caches: encode_chunk per row, then one solve_chunk_batch
+    trim_cache(cache, prompt_len): the caller applies it to every stream after every chunk.
 Rows of one solve may come from different streams, voices, cache lengths and chunk sizes (first,
 continuing and last chunks, even setup rows with a cond): every Euler step is one DiT call over the
 padded batch, with per-row key masks over the padded attention caches and per-row causal-conv caches,
-so a row's mel does not depend on the other rows. The noise of a row is its own buffer sliced at
-[offset, offset + T'), offset = its estimator attention cache length before the chunk.
+so a row's mel does not depend on the other rows (up to float rounding, about 1e-6). The noise of a
+row is its own buffer sliced at [offset, offset + T'), offset = its estimator attention cache length
+before the chunk. Input caches are never modified, so a voice's setup cache can be shared by all its
+streams. Call everything under `torch.inference_mode()`.
 
 FlowCache layouts (H heads, steps N, L cached frames):
     conformer_cnn [1, C_enc, 6], conformer_att [blocks + up_blocks, 1, H, 2 L1, 2 d_k]   (encoder.py)
@@ -74,6 +77,17 @@ def _pad_rows(rows: list[Tensor], length: int) -> Tensor:
     return out
 
 
+def _noise_rows(noise: list[Tensor], offsets: list[int], lengths: list[int], dtype: torch.dtype
+                ) -> list[Tensor]:
+    # noise[i]: [1, 80, N] -> [T_i, 80], frames [offset_i, offset_i + T_i) of row i's own buffer
+    rows = []
+    for z, offset, n in zip(noise, offsets, lengths, strict=True):
+        if offset + n > z.size(2):
+            raise ValueError(f"a noise buffer of {z.size(2)} frames has no frames {offset}..{offset + n}")
+        rows.append(z[0, :, offset : offset + n].t().to(dtype))
+    return rows
+
+
 class Flow(nn.Module):
     def __init__(self, args: FlowArgs):
         super().__init__()
@@ -128,8 +142,7 @@ class Flow(nn.Module):
         n_old = [c.offset for c in caches]
         t_max, l_max = max(n_new), max(n_old)
         dtype = mu[0].dtype
-        spans = zip(noise, n_old, n_new, strict=True)
-        noise_rows = [z[0, :, off : off + n].t().to(dtype) for z, off, n in spans]
+        noise_rows = _noise_rows(noise, n_old, n_new, dtype)
         cond_rows = [torch.zeros_like(m[0]) for m in mu] if cond is None else [c[0].to(dtype) for c in cond]
         conv, kv = self._gather_caches(caches, t_max, l_max, mu[0])
         lengths = torch.tensor(n_new, device=spk.device)
@@ -178,9 +191,10 @@ class Flow(nn.Module):
         all_tokens = torch.cat([prompt_tokens, tokens], dim=1).clamp(min=0)
         mu = self.encoder_proj(self.encoder(self.input_embedding(all_tokens)))  # [1, T_all, 80]
         n, n_prompt, a = mu.size(1), prompt_mel.size(1), self.args.dit
-        cond = torch.cat([prompt_mel, mu.new_zeros(1, n - n_prompt, mu.size(2))], dim=1)
+        cond = torch.cat([prompt_mel.to(mu.dtype), mu.new_zeros(1, n - n_prompt, mu.size(2))], dim=1)
         conv = mu.new_zeros(a.depth, 2, 2 * a.hidden_size, 2)
         kv = mu.new_zeros(a.depth, 2, a.num_heads, n, 2 * a.head_dim)  # reused by every step
         steps = self.args.n_timesteps
-        x, _ = self.decoder.solve(noise[0, :, :n].t()[None], mu, spk, cond, [conv] * steps, [kv] * steps)
+        z = noise[0, :, :n].t()[None].to(mu.dtype)
+        x, _ = self.decoder.solve(z, mu, spk, cond, [conv] * steps, [kv] * steps)
         return x[:, n_prompt:].transpose(1, 2)
