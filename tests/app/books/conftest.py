@@ -43,67 +43,107 @@ def tiny_png() -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 def _xhtml(title: str, body: str) -> str:
-    return (f'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n'
-            f'<html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops">'
-            f"<head><title>{title}</title><style>p {{ margin: 0 }}</style></head><body>{body}</body></html>")
+    return (
+        f'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n'
+        f'<html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops">'
+        f"<head><title>{title}</title><style>p {{ margin: 0 }}</style></head><body>{body}</body></html>"
+    )
 
 
 # (file name, <title>, body). The file names and the manifest order differ from the reading order on
 # purpose: chapters must follow the spine, and titles must come from the TOC, not the headings.
 EPUB_DOCS = [
     ("titlepage.xhtml", "Title Page", "<p>The Clockmaker&nbsp;Tales</p><p>by Ida North</p>"),
-    ("zz_first.xhtml", "one", '<h1>Chapter One</h1><p>It began at dusk.</p><script>var x = "no";</script>'
-                              "<p>The clocks all stopped&#8212;every one.</p>"),
-    ("aa_second.xhtml", "two", '<h1 id="c2">Chapter Two</h1><p>Morning came late.</p>'
-                               '<h2 id="c3">Chapter Three</h2><p>Then it was noon.</p>'),
+    (
+        "zz_first.xhtml",
+        "one",
+        '<h1>Chapter One</h1><p>It began at dusk.</p><script>var x = "no";</script>'
+        "<p>The clocks all stopped&#8212;every one.</p>",
+    ),
+    (
+        "aa_second.xhtml",
+        "two",
+        '<h1 id="c2">Chapter Two</h1><p>Morning came late.</p>'
+        '<h2 id="c3">Chapter Three</h2><p>Then it was noon.</p>',
+    ),
 ]
-EPUB_TOC = [("zz_first.xhtml", "Chapter One: Dusk"), ("aa_second.xhtml#c2", "Chapter Two: Dawn"),
-            ("aa_second.xhtml#c3", "Chapter Three: Noon")]
+EPUB_TOC = [
+    ("zz_first.xhtml", "Chapter One: Dusk"),
+    ("aa_second.xhtml#c2", "Chapter Two: Dawn"),
+    ("aa_second.xhtml#c3", "Chapter Three: Noon"),
+]
 
 
-def make_epub(*, nav: bool = True, ncx: bool = True, cover: bytes | None = None, docs=None, toc=None,
-              extra: dict[str, bytes] | None = None, opf_extra: str = "", spine: list[int] | None = None) -> bytes:
+def make_epub(
+    *,
+    nav: bool = True,
+    ncx: bool = True,
+    cover: bytes | None = None,
+    docs=None,
+    toc=None,
+    extra: dict[str, bytes] | None = None,
+    opf_extra: str = "",
+    spine: list[int] | None = None,
+) -> bytes:
     docs = EPUB_DOCS if docs is None else docs
     toc = EPUB_TOC if toc is None else toc
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr(zipfile.ZipInfo("mimetype"), "application/epub+zip")
-        z.writestr("META-INF/container.xml",
-                   '<?xml version="1.0"?><container version="1.0" '
-                   'xmlns="urn:oasis:names:tc:opendocument:xmlns:container"><rootfiles>'
-                   '<rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
-                   "</rootfiles></container>")
+        z.writestr(
+            "META-INF/container.xml",
+            '<?xml version="1.0"?><container version="1.0" '
+            'xmlns="urn:oasis:names:tc:opendocument:xmlns:container"><rootfiles>'
+            '<rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
+            "</rootfiles></container>",
+        )
         for name, title, body in docs:
             z.writestr(f"OEBPS/text/{name}", _xhtml(title, body))
-        items = [f'<item id="d{i}" href="text/{n}" media-type="application/xhtml+xml"/>'
-                 for i, (n, _, _) in reversed(list(enumerate(docs)))]
+        items = [
+            f'<item id="d{i}" href="text/{n}" media-type="application/xhtml+xml"/>'
+            for i, (n, _, _) in reversed(list(enumerate(docs)))
+        ]
         if nav:
             links = "".join(f'<li><a href="text/{h}">{t}</a></li>' for h, t in toc)
             z.writestr("OEBPS/nav.xhtml", _xhtml("Contents", f'<nav epub:type="toc"><ol>{links}</ol></nav>'))
-            items.append('<item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/>')
+            items.append(
+                '<item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/>'
+            )
         if ncx:
-            points = "".join(f'<navPoint id="p{i}" playOrder="{i + 1}"><navLabel><text>{t}</text></navLabel>'
-                             f'<content src="text/{h}"/></navPoint>' for i, (h, t) in enumerate(toc))
-            z.writestr("OEBPS/toc.ncx", '<?xml version="1.0"?><ncx xmlns="http://www.daisy.org/z3986/2005/ncx/" '
-                       f'version="2005-1"><navMap>{points}</navMap></ncx>')
+            points = "".join(
+                f'<navPoint id="p{i}" playOrder="{i + 1}"><navLabel><text>{t}</text></navLabel>'
+                f'<content src="text/{h}"/></navPoint>'
+                for i, (h, t) in enumerate(toc)
+            )
+            z.writestr(
+                "OEBPS/toc.ncx",
+                '<?xml version="1.0"?><ncx xmlns="http://www.daisy.org/z3986/2005/ncx/" '
+                f'version="2005-1"><navMap>{points}</navMap></ncx>',
+            )
             items.append('<item id="ncx" href="toc.ncx" media-type="application/x-dtbncx+xml"/>')
         if cover is not None:
             z.writestr("OEBPS/cover.png", cover)
             items.append('<item id="cov" href="cover.png" media-type="image/png" properties="cover-image"/>')
         order = range(len(docs)) if spine is None else spine
         refs = "".join(f'<itemref idref="d{i}"/>' for i in order)
-        z.writestr("OEBPS/content.opf",
-                   '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
-                   '<metadata xmlns:dc="http://purl.org/dc/elements/1.1/">'
-                   "<dc:title>The Clockmaker Tales</dc:title><dc:creator>Ida North</dc:creator>"
-                   f"<dc:language>en-GB</dc:language>{opf_extra}</metadata>"
-                   f"<manifest>{''.join(items)}</manifest>"
-                   f'<spine{" toc=&quot;ncx&quot;" if ncx else ""}>{refs}</spine></package>'.replace("&quot;", '"'))
+        z.writestr(
+            "OEBPS/content.opf",
+            '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
+            '<metadata xmlns:dc="http://purl.org/dc/elements/1.1/">'
+            "<dc:title>The Clockmaker Tales</dc:title><dc:creator>Ida North</dc:creator>"
+            f"<dc:language>en-GB</dc:language>{opf_extra}</metadata>"
+            f"<manifest>{''.join(items)}</manifest>"
+            f"<spine{' toc=&quot;ncx&quot;' if ncx else ''}>{refs}</spine></package>".replace("&quot;", '"'),
+        )
         for name, data in (extra or {}).items():
             z.writestr(name, data)
     return buf.getvalue()

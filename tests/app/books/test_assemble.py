@@ -35,8 +35,11 @@ def tone(seconds: float, freq: float, sr: int = SR, amp: float = 0.2) -> np.ndar
 @pytest.fixture
 def rendered(markdown_book, tmp_path):
     """The 3-chapter book planned and every segment 'rendered' as a tone of a known length."""
-    plan = plan_book(parse_markdown(markdown_book), voice_id="ab" * 32,
-                     options=SegmentOptions(sentence_pause_ms=250, paragraph_pause_ms=500, chapter_pause_ms=1000))
+    plan = plan_book(
+        parse_markdown(markdown_book),
+        voice_id="ab" * 32,
+        options=SegmentOptions(sentence_pause_ms=250, paragraph_pause_ms=500, chapter_pause_ms=1000),
+    )
     audio, lengths = {}, {}
     for i, key in enumerate(plan.unique_keys()):
         lengths[key] = 0.4 + 0.1 * i
@@ -60,9 +63,9 @@ def test_chapter_is_segments_and_pauses_back_to_back(rendered, tmp_path):
         assert timing.start == pytest.approx(cursor, abs=1e-3)
         assert timing.end - timing.start == pytest.approx(lengths[segment.key], abs=1e-3)
         cursor = timing.end + segment.pause_after_ms / 1000
-        gap = pcm[int(timing.end * SR) + 2:int(cursor * SR) - 2]
+        gap = pcm[int(timing.end * SR) + 2 : int(cursor * SR) - 2]
         assert np.abs(gap).max() < 1e-3  # the pause is silence (FLAC is 16-bit)
-        assert np.abs(pcm[int(timing.start * SR):int(timing.end * SR)]).max() > 0.1
+        assert np.abs(pcm[int(timing.start * SR) : int(timing.end * SR)]).max() > 0.1
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".part"] == []
 
 
@@ -78,7 +81,9 @@ def test_a_missing_segment_is_named(rendered, tmp_path):
     plan, audio, _ = rendered
     missing = plan.chapters[1].segments[1].key
     del audio[missing]
-    with pytest.raises(NotFound, match=rf"segment 2 of chapter 2 \(key {missing[:12]}\) has no rendered audio"):
+    with pytest.raises(
+        NotFound, match=rf"segment 2 of chapter 2 \(key {missing[:12]}\) has no rendered audio"
+    ):
         assemble_chapter(plan.chapters[1], audio, tmp_path / "ch2.wav", fmt="wav")
     assert not (tmp_path / "ch2.wav").exists()
 
@@ -86,7 +91,9 @@ def test_a_missing_segment_is_named(rendered, tmp_path):
 def test_loudness_is_normalised_to_the_target_without_clipping():
     quiet = tone(3.0, 440, amp=0.01)
     louder = normalise_loudness(quiet, SR, -20.0)
-    assert pyloudnorm.Meter(SR).integrated_loudness(louder.astype(np.float64)) == pytest.approx(-20.0, abs=0.1)
+    assert pyloudnorm.Meter(SR).integrated_loudness(louder.astype(np.float64)) == pytest.approx(
+        -20.0, abs=0.1
+    )
     hot = normalise_loudness(quiet, SR, 0.0)  # would need a peak far above full scale
     assert np.abs(hot).max() == pytest.approx(10 ** (-1 / 20), rel=1e-3)
     silence = np.zeros(SR, np.float32)
@@ -95,11 +102,19 @@ def test_loudness_is_normalised_to_the_target_without_clipping():
 
 def test_m4b_has_the_chapters_times_and_metadata_of_its_inputs(rendered, tmp_path):
     plan, audio, _ = rendered
-    chapters = [assemble_chapter(c, audio, tmp_path / f"ch{c.index + 1}.flac", target_lufs=-18.0)
-                for c in plan.chapters]
+    chapters = [
+        assemble_chapter(c, audio, tmp_path / f"ch{c.index + 1}.flac", target_lufs=-18.0)
+        for c in plan.chapters
+    ]
     book = tmp_path / "book.m4b"
-    write_m4b(chapters, book, title="The Lighthouse Keeper", author="Ada Quill", cover=tiny_png(),
-              cover_type="image/png")
+    write_m4b(
+        chapters,
+        book,
+        title="The Lighthouse Keeper",
+        author="Ada Quill",
+        cover=tiny_png(),
+        cover_type="image/png",
+    )
     with av.open(str(book)) as box:
         marks = box.chapters()
         assert box.metadata["title"] == "The Lighthouse Keeper" and box.metadata["artist"] == "Ada Quill"
@@ -121,7 +136,11 @@ def test_m4b_has_the_chapters_times_and_metadata_of_its_inputs(rendered, tmp_pat
         assert picture.disposition & av.stream.Disposition.attached_pic
         assert bytes(next(p for p in box.demux(picture) if p.size)) == tiny_png()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
-        "book.m4b", "ch1.flac", "ch2.flac", "ch3.flac"]  # no temp files left
+        "book.m4b",
+        "ch1.flac",
+        "ch2.flac",
+        "ch3.flac",
+    ]  # no temp files left
 
 
 def parse_vtt(text: str) -> list[tuple[str, float, float, str]]:
@@ -135,7 +154,9 @@ def parse_vtt(text: str) -> list[tuple[str, float, float, str]]:
 
 def test_json_and_webvtt_indexes_agree_with_the_audio(rendered, tmp_path):
     plan, audio, _ = rendered
-    chapters = [assemble_chapter(c, audio, tmp_path / f"ch{c.index + 1}.wav", fmt="wav") for c in plan.chapters]
+    chapters = [
+        assemble_chapter(c, audio, tmp_path / f"ch{c.index + 1}.wav", fmt="wav") for c in plan.chapters
+    ]
     index = write_index(chapters, tmp_path / "index.json", tmp_path / "index.vtt", title="T", author="A")
     assert json.loads((tmp_path / "index.json").read_text()) == index
     vtt = (tmp_path / "index.vtt").read_text()
@@ -144,14 +165,19 @@ def test_json_and_webvtt_indexes_agree_with_the_audio(rendered, tmp_path):
     segments = [s for c in index["chapters"] for s in c["segments"]]
     assert len(cues) == len(segments) == sum(len(c.segments) for c in plan.chapters)
     for (_, start, end, text), seg in zip(cues, segments, strict=True):
-        assert (start, end) == (pytest.approx(seg["book_start"], abs=1e-3), pytest.approx(seg["book_end"], abs=1e-3))
+        assert (start, end) == (
+            pytest.approx(seg["book_start"], abs=1e-3),
+            pytest.approx(seg["book_end"], abs=1e-3),
+        )
         assert text == seg["text"]
     assert all(b[1] >= a[2] for a, b in zip(cues, cues[1:], strict=False))  # in order, never overlapping
     offset = 0.0
     for entry, chapter in zip(index["chapters"], chapters, strict=True):
         assert entry["start"] == pytest.approx(offset, abs=1e-3)
         assert entry["end"] - entry["start"] == pytest.approx(chapter.duration, abs=2e-3)
-        assert all(entry["start"] <= s["book_start"] < s["book_end"] <= entry["end"] for s in entry["segments"])
+        assert all(
+            entry["start"] <= s["book_start"] < s["book_end"] <= entry["end"] for s in entry["segments"]
+        )
         assert sf.info(Path(tmp_path / entry["file"])).duration == pytest.approx(chapter.duration, abs=1e-6)
         offset += chapter.duration
     assert index["duration"] == pytest.approx(offset, abs=1e-3)
@@ -161,7 +187,13 @@ def test_assemble_book_writes_every_output_beside_each_other(rendered, tmp_path)
     plan, audio, _ = rendered
     out = assemble_book(plan, audio, tmp_path / "book", fmt="wav", target_lufs=-20.0)
     assert sorted(p.name for p in (tmp_path / "book").iterdir()) == [
-        "book.m4b", "chapter-001.wav", "chapter-002.wav", "chapter-003.wav", "chapters.json", "chapters.vtt"]
+        "book.m4b",
+        "chapter-001.wav",
+        "chapter-002.wav",
+        "chapter-003.wav",
+        "chapters.json",
+        "chapters.vtt",
+    ]
     index = json.loads(out.index_json.read_text())
     assert [c["title"] for c in index["chapters"]] == [c.title for c in plan.chapters]
     assert [c["file"] for c in index["chapters"]] == ["chapter-001.wav", "chapter-002.wav", "chapter-003.wav"]

@@ -47,7 +47,9 @@ def test_identity_names_the_backend_version_and_options():
     assert any(ch.isdigit() for ch in str(ident["backend"]))
 
 
-@pytest.mark.parametrize("text, message", [("   ", "no text"), ("word " * 1000, "too long for the guide voice")])
+@pytest.mark.parametrize(
+    "text, message", [("   ", "no text"), ("word " * 1000, "too long for the guide voice")]
+)
 def test_empty_and_over_long_text_is_refused(text, message):
     with pytest.raises(BadInput, match=message):
         speak(text)

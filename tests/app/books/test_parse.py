@@ -17,10 +17,16 @@ from tests.app.books.conftest import make_epub, tiny_png
 def test_markdown_book_has_three_chapters_in_order_with_heading_titles(markdown_book):
     book = parse_markdown(markdown_book)
     assert (book.title, book.author, book.language) == ("The Lighthouse Keeper", "Ada Quill", "en")
-    assert [c.title for c in book.chapters] == ["Chapter 1: The Storm", "Chapter 2: The Ship", "Chapter 3: Morning"]
+    assert [c.title for c in book.chapters] == [
+        "Chapter 1: The Storm",
+        "Chapter 2: The Ship",
+        "Chapter 3: Morning",
+    ]
     first, second, third = book.chapters
-    assert first.paragraphs == ("Mr. Smith climbed the 132 steps on the 3rd of May, 1895. The lamp cost $12.50.",
-                                "It was very cold. He checked the log twice.")  # emphasis and link target dropped
+    assert first.paragraphs == (
+        "Mr. Smith climbed the 132 steps on the 3rd of May, 1895. The lamp cost $12.50.",
+        "It was very cold. He checked the log twice.",
+    )  # emphasis and link target dropped
     assert second.paragraphs == ("The first mate waved.", "The second mate did not.")  # list items; no code
     assert third.paragraphs == ("Dr. Watson arrived at 7:30, i.e. early. The end.",)
 
@@ -39,7 +45,9 @@ def test_markdown_without_a_single_title_heading_splits_at_its_top_level():
 
 
 def test_plain_text_starts_chapters_at_chapter_lines():
-    text = b"My Novel\n\nCHAPTER I. The Start\n\nFirst line\nwrapped here.\n\nSecond.\n\nChapter 2\n\nThird.\n"
+    text = (
+        b"My Novel\n\nCHAPTER I. The Start\n\nFirst line\nwrapped here.\n\nSecond.\n\nChapter 2\n\nThird.\n"
+    )
     book = parse_text(text, author="Me")
     assert book.title == "My Novel"
     assert [c.title for c in book.chapters] == ["CHAPTER I. The Start", "Chapter 2"]
@@ -54,8 +62,12 @@ def test_plain_text_without_blank_lines_has_one_paragraph_per_line():
 def test_epub_chapters_follow_the_spine_with_titles_from_the_nav_document(epub_book):
     book = parse_epub(epub_book)
     assert (book.title, book.author, book.language) == ("The Clockmaker Tales", "Ida North", "en")
-    assert [c.title for c in book.chapters] == ["Title Page", "Chapter One: Dusk", "Chapter Two: Dawn",
-                                                "Chapter Three: Noon"]
+    assert [c.title for c in book.chapters] == [
+        "Title Page",
+        "Chapter One: Dusk",
+        "Chapter Two: Dawn",
+        "Chapter Three: Noon",
+    ]
     assert book.chapters[1].paragraphs == ("It began at dusk.", "The clocks all stopped\u2014every one.")
     assert book.chapters[2].paragraphs == ("Morning came late.",)  # split at the #c3 fragment
     assert book.chapters[3].paragraphs == ("Then it was noon.",)
@@ -64,8 +76,12 @@ def test_epub_chapters_follow_the_spine_with_titles_from_the_nav_document(epub_b
 
 def test_epub_spine_order_wins_and_a_document_listed_twice_is_read_once():
     book = parse_epub(make_epub(spine=[0, 2, 1, 2, 2]))
-    assert [c.title for c in book.chapters] == ["Title Page", "Chapter Two: Dawn", "Chapter Three: Noon",
-                                                "Chapter One: Dusk"]
+    assert [c.title for c in book.chapters] == [
+        "Title Page",
+        "Chapter Two: Dawn",
+        "Chapter Three: Noon",
+        "Chapter One: Dusk",
+    ]
 
 
 def test_epub_without_any_text_is_refused():
@@ -76,7 +92,11 @@ def test_epub_without_any_text_is_refused():
 
 def test_epub2_titles_come_from_toc_ncx_when_there_is_no_nav():
     book = parse_epub(make_epub(nav=False))
-    assert [c.title for c in book.chapters][1:] == ["Chapter One: Dusk", "Chapter Two: Dawn", "Chapter Three: Noon"]
+    assert [c.title for c in book.chapters][1:] == [
+        "Chapter One: Dusk",
+        "Chapter Two: Dawn",
+        "Chapter Three: Noon",
+    ]
     assert book.cover is None
 
 
@@ -117,7 +137,9 @@ def test_a_50_mb_single_paragraph_is_refused_by_size_before_parsing():
 
 
 def test_an_over_long_paragraph_under_the_byte_limit_names_its_paragraph():
-    with pytest.raises(BadInput, match=r"paragraph 2 of chapter 1 .* is 200004 characters; the limit is 100000"):
+    with pytest.raises(
+        BadInput, match=r"paragraph 2 of chapter 1 .* is 200004 characters; the limit is 100000"
+    ):
         parse_text(b"Short.\n\n" + b"word " * 40000 + b"end.", title="Long")
 
 
@@ -139,7 +161,9 @@ def test_epub_missing_its_container_or_spine_is_refused():
 
 def test_epub_zip_bomb_is_refused_before_inflating():
     bomb = make_epub(extra={"OEBPS/bomb.xhtml": b"\0" * (8 * 1024 * 1024)})  # 8 MiB -> ~8 KiB
-    with pytest.raises(BadInput, match=r"compressed \d+:1; the limit is 100:1 \(refused as a possible zip bomb\)"):
+    with pytest.raises(
+        BadInput, match=r"compressed \d+:1; the limit is 100:1 \(refused as a possible zip bomb\)"
+    ):
         parse_epub(bomb)
     with pytest.raises(BadInput, match="unpacks to .* bytes; the limit is 1000000 .*zip bomb"):
         parse_epub(bomb, limits=BookLimits(epub_max_unpacked=1_000_000))
@@ -154,8 +178,7 @@ def replace_entry(epub: bytes, name: str, data: bytes) -> bytes:
 
 
 def test_epub_xml_entity_declarations_are_refused():
-    laughs = (b'<!DOCTYPE x [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>'
-              b"<x>&b;</x>")
+    laughs = b'<!DOCTYPE x [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]><x>&b;</x>'
     with pytest.raises(BadInput, match="toc.ncx' declares XML entities"):
         parse_epub(replace_entry(make_epub(nav=False), "OEBPS/toc.ncx", laughs))
 
@@ -163,14 +186,16 @@ def test_epub_xml_entity_declarations_are_refused():
 def test_epub_with_a_corrupt_entry_is_refused():
     epub = make_epub()
     start = epub.index(b"OEBPS/text/zz_first.xhtml") + len("OEBPS/text/zz_first.xhtml")
-    corrupt = epub[:start + 4] + bytes(b ^ 0xFF for b in epub[start + 4:start + 40]) + epub[start + 40:]
+    corrupt = epub[: start + 4] + bytes(b ^ 0xFF for b in epub[start + 4 : start + 40]) + epub[start + 40 :]
     with pytest.raises(BadInput, match="zz_first.xhtml' cannot be unpacked"):
         parse_epub(corrupt)
 
 
 def test_manifest_over_the_api_carries_tokens_inline():
-    book = parse_manifest(b'{"title": "T", "chapters": [{"title": "A", "segments": [{"tokens": [1, 2, 6560]}]},'
-                          b'{"segments": [{"tokens": [0]}]}]}')
+    book = parse_manifest(
+        b'{"title": "T", "chapters": [{"title": "A", "segments": [{"tokens": [1, 2, 6560]}]},'
+        b'{"segments": [{"tokens": [0]}]}]}'
+    )
     assert [c.title for c in book.chapters] == ["A", "Chapter 2"]
     assert book.chapters[0].items[0].tokens == (1, 2, 6560)
 
@@ -180,17 +205,20 @@ def test_manifest_over_the_api_refuses_audio_paths():
         parse_manifest(b'{"chapters": [{"segments": [{"audio": "/etc/passwd"}]}]}')
 
 
-@pytest.mark.parametrize("body, error, message", [
-    (b'{"chapters": [{"segments": [{"tokens": [6561]}]}]}', BadTokens, "not an integer in 0..6560"),
-    (b'{"chapters": [{"segments": [{"tokens": [1.5]}]}]}', BadTokens, "not an integer"),
-    (b'{"chapters": [{"segments": [{"tokens": []}]}]}', BadTokens, "non-empty list"),
-    (b'{"chapters": [{"segments": [{"tokens": [1], "path": "x"}]}]}', BadInput, "unknown keys"),
-    (b'{"chapters": []}', BadInput, "non-empty 'chapters'"),
-    (b'{"chapters": [', BadInput, "not valid JSON"),
-    (b'[1, 2]', BadInput, "must be a JSON object"),
-    (b"[" * 100_000 + b"]" * 100_000, BadInput, "not acceptable JSON: RecursionError"),
-    (b'{"title": ' + b"9" * 5000 + b"}", BadInput, "not acceptable JSON"),
-])
+@pytest.mark.parametrize(
+    "body, error, message",
+    [
+        (b'{"chapters": [{"segments": [{"tokens": [6561]}]}]}', BadTokens, "not an integer in 0..6560"),
+        (b'{"chapters": [{"segments": [{"tokens": [1.5]}]}]}', BadTokens, "not an integer"),
+        (b'{"chapters": [{"segments": [{"tokens": []}]}]}', BadTokens, "non-empty list"),
+        (b'{"chapters": [{"segments": [{"tokens": [1], "path": "x"}]}]}', BadInput, "unknown keys"),
+        (b'{"chapters": []}', BadInput, "non-empty 'chapters'"),
+        (b'{"chapters": [', BadInput, "not valid JSON"),
+        (b"[1, 2]", BadInput, "must be a JSON object"),
+        (b"[" * 100_000 + b"]" * 100_000, BadInput, "not acceptable JSON: RecursionError"),
+        (b'{"title": ' + b"9" * 5000 + b"}", BadInput, "not acceptable JSON"),
+    ],
+)
 def test_malformed_manifests_say_what_is_wrong(body, error, message):
     with pytest.raises(error, match=message):
         parse_manifest(body)
@@ -200,13 +228,18 @@ def test_manifest_from_the_cli_resolves_audio_inside_its_folder(tmp_path):
     (tmp_path / "ch1").mkdir()
     (tmp_path / "ch1" / "a.wav").write_bytes(b"RIFF-ish")
     (tmp_path.parent / "outside.wav").write_bytes(b"secret")
-    book = parse_manifest(b'{"chapters": [{"segments": [{"audio": "ch1/a.wav"}, {"tokens": [3]}]}]}',
-                          base_dir=tmp_path)
+    book = parse_manifest(
+        b'{"chapters": [{"segments": [{"audio": "ch1/a.wav"}, {"tokens": [3]}]}]}', base_dir=tmp_path
+    )
     item = book.chapters[0].items[0]
     assert item.audio == "ch1/a.wav" and len(item.audio_sha256 or "") == 64
     (tmp_path / "link.wav").symlink_to(tmp_path.parent / "outside.wav")
-    for bad, message in [("../outside.wav", "without '..'"), ("/etc/passwd", "without '..'"),
-                         ("link.wav", "outside the manifest's folder"), ("nope.wav", "does not exist")]:
+    for bad, message in [
+        ("../outside.wav", "without '..'"),
+        ("/etc/passwd", "without '..'"),
+        ("link.wav", "outside the manifest's folder"),
+        ("nope.wav", "does not exist"),
+    ]:
         body = json.dumps({"chapters": [{"segments": [{"audio": bad}]}]}).encode()
         with pytest.raises(BadInput, match=message):
             parse_manifest(body, base_dir=tmp_path)

@@ -25,22 +25,40 @@ def keys_by_paragraph(plan):
 
 def test_plan_has_the_books_chapters_and_segments(markdown_book):
     plan = plan_book(parse_markdown(markdown_book), voice_id=VOICE)
-    assert [c.title for c in plan.chapters] == ["Chapter 1: The Storm", "Chapter 2: The Ship", "Chapter 3: Morning"]
+    assert [c.title for c in plan.chapters] == [
+        "Chapter 1: The Storm",
+        "Chapter 2: The Ship",
+        "Chapter 3: Morning",
+    ]
     texts = [s.text for s in plan.chapters[0].segments]
-    assert texts[:3] == ["Chapter one: The Storm",
-                         "Mister Smith climbed the one hundred thirty-two steps on the third of May, "
-                         "eighteen ninety-five.", "The lamp cost twelve dollars and fifty cents."]
+    assert texts[:3] == [
+        "Chapter one: The Storm",
+        "Mister Smith climbed the one hundred thirty-two steps on the third of May, eighteen ninety-five.",
+        "The lamp cost twelve dollars and fifty cents.",
+    ]
     assert all(len(s.key) == 64 for _, s in plan.segments())
     assert plan.est_seconds == pytest.approx(sum(s.est_tokens for _, s in plan.segments()) / 25)
-    assert BookPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan  # plain data for Celery and the DB
+    assert (
+        BookPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    )  # plain data for Celery and the DB
 
 
 def test_keys_are_stable_across_processes(markdown_book):
-    script = ("import json, sys; from app.books.parse import parse_markdown; from app.books.plan import plan_book; "
-              "p = plan_book(parse_markdown(sys.stdin.buffer.read()), voice_id='ab' * 32); "
-              "print(json.dumps([p.key] + p.unique_keys()))")
-    runs = [subprocess.run([sys.executable, "-c", script], input=markdown_book, capture_output=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    script = (
+        "import json, sys; from app.books.parse import parse_markdown; from app.books.plan import plan_book; "
+        "p = plan_book(parse_markdown(sys.stdin.buffer.read()), voice_id='ab' * 32); "
+        "print(json.dumps([p.key] + p.unique_keys()))"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script],
+            input=markdown_book,
+            capture_output=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    ]
     plan = plan_book(parse_markdown(markdown_book), voice_id=VOICE)
     assert json.loads(runs[0]) == json.loads(runs[1]) == [plan.key] + plan.unique_keys()
 
@@ -60,12 +78,21 @@ def test_voice_and_options_are_in_the_keys_but_pauses_are_not(markdown_book):
     book = parse_markdown(markdown_book)
     base = plan_book(book, voice_id=VOICE, guide_options={"voice": "en-us"})
     keys = set(base.unique_keys())
-    assert keys.isdisjoint(plan_book(book, voice_id=OTHER_VOICE, guide_options={"voice": "en-us"}).unique_keys())
+    assert keys.isdisjoint(
+        plan_book(book, voice_id=OTHER_VOICE, guide_options={"voice": "en-us"}).unique_keys()
+    )
     assert keys.isdisjoint(plan_book(book, voice_id=VOICE, guide_options={"voice": "en-gb"}).unique_keys())
-    assert keys.isdisjoint(plan_book(book, voice_id=VOICE, guide_options={"voice": "en-us"},
-                                     render_options={"seed": 1}).unique_keys())
-    slower = plan_book(book, voice_id=VOICE, guide_options={"voice": "en-us"},
-                       options=SegmentOptions(sentence_pause_ms=999, chapter_pause_ms=5000))
+    assert keys.isdisjoint(
+        plan_book(
+            book, voice_id=VOICE, guide_options={"voice": "en-us"}, render_options={"seed": 1}
+        ).unique_keys()
+    )
+    slower = plan_book(
+        book,
+        voice_id=VOICE,
+        guide_options={"voice": "en-us"},
+        options=SegmentOptions(sentence_pause_ms=999, chapter_pause_ms=5000),
+    )
     assert slower.unique_keys() == base.unique_keys()  # same audio per segment ...
     assert slower.key != base.key  # ... but another assembled book
 
@@ -106,5 +133,6 @@ def test_bad_voice_id_is_refused(markdown_book):
 
 def test_too_many_segments_is_refused(markdown_book):
     from app.books import BookLimits
+
     with pytest.raises(BadInput, match="more than 5 segments"):
         plan_book(parse_markdown(markdown_book), voice_id=VOICE, limits=BookLimits(max_segments=5))
