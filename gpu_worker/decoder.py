@@ -16,7 +16,8 @@ HiFT streaming (MODEL.md): each chunk vocodes [8 cached mel frames | new frames]
 keeps its last 3840 samples as the next tail and emits them only after the last chunk. The vocoder runs
 once per group of rows with equal shapes (its convolutions are not causal, so rows are never padded).
 
-A step changes its streams only after every row succeeded, so a failed step can be retried row by row.
+A step changes its streams only after every row succeeded (the vocoder generators are restored on
+failure), so a failed step can be retried row by row with the same result.
 """
 
 from __future__ import annotations
@@ -98,12 +99,11 @@ class StreamingDecoder:
 
     @torch.inference_mode()
     def step(self, rows: list[ChunkRow]) -> list[Tensor]:
-        """One chunk of each row's stream -> each row's audio [S_i] (float32, on the device)."""
+        """One chunk of each row's stream -> each row's audio [S_i] (float32, on the device).
+
+        All rows or none: the streams change only once every row has decoded."""
         self._check(rows)
-        audios: list[Tensor] = []
-        for start in range(0, len(rows), self.micro_batch_size):
-            audios += self._step(rows[start:start + self.micro_batch_size])
-        return audios
+        return self._step(rows) if rows else []
 
     def decode_offline(self, voice: VoicePrompt, tokens: list[int] | Tensor, seed: int) -> Tensor:
         """A whole token list as one stream, alone: the audio the engine produces for that job."""
@@ -171,6 +171,8 @@ class StreamingDecoder:
         return speech[0] if row.last else speech[0, :-HIFT_SOURCE_CACHE]
 
     def _check(self, rows: list[ChunkRow]) -> None:
+        if len(rows) > self.micro_batch_size:
+            raise ValueError(f"{len(rows)} rows in one step; micro_batch_size is {self.micro_batch_size}")
         seen: set[int] = set()
         for row in rows:
             if id(row.stream) in seen:

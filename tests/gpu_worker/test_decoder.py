@@ -119,6 +119,29 @@ def test_step_refuses_two_rows_of_one_stream_and_a_finished_stream(decoder, voic
         decoder.step([ChunkRow(stream, tokens, True)])
 
 
+def test_a_failed_step_changes_no_stream_and_a_retry_gives_the_same_audio(decoder, voices,
+                                                                          monkeypatch) -> None:
+    tokens = tokens_of(60, seed=9)
+    expected = decoder.decode_offline(voices[0], tokens, seed=3)
+    stream = decoder.open_stream(voices[0], seed=3)
+    chunks = plan_chunks(60)
+    rows = [ChunkRow(stream, tokens[c.start:c.stop], c.last) for c in chunks]
+    parts = decoder.step(rows[:1])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device error")
+
+    monkeypatch.setattr(decoder.model.hift, "forward", broken)
+    with pytest.raises(RuntimeError):
+        decoder.step(rows[1:2])
+    monkeypatch.undo()
+    assert stream.chunks_done == 1
+    parts += decoder.step(rows[1:2]) + decoder.step(rows[2:])
+    assert torch.equal(torch.cat(parts), expected)
+    with pytest.raises(ValueError):
+        decoder.step([ChunkRow(decoder.open_stream(voices[0], i), tokens[:28], False) for i in range(9)])
+
+
 # -- batch invariance -------------------------------------------------------------------------------
 def _together(decoder, jobs) -> tuple[list[torch.Tensor], list[list[tuple[int, bool]]]]:
     """Decode every job in shared steps; job j joins at step start_j. Returns audio and each step's rows."""
