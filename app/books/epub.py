@@ -52,6 +52,7 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
         raise BadInput(f"EPUB package {opf_path} has no spine (reading order)")
     spine = list(dict.fromkeys(href[r.get("idref")] for r in spine_el.iterfind("opf:itemref", NS)
                                if r.get("idref") in href and r.get("linear", "yes") != "no"))
+    _refuse_drm(archive, spine)
     toc = _nav_toc(archive, items, href) or _ncx_toc(archive, spine_el.get("toc"), href)
     chapters = _chapters(archive, spine, toc)
     cover, cover_type = _cover(archive, opf, items, href)
@@ -134,6 +135,30 @@ def _xml(content: bytes, name: str) -> ET.Element:
         raise BadInput(f"not a valid EPUB: {name!r} is not well-formed XML ({exc})") from exc
 
 
+_XML_ENCODING_RE = re.compile(rb"""^\s*<\?xml[^>]{0,200}encoding=["']([A-Za-z0-9._-]{1,40})["']""")
+
+
+def _decode(content: bytes) -> str:
+    """XHTML bytes -> str in the encoding its XML declaration names (UTF-8 when none or unknown)."""
+    declared = _XML_ENCODING_RE.match(content)
+    encoding = declared.group(1).decode() if declared else "utf-8"
+    try:
+        return content.decode(encoding, "replace")
+    except LookupError:
+        return content.decode("utf-8", "replace")
+
+
+def _refuse_drm(archive: _Archive, spine: list[str]) -> None:
+    """Encrypted content documents cannot be read (font obfuscation alone is fine and common)."""
+    if "META-INF/encryption.xml" not in archive.zip.namelist():
+        return
+    root = _xml(archive.read("META-INF/encryption.xml"), "META-INF/encryption.xml")
+    encrypted = {posixpath.normpath(unquote(ref.get("URI", ""))) for ref in root.iter()
+                 if ref.tag.endswith("CipherReference")}
+    if encrypted & set(spine):
+        raise BadInput("the EPUB is DRM-protected (its chapters are encrypted); send a DRM-free book")
+
+
 def _rootfile(container: ET.Element) -> str:
     root = container.find("c:rootfiles/c:rootfile", NS)
     if root is None or not root.get("full-path"):
@@ -158,7 +183,7 @@ def _nav_toc(archive: _Archive, items: dict, href: dict) -> list[TocEntry]:
     if nav_id is None:
         return []
     parser = _NavParser()
-    parser.feed(archive.read(href[nav_id]).decode("utf-8", "replace"))
+    parser.feed(_decode(archive.read(href[nav_id])))
     return [(*_split_href(href[nav_id], target), title) for target, title in parser.entries if title]
 
 
@@ -266,7 +291,7 @@ def _chapters(archive: _Archive, spine: list[str], toc: list[TocEntry]) -> list[
     chapters: list[tuple[str, list[str]]] = []
     for path in spine:
         parser = _TextParser()
-        parser.feed(archive.read(path).decode("utf-8", "replace"))
+        parser.feed(_decode(archive.read(path)))
         parser.close()
         entries = by_doc.get(path, [])
         anchors = {value for kind, value in parser.events if kind == "anchor"}

@@ -90,6 +90,27 @@ def test_epub_without_any_text_is_refused():
         parse_epub(make_epub(docs=docs, toc=[("a.xhtml", "A"), ("b.xhtml", "B")]))
 
 
+def test_epub_with_encrypted_chapters_is_refused_as_drm():
+    encryption = (
+        b'<encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container" '
+        b'xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData><enc:CipherData>'
+        b'<enc:CipherReference URI="OEBPS/text/zz_first.xhtml"/></enc:CipherData></enc:EncryptedData></encryption>'
+    )
+    with pytest.raises(BadInput, match="DRM-protected"):
+        parse_epub(make_epub(extra={"META-INF/encryption.xml": encryption}))
+    fonts_only = encryption.replace(b"text/zz_first.xhtml", b"fonts/serif.otf")
+    assert len(parse_epub(make_epub(extra={"META-INF/encryption.xml": fonts_only})).chapters) == 4
+
+
+def test_epub_documents_in_a_declared_legacy_encoding_are_decoded():
+    body = "<p>Caf\u00e9 cr\u00e8me \u2014 fin.</p>"
+    docs = [("a.xhtml", "A", body)]
+    epub = make_epub(docs=docs, toc=[("a.xhtml", "A")])
+    xhtml = '<?xml version="1.0" encoding="windows-1252"?><html><body>' + body + "</body></html>"
+    epub = replace_entry(epub, "OEBPS/text/a.xhtml", xhtml.encode("cp1252"))
+    assert parse_epub(epub).chapters[0].paragraphs == ("Caf\u00e9 cr\u00e8me \u2014 fin.",)
+
+
 def test_epub2_titles_come_from_toc_ncx_when_there_is_no_nav():
     book = parse_epub(make_epub(nav=False))
     assert [c.title for c in book.chapters][1:] == [
