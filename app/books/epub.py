@@ -6,31 +6,27 @@ its `#fragment` names inside a file. Spine documents without an entry continue t
 them (front matter before the first entry becomes chapters titled by the document's `<title>`).
 Cover image (JPEG/PNG) and dc:title, dc:creator, dc:language are read from the package document.
 
-Only the stdlib: zipfile, xml.etree for the package/NCX files (DTD entity declarations refused, so
-no entity expansion), html.parser for XHTML (lenient, knows HTML entities). Zip bombs are refused
-from the central directory before anything is inflated - entry count, declared total and per-entry
-sizes, compression ratio - and every read is capped, so a lying header cannot inflate more.
+Only the stdlib: the zip through `app.books.safezip` (zip bombs refused before inflating),
+xml.etree for the package/NCX files (DTD entity declarations refused, so no entity expansion),
+html.parser for XHTML (lenient, knows HTML entities).
 Not supported: DRM-encrypted books, fixed-layout text in images, reading text from SVG.
 """
 
 from __future__ import annotations
 
-import io
 import posixpath
 import re
 import xml.etree.ElementTree as ET
-import zipfile
-import zlib
 from html.parser import HTMLParser
 from urllib.parse import unquote
 
 from app.books import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
 from app.books.parse import finish_book
+from app.books.safezip import SafeArchive
 from app.errors import BadInput
 
 NS = {"c": "urn:oasis:names:tc:opendocument:xmlns:container", "opf": "http://www.idpf.org/2007/opf",
       "dc": "http://purl.org/dc/elements/1.1/", "ncx": "http://www.daisy.org/z3986/2005/ncx/"}
-_RATIO_FLOOR = 1024 * 1024  # small entries may compress very well (a run of spaces) without harm
 _BLOCKS = {"p", "div", "h1", "h2", "h3", "h4", "h5", "h6", "li", "blockquote", "section", "article",
            "br", "tr", "dd", "dt", "figcaption", "pre", "aside", "header", "footer", "hr", "table"}
 _SKIPPED = {"script", "style", "head", "title", "rt", "rp", "svg", "math", "nav", "template"}
@@ -41,7 +37,7 @@ TocEntry = tuple[str, str | None, str]  # (path in the zip, fragment or None, ti
 
 def parse_epub(data: bytes, *, title: str | None = None, author: str | None = None,
                language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
-    archive = _Archive(open_archive(data, limits), limits)
+    archive = SafeArchive(data, limits)
     opf_path = _rootfile(_xml(archive.read("META-INF/container.xml"), "container.xml"))
     opf = _xml(archive.read(opf_path), opf_path)
     base = posixpath.dirname(opf_path)
@@ -60,70 +56,6 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
                        author=author or _dc(opf, "creator"),
                        language=language or (_dc(opf, "language") or "en").split("-")[0],
                        limits=limits, cover=cover, cover_type=cover_type)
-
-
-# --- the zip, safely -----------------------------------------------------------------------------
-
-def open_archive(data: bytes, limits: BookLimits) -> zipfile.ZipFile:
-    """Open the EPUB's zip and refuse it from its central directory if it could inflate too much."""
-    if not data:
-        raise BadInput("the EPUB is empty")
-    if len(data) > limits.max_epub_bytes:
-        raise BadInput(f"the EPUB is {len(data)} bytes; the limit is {limits.max_epub_bytes}")
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
-        raise BadInput(f"not a valid EPUB: the zip container is broken ({exc})") from exc
-    infos = archive.infolist()
-    if len(infos) > limits.epub_max_entries:
-        raise BadInput(f"the EPUB has {len(infos)} files; the limit is {limits.epub_max_entries}")
-    total = sum(i.file_size for i in infos)
-    if total > limits.epub_max_unpacked:
-        raise BadInput(f"the EPUB unpacks to {total} bytes; the limit is {limits.epub_max_unpacked} "
-                       "(refused as a possible zip bomb)")
-    for info in infos:
-        _check_entry(info, limits)
-    return archive
-
-
-def _check_entry(info: zipfile.ZipInfo, limits: BookLimits) -> None:
-    if info.file_size > limits.epub_max_entry:
-        raise BadInput(f"EPUB file {info.filename!r} unpacks to {info.file_size} bytes; "
-                       f"the limit is {limits.epub_max_entry}")
-    ratio = info.file_size / max(1, info.compress_size)
-    if info.file_size > _RATIO_FLOOR and ratio > limits.epub_max_ratio:
-        raise BadInput(f"EPUB file {info.filename!r} is compressed {ratio:.0f}:1; the limit is "
-                       f"{limits.epub_max_ratio}:1 (refused as a possible zip bomb)")
-
-
-def read_entry(archive: zipfile.ZipFile, name: str, limits: BookLimits) -> bytes:
-    try:
-        info = archive.getinfo(name)
-    except KeyError:
-        raise BadInput(f"not a valid EPUB: {name!r} is missing") from None
-    try:
-        with archive.open(info) as handle:
-            content = handle.read(min(info.file_size, limits.epub_max_entry) + 1)
-    except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError, ValueError) as exc:
-        raise BadInput(f"not a valid EPUB: {name!r} cannot be unpacked ({exc})") from exc
-    if len(content) > info.file_size:  # pragma: no cover - zipfile stops at the declared size
-        raise BadInput(f"EPUB file {name!r} is larger than its header says")
-    return content
-
-
-class _Archive:
-    """Reads entries and counts them against the unpacked limit: a file read twice counts twice."""
-
-    def __init__(self, archive: zipfile.ZipFile, limits: BookLimits) -> None:
-        self.zip, self.limits, self.left = archive, limits, limits.epub_max_unpacked
-
-    def read(self, name: str) -> bytes:
-        content = read_entry(self.zip, name, self.limits)
-        self.left -= len(content)
-        if self.left < 0:
-            raise BadInput(f"reading the EPUB unpacks more than {self.limits.epub_max_unpacked} bytes "
-                           "(refused as a possible zip bomb)")
-        return content
 
 
 def _xml(content: bytes, name: str) -> ET.Element:
@@ -148,9 +80,9 @@ def _decode(content: bytes) -> str:
         return content.decode("utf-8", "replace")
 
 
-def _refuse_drm(archive: _Archive, spine: list[str]) -> None:
+def _refuse_drm(archive: SafeArchive, spine: list[str]) -> None:
     """Encrypted content documents cannot be read (font obfuscation alone is fine and common)."""
-    if "META-INF/encryption.xml" not in archive.zip.namelist():
+    if not archive.has("META-INF/encryption.xml"):
         return
     root = _xml(archive.read("META-INF/encryption.xml"), "META-INF/encryption.xml")
     encrypted = {posixpath.normpath(unquote(ref.get("URI", ""))) for ref in root.iter()
@@ -178,7 +110,7 @@ def _split_href(base: str, target: str) -> tuple[str, str | None]:
     return posixpath.normpath(posixpath.join(posixpath.dirname(base), path)), fragment or None
 
 
-def _nav_toc(archive: _Archive, items: dict, href: dict) -> list[TocEntry]:
+def _nav_toc(archive: SafeArchive, items: dict, href: dict) -> list[TocEntry]:
     nav_id = next((k for k, i in items.items() if "nav" in i.get("properties", "").split()), None)
     if nav_id is None:
         return []
@@ -187,7 +119,7 @@ def _nav_toc(archive: _Archive, items: dict, href: dict) -> list[TocEntry]:
     return [(*_split_href(href[nav_id], target), title) for target, title in parser.entries if title]
 
 
-def _ncx_toc(archive: _Archive, toc_id: str | None, href: dict) -> list[TocEntry]:
+def _ncx_toc(archive: SafeArchive, toc_id: str | None, href: dict) -> list[TocEntry]:
     if not toc_id or toc_id not in href:
         return []
     ncx = _xml(archive.read(href[toc_id]), href[toc_id])
@@ -284,7 +216,7 @@ class _TextParser(HTMLParser):
             self.events.append(("para", text))
 
 
-def _chapters(archive: _Archive, spine: list[str], toc: list[TocEntry]) -> list[SourceChapter]:
+def _chapters(archive: SafeArchive, spine: list[str], toc: list[TocEntry]) -> list[SourceChapter]:
     by_doc: dict[str, list[tuple[str | None, str]]] = {}
     for path, fragment, title in toc:
         by_doc.setdefault(path, []).append((fragment, title))
@@ -315,7 +247,7 @@ def _drop_heading(title: str, paragraphs: list[str]) -> list[str]:
     return paragraphs
 
 
-def _cover(archive: _Archive, opf: ET.Element, items: dict, href: dict) -> tuple[bytes | None, str | None]:
+def _cover(archive: SafeArchive, opf: ET.Element, items: dict, href: dict) -> tuple[bytes | None, str | None]:
     cover_id = next((k for k, i in items.items() if "cover-image" in i.get("properties", "").split()), None)
     if cover_id is None:
         meta = next((m for m in opf.iterfind("opf:metadata/opf:meta", NS) if m.get("name") == "cover"), None)

@@ -10,6 +10,7 @@ from app.books import BookLimits
 from app.books.epub import parse_epub
 from app.books.manifest import parse_manifest
 from app.books.parse import parse_book, parse_markdown, parse_text, sniff_format
+from app.books.safezip import SafeArchive
 from app.errors import BadInput, BadTokens
 from tests.app.books.conftest import make_epub, tiny_png
 
@@ -264,3 +265,14 @@ def test_manifest_from_the_cli_resolves_audio_inside_its_folder(tmp_path):
         body = json.dumps({"chapters": [{"segments": [{"audio": bad}]}]}).encode()
         with pytest.raises(BadInput, match=message):
             parse_manifest(body, base_dir=tmp_path)
+
+
+def test_reading_one_entry_many_times_counts_against_the_unpacked_limit():
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("a.xhtml", b"x" * 1000)
+    archive = SafeArchive(buf.getvalue(), BookLimits(epub_max_unpacked=2500))
+    archive.read("a.xhtml")
+    archive.read("a.xhtml")
+    with pytest.raises(BadInput, match="unpacks more than 2500 bytes"):
+        archive.read("a.xhtml")
