@@ -141,6 +141,10 @@ class EngineLoop:
     def abort(self, job_id: str) -> None:
         self.engine.abort(job_id)
 
+    def running(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._queues
+
     def _run(self) -> None:
         while not self._stop.is_set():
             if not self.engine.wait_for_work(timeout=0.2):
@@ -323,9 +327,11 @@ class JobRun:
         self.rt, self.task, self.job_id = rt, task, job_id
 
     def run(self) -> dict[str, Any]:
+        if self.rt.loop.running(self.job_id):  # a duplicate delivery while the job streams here
+            return {"job_id": self.job_id, "status": "skipped", "worker": self.rt.worker_id}
         job = self._claim()  # 1. claim the attempt (None: finished, cancelled or taken)
         if job is None:
-            return {"job_id": self.job_id, "status": "skipped"}
+            return {"job_id": self.job_id, "status": "skipped", "worker": self.rt.worker_id}
         engine_job, fmt = job
         output = _Output(self.rt.artifacts, self.job_id, fmt)  # 2. open the output's temp file
         submitted = False

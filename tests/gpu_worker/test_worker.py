@@ -189,6 +189,8 @@ def test_cancel_while_running_stops_the_job_and_removes_its_temp_file(make_runti
     deadline = time.monotonic() + 60
     while job_row(sessions, job_id).frames_done == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
+    duplicate = JobRun(rt, RecordingTask(), job_id).run()  # the broker delivered it twice
+    assert duplicate["status"] == "skipped" and job_row(sessions, job_id).attempts == 1
     rt.store.request_cancel(job_id, ttl_s=60)
     with sessions() as session:
         assert queries.cancel_job(session=session, job_id=job_id)
