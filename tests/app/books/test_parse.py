@@ -95,7 +95,8 @@ def test_epub_with_encrypted_chapters_is_refused_as_drm():
     encryption = (
         b'<encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container" '
         b'xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData><enc:CipherData>'
-        b'<enc:CipherReference URI="OEBPS/text/zz_first.xhtml"/></enc:CipherData></enc:EncryptedData></encryption>'
+        b'<enc:CipherReference URI="OEBPS/text/zz_first.xhtml"/>'
+        b"</enc:CipherData></enc:EncryptedData></encryption>"
     )
     with pytest.raises(BadInput, match="DRM-protected"):
         parse_epub(make_epub(extra={"META-INF/encryption.xml": encryption}))
