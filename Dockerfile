@@ -1,12 +1,12 @@
 # wavefarm: one image for every role (api, cpu-worker, gpu-worker, flower, migrate); the compose
 # service's command picks the role. torch from PyPI ships its CUDA runtime; the host needs the NVIDIA
-# driver and container toolkit for the gpu-worker only.
+# driver and container toolkit for the gpu-worker only. espeak-ng: the books' guide voice falls back to it.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libsndfile1 \
+ && apt-get install -y --no-install-recommends libsndfile1 espeak-ng \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /srv/wavefarm

@@ -36,11 +36,15 @@ class ApiContext:
     artifacts: ArtifactStore
     sender: TaskSender
     registry: CollectorRegistry  # this app's /metrics
+    owns_sender: bool = False  # built by us (a Celery app with its own connection pool): we close it
 
     def close(self) -> None:
         self.broker.close()
         self.store.close()
         self.engine.dispose()
+        close = getattr(self.sender, "close", None)
+        if self.owns_sender and close is not None:
+            close()
 
 
 def context(request: Request) -> ApiContext:

@@ -45,6 +45,7 @@ UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, OperationalError, komb
 
 def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiContext:
     """Clients for everything the API talks to; none of them connects before first use."""
+    owns_sender = sender is None
     if sender is None:
         from tasks.celery_app import make_celery  # the producer side only: same queues and options
 
@@ -54,7 +55,8 @@ def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiCo
         settings=settings, engine=engine, sessions=make_sessionmaker(engine),
         broker=redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=2),
         store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),
-        artifacts=ArtifactStore(settings.artifact_root), sender=sender, registry=CollectorRegistry())
+        artifacts=ArtifactStore(settings.artifact_root), sender=sender, registry=CollectorRegistry(),
+        owns_sender=owns_sender)
     ctx.registry.register(StateCollector(
         broker=ctx.broker, store=ctx.store, queues=[settings.queue_cpu, settings.queue_gpu],
         job_counts=lambda: _job_counts(ctx)))
