@@ -204,6 +204,27 @@ def test_cancel_while_running_stops_the_job_and_removes_its_temp_file(make_runti
     assert rt.loop.engine.voices.ids() == []  # and no job finished with the install
 
 
+def test_cancel_while_waiting_for_the_voice_abandons_it_without_installing(make_runtime, sessions) -> None:
+    rt = make_runtime(prep_wait_ms=60_000)  # the CPU preparation never comes in this test
+    job_id = submit(rt, sessions, VOICE_B, n_tokens=30)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(JobRun(rt, RecordingTask(), job_id).run()))
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not rt.loop.engine.live_jobs() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with sessions() as session:
+        assert queries.cancel_job(session=session, job_id=job_id)
+        session.commit()
+    runner.join(30)
+    assert result["status"] == "cancelled" and result["prep_path"] == "abandoned"
+    assert rt.store.count(COUNTER_PREP_PATH, "abandoned") == 1
+    assert rt.loop.engine.voices.ids() == [] and rt.loop.engine.counters["abandoned"] == 1
+    with sessions() as session:
+        assert queries.require_voice(session=session, voice_id=job_row(sessions, job_id).voice_id).status \
+            == "pending"  # ready to be prepared again by a later job
+
+
 def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
     rt = make_runtime()
     prepare_ahead(rt, VOICE_A)
