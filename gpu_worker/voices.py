@@ -32,20 +32,21 @@ log = logging.getLogger(__name__)
 class Installable(Protocol):
     """What the cache needs of an installed prompt (`gpu_worker.prompt.VoicePrompt` satisfies it)."""
 
-    voice_id: str
+    @property
+    def voice_id(self) -> str: ...
 
     def nbytes(self) -> int: ...
 
     def tensors(self) -> Iterator[torch.Tensor]: ...
 
 
-Installer = Callable[[PromptHostFeatures], Any]
+Installer = Callable[[PromptHostFeatures], Installable]
 
 
 @dataclass
 class InstalledVoice:
     voice_id: str
-    prompt: Any  # Installable
+    prompt: Installable
     nbytes: int
     install_s: float  # host time spent in the installer (the device work may still be running)
     pins: int = 0
