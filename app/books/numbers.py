@@ -107,6 +107,16 @@ def money(symbol: str, amount: str, scale: str | None = None) -> str:
     return " and ".join(parts)
 
 
+def fraction(numerator: int, denominator: int) -> str:
+    """1/2 -> one half, 3/4 -> three quarters, 2/3 -> two thirds, 5/0 -> five over zero."""
+    if denominator < 2:
+        return f"{cardinal(numerator)} over {cardinal(denominator)}"
+    name = {2: "half", 4: "quarter"}.get(denominator) or ordinal(denominator)
+    if numerator != 1:
+        name = "halves" if name == "half" else name + "s"
+    return f"{cardinal(numerator)} {name}"
+
+
 def roman_to_int(text: str) -> int | None:
     values = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
     if not text or any(c not in values for c in text):

@@ -69,12 +69,16 @@ _UNICODE = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b":
 
 _TITLES = {"Mr": "Mister", "Mrs": "Missus", "Ms": "Miz", "Prof": "Professor", "Capt": "Captain",
            "Gen": "General", "Col": "Colonel", "Lt": "Lieutenant", "Sgt": "Sergeant", "Rev": "Reverend",
-           "Hon": "Honorable", "Mt": "Mount", "Fr": "Father", "vs": "versus"}
+           "Hon": "Honorable", "Mt": "Mount", "Fr": "Father", "vs": "versus", "Vol": "Volume",
+           "pp": "pages", "Fig": "Figure", "fig": "figure"}
 # May end a sentence: keep the period when a capital or the end of the text follows.
 _TRAILING = {"etc": "et cetera", "Jr": "Junior", "Sr": "Senior", "Ave": "Avenue", "Blvd": "Boulevard",
              "Rd": "Road", "Co": "Company", "Inc": "Incorporated", "Ltd": "Limited",
-             "approx": "approximately",
-             "a.m": "A M", "p.m": "P M", "A.M": "A M", "P.M": "P M"}
+             "approx": "approximately", "lbs": "pounds", "lb": "pound", "oz": "ounces", "ft": "feet",
+             "a.m": "A M", "p.m": "P M", "A.M": "A M", "P.M": "P M",
+             "Jan": "January", "Feb": "February", "Mar": "March", "Apr": "April", "Jun": "June",
+             "Jul": "July", "Aug": "August", "Sep": "September", "Sept": "September", "Oct": "October",
+             "Nov": "November", "Dec": "December"}
 _PHRASES = {"e.g.": "for example", "i.e.": "that is", "cf.": "compare", "viz.": "namely"}
 
 _TITLE_RE = re.compile(r"\b(" + "|".join(_TITLES) + r")\.(?=\s)")
@@ -84,13 +88,18 @@ _SAINT_DOCTOR_RE = re.compile(r"\b(St|Dr)\.(?=( [A-Z])?)")
 _NUMBER_SIGN_RE = re.compile(r"\b(No|Nos|no)\.\s*(?=\d)")
 _INITIAL_RE = re.compile(r"\b([B-HJ-Z])\.(?=\s*[A-Z])")
 _ROMAN_RE = re.compile(r"\b(Chapter|Part|Book|Volume|Act|Scene|Section|CHAPTER|PART|BOOK)\s+([IVXLCDM]+)\b")
+# "Henry VIII", "World War II": I/V/X numerals of two letters or more after a capitalised word (not "I").
+_REGNAL_RE = re.compile(r"\b([A-Z][a-z]+) ([IVX]{2,6})\b")
+_RANGE_RE = re.compile(r"(?<![\d-])(\d+)-(\d+)(?![\d-])")  # "pages 45-67" -> 45 to 67
+_FRACTION_RE = re.compile(r"(?<![\d/])(\d{1,3})/(\d{1,3})(?![\d/])")
+_HASH_NUMBER_RE = re.compile(r"#(?=\d)")
 _MONEY_RE = re.compile(r"([$£€¥])\s?(\d[\d,]*(?:\.\d+)?)(?:\s?(thousand|million|billion|trillion)\b)?")
 _PERCENT_RE = re.compile(r"(?<![\d,.])(\d[\d,]*(?:\.\d+)?)\s?%")
 _ORDINAL_RE = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
 _DECADE_RE = re.compile(r"\b(1[1-9]\d0|20\d0)'?s\b")
 _SHORT_DECADE_RE = re.compile(r"'([2-9]0)s\b")
 _TIME_RE = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)\b")
-_YEAR_RE = re.compile(r"(?<![\d,.])(1\d\d\d|20\d\d)(?![\d,]|\.\d)")
+_YEAR_RE = re.compile(r"(?<![\d,.])(1\d\d\d|20\d\d)(?!\d|[,.]\d)")
 _NUMBER_RE = re.compile(r"(?<![\w.])(-?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?!\w)")
 _STRAY_DIGITS_RE = re.compile(r"\d+")
 _REPEATS_RE = re.compile(r"([^\w\s])\1{3,}")
@@ -129,7 +138,11 @@ def _plain_number(m: re.Match[str]) -> str:
 def _numbers(text: str) -> str:
     text = _ROMAN_RE.sub(lambda m: f"{m.group(1)} {num.cardinal(num.roman_to_int(m.group(2)) or 0)}"
                          if num.roman_to_int(m.group(2)) else m.group(0), text)
+    text = _REGNAL_RE.sub(_regnal, text)
+    text = _HASH_NUMBER_RE.sub("number ", text)
     text = _MONEY_RE.sub(lambda m: num.money(m.group(1), m.group(2), m.group(3)), text)
+    text = _FRACTION_RE.sub(lambda m: num.fraction(int(m.group(1)), int(m.group(2))), text)
+    text = _RANGE_RE.sub(r"\1 to \2", text)
     text = _PERCENT_RE.sub(lambda m: num.decimal(m.group(1)) + " percent", text)
     text = _ORDINAL_RE.sub(lambda m: num.ordinal(int(m.group(1))), text)
     text = _DECADE_RE.sub(lambda m: num.plural(num.year(int(m.group(1)))), text)
@@ -138,6 +151,14 @@ def _numbers(text: str) -> str:
     text = _YEAR_RE.sub(lambda m: num.year(int(m.group(1))), text)
     text = _NUMBER_RE.sub(_plain_number, text)
     return _STRAY_DIGITS_RE.sub(lambda m: " " + num.digits(m.group(0)) + " ", text)
+
+
+def _regnal(m: re.Match[str]) -> str:
+    value = num.roman_to_int(m.group(2))
+    if value is None:
+        return m.group(0)
+    spoken = num.cardinal(value) if m.group(1) == "War" else f"the {num.ordinal(value)}"
+    return f"{m.group(1)} {spoken}"
 
 
 def _time(m: re.Match[str]) -> str:
@@ -150,7 +171,7 @@ def _time(m: re.Match[str]) -> str:
 
 _SPACES_RE = re.compile(r"\s+")
 _PUNCT_STEPS = (
-    (re.compile(r"[\"*_#~`|<>\[\]{}\\^]"), " "),  # markup and quotes are not spoken
+    (re.compile(r"[\"*_#~`|<>\[\]{}\\^/]"), " "),  # markup, quotes and slashes are not spoken
     (_SPACES_RE, " "),  # (again, so no pattern below meets a long run of spaces)
     (re.compile(r" ?[()] ?"), ", "),  # a parenthesis reads as a comma pause
     (re.compile(r" ?& ?"), " and "),

@@ -56,6 +56,23 @@ from app.books.text import (
         ("Tom & Jerry  *laughed*   ...", "Tom and Jerry laughed."),
         ("J. R. R. Tolkien wrote it.", "J R R Tolkien wrote it."),
         ("Agent 007.", "Agent zero zero seven."),
+        (
+            "World War II ended in 1945, said Henry VIII's ghost.",
+            "World War two ended in nineteen forty-five, said Henry the eighth's ghost.",
+        ),
+        (
+            "Louis XIV met Elizabeth II. Then I left.",
+            "Louis the fourteenth met Elizabeth the second. Then I left.",
+        ),
+        (
+            "Add 1/2 a cup, then 3/4, then 2/3, and/or more.",
+            "Add one half a cup, then three quarters, then two thirds, and or more.",
+        ),
+        (
+            "It's the #1 hit. Vol. 3, pp. 45-67.",
+            "It's the number one hit. Volume three, pages forty-five to sixty-seven.",
+        ),
+        ("See Fig. 2 in Jan. Then 2 lbs. of tea.", "See Figure two in January. Then two pounds of tea."),
     ],
 )
 def test_english_normalisation(raw, spoken):
