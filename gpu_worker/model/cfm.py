@@ -6,6 +6,9 @@
 The conditional and unconditional halves run as one doubled batch: rows [0, B) conditional, [B, 2B)
 unconditional, the reference's order, so a row's caches hold [cond, uncond] on their batch dimension.
 
+Time and the Euler state x stay in float32 whatever the model's dtype (a bf16 time grid would move
+the steps); the estimator sees x in the model's dtype.
+
 Caches are given per Euler step (sequences of N tensors, see `dit.py` for the layouts):
     conv_caches[s]: [depth, 2B, 2 hidden, 2]          -> returned as new_conv [N, depth, 2B, 2 hidden, 2]
     kvs[s]:         [depth, 2B, H, T + Lc, 2 head_dim] (new frames written in place at [:T])
@@ -27,8 +30,8 @@ from gpu_worker.model.config import FlowArgs
 from gpu_worker.model.dit import DiT
 
 
-def time_span(n_steps: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    t = torch.linspace(0, 1, n_steps + 1, device=device, dtype=dtype)
+def time_span(n_steps: int, device: torch.device) -> Tensor:
+    t = torch.linspace(0, 1, n_steps + 1, device=device, dtype=torch.float32)
     return 1 - torch.cos(t * 0.5 * math.pi)
 
 
@@ -49,21 +52,21 @@ class CFM(nn.Module):
         key_mask [B, T + Lc] and lengths [B] describe each row (see `dit.py`); they are shared by the
         conditional and unconditional halves.
         """
-        b = noise.size(0)
-        t_span = time_span(self.n_steps, noise.device, noise.dtype)
+        b, dtype = noise.size(0), mu.dtype
+        t_span = time_span(self.n_steps, noise.device)
         spk = spk[:, None, :].expand(-1, mu.size(1), -1)
         fixed = [torch.cat([c, torch.zeros_like(c)]) for c in (mu, spk, cond)]  # unconditional half: zeros
         key_mask = None if key_mask is None else torch.cat([key_mask, key_mask])
         lengths = None if lengths is None else torch.cat([lengths, lengths])
-        x, t, dt = noise, t_span[:1], t_span[1] - t_span[0]
+        x, t, dt = noise.float(), t_span[:1], t_span[1] - t_span[0]
         new_conv = []
         for step in range(self.n_steps):
-            packed = torch.cat([torch.cat([x, x]), *fixed], dim=-1)  # [2B, T, 320]
+            packed = torch.cat([torch.cat([x, x]).to(dtype), *fixed], dim=-1)  # [2B, T, 320]
             v, conv = self.estimator(packed, t, conv_caches[step], kvs[step], key_mask, lengths)
             new_conv.append(conv)
-            v_cond, v_uncond = v.split(b)
+            v_cond, v_uncond = v.float().split(b)
             x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
             t = t + dt
             if step < self.n_steps - 1:
                 dt = t_span[step + 2] - t
-        return x, torch.stack(new_conv)
+        return x.to(dtype), torch.stack(new_conv)

@@ -50,11 +50,12 @@ class TimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
 
     def forward(self, t: Tensor) -> Tensor:
-        # t: [N] in [0, 1] -> [N, hidden]; sinusoid of t * 1000, cos half first
+        # t: [N] float32 in [0, 1] -> [N, hidden]; sinusoid of t * 1000 (cos half first) in float32
         half = self.freq_dim // 2
         freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-        angle = (t * TIME_SCALE)[:, None] * freq.to(t.dtype)[None]
-        return self.mlp(torch.cat([angle.cos(), angle.sin()], dim=-1))
+        angle = (t.float() * TIME_SCALE)[:, None] * freq[None]
+        emb = torch.cat([angle.cos(), angle.sin()], dim=-1)
+        return self.mlp(emb.to(self.mlp[0].weight.dtype))
 
 
 class Attention(nn.Module):

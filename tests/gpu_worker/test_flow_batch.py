@@ -13,6 +13,7 @@ and more, far above TOL, and the differences do not grow from chunk to chunk.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import pytest
@@ -137,3 +138,18 @@ def test_setup_row_in_a_batch_of_chunk_rows_equals_setup_alone(tiny_flow, voices
     _, got = tiny_flow.solve_chunk_batch(list(mus), torch.cat(spks), list(noises), list(caches), list(conds))
     assert max_diff(got[0].estimator_att, want.estimator_att) < TOL
     assert max_diff(got[0].estimator_cnn, want.estimator_cnn) < TOL
+
+
+def test_a_bf16_model_decodes_a_mixed_batch_in_bf16_close_to_fp32(tiny_flow, voices):
+    half = copy.deepcopy(tiny_flow).to(torch.bfloat16)
+    want, got = _streams(tiny_flow, voices)[:4], _streams(tiny_flow, voices)[:4]
+    for stream in got:
+        stream.voice = Voice(stream.voice.prompt, stream.voice.spk.bfloat16(),
+                             FlowCache(*(t.bfloat16() for t in vars(stream.voice.cache).values())))
+        stream.cache, stream.noise = stream.voice.cache, stream.noise.bfloat16()
+    for streams, flow in ((want, tiny_flow), (got, half)):
+        _step(flow, streams)
+        _step(flow, streams)
+    for a, b in zip(want, got, strict=True):
+        assert b.mels[-1].dtype == torch.bfloat16 and b.cache.estimator_att.dtype == torch.bfloat16
+        assert max_diff(torch.cat(b.mels, dim=2).float(), torch.cat(a.mels, dim=2)) < 0.1  # values ~ +-5
