@@ -199,3 +199,26 @@ def test_assemble_book_writes_every_output_beside_each_other(rendered, tmp_path)
     assert [c["file"] for c in index["chapters"]] == ["chapter-001.wav", "chapter-002.wav", "chapter-003.wav"]
     with av.open(str(out.m4b)) as box:
         assert len(box.chapters()) == 3
+
+
+def test_markdown_to_m4b_with_the_guide_voice_standing_in_for_the_model(markdown_book, tmp_path):
+    """The whole pipeline-independent path: parse, plan, speak each unique segment once, assemble."""
+    from app.books.guide_voice import GUIDE_SAMPLE_RATE, GuideOptions, identity, speak
+
+    book = parse_markdown(markdown_book)
+    options = GuideOptions.for_language(book.language)
+    plan = plan_book(book, voice_id="ab" * 32, guide_options=identity(options))
+    audio = {}
+    for _, segment in plan.segments():
+        if segment.key not in audio:
+            audio[segment.key] = tmp_path / "segments" / f"{segment.key}.wav"
+            audio[segment.key].parent.mkdir(exist_ok=True)
+            sf.write(audio[segment.key], speak(segment.text, options), GUIDE_SAMPLE_RATE)
+    out = assemble_book(plan, audio, tmp_path / "out", fmt="flac", target_lufs=-18.0)
+    with av.open(str(out.m4b)) as box:
+        marks = box.chapters()
+        assert [m["metadata"]["title"] for m in marks] == [c.title for c in plan.chapters]
+        ends = np.cumsum([c.duration for c in out.chapters])
+        assert [float(m["end"] * m["time_base"]) for m in marks] == pytest.approx(list(ends), abs=AAC_FRAME)
+    spoken = sum(s.end - s.start for c in out.chapters for s in c.segments)
+    assert 10.0 < spoken < 60.0  # about 14 short sentences of speech
