@@ -1,7 +1,9 @@
 """Audiobooks, the pipeline-independent half: a book file in, chapter audio and an M4B out.
 
     parse        text, Markdown, EPUB or a JSON manifest -> `SourceBook` (chapters of paragraphs or items)
-    text         English normalisation; sentence/paragraph segmentation with pauses
+      epub         EPUB 2/3 reader (spine order, TOC titles, cover); safezip: its zip-bomb guards
+      manifest     JSON manifest of speech tokens (API) or source audio files (CLI)
+    text         English normalisation (numbers: `numbers`); sentence/paragraph segmentation with pauses
     plan         `SourceBook` -> `BookPlan` (chapters -> segments, each with a content key)
     guide_voice  espeak-ng speaks a segment's text at 16 kHz (the GPU worker tokenizes it)
     assemble     rendered segments -> chapter WAV/FLAC, one M4B with chapters, a JSON + WebVTT index
