@@ -80,10 +80,14 @@ def run_demo(*, var: Path, jobs_per_voice: int = 2, timeout_s: float = 270.0) ->
     settings = Settings()
     announce_model(env)
     logs = var.resolve() / "logs"
+    job_ids: list[str] = []
     with ExitStack() as stack:
+        # Runs after the workers stop (callbacks unwind in reverse): unfinished sample jobs are
+        # cancelled, so the next demo does not find them queued with their messages gone.
+        stack.callback(_cancel_unfinished, settings, job_ids)
         try:
             procs = _start_services(stack, settings, env, var.resolve(), logs)
-            job_ids, counts_before = _submit_samples(settings, jobs_per_voice)
+            counts_before = _submit_samples(settings, jobs_per_voice, job_ids)
             jobs = _follow(settings, job_ids, timeout_s, _watchdog(procs, logs))
             _report(settings, jobs, counts_before)
             return 0 if all(job["status"] == "succeeded" for job in jobs) else 1
@@ -138,7 +142,22 @@ def _watchdog(procs: Procs, logs: Path) -> Callable[[], None]:
     return check
 
 
-def _submit_samples(settings: Any, jobs_per_voice: int) -> tuple[list[str], dict[str, dict[str, int]]]:
+def _cancel_unfinished(settings: Any, job_ids: list[str]) -> None:
+    from app.db import queries
+    from app.db.session import make_engine, make_sessionmaker, session_scope
+
+    engine = make_engine(settings.database_url)
+    try:
+        with session_scope(make_sessionmaker(engine)) as s:
+            cancelled = sum(queries.cancel_job(session=s, job_id=job_id) for job_id in job_ids)
+        if cancelled:
+            say(f"cancelled {cancelled} unfinished sample jobs")
+    finally:
+        engine.dispose()
+
+
+def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str]) -> dict[str, dict[str, int]]:
+    """Submit the sample jobs, appending their ids to `job_ids` as they are accepted."""
     from app.artifacts import ArtifactStore
     from app.db.session import make_engine, make_sessionmaker, session_scope
     from app.store import FeatureStore
@@ -151,7 +170,6 @@ def _submit_samples(settings: Any, jobs_per_voice: int) -> tuple[list[str], dict
     artifacts.ensure_layout()
     before = {group: store.counters(group) for group in (COUNTER_PREP_PATH, COUNTER_PREPARE)}
     engine = make_engine(settings.database_url)
-    job_ids: list[str] = []
     try:
         for reference_name, tokens_name in SAMPLE_JOBS:
             reference = (SAMPLES / reference_name).read_bytes()
@@ -166,7 +184,7 @@ def _submit_samples(settings: Any, jobs_per_voice: int) -> tuple[list[str], dict
         engine.dispose()
         store.close()
         sender.close()
-    return job_ids, before
+    return before
 
 
 def _follow(settings: Any, job_ids: list[str], timeout_s: float,

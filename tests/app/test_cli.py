@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -329,3 +331,34 @@ def test_flower_takes_its_basic_auth_from_the_environment(cli_settings: Settings
         assert httpx.get(url, auth=("admin", "pw"), timeout=10).status_code == 200
     finally:
         services.stop_process(proc)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_interrupted_demo_stops_its_processes_and_cancels_its_jobs(tmp_path: Path) -> None:
+    if services.shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WAVEFARM_")}
+    env.update({"WAVEFARM_BROKER_URL": f"redis://127.0.0.1:{port}/0", "PYTHONUNBUFFERED": "1",
+                "WAVEFARM_RESULT_BACKEND": f"redis://127.0.0.1:{port}/1",
+                "WAVEFARM_FEATURE_STORE_URL": f"redis://127.0.0.1:{port}/2"})
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--var", str(tmp_path / "var"),
+                             "--jobs-per-voice", "20"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("submitted "):
+            break
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.wait(60) == 130, out
+    assert "interrupted" in out and "unfinished sample jobs" in out
+    pids = [int(m) for m in re.findall(r"started app\.cli \S+ \(pid (\d+)\)", out)]
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not services.port_open("127.0.0.1", port)
