@@ -55,7 +55,7 @@ class TimestepEmbedder(nn.Module):
         freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
         angle = (t.float() * TIME_SCALE)[:, None] * freq[None]
         emb = torch.cat([angle.cos(), angle.sin()], dim=-1)
-        return self.mlp(emb.to(self.mlp[0].weight.dtype))
+        return self.mlp(emb.to(next(self.mlp.parameters()).dtype))
 
 
 class Attention(nn.Module):
@@ -94,7 +94,7 @@ class Mlp(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-def causal_conv(conv: nn.Conv1d, x: Tensor, cache: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
+def causal_conv(conv: nn.Module, x: Tensor, cache: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
     """x: [B, C, T]; cache: [B, C, 2]; last: [B, 2] each row's last 2 valid frames, indexed in [cache | x]."""
     h = torch.cat([cache, x], dim=2)
     new_cache = h.gather(2, last[:, None, :].expand(-1, h.size(1), -1))

@@ -88,6 +88,11 @@ def _noise_rows(noise: list[Tensor], offsets: list[int], lengths: list[int], dty
     return rows
 
 
+def _steps(x: Tensor) -> list[Tensor]:
+    # per-Euler-step views by indexing: unbind's views may not be written in place outside inference mode
+    return [x[s] for s in range(x.size(0))]
+
+
 class Flow(nn.Module):
     def __init__(self, args: FlowArgs):
         super().__init__()
@@ -137,23 +142,23 @@ class Flow(nn.Module):
         cond: list[Tensor] | None = None,
     ) -> tuple[Tensor, list[FlowCache]]:
         """One masked CFM solve over rows of different streams (shapes in the module docstring)."""
-        caches = [c or FlowCache() for c in caches]
+        rows = [c or FlowCache() for c in caches]
         n_new = [m.size(1) for m in mu]
-        n_old = [c.offset for c in caches]
+        n_old = [c.offset for c in rows]
         t_max, l_max = max(n_new), max(n_old)
         dtype = mu[0].dtype
         noise_rows = _noise_rows(noise, n_old, n_new, dtype)
         cond_rows = [torch.zeros_like(m[0]) for m in mu] if cond is None else [c[0].to(dtype) for c in cond]
-        conv, kv = self._gather_caches(caches, t_max, l_max, mu[0])
+        conv, kv = self._gather_caches(rows, t_max, l_max, mu[0])
         lengths = torch.tensor(n_new, device=spk.device)
         slot = torch.arange(t_max + l_max, device=spk.device)
         olds = torch.tensor(n_old, device=spk.device)
         key_mask = (slot < lengths[:, None]) | ((slot >= t_max) & (slot < t_max + olds[:, None]))
         x, new_conv = self.decoder.solve(
             _pad_rows(noise_rows, t_max), _pad_rows([m[0] for m in mu], t_max), spk,
-            _pad_rows(cond_rows, t_max), conv, [kv[s] for s in range(len(kv))], key_mask, lengths)
+            _pad_rows(cond_rows, t_max), _steps(conv), _steps(kv), key_mask, lengths)
         mel = x.masked_fill((slot[:t_max] >= lengths[:, None])[..., None], 0.0).transpose(1, 2)
-        return mel, self._scatter_caches(caches, new_conv, kv, n_new, t_max)
+        return mel, self._scatter_caches(rows, new_conv, kv, n_new, t_max)
 
     def _gather_caches(
         self, caches: list[FlowCache], t_max: int, l_max: int, like: Tensor
