@@ -165,6 +165,9 @@ class DiT(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """x: [B, T, in_channels] packed inputs; t: [1] or [B] -> velocity [B, T, out_channels] and the
         new conv cache [depth, B, 2 C, 2]. Caches and masks: module docstring; kv is updated in place.
+
+        With t of shape [1] (what the CFM passes) the time embedding and every adaLN modulation are
+        computed once and broadcast, so they are the same bits for a row whatever the batch size.
         """
         b, t_len, _ = x.shape
         if lengths is None:
