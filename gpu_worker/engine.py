@@ -4,7 +4,8 @@
 owns the device and does, in order:
 1. pump: apply aborts, admit new jobs, resolve each waiting job's voice (installed -> pin; features in the
    store -> install; not ready -> keep waiting up to `prep_wait_ms` while other rows decode, then prepare
-   inline), and open its stream;
+   inline: the host half in `prep_pool` if one is given, so other rows still decode, then the install
+   here), and open its stream;
 2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream);
 3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
 4. finish: release finished, failed and aborted jobs (unpin, forget), reclaim abandoned installs and
@@ -24,6 +25,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -96,20 +98,30 @@ class _Live:
     outcome: str | None = None  # finished | failed | aborted: released at the next finish phase
 
 
+@dataclass
+class _Preparing:
+    future: Future[PromptHostFeatures]
+    path: str  # the prep path of the job that asked for it
+    owner: str  # that job's id
+
+
 class Engine:
     def __init__(self, decoder: StreamDecoder, voices: VoiceCache, *, features: FeatureSource,
                  preparer: InlinePreparer, micro_batch_size: int, prep_wait_ms: float,
-                 clock: Callable[[], float] = time.monotonic, max_first_chunks: int | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_first_chunks: int | None = None,
+                 prep_pool: Executor | None = None) -> None:
         self.decoder = decoder
         self.voices = voices
         self.features = features
         self.preparer = preparer
+        self.prep_pool = prep_pool  # None: inline preparation runs in the engine thread, in order
         self.prep_wait_s = prep_wait_ms / 1000.0
         self.clock = clock
         self.scheduler = Scheduler(micro_batch_size=micro_batch_size, max_first_chunks=max_first_chunks)
         self.counters: Counter[str] = Counter(dict.fromkeys(PREP_PATHS, 0))
         self.stats: Counter[str] = Counter()  # steps, rows, jobs finished / failed / aborted
         self._live: dict[str, _Live] = {}
+        self._preparing: dict[str, _Preparing] = {}  # voice id -> inline preparation in the pool
         self._inbox: deque[EngineJob] = deque()
         self._aborts: set[str] = set()
         self._known: set[str] = set()  # queued or live job ids (guarded by _cond)
@@ -143,11 +155,14 @@ class Engine:
         return list(self._live)
 
     def idle_hint_s(self) -> float:
-        """How long the loop may sleep when a step decoded nothing (until the nearest prep deadline)."""
-        waiting = [lv.deadline for lv in self._live.values() if lv.stream is None and lv.outcome is None]
+        """How long the loop may sleep after a step that decoded nothing: every live job is waiting for
+        its voice (the store, a prep deadline or a preparation in the pool)."""
+        waiting = [lv for lv in self._live.values() if lv.stream is None and lv.outcome is None]
         if not waiting:
             return 0.05
-        return max(0.0, min(0.01, min(waiting) - self.clock()))
+        now = self.clock()
+        until = [lv.deadline - now for lv in waiting if lv.job.voice_id not in self._preparing]
+        return min(0.01, max(0.001, min(until, default=0.01)))
 
     # -- the engine thread ---------------------------------------------------------------------------
     def step(self) -> list[EngineEvent]:
@@ -176,6 +191,7 @@ class Engine:
             live = self._live.get(job_id)
             if live is not None:
                 self._abort_live(live, events)
+        self._collect_prepared(events)
         fetched: dict[str, PromptHostFeatures | None | Exception] = {}
         for live in list(self._live.values()):
             if live.stream is None and live.outcome is None:
@@ -195,6 +211,8 @@ class Engine:
         first_try, live.polled = not live.polled, True
         if voice_id in self.voices:
             self._start(live, "already_installed", self.voices.pin(voice_id), events)
+            return
+        if voice_id in self._preparing:  # another job's inline preparation will serve this one too
             return
         if live.job.prep_hint in ("queue_full", "failed"):
             self._install_inline(live, live.job.prep_hint, events)
@@ -230,15 +248,44 @@ class Engine:
         return got
 
     def _install_inline(self, live: _Live, path: str, events: list[EngineEvent]) -> None:
+        """Prepare the job's voice here: in the pool (other rows keep decoding), else right now."""
+        if self.prep_pool is not None:
+            future = self.prep_pool.submit(self.preparer.prepare, live.job)
+            self._preparing[live.job.voice_id] = _Preparing(future, path, live.job.job_id)
+            return
         try:
-            host = self.preparer.prepare(live.job)
-            if host.voice_id != live.job.voice_id:
-                raise ValueError(f"inline preparation produced voice {host.voice_id}")
-            entry = self.voices.get(host.voice_id) or self._install(host, events)
+            entry = self._install_host(self.preparer.prepare(live.job), live.job.voice_id, events)
         except Exception as exc:  # noqa: BLE001 - one job's preparation failing fails that job only
             self._fail(live, exc, events, path=path)
             return
         self._start(live, path, self.voices.pin(entry.voice_id), events)
+
+    def _collect_prepared(self, events: list[EngineEvent]) -> None:
+        """Install finished pool preparations for the jobs still waiting on them; drop the others'."""
+        for voice_id, prep in list(self._preparing.items()):
+            if not prep.future.done():
+                continue
+            del self._preparing[voice_id]
+            waiting = [lv for lv in self._live.values()
+                       if lv.job.voice_id == voice_id and lv.stream is None and lv.outcome is None]
+            if not waiting:
+                continue  # every job that wanted it went away: nothing is installed
+            try:
+                self._install_host(prep.future.result(), voice_id, events)
+            except Exception as exc:  # noqa: BLE001 - the voice cannot be prepared: its jobs fail
+                for live in waiting:
+                    self._fail(live, exc, events, path=prep.path)
+                continue
+            owner = next((lv for lv in waiting if lv.job.job_id == prep.owner), waiting[0])
+            for live in waiting:
+                path = prep.path if live is owner else "already_installed"
+                self._start(live, path, self.voices.pin(voice_id), events)
+
+    def _install_host(self, host: PromptHostFeatures, voice_id: str,
+                      events: list[EngineEvent]) -> InstalledVoice:
+        if host.voice_id != voice_id:
+            raise ValueError(f"inline preparation produced voice {host.voice_id}, not {voice_id}")
+        return self.voices.get(voice_id) or self._install(host, events)
 
     def _install(self, host: PromptHostFeatures, events: list[EngineEvent]) -> InstalledVoice:
         entry = self.voices.install(host)

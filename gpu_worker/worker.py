@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -237,6 +238,7 @@ class Runtime:
 EngineFactory = Callable[[Settings, FeatureSource, InlinePreparer], Engine]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DUMMY_SEED = 0
+INLINE_PREP_THREADS = 1
 
 
 def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePreparer) -> Engine:
@@ -253,8 +255,11 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
     decoder = StreamingDecoder(model, device=device, dtype=dtype, micro_batch_size=settings.micro_batch_size)
     voices = VoiceCache(partial(install_voice, speaker=speaker, decoder=decoder), device=device,
                         max_voices=settings.voice_cache_capacity)
+    # Inline host halves run beside the decode loop (CPU work; torch releases the GIL in it).
+    pool = ThreadPoolExecutor(max_workers=INLINE_PREP_THREADS, thread_name_prefix="wavefarm-inline-prep")
     return Engine(decoder, voices, features=features, preparer=preparer,
-                  micro_batch_size=settings.micro_batch_size, prep_wait_ms=settings.prep_wait_ms)
+                  micro_batch_size=settings.micro_batch_size, prep_wait_ms=settings.prep_wait_ms,
+                  prep_pool=pool)
 
 
 def build_runtime(settings: Settings, worker_id: str,

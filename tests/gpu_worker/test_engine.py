@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
@@ -311,6 +313,81 @@ def test_inline_preparation_failure_fails_the_job_not_the_engine() -> None:
 def test_every_prep_path_has_a_counter() -> None:
     h = harness()
     assert set(h.engine.counters) == set(PREP_PATHS)
+
+
+# -- inline preparation in a pool ----------------------------------------------------------------------
+
+
+class BlockingPreparer(FakePreparer):
+    """Inline preparation that takes as long as the test says (released by `go`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def prepare(self, job: EngineJob) -> PromptHostFeatures:
+        self.calls.append(job.job_id)
+        self.go.wait(10)
+        if self.fail:
+            raise OSError("reference audio is gone")
+        return features(job.voice_id)
+
+
+@pytest.fixture
+def pooled() -> Iterator[Harness]:
+    h = harness("alice", prep_wait_ms=0)
+    pool = ThreadPoolExecutor(1)
+    h.preparer = BlockingPreparer()
+    h.engine.preparer, h.engine.prep_pool = h.preparer, pool
+    yield h
+    h.preparer.go.set()
+    pool.shutdown(wait=True)
+
+
+def _steps_until(h: Harness, done, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not done() and time.monotonic() < deadline:
+        h.step()
+        time.sleep(0.005)
+    assert done()
+
+
+def test_rows_keep_decoding_while_a_voice_is_prepared_inline_in_the_pool(pooled: Harness) -> None:
+    h = pooled
+    h.engine.add(job("running", "alice", seed=1))
+    h.engine.add(job("inline", "zoe", seed=2))
+    h.engine.add(job("same-voice", "zoe", seed=3))
+    h.step(2)
+    assert h.of(Audio, "running") and not h.of(Audio, "inline")
+    assert h.preparer.calls == ["inline"] and h.engine.idle_hint_s() > 0
+    h.preparer.go.set()
+    _steps_until(h, lambda: len(h.of(Finished)) == 3)
+    paths = {e.job_id: e.prep_path for e in h.of(VoiceReady)}
+    assert paths == {"running": "prepared_ahead", "inline": "inline", "same-voice": "already_installed"}
+    assert h.preparer.calls == ["inline"]
+    assert torch.equal(h.audio("inline"), expected_audio("zoe", 2, TOKENS))
+
+
+def test_a_pool_preparation_whose_jobs_went_away_installs_nothing(pooled: Harness) -> None:
+    h = pooled
+    h.engine.add(job("j", "zoe"))
+    h.step()
+    h.engine.abort("j")
+    h.step()
+    h.preparer.go.set()
+    _steps_until(h, lambda: not h.engine._preparing)
+    h.step()
+    assert h.of(VoiceInstalled) == [] and h.engine.counters["abandoned"] == 1
+
+
+def test_a_failed_pool_preparation_fails_the_jobs_waiting_on_it(pooled: Harness) -> None:
+    h = pooled
+    h.preparer.fail = True
+    h.engine.add(job("a", "zoe", seed=1))
+    h.engine.add(job("b", "zoe", seed=2))
+    h.preparer.go.set()
+    _steps_until(h, lambda: len(h.of(Failed)) == 2)
+    assert all("reference audio is gone" in e.error for e in h.of(Failed))
 
 
 # -- failures, aborts, eviction ---------------------------------------------------------------------
