@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import re
 import shutil
 import subprocess
 import threading
@@ -36,6 +37,7 @@ from app.errors import BadInput
 
 GUIDE_SAMPLE_RATE = 16000
 MAX_CHARS = 4000  # a segment is a few hundred characters; this bounds one call's work
+_VOICE_RE = re.compile(r"[a-z]{2,3}(-[a-z0-9]{1,8}){0,3}(\+[a-z0-9]{1,16})?")  # never a path
 
 _SYNC_OUTPUT = 2  # AUDIO_OUTPUT_SYNCHRONOUS
 _DONT_EXIT = 0x8000  # espeakINITIALIZE_DONT_EXIT: report errors instead of exiting the process
@@ -142,6 +144,8 @@ def identity(options: GuideOptions = GuideOptions()) -> dict[str, object]:
 def speak(text: str, options: GuideOptions = GuideOptions()) -> np.ndarray:
     """Normalised text -> [T] float32 mono PCM at 16 kHz (GUIDE_SAMPLE_RATE)."""
     text = " ".join(text.split())
+    if not _VOICE_RE.fullmatch(options.voice):
+        raise BadInput(f"{options.voice[:40]!r} is not an espeak-ng voice name such as 'en-us'")
     if not text:
         raise BadInput("the guide voice was given no text")
     if len(text) > MAX_CHARS:

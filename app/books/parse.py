@@ -25,6 +25,7 @@ from app.errors import BadInput
 FORMATS = ("text", "markdown", "epub", "manifest")
 _BINARY_CONTROL_SHARE = 0.001  # more C0 control characters than this is not a text file
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0e-\x1f]")
+_LANGUAGE_RE = re.compile(r"[a-z]{2,3}(-[a-z0-9]{1,8}){0,3}")  # BCP 47, lower-cased
 
 
 def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = None, title: str | None = None,
@@ -89,9 +90,11 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
             if len(paragraph) > limits.max_paragraph_chars:
                 raise BadInput(f"paragraph {pi + 1} of chapter {ci + 1} ({chapter.title!r}) is "
                                f"{len(paragraph)} characters; the limit is {limits.max_paragraph_chars}")
-    return SourceBook(title=title.strip() or "Untitled", author=author.strip(),
-                      language=(language or "en").lower(), chapters=tuple(kept), cover=cover,
-                      cover_type=cover_type)
+    language = (language or "en").strip().lower().replace("_", "-")
+    if not _LANGUAGE_RE.fullmatch(language):
+        raise BadInput(f"language {language[:40]!r} is not a language tag such as 'en' or 'pt-br'")
+    return SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
+                      chapters=tuple(kept), cover=cover, cover_type=cover_type)
 
 
 # --- plain text ----------------------------------------------------------------------------------

@@ -56,8 +56,10 @@ def test_empty_and_over_long_text_is_refused(text, message):
 
 
 def test_an_unknown_voice_is_refused():
-    with pytest.raises(BadInput, match="no voice 'xx-nonexistent'|could not speak"):
-        speak("Hello.", GuideOptions(voice="xx-nonexistent"))
+    with pytest.raises(BadInput, match="no voice 'xx-nope'|could not speak"):
+        speak("Hello.", GuideOptions(voice="xx-nope"))
+    with pytest.raises(BadInput, match="not an espeak-ng voice name"):
+        speak("Hello.", GuideOptions(voice="../../../etc/passwd"))
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the Debian espeak-ng binary is not installed")

@@ -139,6 +139,14 @@ def test_empty_book_is_refused(fmt):
         parse_book(b"", fmt=fmt)
 
 
+def test_language_must_be_a_language_tag():
+    assert parse_text(b"Hallo.", title="T", language="de_AT").language == "de-at"
+    with pytest.raises(BadInput, match="not a language tag"):
+        parse_text(b"Hello.", title="T", language="../voices/x")
+    with pytest.raises(BadInput, match="not a language tag"):
+        parse_markdown(b"---\nlanguage: en us\n---\n# A\n\nHello.\n")
+
+
 def test_whitespace_only_and_heading_only_books_have_no_text():
     with pytest.raises(BadInput, match="empty"):
         parse_text(b"   \n\n  ")
