@@ -46,15 +46,16 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
     spine_el = opf.find("opf:spine", NS)
     if spine_el is None:
         raise BadInput(f"EPUB package {opf_path} has no spine (reading order)")
+    readable = {k for k, i in items.items() if "html" in (i.get("media-type") or "")}  # not SVG pages
     spine = list(dict.fromkeys(href[r.get("idref")] for r in spine_el.iterfind("opf:itemref", NS)
-                               if r.get("idref") in href and r.get("linear", "yes") != "no"))
+                               if r.get("idref") in readable and r.get("linear", "yes") != "no"))
     _refuse_drm(archive, spine)
     toc = _nav_toc(archive, items, href) or _ncx_toc(archive, spine_el.get("toc"), href)
     chapters = _chapters(archive, spine, toc)
     cover, cover_type = _cover(archive, opf, items, href)
     return finish_book(chapters, title=title or _dc(opf, "title") or "Untitled",
                        author=author or _dc(opf, "creator"),
-                       language=language or (_dc(opf, "language") or "en").split("-")[0],
+                       language=language or _dc(opf, "language") or "en",
                        limits=limits, cover=cover, cover_type=cover_type)
 
 

@@ -62,7 +62,7 @@ def test_plain_text_without_blank_lines_has_one_paragraph_per_line():
 
 def test_epub_chapters_follow_the_spine_with_titles_from_the_nav_document(epub_book):
     book = parse_epub(epub_book)
-    assert (book.title, book.author, book.language) == ("The Clockmaker Tales", "Ida North", "en")
+    assert (book.title, book.author, book.language) == ("The Clockmaker Tales", "Ida North", "en-gb")
     assert [c.title for c in book.chapters] == [
         "Title Page",
         "Chapter One: Dusk",
