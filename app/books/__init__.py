@@ -65,7 +65,7 @@ class SourceChapter:
 class SourceBook:
     title: str
     author: str
-    language: str  # "en", "de", ... (BCP 47 primary tag, lower case)
+    language: str  # BCP 47 tag, lower case: "en", "en-gb", "de", "pt-br" ...
     chapters: tuple[SourceChapter, ...]
     cover: bytes | None = None
     cover_type: str | None = None  # "image/jpeg" or "image/png"
