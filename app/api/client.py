@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -138,7 +139,7 @@ class LocalClient:
     def audio(self, job_id: str) -> bytes:
         from app.api.routes_jobs import get_audio
 
-        return get_audio(job_id, self.ctx).path.read_bytes()  # type: ignore[arg-type]
+        return Path(get_audio(job_id, self.ctx).path).read_bytes()
 
     def voices(self) -> list[dict[str, Any]]:
         from app.api.routes_voices import list_voices

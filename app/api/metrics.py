@@ -17,13 +17,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import keys
 from app.store import FeatureStore
@@ -117,7 +116,7 @@ class HttpMetrics:
             return
         start, status = time.perf_counter(), 500
 
-        async def send_status(message: dict[str, Any]) -> None:
+        async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -14,7 +16,7 @@ router = APIRouter(tags=["operations"])
 
 def _check(ctx: ApiContext) -> dict[str, str]:
     checks: dict[str, str] = {}
-    probes = {
+    probes: dict[str, Callable[[], object]] = {
         "database": lambda: _select_one(ctx),
         "broker": ctx.broker.ping,
         "feature_store": ctx.store.client.ping,

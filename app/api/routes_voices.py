@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Query, Response, UploadFile
 from fastapi.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile as StarletteUpload
 
 from app import submit
 from app.api import reads
@@ -19,7 +20,7 @@ router = APIRouter(prefix="/v1/voices", tags=["voices"], dependencies=[Depends(a
                    responses={401: {"model": Problem}, 422: {"model": Problem}})
 
 
-async def read_upload(upload: UploadFile, limit: int, what: str) -> bytes:
+async def read_upload(upload: StarletteUpload, limit: int, what: str) -> bytes:
     """The upload's bytes, refusing more than `limit` without reading them all into memory."""
     data = await upload.read(limit + 1)
     if len(data) > limit:
