@@ -100,12 +100,23 @@ class ReferencePreparer:
         pcm, voice_id = load_reference(self.artifacts.read_bytes(reference), reference_limits(self.settings))
         if voice_id != job.voice_id:
             raise EngineFailure(f"reference {reference} normalises to voice {voice_id}, not {job.voice_id}")
+        start = time.perf_counter()
         host = host_half(pcm, voice_id)
-        try:  # later jobs and other workers reuse it
-            self.store.put(voice_id, host.to_bytes())
-        except redis.RedisError as exc:
-            log.warning("voice %s: could not store inline-prepared features: %s", voice_id, exc)
+        self._publish(host, time.perf_counter() - start)
         return host
+
+    def _publish(self, host: PromptHostFeatures, seconds: float) -> None:
+        """Store the features for later jobs and other workers, as `voice.prepare` would, and reclaim
+        them at once if every job that wanted the voice was cancelled meanwhile."""
+        data = host.to_bytes()
+        try:
+            self.store.put(host.voice_id, data)
+            with session_scope(self.sessions) as session:
+                queries.mark_voice_ready(session=session, voice_id=host.voice_id, prepare_ms=1000 * seconds,
+                                         feature_nbytes=len(data))
+                reclaim_abandoned_voice(session=session, store=self.store, voice_id=host.voice_id)
+        except redis.RedisError as exc:
+            log.warning("voice %s: could not store inline-prepared features: %s", host.voice_id, exc)
 
 
 # -- the engine thread -----------------------------------------------------------------------------

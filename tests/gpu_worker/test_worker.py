@@ -134,7 +134,10 @@ def test_inline_output_equals_prepared_ahead_output_bit_for_bit(make_runtime, se
     inline_job = submit(inline_rt, sessions, VOICE_B, n_tokens=40, seed=3)
     inline = JobRun(inline_rt, RecordingTask(), inline_job).run()
     assert inline["prep_path"] == "inline"
-    assert inline_rt.store.get(job_row(sessions, inline_job).voice_id) is not None  # kept for others
+    voice_id = job_row(sessions, inline_job).voice_id
+    assert inline_rt.store.get(voice_id) is not None  # kept for later jobs and other workers
+    with sessions() as session:
+        assert queries.require_voice(session=session, voice_id=voice_id).status == "ready"
     ahead_rt = make_runtime()  # a second worker: nothing installed yet, features already in the store
     ahead_job = submit(ahead_rt, sessions, VOICE_B, n_tokens=40, seed=3)
     ahead = JobRun(ahead_rt, RecordingTask(), ahead_job).run()
