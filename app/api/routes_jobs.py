@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from pydantic import ValidationError
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from app import submit
 from app.api import reads
@@ -63,7 +63,13 @@ async def _json_fields(request: Request, ctx: ApiContext) -> dict[str, Any]:
 
 
 async def _form_fields(request: Request, ctx: ApiContext) -> dict[str, Any]:
-    form = await request.form(max_files=2, max_fields=len(FORM_FIELDS), max_part_size=_tokens_limit(ctx))
+    # `async with`: the spooled upload files are closed (and deleted) when we are done with them.
+    async with request.form(max_files=2, max_fields=len(FORM_FIELDS),
+                            max_part_size=_tokens_limit(ctx)) as form:
+        return await _read_form(form, ctx)
+
+
+async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     unknown = set(form.keys()) - set(FORM_FIELDS)
     if unknown:
         raise BadInput(f"unknown form fields: {sorted(unknown)}")
