@@ -1,4 +1,4 @@
-"""Rendered segments -> chapter WAV/FLAC files, one M4B audiobook, a chapter index (JSON + WebVTT).
+"""Rendered segments -> chapter WAV/FLAC files and one M4B audiobook.
 
 `assemble_chapter` concatenates a planned chapter's segment files (looked up by content key) with
 each segment's pause after it, optionally normalises loudness (pyloudnorm, ITU-R BS.1770, to a
@@ -8,11 +8,12 @@ lies. A chapter is assembled in memory (one hour of 24 kHz mono is 350 MB of flo
 at the exact sample where each chapter starts, title/author/album/genre tags, and a JPEG/PNG cover as
 an attached picture. No ffmpeg binary is run. Every file is written to a temporary name beside
 its target and renamed into place (`os.replace`), so a reader never sees half a file.
+The chapter index (JSON + WebVTT) is `app.books.index`; the whole book, reusing the chapter files
+whose inputs have not changed, is `app.books.output`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ import pyloudnorm
 import soundfile as sf
 
 from app.audio import PROMPT_SAMPLE_RATE, resample, write_audio
-from app.books.plan import BookPlan, PlanChapter
+from app.books.plan import PlanChapter
 from app.errors import BadInput, NotFound
 
 if TYPE_CHECKING:
@@ -132,29 +133,6 @@ def write_text(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-@dataclass(frozen=True)
-class BookAudio:
-    chapters: tuple[ChapterAudio, ...]
-    m4b: Path | None
-    index_json: Path
-    index_vtt: Path
-
-
-def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = "flac",
-                  sample_rate: int = PROMPT_SAMPLE_RATE, target_lufs: float | None = None, m4b: bool = True,
-                  cover: bytes | None = None, cover_type: str | None = None) -> BookAudio:
-    """The whole book: `out_dir`/chapter-NNN.<fmt>, book.m4b, chapters.json, chapters.vtt."""
-    chapters = tuple(assemble_chapter(c, audio, out_dir / f"chapter-{c.index + 1:03d}.{fmt}", fmt=fmt,
-                                      sample_rate=sample_rate, target_lufs=target_lufs)
-                     for c in plan.chapters)
-    book = out_dir / "book.m4b" if m4b else None
-    if book is not None:
-        write_m4b(chapters, book, title=plan.title, author=plan.author, cover=cover, cover_type=cover_type)
-    index_json, index_vtt = out_dir / "chapters.json", out_dir / "chapters.vtt"
-    write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author)
-    return BookAudio(chapters, book, index_json, index_vtt)
-
-
 # --- M4B -----------------------------------------------------------------------------------------
 
 def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, title: str, author: str,
@@ -217,50 +195,3 @@ def _encode_file(box: Any, stream: Any, path: Path, rate: int, pts: int) -> int:
             for packet in stream.encode(frame):
                 box.mux(packet)
     return pts
-
-
-# --- chapter index -------------------------------------------------------------------------------
-
-def chapter_index(chapters: Sequence[ChapterAudio], *, title: str, author: str) -> dict[str, Any]:
-    """Chapters on the book's timeline; segments on their chapter file's and on the book's timeline."""
-    out, offset = [], 0.0
-    for chapter in chapters:
-        out.append({"index": chapter.index, "title": chapter.title, "file": chapter.path.name,
-                    "start": round(offset, 3), "end": round(offset + chapter.duration, 3),
-                    "segments": [{"key": s.key, "text": s.text,
-                                  "start": round(s.start, 3), "end": round(s.end, 3),
-                                  "book_start": round(offset + s.start, 3),
-                                  "book_end": round(offset + s.end, 3)} for s in chapter.segments]})
-        offset += chapter.duration
-    return {"title": title, "author": author, "duration": round(offset, 3), "chapters": out}
-
-
-def webvtt(index: Mapping[str, Any]) -> str:
-    """The index as WebVTT: one cue per segment on the book's timeline, a NOTE per chapter."""
-    lines = ["WEBVTT", ""]
-    for chapter in index["chapters"]:
-        lines += [f"NOTE Chapter {chapter['index'] + 1}: {_vtt_text(chapter['title'])}", ""]
-        for j, seg in enumerate(chapter["segments"]):
-            text = seg["text"] or f"({chapter['title']}, segment {j + 1})"
-            lines += [f"c{chapter['index'] + 1}-s{j + 1}",
-                      f"{_vtt_time(seg['book_start'])} --> {_vtt_time(seg['book_end'])}", _vtt_text(text), ""]
-    return "\n".join(lines)
-
-
-def write_index(chapters: Sequence[ChapterAudio], json_path: Path, vtt_path: Path, *, title: str,
-                author: str) -> dict[str, Any]:
-    index = chapter_index(chapters, title=title, author=author)
-    write_text(json_path, json.dumps(index, ensure_ascii=False, indent=1))
-    write_text(vtt_path, webvtt(index))
-    return index
-
-
-def _vtt_time(seconds: float) -> str:
-    ms = round(seconds * 1000)
-    hours, ms = divmod(ms, 3_600_000)
-    minutes, ms = divmod(ms, 60_000)
-    return f"{hours:02d}:{minutes:02d}:{ms // 1000:02d}.{ms % 1000:03d}"
-
-
-def _vtt_text(text: str) -> str:
-    return " ".join(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").split())

@@ -10,13 +10,9 @@ import pyloudnorm
 import pytest
 import soundfile as sf
 
-from app.books.assemble import (
-    assemble_book,
-    assemble_chapter,
-    normalise_loudness,
-    write_index,
-    write_m4b,
-)
+from app.books.assemble import assemble_chapter, normalise_loudness, write_m4b
+from app.books.index import write_index
+from app.books.output import assemble_book
 from app.books.parse import parse_markdown
 from app.books.plan import plan_book
 from app.books.text import SegmentOptions
@@ -188,9 +184,13 @@ def test_assemble_book_writes_every_output_beside_each_other(rendered, tmp_path)
     out = assemble_book(plan, audio, tmp_path / "book", fmt="wav", target_lufs=-20.0)
     assert sorted(p.name for p in (tmp_path / "book").iterdir()) == [
         "book.m4b",
+        "book.m4b.json",
         "chapter-001.wav",
+        "chapter-001.wav.json",
         "chapter-002.wav",
+        "chapter-002.wav.json",
         "chapter-003.wav",
+        "chapter-003.wav.json",
         "chapters.json",
         "chapters.vtt",
     ]

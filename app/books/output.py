@@ -1,0 +1,126 @@
+"""A whole book's outputs in one folder, reusing every chapter file whose inputs have not changed.
+
+    out_dir/chapter-001.flac (+ .json)  ...  book.m4b (+ .json)  chapters.json  chapters.vtt
+
+Each chapter file has a sidecar naming its *recipe* - the sha256 of its segments' content keys and
+pauses and of the assembly options - and the segment timings. The sidecar is removed before the
+audio is replaced and written after it, so after a crash at any point a file is either described
+correctly or re-assembled. Re-running after an interruption, or after an edit to one paragraph,
+re-assembles only the chapters whose recipe changed; the M4B is re-encoded only when a chapter, a
+title, the metadata or the cover changed. Files of chapters that no longer exist are removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import soundfile as sf
+
+from app.audio import PROMPT_SAMPLE_RATE
+from app.books.assemble import ChapterAudio, SegmentTiming, assemble_chapter, write_m4b, write_text
+from app.books.index import write_index
+from app.books.plan import BookPlan, PlanChapter, canonical_json
+
+_CHAPTER_FILE_RE = re.compile(r"chapter-\d{3,}\.(wav|flac)(\.json)?")
+
+
+@dataclass(frozen=True)
+class BookAudio:
+    chapters: tuple[ChapterAudio, ...]
+    m4b: Path | None
+    index_json: Path
+    index_vtt: Path
+    reused: tuple[int, ...]  # chapter indices taken as they were
+    m4b_reused: bool
+
+
+def chapter_recipe(chapter: PlanChapter, *, fmt: str, sample_rate: int, target_lufs: float | None) -> str:
+    return hashlib.sha256(canonical_json({
+        "v": 1, "segments": [[s.key, s.pause_after_ms] for s in chapter.segments],
+        "fmt": fmt, "sample_rate": sample_rate, "target_lufs": target_lufs,
+    })).hexdigest()
+
+
+def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = "flac",
+                  sample_rate: int = PROMPT_SAMPLE_RATE, target_lufs: float | None = None, m4b: bool = True,
+                  cover: bytes | None = None, cover_type: str | None = None) -> BookAudio:
+    """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chapters, reused = [], []
+    for chapter in plan.chapters:
+        path = out_dir / f"chapter-{chapter.index + 1:03d}.{fmt}"
+        recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs)
+        done = _reuse_chapter(chapter, path, recipe)
+        if done is None:
+            _sidecar(path).unlink(missing_ok=True)
+            done = assemble_chapter(chapter, audio, path, fmt=fmt, sample_rate=sample_rate,
+                                    target_lufs=target_lufs)
+            write_text(_sidecar(path), json.dumps(_describe(done, recipe)))
+        else:
+            reused.append(chapter.index)
+        chapters.append(done)
+    book, m4b_reused = None, False
+    if m4b:
+        book = out_dir / "book.m4b"
+        m4b_reused = _write_m4b_once(plan, chapters, book, cover=cover, cover_type=cover_type)
+    index_json, index_vtt = out_dir / "chapters.json", out_dir / "chapters.vtt"
+    write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author)
+    _remove_stale(out_dir, {c.path.name for c in chapters})
+    return BookAudio(tuple(chapters), book, index_json, index_vtt, tuple(reused), m4b_reused)
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def _describe(chapter: ChapterAudio, recipe: str) -> dict[str, Any]:
+    return {"recipe": recipe, "sample_rate": chapter.sample_rate, "samples": chapter.samples,
+            "segments": [[s.key, s.text, s.start, s.end] for s in chapter.segments]}
+
+
+def _reuse_chapter(chapter: PlanChapter, path: Path, recipe: str) -> ChapterAudio | None:
+    """The finished chapter file at `path` if its sidecar names the same recipe, else None."""
+    try:
+        described = json.loads(_sidecar(path).read_text(encoding="utf-8"))
+        frames = sf.info(str(path)).frames
+        if (described["recipe"], described["samples"]) != (recipe, frames):
+            return None
+        segments = tuple(SegmentTiming(k, text, start, end) for k, text, start, end in described["segments"])
+        rate = int(described["sample_rate"])
+        return ChapterAudio(chapter.index, chapter.title, path, rate, frames, segments)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError):  # missing, unreadable, not audio
+        return None
+
+
+def _write_m4b_once(plan: BookPlan, chapters: list[ChapterAudio], book: Path, *, cover: bytes | None,
+                    cover_type: str | None) -> bool:
+    """Encode the M4B unless the one there was made from the same chapters and metadata."""
+    recipe = hashlib.sha256(canonical_json({
+        "v": 1, "title": plan.title, "author": plan.author, "cover_type": cover_type,
+        "cover": hashlib.sha256(cover).hexdigest() if cover else None,
+        "chapters": [[c.title, json.loads(_sidecar(c.path).read_text(encoding="utf-8"))["recipe"]]
+                     for c in chapters],
+    })).hexdigest()
+    try:
+        if book.is_file() and json.loads(_sidecar(book).read_text(encoding="utf-8")).get("recipe") == recipe:
+            return True
+    except (OSError, ValueError):
+        pass
+    _sidecar(book).unlink(missing_ok=True)
+    write_m4b(chapters, book, title=plan.title, author=plan.author, cover=cover, cover_type=cover_type)
+    write_text(_sidecar(book), json.dumps({"recipe": recipe}))
+    return False
+
+
+def _remove_stale(out_dir: Path, current: set[str]) -> None:
+    """Chapter files (and sidecars) left from an earlier, longer version of the book or another format."""
+    for path in out_dir.iterdir():
+        name = path.name.removesuffix(".json")
+        if _CHAPTER_FILE_RE.fullmatch(path.name) and name not in current:
+            path.unlink(missing_ok=True)
