@@ -6,7 +6,9 @@
     text         English normalisation (numbers: `numbers`); sentence/paragraph segmentation with pauses
     plan         `SourceBook` -> `BookPlan` (chapters -> segments, each with a content key)
     guide_voice  espeak-ng speaks a segment's text at 16 kHz (the GPU worker tokenizes it)
-    assemble     rendered segments -> chapter WAV/FLAC, one M4B with chapters, a JSON + WebVTT index
+    assemble     rendered segments -> chapter WAV/FLAC and one M4B with chapter markers
+      index        the chapter index: JSON and WebVTT with segment timings
+      output       `assemble_book`: all of it in one folder, reusing chapters whose inputs are unchanged
 
 Languages: English text is normalised (numbers, ordinals, years, decimals, currency, common
 abbreviations, punctuation). Text in any other language passes through unnormalised (Unicode and
