@@ -106,12 +106,21 @@ class _Library:
         return pcm.astype(np.float32) / 32768.0
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 @lru_cache(maxsize=1)
-def _library() -> _Library | None:
+def _load_library() -> _Library | None:
     try:
         return _Library()
     except (ImportError, OSError, AttributeError):
         return None
+
+
+def _library() -> _Library | None:
+    # lru_cache alone could initialise libespeak-ng twice from two threads; its callback is global.
+    with _LOAD_LOCK:
+        return _load_library()
 
 
 def _binary() -> str | None:

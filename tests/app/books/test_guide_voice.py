@@ -69,3 +69,14 @@ def test_the_binary_fallback_speaks_the_same_sentence(monkeypatch):
     binary = speak(SENTENCE)
     assert guide_voice.backend().startswith("espeak-ng binary ")
     assert abs(len(binary) - len(wheel)) < 0.25 * len(wheel)  # another espeak-ng version, same speech
+
+
+def test_threads_speaking_at_once_each_get_their_own_sentence():
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = ["One.", "This sentence is a good deal longer than the first one was.", "Two words.", SENTENCE]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(speak, texts))
+    for text, pcm in zip(texts, together, strict=True):
+        alone = speak(text)
+        assert abs(len(pcm) - len(alone)) < 0.05 * len(alone) + 800
