@@ -30,6 +30,7 @@ from typing import Any
 import redis
 import torch
 from celery import Celery, Task, signals
+from celery.exceptions import Reject
 from kombu import Queue
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -156,6 +157,9 @@ class EngineLoop:
     def running(self, job_id: str) -> bool:
         with self._lock:
             return job_id in self._queues
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -359,7 +363,7 @@ class JobRun:
             output.discard()
             if submitted:  # e.g. the database went away mid-job: free the engine slot and the pin
                 self.rt.loop.abort(self.job_id)
-            if not isinstance(exc, EngineFailure):
+            if not isinstance(exc, EngineFailure | Reject):
                 self._finish(JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
             raise
 
@@ -384,6 +388,8 @@ class JobRun:
                 try:
                     event = events.get(timeout=self.rt.settings.progress_interval_s)
                 except queue.Empty:
+                    if not self.rt.loop.alive():  # the worker is shutting down under this job
+                        raise Reject("engine stopped; the job goes back to the queue", requeue=True) from None
                     event = None
                 result = self._handle(event, output, progress)
                 if result is not None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import soundfile as sf
 import torch
+from celery.exceptions import Reject
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
@@ -226,6 +227,17 @@ def test_cancel_while_waiting_for_the_voice_abandons_it_without_installing(make_
     with sessions() as session:
         assert queries.require_voice(session=session, voice_id=job_row(sessions, job_id).voice_id).status \
             == "pending"  # ready to be prepared again by a later job
+
+
+def test_a_job_cut_short_by_shutdown_goes_back_to_the_queue_unfailed(make_runtime, sessions) -> None:
+    rt = make_runtime(prep_wait_ms=60_000)
+    job_id = submit(rt, sessions, VOICE_A, n_tokens=30)
+    threading.Timer(0.3, rt.loop.stop).start()
+    with pytest.raises(Reject) as info:
+        JobRun(rt, RecordingTask(), job_id).run()
+    assert info.value.requeue
+    assert job_row(sessions, job_id).status in ("preparing", "running")  # the next delivery resumes it
+    assert not list((rt.artifacts.root / "outputs").iterdir())
 
 
 def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
