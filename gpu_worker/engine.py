@@ -119,7 +119,7 @@ class Engine:
         self.clock = clock
         self.scheduler = Scheduler(micro_batch_size=micro_batch_size, max_first_chunks=max_first_chunks)
         self.counters: Counter[str] = Counter(dict.fromkeys(PREP_PATHS, 0))
-        self.stats: Counter[str] = Counter()  # steps, rows, jobs finished / failed / aborted
+        self.stats: Counter[str] = Counter()  # steps, batches, rows, mel frames; jobs finished/failed/aborted
         self._live: dict[str, _Live] = {}
         self._preparing: dict[str, _Preparing] = {}  # voice id -> inline preparation in the pool
         self._inbox: deque[EngineJob] = deque()
@@ -153,6 +153,11 @@ class Engine:
 
     def live_jobs(self) -> list[str]:
         return list(self._live)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for logs and dashboards: prep paths, steps, rows, jobs, installed voices."""
+        return {"prep_paths": dict(self.counters), **self.stats, "live_jobs": len(self._live),
+                "voices": len(self.voices), "voice_bytes": self.voices.nbytes()}
 
     def idle_hint_s(self) -> float:
         """How long the loop may sleep after a step that decoded nothing: every live job is waiting for
@@ -332,6 +337,7 @@ class Engine:
             return
         self.stats["rows"] += len(rows)
         self.stats["batches"] += 1
+        self.stats["mel_frames"] += sum(live.chunks[live.next_chunk].mel_frames for live in batch)
         for live, audio in zip(batch, _to_host(audios), strict=True):
             self._hand_out(live, audio, events)
 

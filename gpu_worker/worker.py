@@ -68,6 +68,7 @@ from gpu_worker.voices import VoiceCache
 log = logging.getLogger(__name__)
 
 TERMINAL = (Finished, Failed, Aborted)
+STATS_LOG_S = 60.0  # how often the engine thread logs its counters
 
 
 # -- adapters at the engine boundary ---------------------------------------------------------------
@@ -162,7 +163,11 @@ class EngineLoop:
         return self._thread.is_alive() and not self._stop.is_set()
 
     def _run(self) -> None:
+        next_log = time.monotonic() + STATS_LOG_S
         while not self._stop.is_set():
+            if time.monotonic() >= next_log:
+                next_log = time.monotonic() + STATS_LOG_S
+                log.info("engine: %s", self.engine.snapshot())
             if not self.engine.wait_for_work(timeout=0.2):
                 continue
             try:

@@ -203,6 +203,9 @@ def test_rows_of_different_jobs_share_a_step_up_to_micro_batch_size() -> None:
     h.run()
     assert max(len(b) for b in h.decoder.batches) == 2
     assert sum(len(b) for b in h.decoder.batches) == 3 * len(plan_chunks(len(TOKENS)))
+    snap = h.engine.snapshot()
+    assert snap["mel_frames"] == 3 * 2 * len(TOKENS) and snap["finished"] == 3 and snap["live_jobs"] == 0
+    assert snap["prep_paths"]["prepared_ahead"] == 1 and snap["voices"] == 1
 
 
 def test_first_chunk_joins_a_step_beside_continuing_rows() -> None:
