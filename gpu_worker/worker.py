@@ -222,19 +222,14 @@ class Bookkeeper:
                 log.exception("worker bookkeeping write failed")
 
 
-# -- one process's resources -----------------------------------------------------------------------
-@dataclass
-class Runtime:
-    settings: Settings
-    worker_id: str
-    sessions: sessionmaker[Session]
-    store: FeatureStore
-    artifacts: ArtifactStore
-    loop: EngineLoop
-    book: Bookkeeper
+class InstallRecords:
+    """This worker's installed voices in the database (`worker_voices`), written by the bookkeeper."""
 
-    def record_voice_event(self, event: EngineEvent) -> None:
-        """Engine thread: hand install / evict records to the bookkeeper."""
+    def __init__(self, book: Bookkeeper, sessions: sessionmaker[Session], worker_id: str) -> None:
+        self.book, self.sessions, self.worker_id = book, sessions, worker_id
+
+    def on_voice_event(self, event: EngineEvent) -> None:
+        """Engine thread: installs and evictions become rows (queued, in order)."""
         if isinstance(event, VoiceInstalled):
             voice_id, nbytes = event.voice_id, event.nbytes
             self.book.put(lambda: self._db(queries.record_install, voice_id=voice_id, nbytes=nbytes))
@@ -248,6 +243,19 @@ class Runtime:
     def _db(self, query: Callable[..., Any], **kwargs: Any) -> None:
         with session_scope(self.sessions) as session:
             query(session=session, worker_id=self.worker_id, **kwargs)
+
+
+# -- one process's resources -----------------------------------------------------------------------
+@dataclass
+class Runtime:
+    settings: Settings
+    worker_id: str
+    sessions: sessionmaker[Session]
+    store: FeatureStore
+    artifacts: ArtifactStore
+    loop: EngineLoop
+    book: Bookkeeper
+    installs: InstallRecords
 
     def close(self) -> None:
         self.loop.stop()
@@ -293,13 +301,13 @@ def build_runtime(settings: Settings, worker_id: str,
     with session_scope(sessions) as session:  # a restarted worker's device memory is empty
         queries.clear_worker_voices(session=session, worker_id=worker_id)
     book = Bookkeeper()
-    runtime = Runtime(settings=settings, worker_id=worker_id, sessions=sessions, store=store,
-                      artifacts=artifacts, loop=None, book=book)  # type: ignore[arg-type]
-    runtime.loop = EngineLoop(engine, runtime.record_voice_event)
-    runtime.loop.start()
+    installs = InstallRecords(book, sessions, worker_id)
+    loop = EngineLoop(engine, installs.on_voice_event)
+    loop.start()
     log.info("GPU worker %s ready: device %s, preset %s, %d slots, micro-batch %d", worker_id,
              settings.device, settings.model_preset, settings.worker_slots, settings.micro_batch_size)
-    return runtime
+    return Runtime(settings=settings, worker_id=worker_id, sessions=sessions, store=store,
+                   artifacts=artifacts, loop=loop, book=book, installs=installs)
 
 
 _runtime: Runtime | None = None
@@ -402,7 +410,7 @@ class JobRun:
                 self._report(progress)
         finally:
             if progress.pinned:
-                self.rt.pin(job.voice_id, -1)
+                self.rt.installs.pin(job.voice_id, -1)
 
     def _handle(self, event: EngineEvent | None, output: _Output,
                 progress: _Progress) -> dict[str, Any] | None:
@@ -432,7 +440,7 @@ class JobRun:
     def _running(self, event: VoiceReady, progress: _Progress) -> None:
         with session_scope(self.rt.sessions) as session:
             queries.mark_job_running(session=session, job_id=self.job_id, prep_path=event.prep_path)
-        self.rt.pin(event.voice_id, +1)
+        self.rt.installs.pin(event.voice_id, +1)
         progress.pinned = True
         self._count(event.prep_path)
 
