@@ -27,12 +27,12 @@ from app.db import queries
 from app.db.models import JobStatus
 from app.db.session import make_engine, make_sessionmaker
 from app.errors import EngineFailure
-from app.features import host_half
-from app.keys import COUNTER_PREP_PATH
+from app.features import PromptHostFeatures, host_half
+from app.keys import COUNTER_PREP_PATH, feature_key
 from app.settings import Settings
 from app.store import FeatureStore
 from app.submit import submit_job
-from gpu_worker.worker import JobRun, Runtime, build_runtime, make_gpu_celery
+from gpu_worker.worker import JobRun, Runtime, StoreFeatures, build_runtime, make_gpu_celery
 from tests.conftest import REPO, make_test_settings, settings_env
 
 SAMPLES = REPO / "app" / "samples"
@@ -146,6 +146,22 @@ def test_inline_output_equals_prepared_ahead_output_bit_for_bit(make_runtime, se
     a = ahead_rt.artifacts.path(ahead["output_path"]).read_bytes()
     b = inline_rt.artifacts.path(inline["output_path"]).read_bytes()
     assert a == b
+
+
+def test_unreadable_stored_features_fall_back_to_inline_and_the_job_succeeds(make_runtime, sessions) -> None:
+    rt = make_runtime()
+    _, voice_id = load_reference(VOICE_A)
+    rt.store.client.set(feature_key(voice_id), b"\x00" * 64)  # not safetensors: a corrupt entry
+    job_id = submit(rt, sessions, VOICE_A, n_tokens=20)
+    result = JobRun(rt, RecordingTask(), job_id).run()
+    assert result["status"] == "succeeded" and result["prep_path"] == "failed"
+    assert PromptHostFeatures.from_bytes(rt.store.get(voice_id)).voice_id == voice_id  # repaired
+
+
+def test_an_unreachable_store_reads_as_unavailable() -> None:
+    store = StoreFeatures(FeatureStore.from_url("redis://127.0.0.1:1/0", ttl_s=60))
+    with pytest.raises(ConnectionError):
+        store.get("0" * 64)
 
 
 def test_jobs_sharing_a_voice_prepare_it_once(make_runtime, sessions) -> None:
