@@ -10,6 +10,9 @@ The result is read-only and shared by every stream of the voice (streams build n
 it, never write into it). Its setup noise is drawn from a seed derived from the voice id, so a voice
 installs to the same bits on every worker and whether its features were prepared ahead or inline.
 
+`StandInSpeaker` replaces S3 + CAM++ when the worker runs dummy weights (no model folder): cheap,
+deterministic, and as meaningless as the dummy's audio.
+
 Not in here: the host half (`app.features`), the cache of installed voices (`voices.py`), side streams.
 """
 
