@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import soundfile as sf
 import torch
@@ -32,6 +33,8 @@ from app.keys import COUNTER_PREP_PATH, feature_key
 from app.settings import Settings
 from app.store import FeatureStore
 from app.submit import submit_job
+from gpu_worker.checkpoint_io import write_official_layout
+from gpu_worker.model.config import ModelArgs
 from gpu_worker.worker import JobRun, Runtime, StoreFeatures, build_runtime, make_gpu_celery
 from tests.conftest import REPO, make_test_settings, settings_env
 
@@ -128,6 +131,18 @@ def test_a_prepared_ahead_job_streams_into_its_output_file(make_runtime, session
         installed = queries.list_worker_voices(session=session, worker_id=rt.worker_id)
     assert [(w.voice_id, w.pinned) for w in installed] == [(voice_id, 0)]
     assert not list((rt.artifacts.root / "outputs").glob("*.part"))
+
+
+def test_a_worker_on_a_model_folder_uses_its_checkpoints_and_speaker_models(make_runtime, sessions,
+                                                                              tmp_path) -> None:
+    folder = tmp_path / "token2wav"
+    write_official_layout(folder, ModelArgs.tiny(), seed=3, tokenizer_dtype=np.float16)
+    rt = make_runtime(model_dir=folder)
+    prepare_ahead(rt, VOICE_A)
+    result = JobRun(rt, RecordingTask(), submit(rt, sessions, VOICE_A, n_tokens=30)).run()
+    assert result["status"] == "succeeded" and result["prep_path"] == "prepared_ahead"
+    audio, _ = sf.read(rt.artifacts.path(result["output_path"]), dtype="float32")
+    assert audio.shape == (30 * 960,) and abs(audio).max() > 0
 
 
 def test_inline_output_equals_prepared_ahead_output_bit_for_bit(make_runtime, sessions) -> None:
