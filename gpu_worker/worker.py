@@ -366,14 +366,16 @@ class JobRun:
         if job is None:
             return {"job_id": self.job_id, "status": "skipped", "worker": self.rt.worker_id}
         engine_job, fmt = job
-        output = _Output(self.rt.artifacts, self.job_id, fmt)  # 2. open the output's temp file
+        output: _Output | None = None
         submitted = False
         try:
+            output = _Output(self.rt.artifacts, self.job_id, fmt)  # 2. open the output's temp file
             events = self.rt.loop.submit(engine_job)  # 3. hand the job to the engine
             submitted = True
             return self._stream(events, output, engine_job)  # 4. write audio until the end
         except BaseException as exc:
-            output.discard()
+            if output is not None:
+                output.discard()
             if submitted:  # e.g. the database went away mid-job: free the engine slot and the pin
                 self.rt.loop.abort(self.job_id)
             if not isinstance(exc, EngineFailure | Reject):
