@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_worker.scheduler import Scheduler, StreamView
 
@@ -109,3 +111,33 @@ def test_rejects_bad_sizes_and_duplicate_streams() -> None:
         Scheduler(micro_batch_size=1, max_first_chunks=0)
     with pytest.raises(ValueError):
         Scheduler(micro_batch_size=2).pick([view("a"), view("a")])
+
+
+# -- properties over random workloads ---------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 12), batch=st.integers(1, 5), steps=st.integers(1, 25))
+def test_no_ready_stream_waits_longer_than_one_round(n: int, batch: int, steps: int) -> None:
+    sched = Scheduler(micro_batch_size=batch)
+    streams = [view(f"j{i}", arrival=i) for i in range(n)]
+    waited = dict.fromkeys(ids(streams), 0)
+    for _ in range(steps):
+        picked = ids(sched.pick(streams))
+        assert len(picked) == min(n, batch) == len(set(picked))
+        waited = {j: 0 if j in picked else w + 1 for j, w in waited.items()}
+        assert max(waited.values()) <= -(-n // batch) - 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=15),
+       st.integers(1, 6))
+def test_picks_are_ready_work_conserving_and_priority_ordered(specs, batch: int) -> None:
+    sched = Scheduler(micro_batch_size=batch)
+    streams = [view(f"j{i}", ready=r, priority=p, chunk=c, arrival=i) for i, (r, p, c) in enumerate(specs)]
+    for _ in range(3):
+        picked = sched.pick(streams)
+        ready = [s for s in streams if s.ready]
+        assert all(s.ready for s in picked)
+        assert len(picked) == min(batch, len(ready))
+        if picked:
+            left = [s for s in ready if s not in picked]
+            assert all(s.priority <= min(p.priority for p in picked) for s in left)
