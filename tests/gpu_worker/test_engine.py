@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.errors import BadTokens
 from app.features import PromptHostFeatures
@@ -576,3 +578,49 @@ def test_engine_output_equals_the_decoder_alone_with_installs_beside_the_decode(
         alone = decoder.decode_offline(plain, torch.tensor(j.tokens), j.seed).cpu()
         assert torch.allclose(torch.cat(audio[j.job_id]), alone, atol=1e-4, rtol=0)
 
+
+
+# -- random workloads -------------------------------------------------------------------------------
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 2), st.integers(1, 80), st.booleans()),
+    st.tuples(st.just("abort"), st.integers(0, 15)),
+    st.tuples(st.just("step")),
+    st.tuples(st.just("tick"), st.integers(0, 300)),
+), max_size=40)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=OPS, batch=st.integers(1, 4), max_voices=st.integers(1, 3))
+def test_every_job_ends_once_with_its_own_audio_and_nothing_stays_pinned(ops, batch, max_voices) -> None:
+    h = harness(micro_batch_size=batch, prep_wait_ms=200, max_voices=max_voices)
+    added: dict[str, tuple[str, int, list[int]]] = {}
+    for op in ops:
+        if op[0] == "add":
+            _, v, n, stored = op
+            voice = f"voice{v}"
+            if stored:
+                h.store.entries[voice] = features(voice)
+            job_id = f"j{len(added)}"
+            added[job_id] = (voice, len(added), TOKENS[:n])
+            h.engine.add(job(job_id, voice, seed=len(added) - 1, tokens=TOKENS[:n]))
+        elif op[0] == "abort":
+            h.engine.abort(f"j{op[1]}")
+        elif op[0] == "step":
+            h.step()
+        else:
+            h.clock.now += op[1] / 1000
+    for _ in range(500):
+        if not h.engine.live_jobs() and not h.engine.wait_for_work(0):
+            break
+        h.clock.now += 0.05
+        h.step()
+    ends = [e for e in h.events if isinstance(e, Finished | Failed | Aborted)]
+    assert sorted(e.job_id for e in ends) == sorted(added)
+    for e in ends:
+        if isinstance(e, Finished):
+            voice, seed, tokens = added[e.job_id]
+            assert torch.equal(h.audio(e.job_id), expected_audio(voice, seed, tokens))
+    assert all(h.engine.voices.get(v).pins == 0 for v in h.engine.voices.ids())
+    assert len(h.engine.voices) <= max_voices
+    ready = sum(1 for e in h.events if isinstance(e, VoiceReady))
+    assert sum(h.engine.counters.values()) == ready + h.engine.counters["abandoned"]
