@@ -590,9 +590,30 @@ OPS = st.lists(st.one_of(
 
 
 @settings(max_examples=40, deadline=None)
-@given(ops=OPS, batch=st.integers(1, 4), max_voices=st.integers(1, 3))
-def test_every_job_ends_once_with_its_own_audio_and_nothing_stays_pinned(ops, batch, max_voices) -> None:
+@given(ops=OPS, batch=st.integers(1, 4), max_voices=st.integers(1, 3), pooled=st.booleans())
+def test_every_job_ends_once_with_its_own_audio_and_nothing_stays_pinned(ops, batch, max_voices,
+                                                                        pooled) -> None:
     h = harness(micro_batch_size=batch, prep_wait_ms=200, max_voices=max_voices)
+    with ThreadPoolExecutor(1) as pool:
+        h.engine.prep_pool = pool if pooled else None
+        added = _run_ops(h, ops)
+        _drain(h)
+    _check_ends(h, added, max_voices)
+
+
+def _drain(h: Harness) -> None:
+    for _ in range(2000):
+        if not h.engine.live_jobs() and not h.engine.wait_for_work(0):
+            return
+        h.clock.now += 0.05
+        h.step()
+        if h.engine._preparing:
+            time.sleep(0.001)
+    raise AssertionError("engine did not drain")
+
+
+def _run_ops(h: Harness, ops) -> dict[str, tuple[str, int, list[int]]]:
+    """Apply the ops; returns each added job's (voice, seed, tokens)."""
     added: dict[str, tuple[str, int, list[int]]] = {}
     for op in ops:
         if op[0] == "add":
@@ -609,11 +630,10 @@ def test_every_job_ends_once_with_its_own_audio_and_nothing_stays_pinned(ops, ba
             h.step()
         else:
             h.clock.now += op[1] / 1000
-    for _ in range(500):
-        if not h.engine.live_jobs() and not h.engine.wait_for_work(0):
-            break
-        h.clock.now += 0.05
-        h.step()
+    return added
+
+
+def _check_ends(h: Harness, added: dict[str, tuple[str, int, list[int]]], max_voices: int) -> None:
     ends = [e for e in h.events if isinstance(e, Finished | Failed | Aborted)]
     assert sorted(e.job_id for e in ends) == sorted(added)
     for e in ends:
