@@ -385,6 +385,9 @@ class JobRun:
     def _claim(self) -> tuple[EngineJob, str] | None:
         settings = self.rt.settings
         with session_scope(self.rt.sessions) as session:
+            if queries.get_job(session=session, job_id=self.job_id) is None:
+                log.warning("synth %s: no such job (withdrawn, or a worker on another database)", self.job_id)
+                return None
             row = queries.claim_job_attempt(session=session, job_id=self.job_id, worker=self.rt.worker_id,
                                             max_attempts=settings.job_max_attempts)
             if row is None:

@@ -277,6 +277,7 @@ def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
     job_id = submit(rt, sessions, VOICE_A, n_tokens=10)
     assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "succeeded"
     assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "skipped"  # a redelivered message
+    assert JobRun(rt, RecordingTask(), str(uuid.uuid4())).run()["status"] == "skipped"  # not ours
 
 
 # -- a real Celery worker ---------------------------------------------------------------------------
