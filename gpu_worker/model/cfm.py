@@ -9,10 +9,12 @@ unconditional, the reference's order, so a row's caches hold [cond, uncond] on t
 Time and the Euler state x stay in float32 whatever the model's dtype (a bf16 time grid would move
 the steps); the estimator sees x in the model's dtype.
 
-Caches are given per Euler step (sequences of N tensors, see `dit.py` for the layouts):
+Caches are given per Euler step (see `dit.py` for the layouts):
     conv_caches[s]: [depth, 2B, 2 hidden, 2]          -> returned as new_conv [N, depth, 2B, 2 hidden, 2]
-    kvs[s]:         [depth, 2B, H, T + Lc, 2 head_dim] (new frames written in place at [:T])
-The same buffer may be given for every step when its contents are not needed afterwards.
+    kvs:            a sequence of N tensors [depth, 2B, H, T + Lc, 2 head_dim] (new frames written in
+                    place at [:T]; the same buffer may be given for every step when its contents are not
+                    needed afterwards), or a `StepKV` that fills one buffer per step and keeps the new
+                    frames after it (`kvcache.BatchKV`: the streaming caches without copies).
 
 Not in here: the noise buffer (the caller slices it), padding and unpadding of rows, cache trimming.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
@@ -35,6 +38,28 @@ def time_span(n_steps: int, device: torch.device) -> Tensor:
     return 1 - torch.cos(t * 0.5 * math.pi)
 
 
+@runtime_checkable
+class StepKV(Protocol):
+    def kv(self, step: int) -> Tensor:
+        """The attention kv the DiT attends over at Euler step `step`: [depth, 2B, H, T + Lc, 2 D]."""
+        ...
+
+    def keep(self, step: int, kv: Tensor) -> None:
+        """Called after step `step` with the same kv, its new frames written at [..., :T, :]."""
+        ...
+
+
+class _PerStep:
+    def __init__(self, kvs: Sequence[Tensor]) -> None:
+        self.kvs = kvs
+
+    def kv(self, step: int) -> Tensor:
+        return self.kvs[step]
+
+    def keep(self, step: int, kv: Tensor) -> None:
+        pass
+
+
 class CFM(nn.Module):
     def __init__(self, args: FlowArgs):
         super().__init__()
@@ -44,7 +69,7 @@ class CFM(nn.Module):
 
     def solve(
         self, noise: Tensor, mu: Tensor, spk: Tensor, cond: Tensor,
-        conv_caches: Sequence[Tensor], kvs: Sequence[Tensor],
+        conv_caches: Sequence[Tensor], kvs: Sequence[Tensor] | StepKV,
         key_mask: Tensor | None = None, lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """noise, mu, cond: [B, T, 80]; spk: [B, 80] -> mel [B, T, 80], new conv caches [N, depth, 2B, 2C, 2].
@@ -53,6 +78,7 @@ class CFM(nn.Module):
         conditional and unconditional halves.
         """
         b, dtype = noise.size(0), mu.dtype
+        steps = kvs if isinstance(kvs, StepKV) else _PerStep(kvs)
         t_span = time_span(self.n_steps, noise.device)
         spk = spk[:, None, :].expand(-1, mu.size(1), -1)
         fixed = [torch.cat([c, torch.zeros_like(c)]) for c in (mu, spk, cond)]  # unconditional half: zeros
@@ -62,7 +88,9 @@ class CFM(nn.Module):
         new_conv = []
         for step in range(self.n_steps):
             packed = torch.cat([torch.cat([x, x]).to(dtype), *fixed], dim=-1)  # [2B, T, 320]
-            v, conv = self.estimator(packed, t, conv_caches[step], kvs[step], key_mask, lengths)
+            kv = steps.kv(step)
+            v, conv = self.estimator(packed, t, conv_caches[step], kv, key_mask, lengths)
+            steps.keep(step, kv)
             new_conv.append(conv)
             v_cond, v_uncond = v.float().split(b)
             x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)

@@ -3,29 +3,38 @@
 Offline, one utterance:
     inference(tokens [1, T], prompt_tokens [1, Tp], prompt_mel [1, 2 Tp, 80], spk_raw [1, 192],
               noise [1, 80, N]) -> mel [1, 80, 2 T]
-Streaming, one `FlowCache` per stream (reference layouts, so `trim_cache` is the reference's rule):
+Streaming, one `FlowCache` per stream:
     setup(prompt_tokens [1, Tp + 3] (3 x silence appended by the caller), prompt_mel [1, 2 Tp, 80],
-          spk_raw [1, 192], noise [1, 80, N]) -> spk [1, 80], FlowCache
+          spk_raw [1, 192], noise [1, 80, N]) -> spk [1, 80], FlowCache in reference layout (estimator_att
+          set: the voice's read-only cache)
     encode_chunk(tokens [1, T], cache, last_chunk) -> mu [1, T', 80], FlowCache with new conformer caches
           (T' = 2 (T - 3), or 2 T for the last chunk)
     solve_chunk_batch(mu: list of [1, T'_i, 80], spk [B, 80], noise: list of [1, 80, N], caches: list of
           FlowCache | None, cond: list of [1, T'_i, 80] | None) -> mel [B, 80, max T'_i] (zero past each
-          row's T'_i), FlowCaches with new estimator caches
+          row's T'_i), FlowCaches with new estimator caches (lean: estimator_kv set, estimator_att None)
     stream_chunks(tokens: list of [1, T_i], spk [B, 80], caches, last_chunks, noise) -> mel [B, 80, max T'_i],
           [T'_i], new caches: encode_chunk per row, then one solve_chunk_batch
     trim_cache(cache, prompt_len): the caller applies it to every stream after every chunk.
 Rows of one solve may come from different streams, voices, cache lengths and chunk sizes (first,
 continuing and last chunks, even setup rows with a cond): every Euler step is one DiT call over the
-padded batch, with per-row key masks over the padded attention caches and per-row causal-conv caches,
+padded batch, with per-row key masks over the packed attention caches and per-row causal-conv caches,
 so a row's mel does not depend on the other rows (up to float rounding, about 1e-6). The noise of a
 row is its own buffer sliced at [offset, offset + T'), offset = its estimator attention cache length
-before the chunk. Input caches are never modified, so a voice's setup cache can be shared by all its
-streams. Call everything under `torch.inference_mode()`.
+before the chunk. Call everything under `torch.inference_mode()`.
+
+The estimator attention cache (about 0.5 GB fp32 per stream at full size) is never copied whole: a
+stream's cache refers to its voice's setup cache (shared, read-only, never written) and owns a slot
+buffer for its generated frames, which a solve writes in place into slots free in the cache it starts
+from; trimming is bookkeeping (`kvcache.py`). So a voice's setup cache is shared by all its streams, a
+failed step can be retried from the caches it started from, and a stream must continue from its latest
+cache (an older one, or a fork, is refused once its slots were reused). `FlowCache.reference_estimator_att()`
+gives the reference's tensor (tests, export).
 
 FlowCache layouts (H heads, steps N, L cached frames):
     conformer_cnn [1, C_enc, 6], conformer_att [blocks + up_blocks, 1, H, 2 L1, 2 d_k]   (encoder.py)
-    estimator_cnn [N, depth, 2, 2 hidden, 2], estimator_att [N, depth, 2, H, L, 2 head_dim]; dim 2 is
-    [cond, uncond]; estimator frames are ordered newest chunk first, as the reference concatenates.
+    estimator_cnn [N, depth, 2, 2 hidden, 2]; estimator_att (reference layout) [N, depth, 2, H, L, 2 head_dim]
+    with dim 2 [cond, uncond] and frames ordered newest chunk first, as the reference concatenates;
+    estimator_kv: `kvcache.EstimatorKV` (shared frames + own slots + the reference's order).
 
 Not in here: the noise buffer's drawing, devices, dtypes, chunking of token streams, HiFT.
 """
@@ -40,8 +49,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpu_worker.model.cfm import CFM
-from gpu_worker.model.config import ATT_CACHE_TAIL, FlowArgs
+from gpu_worker.model.config import ATT_CACHE_TAIL, CHUNK_TOKENS, LOOKAHEAD_TOKENS, MEL_PER_TOKEN, FlowArgs
 from gpu_worker.model.encoder import ConformerEncoder
+from gpu_worker.model.kvcache import BatchKV, EstimatorKV
+
+CHUNK_FRAMES = MEL_PER_TOKEN * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)  # the most new frames a streaming chunk has
 
 
 @dataclass(frozen=True)
@@ -49,12 +61,32 @@ class FlowCache:
     conformer_cnn: Tensor | None = None
     conformer_att: Tensor | None = None
     estimator_cnn: Tensor | None = None
-    estimator_att: Tensor | None = None
+    estimator_att: Tensor | None = None  # reference layout: a voice's setup cache (None once lean)
+    estimator_kv: EstimatorKV | None = None  # the lean estimator cache a solve returns (kvcache.py)
 
     @property
     def offset(self) -> int:
         """Noise offset of the next chunk: the estimator attention cache length."""
-        return 0 if self.estimator_att is None else self.estimator_att.size(4)
+        return len(self.estimator())
+
+    def estimator(self) -> EstimatorKV:
+        """The estimator attention cache as a lean view (a reference-layout one as its shared frames)."""
+        return self.estimator_kv if self.estimator_kv is not None else EstimatorKV.of(self.estimator_att)
+
+    def reference_estimator_att(self) -> Tensor | None:
+        """[N, depth, 2, H, L, 2 D] in the reference's order (a copy, or a stored tensor: do not write)."""
+        return self.estimator().reference_layout()
+
+    def materialized(self) -> FlowCache:
+        """The same cache in reference layout only (estimator_att set, estimator_kv None)."""
+        return replace(self, estimator_att=self.reference_estimator_att(), estimator_kv=None)
+
+    def stream_nbytes(self) -> int:
+        """Bytes this cache holds beyond the read-only shared estimator frames (a reference-layout
+        estimator_att counts in full: it is shared only while it is a voice's setup cache)."""
+        tensors = (self.conformer_cnn, self.conformer_att, self.estimator_cnn, self.estimator_att)
+        own = self.estimator_kv.own_nbytes() if self.estimator_kv is not None else 0
+        return own + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def _trim(x: Tensor | None, dim: int, keep_head: int, keep_tail: int) -> Tensor | None:
@@ -64,9 +96,13 @@ def _trim(x: Tensor | None, dim: int, keep_head: int, keep_tail: int) -> Tensor 
 
 
 def trim_cache(cache: FlowCache, prompt_len: int, tail: int = ATT_CACHE_TAIL) -> FlowCache:
-    """Keeps the first `prompt_len` and the last `tail` frames of both attention caches (reference rule)."""
+    """Keeps the first `prompt_len` and the last `tail` frames of both attention caches (reference rule).
+
+    The lean estimator cache is trimmed by bookkeeping alone; the conformer cache (a few MB) is copied."""
+    est = cache.estimator_kv
     return replace(cache, conformer_att=_trim(cache.conformer_att, 3, prompt_len, tail),
-                   estimator_att=_trim(cache.estimator_att, 4, prompt_len, tail))
+                   estimator_att=_trim(cache.estimator_att, 4, prompt_len, tail),
+                   estimator_kv=None if est is None else est.trimmed(prompt_len, tail))
 
 
 def _pad_rows(rows: list[Tensor], length: int) -> Tensor:
@@ -124,7 +160,7 @@ class Flow(nn.Module):
         spk = self.project_speaker(spk_raw)
         mu, cache = self.encode_chunk(prompt_tokens, FlowCache(), last_chunk=False)
         _, (cache,) = self.solve_chunk_batch([mu], spk, [noise], [cache], cond=[prompt_mel])
-        return spk, cache
+        return spk, cache.materialized()
 
     def stream_chunks(
         self, tokens: list[Tensor], spk: Tensor, caches: list[FlowCache], last_chunks: list[bool],
@@ -144,49 +180,33 @@ class Flow(nn.Module):
         """One masked CFM solve over rows of different streams (shapes in the module docstring)."""
         rows = [c or FlowCache() for c in caches]
         n_new = [m.size(1) for m in mu]
-        n_old = [c.offset for c in rows]
-        t_max, l_max = max(n_new), max(n_old)
-        dtype = mu[0].dtype
-        noise_rows = _noise_rows(noise, n_old, n_new, dtype)
+        t_max, dtype, a = max(n_new), mu[0].dtype, self.args.dit
+        noise_rows = _noise_rows(noise, [c.offset for c in rows], n_new, dtype)
         cond_rows = [torch.zeros_like(m[0]) for m in mu] if cond is None else [c[0].to(dtype) for c in cond]
-        conv, kv = self._gather_caches(rows, t_max, l_max, mu[0])
-        lengths = torch.tensor(n_new, device=spk.device)
-        slot = torch.arange(t_max + l_max, device=spk.device)
-        olds = torch.tensor(n_old, device=spk.device)
-        key_mask = (slot < lengths[:, None]) | ((slot >= t_max) & (slot < t_max + olds[:, None]))
+        kv = BatchKV([c.estimator() for c in rows], n_new, mu[0], steps=self.args.n_timesteps, depth=a.depth,
+                     heads=a.num_heads, head_dim=a.head_dim, tail=ATT_CACHE_TAIL, chunk_frames=CHUNK_FRAMES)
+        sizes = torch.tensor([n_new, kv.n_alive]).to(spk.device, non_blocking=True)  # one host -> device copy
+        lengths, alive = sizes[0], sizes[1]
+        slot = torch.arange(t_max + max(kv.n_alive), device=spk.device)
+        key_mask = (slot < lengths[:, None]) | ((slot >= t_max) & (slot < t_max + alive[:, None]))
         x, new_conv = self.decoder.solve(
             _pad_rows(noise_rows, t_max), _pad_rows([m[0] for m in mu], t_max), spk,
-            _pad_rows(cond_rows, t_max), _steps(conv), _steps(kv), key_mask, lengths)
+            _pad_rows(cond_rows, t_max), _steps(self._gather_conv(rows, mu[0])), kv, key_mask, lengths)
         mel = x.masked_fill((slot[:t_max] >= lengths[:, None])[..., None], 0.0).transpose(1, 2)
-        return mel, self._scatter_caches(rows, new_conv, kv, n_new, t_max)
+        b, out = len(rows), []
+        for i, (cache, est) in enumerate(zip(rows, kv.results(), strict=True)):
+            cnn = new_conv[:, :, i :: b].clone()
+            out.append(replace(cache, estimator_cnn=cnn, estimator_att=None, estimator_kv=est))
+        return mel, out
 
-    def _gather_caches(
-        self, caches: list[FlowCache], t_max: int, l_max: int, like: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Per-row estimator caches -> padded batch: conv [N, depth, 2B, 2C, 2] and
-        kv [N, depth, 2B, H, t_max + l_max, 2D] with row i's old frames at [t_max, t_max + L_i)."""
+    def _gather_conv(self, caches: list[FlowCache], like: Tensor) -> Tensor:
+        """Per-row estimator conv caches -> [N, depth, 2B, 2C, 2] (zeros for rows without one)."""
         a, b = self.args.dit, len(caches)
         conv = like.new_zeros(self.args.n_timesteps, a.depth, 2 * b, 2 * a.hidden_size, 2)
-        kv = like.new_zeros(self.args.n_timesteps, a.depth, 2 * b, a.num_heads, t_max + l_max, 2 * a.head_dim)
         for i, cache in enumerate(caches):
             if cache.estimator_cnn is not None:
                 conv[:, :, i :: b] = cache.estimator_cnn
-            if cache.estimator_att is not None:
-                kv[:, :, i :: b, :, t_max : t_max + cache.offset] = cache.estimator_att
-        return conv, kv
-
-    @staticmethod
-    def _scatter_caches(
-        caches: list[FlowCache], new_conv: Tensor, kv: Tensor, n_new: list[int], t_max: int
-    ) -> list[FlowCache]:
-        b, out = len(caches), []
-        for i, cache in enumerate(caches):
-            att = kv[:, :, i :: b, :, : n_new[i]]  # newest frames first, then the old cache
-            if cache.estimator_att is not None:
-                att = torch.cat([att, cache.estimator_att], dim=4)
-            cnn = new_conv[:, :, i :: b].clone()
-            out.append(replace(cache, estimator_cnn=cnn, estimator_att=att.contiguous()))
-        return out
+        return conv
 
     def inference(
         self, tokens: Tensor, prompt_tokens: Tensor, prompt_mel: Tensor, spk_raw: Tensor, noise: Tensor

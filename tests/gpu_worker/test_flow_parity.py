@@ -38,7 +38,8 @@ def max_diff(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def assert_caches_close(ours: FlowCache, ref: dict) -> None:
     for field, key in zip(CACHE_FIELDS, CACHE_KEYS, strict=True):
-        assert max_diff(getattr(ours, field), ref[key]) < TOL, key
+        got = ours.reference_estimator_att() if field == "estimator_att" else getattr(ours, field)
+        assert max_diff(got, ref[key]) < TOL, key
 
 
 @pytest.mark.parametrize("preset", ["full", "tiny"])
@@ -164,6 +165,17 @@ def test_streaming_matches_reference_through_cache_trimming(tiny_pair):
     prompt = make_prompt(10, seed=14)
     lengths = _check_streaming(tiny_pair, prompt, random_tokens(160, seed=15), chunk_new=25, tail=100)
     assert lengths == [20, 70, 120, 120, 120, 120, 120]  # trimmed to prompt (20) + tail (100) from chunk 3 on
+
+
+@pytest.mark.parametrize(("prompt_tokens", "n_tokens", "chunk_new", "tail"), [
+    (30, 130, 10, 20),  # prompt 60 frames >= tail: the production regime (300 >= 100)
+    (10, 330, 25, 100),  # prompt 20 frames < tail: generated frames in the kept tail too
+])
+def test_streaming_matches_reference_over_a_dozen_trimmed_chunks(tiny_pair, prompt_tokens, n_tokens,
+                                                                  chunk_new, tail):
+    prompt = make_prompt(prompt_tokens, seed=18)
+    lengths = _check_streaming(tiny_pair, prompt, random_tokens(n_tokens, seed=19), chunk_new, tail)
+    assert len(lengths) >= 13 and lengths[-1] == prompt.n_frames + tail
 
 
 def test_trim_cache_keeps_prompt_frames_and_last_tail_frames():
