@@ -294,6 +294,7 @@ class Engine:
 
     def _install(self, host: PromptHostFeatures, events: list[EngineEvent]) -> InstalledVoice:
         entry = self.voices.install(host)
+        self.stats["installs"] += 1
         events.append(VoiceInstalled(voice_id=entry.voice_id, nbytes=entry.nbytes, install_s=entry.install_s))
         return entry
 
@@ -385,6 +386,7 @@ class Engine:
             with self._cond:
                 self._known.difference_update(lv.job.job_id for lv in done)
         for voice_id in self.voices.collect():
+            self.stats["evictions"] += 1
             events.append(VoiceEvicted(voice_id=voice_id))
 
 

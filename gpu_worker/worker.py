@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -32,8 +32,18 @@ import torch
 from celery import Celery, Task, signals
 from celery.exceptions import Reject
 from kombu import Queue
+from prometheus_client import REGISTRY, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.api.metrics import (
+    WORKER_FIRST_AUDIO_SECONDS,
+    WORKER_FRAMES,
+    WORKER_INSTALLS,
+    WORKER_ROWS_PER_STEP,
+    WORKER_STEPS,
+)
 from app.artifacts import ArtifactStore
 from app.audio import commit_output, load_reference, open_output
 from app.db import queries
@@ -68,6 +78,8 @@ from gpu_worker.voices import VoiceCache
 log = logging.getLogger(__name__)
 
 TERMINAL = (Finished, Failed, Aborted)
+_runtime: Runtime | None = None  # the process's runtime (see `runtime()`)
+_runtime_lock = threading.Lock()
 STATS_LOG_S = 60.0  # how often the engine thread logs its counters
 
 
@@ -170,12 +182,17 @@ class EngineLoop:
                 log.info("engine: %s", self.engine.snapshot())
             if not self.engine.wait_for_work(timeout=0.2):
                 continue
+            rows = self.engine.stats["rows"]
             try:
                 events = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - an engine bug: fail the live jobs, keep serving
                 log.exception("engine step failed; failing its live jobs")
                 events = self._fail_live(exc)
+            if self.engine.stats["rows"] > rows:
+                ROWS_PER_STEP.observe(self.engine.stats["rows"] - rows)
             for event in events:
+                if isinstance(event, Finished) and "first_audio_s" in event.timings:
+                    FIRST_AUDIO.observe(event.timings["first_audio_s"])
                 self._route(event)
             if not any(isinstance(e, Audio) for e in events):
                 time.sleep(self.engine.idle_hint_s())  # every live job is waiting for its voice
@@ -220,6 +237,36 @@ class Bookkeeper:
                 work()
             except Exception:  # noqa: BLE001 - bookkeeping must not stop; the next write may succeed
                 log.exception("worker bookkeeping write failed")
+
+
+# -- metrics (served by `wavefarm gpu-worker --metrics-port`, from the process-global registry) -------
+ROWS_PER_STEP = Histogram(WORKER_ROWS_PER_STEP, "rows decoded together in one engine step",
+                          buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+FIRST_AUDIO = Histogram(WORKER_FIRST_AUDIO_SECONDS, "from a job's admission to its first audio",
+                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+
+
+class EngineCollector(Collector):
+    """The process's engine counters, read at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        rt = _runtime
+        if rt is None:
+            return
+        snap = rt.loop.engine.snapshot()
+        yield CounterMetricFamily(WORKER_STEPS, "batched decode steps", value=snap.get("batches", 0))
+        yield CounterMetricFamily(WORKER_FRAMES, "mel frames decoded (50 per second of audio)",
+                                  value=snap.get("mel_frames", 0))
+        installs = CounterMetricFamily(WORKER_INSTALLS, "voices installed and evicted", labels=["event"])
+        installs.add_metric(["installed"], snap.get("installs", 0))
+        installs.add_metric(["evicted"], snap.get("evictions", 0))
+        yield installs
+        yield GaugeMetricFamily("wavefarm_worker_live_jobs", "jobs in the engine", value=snap["live_jobs"])
+        yield GaugeMetricFamily("wavefarm_worker_voice_bytes", "device bytes of installed voices",
+                                value=snap["voice_bytes"])
+
+
+REGISTRY.register(EngineCollector())
 
 
 class InstallRecords:
@@ -308,10 +355,6 @@ def build_runtime(settings: Settings, worker_id: str,
              settings.device, settings.model_preset, settings.worker_slots, settings.micro_batch_size)
     return Runtime(settings=settings, worker_id=worker_id, sessions=sessions, store=store,
                    artifacts=artifacts, loop=loop, book=book, installs=installs)
-
-
-_runtime: Runtime | None = None
-_runtime_lock = threading.Lock()
 
 
 def runtime(worker_id: str) -> Runtime:

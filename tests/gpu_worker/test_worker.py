@@ -145,6 +145,23 @@ def test_a_worker_on_a_model_folder_uses_its_checkpoints_and_speaker_models(make
     assert audio.shape == (30 * 960,) and abs(audio).max() > 0
 
 
+def test_engine_metrics_are_exported_from_the_worker_process(make_runtime, sessions, monkeypatch) -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    import gpu_worker.worker as worker
+
+    rt = make_runtime()
+    monkeypatch.setattr(worker, "_runtime", rt)
+    prepare_ahead(rt, VOICE_A)
+    JobRun(rt, RecordingTask(), submit(rt, sessions, VOICE_A, n_tokens=30)).run()
+    text = generate_latest(REGISTRY).decode()
+    assert "wavefarm_worker_frames_total 60.0" in text
+    assert 'wavefarm_worker_voice_installs_total{event="installed"} 1.0' in text
+    for name in ("wavefarm_worker_steps_total", "wavefarm_worker_rows_per_step_bucket",
+                 "wavefarm_worker_first_audio_seconds_bucket", "wavefarm_worker_live_jobs 0.0"):
+        assert name in text
+
+
 def test_inline_output_equals_prepared_ahead_output_bit_for_bit(make_runtime, sessions) -> None:
     inline_rt = make_runtime(prep_wait_ms=0)
     inline_job = submit(inline_rt, sessions, VOICE_B, n_tokens=40, seed=3)
