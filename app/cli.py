@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--var", type=Path, default=Path("var"), help="folder for the database, files, logs")
     demo.add_argument("--timeout", type=float, default=270.0, help="seconds to wait for the jobs")
     demo.set_defaults(handler=cmd_demo)
+    _add_maintenance_command(sub)
     return parser
 
 
@@ -207,6 +208,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from app.demo import run_demo
 
     return run_demo(var=args.var, jobs_per_voice=args.jobs_per_voice, timeout_s=args.timeout)
+
+
+def _add_maintenance_command(sub: Any) -> None:
+    maint = sub.add_parser("maintenance", help="one sweep: orphan files, jobs without a broker message, "
+                           "abandoned voices (what the maintenance.sweep task does)")
+    maint.add_argument("--grace-s", type=float, help="remove orphan files older than this "
+                       "(default: WAVEFARM_ORPHAN_GRACE_S)")
+    maint.set_defaults(handler=cmd_maintenance)
+
+
+def cmd_maintenance(args: argparse.Namespace) -> int:
+    from tasks.celery_app import make_celery
+    from tasks.maintenance import run_sweep
+
+    settings = _settings()
+    sender = make_celery(settings, include=())
+    try:
+        report = run_sweep(settings, sender, grace_s=args.grace_s)
+    finally:
+        sender.close()
+    _print_json(report.as_dict())
+    return 1 if report.errors else 0
 
 
 # Client commands ---------------------------------------------------------------------------------

@@ -60,6 +60,16 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(default=6 * 3600, ge=1, description="must exceed the longest job")
     progress_interval_s: float = Field(default=1.0, gt=0)
     job_max_attempts: int = Field(default=3, ge=1)
+    step_deadline_s: float = Field(
+        default=600.0, gt=0, description="an engine step running longer than this is hung: the GPU worker "
+        "exits non-zero so its supervisor restarts it and its jobs are redelivered")
+
+    # Maintenance (`maintenance.sweep`, `wavefarm maintenance`).
+    orphan_grace_s: float = Field(
+        default=3600.0, ge=0, description="files nothing refers to are removed once this old")
+    stuck_job_after_s: float = Field(
+        default=900.0, gt=0, description="a live job not updated for this long and without a broker "
+        "message is sent again")
 
     api_token: SecretStr | None = None
 

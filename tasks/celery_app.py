@@ -15,7 +15,7 @@ from kombu import Queue
 
 from app.settings import Settings, get_settings
 
-CPU_TASK_MODULES = ("tasks.voice",)
+CPU_TASK_MODULES = ("tasks.voice", "tasks.maintenance")
 
 
 def make_celery(settings: Settings, include: Sequence[str] = CPU_TASK_MODULES) -> Celery:
