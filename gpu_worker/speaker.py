@@ -10,7 +10,9 @@ engine is built from the same ONNX file and called with the same signature (one 
 execution context serves one call at a time). Inputs longer than the engine's profile fall back to
 onnxruntime.
 
-Not in here: the host half that computes the log-mel and fbank (`app.features`), the setup solve.
+`S3Quantizer` lives in `app.s3` (the CPU-side book pipeline tokenizes speech with it too) and is
+re-exported here. Not in here: the host half that computes the log-mel and fbank (`app.features`),
+the setup solve.
 """
 
 from __future__ import annotations
@@ -25,56 +27,17 @@ import torch
 from torch import Tensor
 
 from app.errors import ModelLoadError
+from app.s3 import S3_MELS, S3_VOCAB, S3Quantizer, _require_file
 from gpu_worker.loading import CAMPPLUS_ONNX, TOKENIZER_ONNX
 
 log = logging.getLogger(__name__)
 
-S3_MELS, FBANK_BINS, SPEAKER_DIM, S3_VOCAB = 128, 80, 192, 6561
+__all__ = ["S3_MELS", "S3_VOCAB", "CampPlus", "S3Quantizer", "SpeakerFrontend", "quantize_and_embed",
+           "tensorrt_available"]
+
+FBANK_BINS, SPEAKER_DIM = 80, 192
 TRT_MAX_FRAMES = 3000  # 30 s of fbank; a 6 s prompt has 598
 TRT_OPT_FRAMES = 600
-
-
-def _require_file(path: Path) -> Path:
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: missing")
-    return path
-
-
-class S3Quantizer:
-    """S3 tokenizer v2 on a device: a [128, T] log-mel -> prompt tokens (25 per second)."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.module: Any = module.eval()  # s3tokenizer's S3TokenizerV2
-
-    @classmethod
-    def load(cls, path: str | Path, *, device: str | torch.device = "cpu") -> S3Quantizer:
-        """Converts the ONNX file with s3tokenizer, as `s3tokenizer.load_model(path)` does for v2 files;
-        the class is chosen here rather than from the path's spelling (load_model picks v3 for any path
-        containing "v3")."""
-        from s3tokenizer.model_v2 import S3TokenizerV2
-
-        file = _require_file(Path(path))
-        try:
-            with torch.device(device):
-                module = S3TokenizerV2("speech_tokenizer_v2_25hz")
-            module.init_from_onnx(str(file))
-        except Exception as exc:  # protobuf, key or shape errors from the converter: one answer
-            raise ModelLoadError(f"{file}: not a readable S3 tokenizer v2 ONNX file ({exc})") from exc
-        return cls(module.requires_grad_(False))
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.module.parameters()).device
-
-    @torch.inference_mode()
-    def __call__(self, logmel128: Tensor) -> Tensor:
-        # logmel128: [128, T16] -> [1, ceil(T16 / 4)] int64 ids in 0..6560
-        if logmel128.dim() != 2 or logmel128.size(0) != S3_MELS or logmel128.size(1) == 0:
-            raise ValueError(f"S3 log-mel must be [128, T > 0], got {tuple(logmel128.shape)}")
-        mel = logmel128.to(self.device, torch.float32)[None]
-        length = torch.tensor([mel.size(2)], device=self.device, dtype=torch.int32)
-        codes, lengths = self.module.quantize(mel, length)
-        return codes[:, : int(lengths[0])].long()
 
 
 class _TensorRTSpeaker:

@@ -1,9 +1,7 @@
-"""The Celery app `wavefarm`: queues, serialisation and delivery guarantees in one place.
+"""The CPU workers' Celery app: `celery -A tasks.celery_app worker -Q cpu`.
 
-`celery -A tasks.celery_app worker -Q cpu` runs the CPU tasks; the GPU worker
-builds its own app with `make_celery(settings, include=[...])` so that the
-two never import each other's tasks. JSON only; a task is acknowledged after
-it finishes and redelivered if its worker dies.
+The configuration (queues, JSON only, acks late) lives in `app.celery_config`, shared with the GPU
+worker and the producers; this module only names the CPU task modules and reads the settings.
 """
 
 from __future__ import annotations
@@ -11,45 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from celery import Celery
-from kombu import Queue
 
+from app.celery_config import make_celery as _make_celery
 from app.settings import Settings, get_settings
 
 CPU_TASK_MODULES = ("tasks.voice", "tasks.maintenance")
 
 
 def make_celery(settings: Settings, include: Sequence[str] = CPU_TASK_MODULES) -> Celery:
-    app = Celery(
-        "wavefarm", broker=settings.broker_url, backend=settings.result_backend, include=list(include)
-    )
-    app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        result_accept_content=["json"],
-        # At-least-once: ack after the task ran, requeue if the worker process dies.
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        # Flower: every task (and so every job) visible from sent to done.
-        worker_send_task_events=True,
-        task_send_sent_event=True,
-        task_track_started=True,
-        broker_transport_options={
-            # Longer than the longest job, or a running job is handed to a second worker.
-            "visibility_timeout": settings.visibility_timeout_s,
-            # Job priority: the Redis transport serves priority 0 first (app.submit.broker_priority).
-            "queue_order_strategy": "priority",
-            "priority_steps": list(range(10)),
-        },
-        broker_connection_retry_on_startup=True,
-        task_queues=(Queue(settings.queue_cpu), Queue(settings.queue_gpu)),
-        task_default_queue=settings.queue_cpu,
-        task_routes={"voice.prepare": {"queue": settings.queue_cpu}, "synth": {"queue": settings.queue_gpu}},
-        result_expires=7 * 24 * 3600,
-    )
-    return app
+    return _make_celery(settings, include)
 
 
-# The `-A tasks.celery_app` entry point: settings from the environment.
 celery_app = make_celery(get_settings())
