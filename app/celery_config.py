@@ -1,9 +1,9 @@
-"""The Celery app `wavefarm`: queues, serialisation and delivery guarantees in one place.
+"""Celery configuration shared by every process: queues, serialisation and delivery guarantees.
 
-`celery -A tasks.celery_app worker -Q cpu` runs the CPU tasks; the GPU worker
-builds its own app with `make_celery(settings, include=[...])` so that the
-two never import each other's tasks. JSON only; a task is acknowledged after
-it finishes and redelivered if its worker dies.
+`tasks.celery_app` (the CPU workers), `gpu_worker.worker` (the GPU worker) and the producers (API,
+CLI, demo) all build their Celery app here, so the wire contract is written once and neither worker
+package imports the other. JSON only; a task is acknowledged after it finishes and redelivered if its
+worker dies.
 """
 
 from __future__ import annotations
@@ -13,15 +13,12 @@ from collections.abc import Sequence
 from celery import Celery
 from kombu import Queue
 
-from app.settings import Settings, get_settings
-
-CPU_TASK_MODULES = ("tasks.voice",)
+from app.settings import Settings
 
 
-def make_celery(settings: Settings, include: Sequence[str] = CPU_TASK_MODULES) -> Celery:
-    app = Celery(
-        "wavefarm", broker=settings.broker_url, backend=settings.result_backend, include=list(include)
-    )
+def make_celery(settings: Settings, include: Sequence[str] = (), name: str = "wavefarm") -> Celery:
+    """A Celery app speaking wavefarm's wire contract; `include` names the task modules it runs."""
+    app = Celery(name, broker=settings.broker_url, backend=settings.result_backend, include=list(include))
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -50,6 +47,3 @@ def make_celery(settings: Settings, include: Sequence[str] = CPU_TASK_MODULES) -
     )
     return app
 
-
-# The `-A tasks.celery_app` entry point: settings from the environment.
-celery_app = make_celery(get_settings())

@@ -159,10 +159,10 @@ def _cancel_unfinished(settings: Any, job_ids: list[str]) -> None:
 def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str]) -> dict[str, dict[str, int]]:
     """Submit the sample jobs, appending their ids to `job_ids` as they are accepted."""
     from app.artifacts import ArtifactStore
+    from app.celery_config import make_celery
     from app.db.session import make_engine, make_sessionmaker, session_scope
     from app.store import FeatureStore
     from app.submit import submit_job
-    from tasks.celery_app import make_celery
 
     sender = make_celery(settings)
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)

@@ -47,7 +47,7 @@ def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiCo
     """Clients for everything the API talks to; none of them connects before first use."""
     owns_sender = sender is None
     if sender is None:
-        from tasks.celery_app import make_celery  # the producer side only: same queues and options
+        from app.celery_config import make_celery  # the producer side only: same queues and options
 
         sender = make_celery(settings)
     engine = make_engine(settings.database_url)

@@ -35,7 +35,8 @@ from app.store import FeatureStore
 from app.submit import submit_job
 from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.model.config import ModelArgs
-from gpu_worker.worker import JobRun, Runtime, StoreFeatures, build_runtime, make_gpu_celery
+from gpu_worker.runtime import Runtime, StoreFeatures, build_runtime
+from gpu_worker.worker import JobRun, make_gpu_celery
 from tests.conftest import REPO, make_test_settings, settings_env
 
 SAMPLES = REPO / "app" / "samples"
@@ -148,10 +149,10 @@ def test_a_worker_on_a_model_folder_uses_its_checkpoints_and_speaker_models(make
 def test_engine_metrics_are_exported_from_the_worker_process(make_runtime, sessions, monkeypatch) -> None:
     from prometheus_client import REGISTRY, generate_latest
 
-    import gpu_worker.worker as worker
+    import gpu_worker.runtime as runtime_module
 
     rt = make_runtime()
-    monkeypatch.setattr(worker, "_runtime", rt)
+    monkeypatch.setattr(runtime_module, "_runtime", rt)
     prepare_ahead(rt, VOICE_A)
     JobRun(rt, RecordingTask(), submit(rt, sessions, VOICE_A, n_tokens=30)).run()
     text = generate_latest(REGISTRY).decode()
