@@ -58,6 +58,23 @@ def rel_shift(scores: Tensor, n_keys: int) -> Tensor:
     return scores.gather(-1, column.expand(b, h, t, n_keys))
 
 
+def _last_frames(h: Tensor, n: Tensor, k: int) -> Tensor:
+    """h: [B, C, k + T] = [cache | frames], row i's frames valid up to n[i] -> its last k: [B, C, k]."""
+    index = n[:, None] + torch.arange(k, device=h.device)
+    return h.gather(2, index[:, None, :].expand(-1, h.size(1), -1))
+
+
+def _key_mask(cached: list[int], n: list[int], sizes: Tensor, width: int) -> Tensor | None:
+    """Keys [left-padded caches (width) | new frames (right-padded)]: row i attends to its own cached
+    frames [width - cached_i, width) and its valid new frames [width, width + n_i). None if all are."""
+    if min(cached) == width and min(n) == max(n):
+        return None
+    key = torch.arange(width + max(n), device=sizes.device)
+    cached_t, n_t = sizes
+    mask = (key >= width - cached_t[:, None]) & (key < width + n_t[:, None])
+    return mask[:, None, None, :]
+
+
 class RelPositionAttention(nn.Module):
     def __init__(self, dim: int, n_head: int):
         super().__init__()
@@ -70,8 +87,10 @@ class RelPositionAttention(nn.Module):
         self.pos_bias_u = nn.Parameter(torch.empty(n_head, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.empty(n_head, self.d_k))
 
-    def forward(self, x: Tensor, pos: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
-        # x: [B, T, C]; pos: [L + T - 1, C] (rel_pos_table); cache: [B, H, Lc, 2 d_k]; L = Lc + T
+    def forward(self, x: Tensor, pos: Tensor, cache: Tensor | None, key_mask: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        # x: [B, T, C]; pos: [L + T - 1, C] (rel_pos_table); cache: [B, H, Lc, 2 d_k]; L = Lc + T;
+        # key_mask: [B, 1, 1, L] True for the keys a row attends to (None: all)
         b, t, c = x.shape
         q = self.linear_q(x).view(b, t, self.n_head, self.d_k)
         k = self.linear_k(x).view(b, t, self.n_head, self.d_k).transpose(1, 2)
@@ -84,6 +103,8 @@ class RelPositionAttention(nn.Module):
         content = (q + self.pos_bias_u).transpose(1, 2) @ k.transpose(-2, -1)  # [B, H, T, L]
         position = (q + self.pos_bias_v).transpose(1, 2) @ p.transpose(-2, -1)  # [B, H, T, L + T - 1]
         scores = (content + rel_shift(position, k.size(2))) / math.sqrt(self.d_k)
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask, float("-inf"))
         out = torch.softmax(scores, dim=-1) @ v  # [B, H, T, d_k]
         return self.linear_out(out.transpose(1, 2).reshape(b, t, c)), new_cache
 
@@ -107,9 +128,10 @@ class ConformerLayer(nn.Module):
         self.norm_ff = nn.LayerNorm(dim, eps=args.layer_norm_eps)
         self.norm_mha = nn.LayerNorm(dim, eps=args.layer_norm_eps)
 
-    def forward(self, x: Tensor, pos: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, pos: Tensor, cache: Tensor | None, key_mask: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
         # x: [B, T, C] -> [B, T, C], new cache [B, H, Lc + T, 2 d_k]
-        h, new_cache = self.self_attn(self.norm_mha(x), pos, cache)
+        h, new_cache = self.self_attn(self.norm_mha(x), pos, cache, key_mask)
         x = x + h
         return x + self.feed_forward(self.norm_ff(x)), new_cache
 
@@ -135,11 +157,12 @@ class PreLookahead(nn.Module):
         self.conv1 = nn.Conv1d(dim, dim, kernel_size=look + 1)
         self.conv2 = nn.Conv1d(dim, dim, kernel_size=PRE_CONV2_CACHE + 1)
 
-    def forward(self, x: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
-        # x: [B, T, C] incl. `look` lookahead frames; cache: [B, C, 2] -> [B, T - look, C], [B, C, 2]
+    def forward(self, x: Tensor, cache: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
+        # x: [B, T, C] incl. `look` lookahead frames; cache: [B, C, 2]; n: [B] valid output frames
+        # -> [B, T - look, C], new cache [B, C, 2] (each row's last 2 valid frames)
         h = F.leaky_relu(self.conv1(x.transpose(1, 2)))  # [B, C, T - look]
         h = torch.cat([cache, h], dim=2)
-        new_cache = h[..., -PRE_CONV2_CACHE:]
+        new_cache = _last_frames(h, n, PRE_CONV2_CACHE)
         return self.conv2(h).transpose(1, 2) + x[:, : -self.look], new_cache
 
 
@@ -151,11 +174,12 @@ class Upsample(nn.Module):
         self.stride, self.scale_factor = stride, scale_factor
         self.conv = nn.Conv1d(dim, dim, kernel_size=2 * stride + 1)
 
-    def forward(self, x: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
-        # x: [B, C, T]; cache: [B, C, 2 stride] -> [B, C, stride T], new cache
+    def forward(self, x: Tensor, cache: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
+        # x: [B, C, T]; cache: [B, C, 2 stride]; n: [B] valid output frames (stride x valid input frames)
+        # -> [B, C, stride T], new cache (each row's last 2 stride valid frames)
         h = F.interpolate(x, scale_factor=self.scale_factor, mode="nearest")
         h = torch.cat([cache, h], dim=2)
-        return self.conv(h), h[..., -2 * self.stride :]
+        return self.conv(h), _last_frames(h, n, 2 * self.stride)
 
 
 class ConformerEncoder(nn.Module):
@@ -177,42 +201,86 @@ class ConformerEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Whole utterance, full attention, zeros as the last frames' lookahead: [B, T, C] -> [B, 2T, C]."""
-        return self.forward_chunk(x, None, None, last_chunk=True)[0]
+        h, _, _ = self.forward_chunks(x, [x.size(1)] * x.size(0), [True] * x.size(0), [None] * x.size(0),
+                                      [None] * x.size(0))
+        return h
 
     def forward_chunk(
         self, x: Tensor, cnn_cache: Tensor | None, att_cache: Tensor | None, last_chunk: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """One chunk of a stream (caches None for its first chunk).
+        """One chunk of one stream (caches None for its first chunk).
 
-        x: [B, T, C_in] embeddings whose last `pre_lookahead_len` frames are lookahead, unless
-        `last_chunk` (then zeros are appended as lookahead). Returns h [B, stride T', C] with
+        x: [1, T, C_in] embeddings whose last `pre_lookahead_len` frames are lookahead, unless
+        `last_chunk` (then zeros are appended as lookahead). Returns h [1, stride T', C] with
         T' = T - lookahead (T if last), and the new caches (layouts in the module docstring).
         """
-        b, dim = x.size(0), self.args.output_size
-        if cnn_cache is None:
-            cnn_cache = x.new_zeros(b, dim, self.cnn_cache_len)
-        n_first = len(self.encoders)
-        cached = 0 if att_cache is None else att_cache.size(3) // 2  # first-stage frames L
-        x = self.embed(x)
-        if last_chunk:
-            x = F.pad(x, (0, 0, 0, self.args.pre_lookahead_len))
-        x, pre_cache = self.pre_lookahead_layer(x, cnn_cache[..., :PRE_CONV2_CACHE])
-        first = None if att_cache is None else att_cache[:n_first, ..., :cached, :]
-        x, first_caches = self._layers(self.encoders, x, first, cached)
-        h, up_cache = self.up_layer(x.transpose(1, 2), cnn_cache[..., PRE_CONV2_CACHE:])
-        second = None if att_cache is None else att_cache[n_first:]
-        x, second_caches = self._layers(self.up_encoders, self.up_embed(h.transpose(1, 2)), second,
-                                        cached * self.args.up_stride)
-        new_att = torch.cat([torch.cat([first_caches, first_caches], dim=3), second_caches], dim=0)
-        return self.after_norm(x), torch.cat([pre_cache, up_cache], dim=2), new_att
+        h, (cnn,), (att,) = self.forward_chunks(x, [x.size(1)], [last_chunk], [cnn_cache], [att_cache])
+        return h, cnn, att
+
+    def forward_chunks(
+        self, x: Tensor, n_in: list[int], last: list[bool], cnn_caches: list[Tensor | None],
+        att_caches: list[Tensor | None],
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Chunks of B streams at once; row i's result does not depend on the other rows.
+
+        x: [B, X, C_in], row i's n_in[i] valid frames first (its lookahead included, unless last[i]);
+        caches per row as in `forward_chunk` ([1, ...] or None). Returns h [B, stride N, C] with row i
+        valid in [:stride n_i] (n_i = n_in[i] - lookahead, or n_in[i] if last), and each row's new caches.
+        Caches are left-padded to the longest (rows keep their relative positions), new frames
+        right-padded; attention masks the padding, the convs are causal past each row's valid frames.
+        """
+        look, up, dim = self.args.pre_lookahead_len, self.args.up_stride, self.args.output_size
+        b = x.size(0)
+        n = [t if is_last else t - look for t, is_last in zip(n_in, last, strict=True)]
+        cached = [0 if c is None else c.size(3) // 2 for c in att_caches]  # first-stage frames L_i
+        sizes = torch.tensor([n_in, n, cached]).to(x.device, non_blocking=True)  # one host -> device copy
+        width = max(n) + look
+        x = self.embed(F.pad(x, (0, 0, 0, max(0, width - x.size(1))))[:, :width])
+        if min(n_in) < width:  # zeros past each row's frames: a last chunk's lookahead, and padding
+            x = x.masked_fill((torch.arange(width, device=x.device) >= sizes[0][:, None])[..., None], 0.0)
+        cnn = torch.cat([x.new_zeros(1, dim, self.cnn_cache_len) if c is None else c for c in cnn_caches])
+        x, pre_cache = self.pre_lookahead_layer(x, cnn[..., :PRE_CONV2_CACHE], sizes[1])
+        first = _left_padded([None if c is None else c[: len(self.encoders), ..., : c.size(3) // 2, :]
+                              for c in att_caches], max(cached))
+        mask = _key_mask(cached, n, sizes[1:][[1, 0]], max(cached))
+        x, first_new = self._layers(self.encoders, x, first, max(cached), mask)
+        h, up_cache = self.up_layer(x.transpose(1, 2), cnn[..., PRE_CONV2_CACHE:], sizes[1] * up)
+        second = _left_padded([None if c is None else c[len(self.encoders) :] for c in att_caches],
+                              max(cached) * up)
+        mask = _key_mask([c * up for c in cached], [k * up for k in n], sizes[1:][[1, 0]] * up,
+                         max(cached) * up)
+        x, second_new = self._layers(self.up_encoders, self.up_embed(h.transpose(1, 2)), second,
+                                     max(cached) * up, mask)
+        new_cnn = torch.cat([pre_cache, up_cache], dim=2)
+        new_att = []
+        for i in range(b):
+            f = first_new[:, i : i + 1, :, max(cached) - cached[i] : max(cached) + n[i]]
+            s = second_new[:, i : i + 1, :, up * (max(cached) - cached[i]) : up * (max(cached) + n[i])]
+            new_att.append(torch.cat([torch.cat([f, f], dim=3), s], dim=0))
+        return self.after_norm(x), list(new_cnn.split(1)), new_att
 
     @staticmethod
-    def _layers(layers: nn.ModuleList, x: Tensor, caches: Tensor | None, cached: int
+    def _layers(layers: nn.ModuleList, x: Tensor, caches: Tensor | None, cached: int, mask: Tensor | None
                 ) -> tuple[Tensor, Tensor]:
         # x: [B, T, C]; caches: [n_layers, B, H, cached, 2 d_k] -> x, [n_layers, B, H, cached + T, 2 d_k]
         pos = rel_pos_table(cached + x.size(1), x.size(1), x.size(2), x.device).to(x.dtype)
         new_caches = []
         for i, layer in enumerate(layers):
-            x, new_cache = layer(x, pos, None if caches is None else caches[i])
+            x, new_cache = layer(x, pos, None if caches is None else caches[i], mask)
             new_caches.append(new_cache)
         return x, torch.stack(new_caches)
+
+
+def _left_padded(caches: list[Tensor | None], width: int) -> Tensor | None:
+    """Per-row caches [n_layers, 1, H, L_i, 2 d_k] (or None: L_i = 0) -> [n_layers, B, H, width, 2 d_k]
+    with row i's frames at [width - L_i, width) (so relative positions hold), zeros before them."""
+    if width == 0:
+        return None
+    if all(c is not None and c.size(3) == width for c in caches):
+        return torch.cat(caches, dim=1)  # type: ignore[arg-type]
+    like = next(c for c in caches if c is not None)
+    out = like.new_zeros(like.size(0), len(caches), like.size(2), width, like.size(4))
+    for i, c in enumerate(caches):
+        if c is not None:
+            out[:, i : i + 1, :, width - c.size(3) :] = c
+    return out

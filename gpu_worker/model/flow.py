@@ -12,8 +12,10 @@ Streaming, one `FlowCache` per stream:
     solve_chunk_batch(mu: list of [1, T'_i, 80], spk [B, 80], noise: list of [1, 80, N], caches: list of
           FlowCache | None, cond: list of [1, T'_i, 80] | None) -> mel [B, 80, max T'_i] (zero past each
           row's T'_i), FlowCaches with new estimator caches (lean: estimator_kv set, estimator_att None)
+    encode_chunks(tokens: list of [1, T_i], caches, last_chunks) -> mu: list of [1, T'_i, 80], caches:
+          encode_chunk of every row in one batched (masked, padded) encoder pass
     stream_chunks(tokens: list of [1, T_i], spk [B, 80], caches, last_chunks, noise) -> mel [B, 80, max T'_i],
-          [T'_i], new caches: encode_chunk per row, then one solve_chunk_batch
+          [T'_i], new caches: encode_chunks, then one solve_chunk_batch
     trim_cache(cache, prompt_len): the caller applies it to every stream after every chunk.
 Rows of one solve may come from different streams, voices, cache lengths and chunk sizes (first,
 continuing and last chunks, even setup rows with a cond): every Euler step is one DiT call over the
@@ -41,6 +43,7 @@ Not in here: the noise buffer's drawing, devices, dtypes, chunking of token stre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -162,19 +165,31 @@ class Flow(nn.Module):
         _, (cache,) = self.solve_chunk_batch([mu], spk, [noise], [cache], cond=[prompt_mel])
         return spk, cache.materialized()
 
+    def encode_chunks(self, tokens: list[Tensor], caches: list[FlowCache], last_chunks: list[bool]
+                      ) -> tuple[list[Tensor], list[FlowCache]]:
+        """encode_chunk of B streams in one batched encoder pass: tokens[i] [1, T_i] -> mu_i [1, T'_i, 80]."""
+        n_in = [t.size(1) for t in tokens]
+        padded = torch.cat([F.pad(t, (0, max(n_in) - t.size(1))) for t in tokens])  # [B, max T], id 0 past
+        h, cnn, att = self.encoder.forward_chunks(
+            self.input_embedding(padded), n_in, last_chunks, [c.conformer_cnn for c in caches],
+            [c.conformer_att for c in caches])
+        mu = self.encoder_proj(h)  # [B, 2 max T', 80]
+        up, look = self.args.encoder.up_stride, self.args.encoder.pre_lookahead_len
+        n_out = [up * (t if last else t - look) for t, last in zip(n_in, last_chunks, strict=True)]
+        new = [replace(c, conformer_cnn=k, conformer_att=a) for c, k, a in zip(caches, cnn, att, strict=True)]
+        return [mu[i : i + 1, :n] for i, n in enumerate(n_out)], new
+
     def stream_chunks(
         self, tokens: list[Tensor], spk: Tensor, caches: list[FlowCache], last_chunks: list[bool],
         noise: list[Tensor],
     ) -> tuple[Tensor, list[int], list[FlowCache]]:
         """One chunk of each of B streams: tokens[i] [1, T_i] -> mel [B, 80, max T'], T'_i, new caches."""
-        rows = zip(tokens, caches, last_chunks, strict=True)
-        encoded = [self.encode_chunk(tok, cache, last) for tok, cache, last in rows]
-        mu = [m for m, _ in encoded]
-        mel, new_caches = self.solve_chunk_batch(mu, spk, noise, [c for _, c in encoded])
+        mu, encoded = self.encode_chunks(tokens, caches, last_chunks)
+        mel, new_caches = self.solve_chunk_batch(mu, spk, noise, encoded)
         return mel, [m.size(1) for m in mu], new_caches
 
     def solve_chunk_batch(
-        self, mu: list[Tensor], spk: Tensor, noise: list[Tensor], caches: list[FlowCache | None],
+        self, mu: list[Tensor], spk: Tensor, noise: list[Tensor], caches: Sequence[FlowCache | None],
         cond: list[Tensor] | None = None,
     ) -> tuple[Tensor, list[FlowCache]]:
         """One masked CFM solve over rows of different streams (shapes in the module docstring)."""

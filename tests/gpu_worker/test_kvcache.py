@@ -74,8 +74,8 @@ def _solve(streams: list[FakeStream], sizes: list[int], tail: int, chunk_frames:
 ])
 def test_trimming_keeps_exactly_the_reference_frames_over_many_chunks(prompt_lens, tail, chunk_frames):
     gen = torch.Generator().manual_seed(0)
-    streams = [FakeStream(p, torch.randint(1, chunk_frames + 3, (14,), generator=gen).tolist(), 1000 * (i + 1))
-               for i, p in enumerate(prompt_lens)]
+    sizes = [torch.randint(1, chunk_frames + 3, (14,), generator=gen).tolist() for _ in prompt_lens]
+    streams = [FakeStream(p, sizes[i], 1000 * (i + 1)) for i, p in enumerate(prompt_lens)]
     for chunk in range(14):
         live = [s for i, s in enumerate(streams) if chunk >= i]  # staggered starts: mixed cache lengths
         _solve(live, [s.chunk_sizes[chunk] for s in live], tail, chunk_frames)
@@ -132,7 +132,7 @@ def test_twenty_chunks_of_many_streams_never_write_the_voice_cache_and_stay_boun
         for c, v in zip(caches, which, strict=True):
             assert c.estimator_kv.shared is voices[v][2].estimator_att  # referenced, never copied
             assert c.offset == min(voices[v][0] + 50 * (step + 1), voices[v][0] + ATT_CACHE_TAIL)
-    for (prompt_len, _, cache), sums, before in zip(voices, checksums, saved, strict=True):
+    for (_, _, cache), sums, before in zip(voices, checksums, saved, strict=True):
         assert torch.equal(cache.estimator_att, before)
         assert [t.double().sum().item() for t in (cache.estimator_att, cache.conformer_att,
                                                   cache.estimator_cnn)] == sums
