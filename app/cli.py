@@ -219,8 +219,8 @@ def _add_maintenance_command(sub: Any) -> None:
 
 
 def cmd_maintenance(args: argparse.Namespace) -> int:
-    from tasks.celery_app import make_celery
-    from tasks.maintenance import run_sweep
+    from app.celery_config import make_celery
+    from app.maintenance import run_sweep
 
     settings = _settings()
     sender = make_celery(settings, include=())

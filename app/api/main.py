@@ -26,6 +26,7 @@ from app.api import reads
 from app.api.deps import ApiContext, session
 from app.api.limits import BodyLimit
 from app.api.metrics import HttpMetrics, StateCollector, http_metrics
+from app.api.routes_books import router as books_router
 from app.api.routes_jobs import router as jobs_router
 from app.api.routes_ops import router as ops_router
 from app.api.routes_voices import router as voices_router
@@ -85,7 +86,7 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
     # Largest acceptable body: a reference, a token file at the token limit, and form overhead.
     app.add_middleware(BodyLimit, max_bytes=settings.max_reference_bytes + 8 * settings.max_tokens + 2**20)
     app.add_middleware(HttpMetrics, metrics=http_metrics(ctx.registry))
-    for router in (voices_router, jobs_router, ops_router):
+    for router in (voices_router, jobs_router, books_router, ops_router):
         app.include_router(router)
     _install_error_handlers(app)
     return app
@@ -110,7 +111,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = jsonable_encoder(exc.errors())
+        # Without the offending input: it may be bytes that are not text, or NaN, or huge; loc says where.
+        errors = jsonable_encoder([{k: v for k, v in e.items() if k in ("type", "loc", "msg")}
+                                   for e in exc.errors()])
         reason = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in errors)
         return respond(422, "ValidationError", reason or "invalid request", detail=errors)
 
