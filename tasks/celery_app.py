@@ -13,7 +13,7 @@ from celery import Celery
 from app.celery_config import make_celery as _make_celery
 from app.settings import Settings, get_settings
 
-CPU_TASK_MODULES = ("tasks.voice", "tasks.maintenance")
+CPU_TASK_MODULES = ("tasks.voice", "tasks.maintenance", "tasks.books")
 
 
 def make_celery(settings: Settings, include: Sequence[str] = CPU_TASK_MODULES) -> Celery:

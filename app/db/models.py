@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 models: the source of truth for voices, jobs and worker installs.
+"""SQLAlchemy 2.0 models: the source of truth for voices, jobs, worker installs and books.
 
 Only table definitions live here; reading and writing goes through
 `app.db.queries`. Types are chosen to behave the same on SQLite and
@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -184,3 +185,99 @@ class WorkerVoice(Base):
     last_used: Mapped[datetime] = mapped_column(default=utcnow)
     pinned: Mapped[int] = mapped_column(Integer, default=0)  # live jobs using the install
     nbytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class BookStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RENDERING = "rendering"
+    ASSEMBLING = "assembling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+LIVE_BOOK_STATUSES = (BookStatus.QUEUED, BookStatus.RENDERING, BookStatus.ASSEMBLING)
+
+
+class SegmentKind(enum.StrEnum):
+    TEXT = "text"
+    TOKENS = "tokens"
+    AUDIO = "audio"
+
+
+class Book(Base):
+    """One render of a book: its plan lives in a file under books/<id>/, its audio in books/<id>/out/."""
+
+    __tablename__ = "books"
+    __table_args__ = (
+        Index("ix_books_status", "status"),
+        CheckConstraint(one_of("status", BookStatus), name="status"),
+        CheckConstraint(one_of("output_format", OutputFormat), name="output_format"),
+        CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
+    voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default=BookStatus.QUEUED)
+    title: Mapped[str] = mapped_column(Text)
+    author: Mapped[str] = mapped_column(Text, default="")
+    language: Mapped[str] = mapped_column(String(35), default="en")
+    plan_key: Mapped[str] = mapped_column(String(64))  # app.books.plan.BookPlan.key
+    output_format: Mapped[str] = mapped_column(String(8), default=OutputFormat.FLAC)
+    m4b: Mapped[bool] = mapped_column(Boolean, default=True)
+    target_lufs: Mapped[float | None]
+    seed: Mapped[int] = mapped_column(BigInteger)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    segments_total: Mapped[int] = mapped_column(Integer, default=0)  # planned, repeats included
+    est_seconds: Mapped[float] = mapped_column(default=0.0)  # planned speech, before rendering
+    error: Mapped[str | None] = mapped_column(Text)
+    submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class BookChapter(Base):
+    """A planned chapter of a book; `seconds` is the assembled file's length once it exists."""
+
+    __tablename__ = "book_chapters"
+
+    book_id: Mapped[str] = mapped_column(ForeignKey("books.id", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    title: Mapped[str] = mapped_column(Text)
+    segments_total: Mapped[int] = mapped_column(Integer)
+    est_seconds: Mapped[float]
+    seconds: Mapped[float | None]
+    assembled_at: Mapped[datetime | None]
+
+
+class Segment(Base):
+    """A rendered-or-to-render piece of speech, by content key (app.books.plan.segment_key).
+
+    Shared by every book (and every render of a book) that plans the same key: the audio is the output
+    of `job_id` once that job succeeded. A failed or cancelled job is replaced by a new one."""
+
+    __tablename__ = "segments"
+    __table_args__ = (CheckConstraint(one_of("kind", SegmentKind), name="kind"),)
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(8))
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    n_tokens: Mapped[int | None] = mapped_column(Integer)  # known once tokenized
+    jobs_created: Mapped[int] = mapped_column(Integer, default=0)  # renders asked for, over all time
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class BookSegment(Base):
+    """Where a segment sits in a book (a repeated sentence is one segment at several places)."""
+
+    __tablename__ = "book_segments"
+    __table_args__ = (Index("ix_book_segments_key", "key"),)
+
+    book_id: Mapped[str] = mapped_column(ForeignKey("books.id", ondelete="CASCADE"), primary_key=True)
+    chapter: Mapped[int] = mapped_column(Integer, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(ForeignKey("segments.key", ondelete="CASCADE"))

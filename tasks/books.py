@@ -1,0 +1,299 @@
+"""Book tasks on the CPU queue: fan a book out into segment jobs, tokenize, assemble chapters and the book.
+
+    book.plan(book_id)             the segments without finished audio -> one chord per chapter:
+                                     group(segment members) | book.chapter(book_id, index)
+                                   a member is `synth` (token segments: the job is made here) or
+                                   book.tokenize | synth (text and audio segments)
+    book.tokenize(book_id, key)    guide voice (text) or source audio -> S3 tokens -> a queued job; returns
+                                   its id, which the chained `synth` (GPU worker) renders
+    book.chapter(book_id, index)   once every segment of the chapter has audio: the chapter file; when
+                                   the last chapter is done, sends book.assemble. Checks the database, not
+                                   the chord's results, so an early, late or repeated call is harmless;
+                                   while segments are still rendering it retries itself (polling)
+    book.chapter_error(task_id, book_id, index)   the chord's errback: the same check
+    book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
+
+Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
+overtakes every queued segment); `synth` is sent by name on the gpu queue, so this module never imports
+the GPU worker. Flower shows every task by name; `book.chapter` sends `task-progress` events with the
+book's progress while it waits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from celery import Task, chain, chord, group
+from celery.canvas import Signature
+from sqlalchemy.orm import Session
+
+from app import submit
+from app.audio import PROMPT_SAMPLE_RATE
+from app.books import service
+from app.books.assemble import assemble_chapter, write_text
+from app.books.output import _describe, _sidecar, assemble_book, chapter_recipe
+from app.books.plan import BookPlan, PlanSegment
+from app.db import queries
+from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
+from app.db.session import session_scope
+from app.errors import WavefarmError
+from app.keys import check_job_id
+from tasks.celery_app import celery_app
+from tasks.voice import TRANSIENT_ERRORS, Resources, resources
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0  # how often a chapter waiting on its segments looks again
+MAX_RETRIES = 3  # infrastructure errors (Redis, database) before a task gives up
+
+
+def _sig(name: str, *args: Any, immutable: bool = True, **options: Any) -> Signature:
+    return celery_app.signature(name, args=args, immutable=immutable, **options)
+
+
+# book.plan ---------------------------------------------------------------------------------------
+
+def _member(res: Resources, session: Session, book: Book, segment: PlanSegment,
+            state: queries.SegmentState) -> Signature | None:
+    """What renders one segment, or None when nothing needs sending (done, or already rendering)."""
+    if state.done and res.artifacts.path(state.output_path or "").is_file():
+        return None
+    if state.live:
+        return None  # queued or rendering from an earlier submission: book.chapter waits for it
+    gpu = {"queue": res.settings.queue_gpu, "priority": submit.broker_priority(book.priority)}
+    if segment.kind == "tokens":
+        assert segment.tokens is not None  # the plan says so
+        job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
+                                                   key=segment.key, tokens=list(segment.tokens),
+                                                   replacing=state.job_id)
+        session.commit()
+        return _sig(submit.SYNTH_TASK, job_id, task_id=job_id, **gpu) if created else None
+    if state.job_id is not None or state.error is not None:  # failed or cancelled before: start afresh
+        queries.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
+        queries.fail_segment(session=session, key=segment.key, error=None)
+        session.commit()
+    tokenize = _sig("book.tokenize", book.id, segment.key, queue=res.settings.queue_cpu,
+                    priority=submit.broker_priority(book.priority))
+    return chain(tokenize, celery_app.signature(submit.SYNTH_TASK, **gpu))
+
+
+def plan(book_id: str, res: Resources) -> int:
+    """Send one chord per chapter; returns how many segments were sent to render."""
+    with session_scope(res.sessions) as session:
+        if not queries.set_book_status(session=session, book_id=book_id, status=BookStatus.RENDERING,
+                                       only_from=(BookStatus.QUEUED, BookStatus.RENDERING)):
+            log.info("book.plan %s: not live; nothing to do", book_id)
+            return 0
+    book_plan = service.load_plan(res.artifacts, book_id)
+    sent = 0
+    seen: set[str] = set()
+    with session_scope(res.sessions) as session:
+        book = queries.require_book(session=session, book_id=book_id)
+        states = {s.key: s for s in queries.book_segment_states(session=session, book_id=book_id)}
+        for chapter in book_plan.chapters:
+            members = []
+            for segment in chapter.segments:
+                if segment.key in seen:
+                    continue  # a sentence repeated in the book renders once
+                seen.add(segment.key)
+                member = _member(res, session, book, segment, states[segment.key])
+                if member is not None:
+                    members.append(member)
+            callback = _sig("book.chapter", book_id, chapter.index, queue=res.settings.queue_cpu)
+            callback.link_error(_sig("book.chapter_error", book_id, chapter.index,
+                                     queue=res.settings.queue_cpu, immutable=False))
+            if members:
+                chord(group(members), callback).apply_async()
+            else:
+                callback.apply_async()
+            sent += len(members)
+    log.info("book.plan %s: %d segments to render, %d reused", book_id, sent, len(seen) - sent)
+    return sent
+
+
+# book.tokenize -----------------------------------------------------------------------------------
+
+_plans: dict[str, BookPlan] = {}  # per process: a book's plan is read once, not once per segment
+
+
+def _plan(res: Resources, book_id: str) -> BookPlan:
+    if book_id not in _plans:
+        if len(_plans) > 32:
+            _plans.clear()
+        _plans[book_id] = service.load_plan(res.artifacts, book_id)
+    return _plans[book_id]
+
+
+def _speech_16k(res: Resources, book_id: str, book_plan: BookPlan, segment: PlanSegment) -> Any:
+    """The 16 kHz speech a segment's tokens are made from: the guide voice, or the source audio."""
+    from app.books.guide_voice import GuideOptions, speak
+
+    if segment.kind == "text":
+        return speak(segment.text, GuideOptions.for_language(book_plan.language))
+    from pathlib import Path
+
+    import numpy as np
+    import soundfile as sf
+
+    from app.audio import resample
+    from app.s3 import S3_SAMPLE_RATE
+
+    base = service.load_meta(res.artifacts, book_id).get("base_dir")
+    if not base or segment.audio is None:
+        raise WavefarmError("an audio segment without its manifest's folder")
+    pcm, rate = sf.read(Path(base) / segment.audio, dtype="float32", always_2d=True)
+    return resample(np.ascontiguousarray(pcm.mean(axis=1)), rate, S3_SAMPLE_RATE).numpy()
+
+
+def tokenize(book_id: str, key: str, res: Resources) -> str:
+    """Tokens for one segment -> its queued job (reusing one another render made meanwhile)."""
+    from app.s3 import speech_tokens, tokenizer_for
+
+    with session_scope(res.sessions) as session:
+        state = queries.segment_state(session=session, key=key)
+        if state is None:
+            raise WavefarmError(f"segment {key[:12]} is not in book {book_id}")
+        if state.job_id and (state.live or state.done):
+            return state.job_id
+    book_plan = _plan(res, book_id)
+    segment = next(s for _, s in book_plan.segments() if s.key == key)
+    try:
+        speech = _speech_16k(res, book_id, book_plan, segment)
+        tokens = speech_tokens(speech, tokenizer_for(res.settings.model_dir))
+    except (WavefarmError, OSError, RuntimeError) as exc:
+        with session_scope(res.sessions) as session:
+            queries.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
+        raise
+    with session_scope(res.sessions) as session:
+        book = queries.require_book(session=session, book_id=book_id)
+        job_id, _ = service.make_segment_job(session=session, artifacts=res.artifacts, book=book, key=key,
+                                             tokens=tokens, replacing=state.job_id)
+    return job_id
+
+
+# book.chapter ------------------------------------------------------------------------------------
+
+def _progress(res: Resources, book_id: str) -> dict[str, Any]:
+    with session_scope(res.sessions) as session:
+        view = service.book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    return {"book_id": book_id, "segments_done": view.segments_done, "segments_total": view.segments_total,
+            "audio_seconds": round(view.audio_seconds, 2), "eta_s": view.eta_s}
+
+
+def check_chapter(book_id: str, index: int, res: Resources) -> str:
+    """'waiting' (segments still rendering), 'failed', 'stopped' (book not live) or 'assembled'."""
+    with session_scope(res.sessions) as session:
+        book = queries.require_book(session=session, book_id=book_id)
+        if book.status not in LIVE_BOOK_STATUSES:
+            return "stopped"
+        states = queries.book_segment_states(session=session, book_id=book_id, chapter=index)
+        failed = [s for s in states if not s.done and not s.live and (s.job_id or s.error)]
+        if failed:
+            bad = failed[0]
+            reason = f"chapter {index + 1}: segment {bad.key[:12]} failed: {bad.error or bad.job_status}"
+            queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=reason)
+            log.error("book %s: %s", book_id, reason)
+            return "failed"
+        if not all(s.done for s in states):
+            return "waiting"
+        audio = {s.key: res.artifacts.path(s.output_path or "") for s in states}
+        fmt, lufs = book.output_format, book.target_lufs
+    chapter = _plan(res, book_id).chapters[index]
+    out = service.output_dir(res.artifacts, book_id) / f"chapter-{index + 1:03d}.{fmt}"
+    recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=PROMPT_SAMPLE_RATE, target_lufs=lufs)
+    _sidecar(out).unlink(missing_ok=True)
+    done = assemble_chapter(chapter, audio, out, fmt=fmt, target_lufs=lufs)
+    write_text(_sidecar(out), json.dumps(_describe(done, recipe)))  # assemble_book reuses the file
+    with session_scope(res.sessions) as session:
+        queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration)
+        chapters = queries.list_chapters(session=session, book_id=book_id)
+        last = all(c.assembled_at is not None for c in chapters) and queries.set_book_status(
+            session=session, book_id=book_id, status=BookStatus.ASSEMBLING,
+            only_from=(BookStatus.RENDERING,))
+    if last:
+        _sig("book.assemble", book_id, queue=res.settings.queue_cpu).apply_async()
+    return "assembled"
+
+
+# book.assemble -----------------------------------------------------------------------------------
+
+def assemble(book_id: str, res: Resources) -> str:
+    with session_scope(res.sessions) as session:
+        book = queries.require_book(session=session, book_id=book_id)
+        if book.status != BookStatus.ASSEMBLING:
+            return str(book.status)
+        audio = {s.key: res.artifacts.path(s.output_path or "")
+                 for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
+        fmt, lufs, m4b = book.output_format, book.target_lufs, book.m4b
+    cover, cover_type = service.load_cover(res.artifacts, book_id)
+    result = assemble_book(_plan(res, book_id), audio, service.output_dir(res.artifacts, book_id), fmt=fmt,
+                           target_lufs=lufs, m4b=m4b, cover=cover, cover_type=cover_type)
+    with session_scope(res.sessions) as session:
+        queries.set_book_status(session=session, book_id=book_id, status=BookStatus.SUCCEEDED,
+                                only_from=(BookStatus.ASSEMBLING,))
+    log.info("book %s assembled: %d chapters, %.1f s", book_id, len(result.chapters),
+             sum(c.duration for c in result.chapters))
+    return "succeeded"
+
+
+def _fail_book(book_id: str, res: Resources, error: str) -> None:
+    try:
+        with session_scope(res.sessions) as session:
+            queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=error)
+    except TRANSIENT_ERRORS:
+        log.exception("book %s: could not record the failure", book_id)
+
+
+# Celery adapters ---------------------------------------------------------------------------------
+
+def _run(task: Task, book_id: str, body: Any) -> Any:
+    """Retry infrastructure errors a few times; anything else fails the book with its reason."""
+    check_job_id(book_id)
+    res = resources()
+    try:
+        return body(res)
+    except TRANSIENT_ERRORS as exc:
+        if task.request.retries >= MAX_RETRIES:
+            _fail_book(book_id, res, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
+            raise
+        raise task.retry(exc=exc, countdown=2**task.request.retries) from exc
+    except Exception as exc:  # boundary: one book fails with the reason, the worker goes on
+        if not isinstance(exc, WavefarmError | OSError):
+            log.exception("%s %s: unexpected error", task.name, book_id)
+        _fail_book(book_id, res, f"{task.name}: {type(exc).__name__}: {exc}")
+        raise
+
+
+@celery_app.task(name="book.plan", bind=True, max_retries=MAX_RETRIES)
+def plan_task(self: Task, book_id: str) -> int:
+    return int(_run(self, book_id, lambda res: plan(book_id, res)))
+
+
+@celery_app.task(name="book.tokenize", bind=True, max_retries=MAX_RETRIES)
+def tokenize_task(self: Task, book_id: str, key: str) -> str:
+    return str(_run(self, book_id, lambda res: tokenize(book_id, key, res)))
+
+
+@celery_app.task(name="book.chapter", bind=True, max_retries=None)
+def chapter_task(self: Task, book_id: str, index: int) -> str:
+    outcome = str(_run(self, book_id, lambda res: check_chapter(book_id, index, res)))
+    if outcome == "waiting":
+        self.send_event("task-progress", chapter=index, **_progress(resources(), book_id))
+        raise self.retry(countdown=POLL_S, max_retries=None)
+    return outcome
+
+
+@celery_app.task(name="book.chapter_error", bind=True)
+def chapter_error_task(self: Task, task_id: str, book_id: str, index: int) -> str:
+    """Errback of a chapter's chord (a segment task failed): look at the chapter as it stands."""
+    log.warning("book %s chapter %d: a segment task failed (%s); checking the chapter", book_id, index,
+                task_id)
+    chapter_task.apply_async(args=[book_id, index], queue=resources().settings.queue_cpu)
+    return book_id
+
+
+@celery_app.task(name="book.assemble", bind=True, max_retries=MAX_RETRIES)
+def assemble_task(self: Task, book_id: str) -> str:
+    return str(_run(self, book_id, lambda res: assemble(book_id, res)))

@@ -1,0 +1,129 @@
+"""Book tasks in process, on both databases: the GPU worker's part is played by finishing the segment jobs
+with audio files; chords go to a real broker on queues nobody consumes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import av
+import numpy as np
+import pytest
+import soundfile as sf
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+
+import tasks.books as books
+from app.artifacts import ArtifactStore
+from app.books.service import BookOptions, book_status, submit_book
+from app.db import queries
+from app.db.models import BookStatus, JobStatus
+from app.settings import Settings
+from app.store import FeatureStore
+from tasks.celery_app import make_celery
+from tasks.voice import Resources
+from tests.app.books.conftest import MARKDOWN_BOOK
+from tests.app.test_submit import wav_bytes
+
+
+@pytest.fixture
+def res(settings: Settings, sessions: sessionmaker[Session], store: FeatureStore,
+        artifacts: ArtifactStore) -> Resources:
+    return Resources(settings=settings, sessions=sessions, store=store, artifacts=artifacts)
+
+
+@pytest.fixture
+def celery(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
+    """The tasks' Celery app on this test's broker and queues (nobody consumes them)."""
+    app = make_celery(settings, include=())
+    monkeypatch.setattr(books, "celery_app", app)
+    books._plans.clear()
+    yield app
+    app.close()
+
+
+def manifest_book(chapters: list[list[int]]) -> bytes:
+    import json
+
+    return json.dumps({"title": "Tokens", "author": "T", "chapters": [
+        {"title": f"Part {i + 1}", "segments": [{"tokens": [7 * n % 6561] * n} for n in sizes]}
+        for i, sizes in enumerate(chapters)]}).encode()
+
+
+def submit(res: Resources, celery: Celery, data: bytes, **kw) -> str:
+    with res.sessions() as session:
+        return submit_book(settings=res.settings, session=session, sender=celery, store=res.store,
+                           artifacts=res.artifacts, data=data, reference_bytes=wav_bytes(), **kw)
+
+
+def render_live_jobs(res: Resources, book_id: str) -> int:
+    """Play the GPU worker: every live segment job gets 960 samples of sine per token and succeeds."""
+    with res.sessions() as session:
+        states = queries.book_segment_states(session=session, book_id=book_id)
+        done = 0
+        for s in states:
+            if s.live and s.job_id:
+                job = queries.require_job(session=session, job_id=s.job_id)
+                relpath = res.artifacts.output_relpath(job.id, job.output_format)
+                t = np.arange(job.n_tokens * 960) / 24000
+                sf.write(res.artifacts.path(relpath), 0.3 * np.sin(2 * np.pi * 220 * t), 24000,
+                         format=job.output_format.upper())
+                assert queries.finish_job(session=session, job_id=job.id, status=JobStatus.SUCCEEDED,
+                                          output_path=relpath)
+                done += 1
+        session.commit()
+    return done
+
+
+def test_a_token_book_renders_chapters_assembles_an_m4b_and_resumes_with_nothing_to_render(
+        res: Resources, celery: Celery) -> None:
+    data = manifest_book([[30, 40], [25], [50, 30, 30]])  # the thrice repeated 30 renders once
+    book_id = submit(res, celery, data, options=BookOptions(output_format="wav"))
+    assert books.plan(book_id, res) == 4
+    assert books.check_chapter(book_id, 0, res) == "waiting"
+    assert render_live_jobs(res, book_id) == 4
+    assert [books.check_chapter(book_id, i, res) for i in range(3)] == ["assembled"] * 3
+    assert books.assemble(book_id, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    assert view.book.status == BookStatus.SUCCEEDED and view.segments_done == view.segments_total == 5
+    # (each chapter counts its own distinct segments: the repeated 30 counts in two chapters)
+    assert view.audio_seconds == pytest.approx((30 + 40 + 25 + 50 + 30) / 25)
+    assert {"book.m4b", "chapters.json", "chapters.vtt", "chapter-001.wav"} <= set(view.files)
+    with av.open(str(books.service.output_dir(res.artifacts, book_id) / "book.m4b")) as box:
+        assert [c["metadata"]["title"] for c in box.chapters()] == ["Part 1", "Part 2", "Part 3"]
+
+    again = submit(res, celery, data, options=BookOptions(output_format="wav"))
+    assert books.plan(again, res) == 0  # every segment is reused
+    edited = submit(res, celery, manifest_book([[30, 41], [25], [50, 30, 30]]),
+                    options=BookOptions(output_format="wav"))
+    assert books.plan(edited, res) == 1  # only the changed segment
+
+
+def test_a_failed_segment_fails_the_book_with_its_reason_and_a_new_render_retries_it(
+        res: Resources, celery: Celery) -> None:
+    book_id = submit(res, celery, manifest_book([[20, 21]]))
+    books.plan(book_id, res)
+    with res.sessions() as session:
+        first = queries.book_segment_states(session=session, book_id=book_id)[0]
+        queries.finish_job(session=session, job_id=first.job_id, status=JobStatus.FAILED, error="boom")
+        session.commit()
+    assert books.check_chapter(book_id, 0, res) == "failed"
+    with res.sessions() as session:
+        book = queries.require_book(session=session, book_id=book_id)
+    assert book.status == BookStatus.FAILED and "boom" in book.error
+    retry = submit(res, celery, manifest_book([[20, 21]]))
+    assert books.plan(retry, res) == 1  # the failed one; the other is still queued from the first render
+
+
+def test_text_segments_are_tokenized_into_jobs_once(res: Resources, celery: Celery) -> None:
+    book_id = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md")
+    sent = books.plan(book_id, res)
+    with res.sessions() as session:
+        keys = [s.key for s in queries.book_segment_states(session=session, book_id=book_id)]
+    assert sent == len(keys) > 3
+    job = books.tokenize(book_id, keys[0], res)
+    assert books.tokenize(book_id, keys[0], res) == job  # a redelivery reuses the job
+    with res.sessions() as session:
+        row = queries.require_job(session=session, job_id=job)
+        assert row.n_tokens > 10 and all(0 <= t < 6561 for t in row.tokens)
+        assert queries.get_segment(session=session, key=keys[0]).jobs_created == 1
