@@ -7,16 +7,21 @@
 Conformer layers are pre-norm self-attention with relative positions (ESPnet style, learnt biases u/v)
 followed by a swish feed-forward; there is no convolution module.
 
-Streaming (`forward_chunk`) keeps two caches per stream, laid out exactly as the reference so that its
-trimming rule (keep the first `prompt_len` and the last 100 frames along time) applies unchanged:
+Streaming (`forward_chunk`, one stream) keeps two caches per stream, laid out exactly as the reference so
+that its trimming rule (keep the first `prompt_len` and the last 100 frames along time) applies unchanged:
     cnn_cache: [B, C, 6]  = [pre-lookahead conv2 input (2 frames) | upsample conv input (4 frames)]
     att_cache: [num_blocks + num_up_blocks, B, H, 2 L, 2 d_k]  (keys | values on the last dim, oldest
                frame first). A first-stage layer has L cached frames; it stores them tiled twice along
                time ([c | c]) and reads back the first half, so every layer's cache has 2 L frames.
 Relative positions count keys as contiguous: a cached frame at index j sits at position j.
 
-Not in here: token embedding and the projection to mel (`flow.py`), padding masks (all rows of one call
-have the same length; the flow runs the encoder one stream at a time).
+`forward_chunks` runs chunks of B streams at once (the flow encodes a decode step's rows in one pass):
+caches are left-padded to the longest, so every key keeps its distance to every query, and new frames
+right-padded; attention masks the padding keys, the convs are causal past each row's valid frames and
+each row's conv caches are gathered at its own last valid frames. A row's result equals its lone
+encoding up to float rounding (shapes change GEMM blocking); one row alone takes no mask.
+
+Not in here: token embedding and the projection to mel (`flow.py`).
 """
 
 from __future__ import annotations
@@ -233,21 +238,21 @@ class ConformerEncoder(nn.Module):
         b = x.size(0)
         n = [t if is_last else t - look for t, is_last in zip(n_in, last, strict=True)]
         cached = [0 if c is None else c.size(3) // 2 for c in att_caches]  # first-stage frames L_i
-        sizes = torch.tensor([n_in, n, cached]).to(x.device, non_blocking=True)  # one host -> device copy
+        sizes = torch.tensor([n_in, cached, n]).to(x.device, non_blocking=True)  # one host -> device copy
         width = max(n) + look
         x = self.embed(F.pad(x, (0, 0, 0, max(0, width - x.size(1))))[:, :width])
         if min(n_in) < width:  # zeros past each row's frames: a last chunk's lookahead, and padding
             x = x.masked_fill((torch.arange(width, device=x.device) >= sizes[0][:, None])[..., None], 0.0)
         cnn = torch.cat([x.new_zeros(1, dim, self.cnn_cache_len) if c is None else c for c in cnn_caches])
-        x, pre_cache = self.pre_lookahead_layer(x, cnn[..., :PRE_CONV2_CACHE], sizes[1])
+        x, pre_cache = self.pre_lookahead_layer(x, cnn[..., :PRE_CONV2_CACHE], sizes[2])
         first = _left_padded([None if c is None else c[: len(self.encoders), ..., : c.size(3) // 2, :]
                               for c in att_caches], max(cached))
-        mask = _key_mask(cached, n, sizes[1:][[1, 0]], max(cached))
+        mask = _key_mask(cached, n, sizes[1:], max(cached))
         x, first_new = self._layers(self.encoders, x, first, max(cached), mask)
-        h, up_cache = self.up_layer(x.transpose(1, 2), cnn[..., PRE_CONV2_CACHE:], sizes[1] * up)
+        h, up_cache = self.up_layer(x.transpose(1, 2), cnn[..., PRE_CONV2_CACHE:], sizes[2] * up)
         second = _left_padded([None if c is None else c[len(self.encoders) :] for c in att_caches],
                               max(cached) * up)
-        mask = _key_mask([c * up for c in cached], [k * up for k in n], sizes[1:][[1, 0]] * up,
+        mask = _key_mask([c * up for c in cached], [k * up for k in n], sizes[1:] * up,
                          max(cached) * up)
         x, second_new = self._layers(self.up_encoders, self.up_embed(h.transpose(1, 2)), second,
                                      max(cached) * up, mask)
