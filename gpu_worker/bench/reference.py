@@ -1,0 +1,176 @@
+"""The reference implementation's batch-1 speed on the same weights, voice and tokens.
+
+The reference is the published `stepaudio2` package (a test-only dependency): its flow
+(`CausalMaskedDiffWithXvec.setup_cache` / `inference_chunk`) and `HiFTGenerator`, built the way its
+`Token2wav` driver builds them (HyperPyYAML from the folder's flow.yaml, flow.pt strict, hift.pt with the
+`generator.` prefix stripped) but on the bench's device instead of the driver's hard-coded `.cuda()`,
+and driven the way `Token2wav.stream` drives them: one `inference_chunk` per chunk, both attention caches
+trimmed to prompt + 100 frames, HiFT over [8 cached mel frames | chunk] with the cached source, the
+hamming cross-fade, and the last 3840 samples held back.
+
+The reference CFM and DiT hold working buffers registered at fixed shapes (16 steps, 16 blocks, 1000
+frames); they are given the same layout for the preset's sizes (unchanged for `full`). Its noise buffer,
+drawn unseeded by the reference, is replaced by a seeded one.
+
+    build_reference(setup) -> Reference(flow, hift)
+    reference_fps(setup, ref, voice_index, warmup, timed) -> {fps, rtf, setup_solve_s, chunk_s, ...}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpu_worker.bench.decode import CHUNK_FRAMES, MEL_RATE, WARMUP_CHUNKS
+from gpu_worker.bench.machine import Timer, summarize
+from gpu_worker.bench.workload import BenchSetup, chunk_tokens
+from gpu_worker.loading import FLOW_PT, FLOW_YAML, HIFT_PT
+from gpu_worker.model.config import (
+    ATT_CACHE_TAIL,
+    CHUNK_TOKENS,
+    HIFT_MEL_CACHE,
+    HIFT_SOURCE_CACHE,
+    LOOKAHEAD_TOKENS,
+    SAMPLES_PER_MEL,
+    SILENCE_TOKEN,
+    ModelArgs,
+)
+from gpu_worker.prompt import fit_prompt_mel, seeded_noise
+
+REF_STEPS, REF_FRAMES = 16, 1000  # the reference's hard-coded working-buffer sizes
+NOISE_SEED = 7
+
+
+@dataclass
+class Reference:
+    flow: Any  # stepaudio2 CausalMaskedDiffWithXvec
+    hift: Any  # stepaudio2 HiFTGenerator
+
+
+def _fit_buffers(flow: Any, args: ModelArgs) -> None:
+    d = args.flow.dit
+    cnn = (d.depth, 2, 2 * d.hidden_size, 2)
+    att = (d.depth, 2, d.num_heads, REF_FRAMES, 2 * d.head_dim)
+    cfm, estimator = flow.decoder, flow.decoder.estimator
+    cfm.cnn_cache_buffer = torch.zeros(REF_STEPS, *cnn, device="meta")
+    cfm.att_cache_buffer = torch.zeros(REF_STEPS, *att, device="meta")
+    estimator.cnn_cache_buffer = torch.zeros(cnn, device="meta")
+    estimator.att_cache_buffer = torch.zeros(att, device="meta")
+
+
+def _build_flow(setup: BenchSetup) -> Any:
+    from stepaudio2 import token2wav  # type: ignore[import-untyped]  # test-only dependency, imported when the reference is asked for
+
+    token2wav._setup_cosyvoice2_alias()
+    with open(setup.folder / FLOW_YAML, encoding="utf-8") as f, torch.device("meta"):
+        flow = token2wav.load_hyperpyyaml(f)["flow"]
+    _fit_buffers(flow, setup.args)
+    flow.to_empty(device=setup.device)
+    state = torch.load(setup.folder / FLOW_PT, map_location="cpu", weights_only=True)
+    flow.load_state_dict(state, strict=True)
+    for name, buf in flow.named_buffers():
+        if "cache_buffer" in name:
+            buf.zero_()
+    flow.decoder.rand_noise = seeded_noise(NOISE_SEED, setup.device, torch.float32)[0]
+    for embed in (flow.encoder.embed, flow.encoder.up_embed):  # positional tables were built on meta
+        embed.pos_enc.pe = None
+        embed.pos_enc.extend_pe(torch.zeros(1, setup.args.flow.encoder.pos_max_len, device=setup.device))
+    return flow.to(setup.dtype).eval()
+
+
+def _build_hift(setup: BenchSetup) -> Any:
+    from stepaudio2.flashcosyvoice.modules import hifigan  # type: ignore[import-untyped]
+
+    a = setup.args.hift
+    hift = hifigan.HiFTGenerator(
+        in_channels=a.in_channels, base_channels=a.base_channels, nb_harmonics=a.nb_harmonics,
+        sampling_rate=a.sampling_rate, nsf_alpha=a.nsf_alpha, nsf_sigma=a.nsf_sigma,
+        nsf_voiced_threshold=a.nsf_voiced_threshold, upsample_rates=list(a.upsample_rates),
+        upsample_kernel_sizes=list(a.upsample_kernel_sizes),
+        istft_params={"n_fft": a.istft_n_fft, "hop_len": a.istft_hop_len},
+        resblock_kernel_sizes=list(a.resblock_kernel_sizes),
+        resblock_dilation_sizes=[list(d) for d in a.resblock_dilation_sizes],
+        source_resblock_kernel_sizes=list(a.source_resblock_kernel_sizes),
+        source_resblock_dilation_sizes=[list(d) for d in a.source_resblock_dilation_sizes],
+        lrelu_slope=a.lrelu_slope, audio_limit=a.audio_limit,
+        f0_predictor=hifigan.ConvRNNF0Predictor(in_channels=a.in_channels, cond_channels=a.f0_cond_channels))
+    state = torch.load(setup.folder / HIFT_PT, map_location="cpu", weights_only=True)
+    hift.load_state_dict({k.replace("generator.", ""): v for k, v in state.items()}, strict=True)
+    return hift.to(setup.device).eval()  # Token2wav keeps HiFT in float32
+
+
+def build_reference(setup: BenchSetup) -> Reference:
+    return Reference(_build_flow(setup), _build_hift(setup))
+
+
+class ReferenceStream:
+    """`Token2wav.stream`'s state and arithmetic for one stream (flow caches, HiFT tails)."""
+
+    def __init__(self, ref: Reference, prompt_len: int, spk_raw: torch.Tensor, cache: dict[str, Any]):
+        self.ref, self.prompt_len, self.spk, self.cache = ref, prompt_len, spk_raw, cache
+        device = spk_raw.device
+        self.window = torch.from_numpy(np.hamming(2 * HIFT_SOURCE_CACHE)).to(device)
+        self.mel = torch.zeros(1, 80, 0, device=device)
+        self.source = torch.zeros(1, 1, 0, device=device)
+        self.speech = torch.zeros(1, 0, device=device)
+
+    def _trim(self) -> None:
+        keep = self.prompt_len + ATT_CACHE_TAIL
+        est, conf = self.cache["estimator_att_cache"], self.cache["conformer_att_cache"]
+        if est.shape[4] > keep:
+            self.cache["estimator_att_cache"] = torch.cat(
+                [est[:, :, :, :, : self.prompt_len], est[:, :, :, :, -ATT_CACHE_TAIL:]], dim=4)
+        if conf.shape[3] > keep:
+            self.cache["conformer_att_cache"] = torch.cat(
+                [conf[:, :, :, : self.prompt_len, :], conf[:, :, :, -ATT_CACHE_TAIL:, :]], dim=3)
+
+    def step(self, tokens: torch.Tensor, last: bool) -> torch.Tensor:
+        """tokens [T] -> the chunk's audio [S] (float32)."""
+        token = tokens.to(self.spk.device, torch.int32)[None]
+        chunk_mel, self.cache = self.ref.flow.inference_chunk(
+            token=token, spk=self.spk, cache=self.cache, last_chunk=last, n_timesteps=10)
+        self._trim()
+        mel = torch.cat([self.mel, chunk_mel.float()], dim=2)
+        speech, source = self.ref.hift(mel, self.source)
+        if self.speech.shape[-1] > 0:
+            n = self.window.numel() // 2
+            speech = speech.clone()
+            speech[..., :n] = speech[..., :n] * self.window[:n] + self.speech[..., -n:] * self.window[n:]
+        self.mel = mel[..., -HIFT_MEL_CACHE:].clone()
+        self.source = source[:, :, -HIFT_SOURCE_CACHE:].clone()
+        self.speech = speech[:, -HIFT_SOURCE_CACHE:].clone()
+        out = speech if last else speech[:, :-HIFT_SOURCE_CACHE]
+        return out[0].cpu()
+
+
+def reference_fps(setup: BenchSetup, ref: Reference, voice_index: int, timed: int) -> dict[str, Any]:
+    """Setup solve of the voice, WARMUP_CHUNKS untimed chunks, then `timed` steady-state chunks."""
+    host = setup.host(voice_index)
+    tokens, spk_raw = setup.speaker.quantize_and_embed(host.logmel128, host.fbank80)
+    tokens, spk_raw = tokens.to(setup.device), spk_raw.to(setup.device, setup.dtype)
+    prompt_mel = fit_prompt_mel(host.mel80[None].to(setup.device, setup.dtype), 2 * tokens.size(1))
+    silence = torch.full((1, LOOKAHEAD_TOKENS), SILENCE_TOKEN, dtype=tokens.dtype, device=setup.device)
+    with torch.random.fork_rng(devices=[]), Timer(setup.device) as solve:
+        torch.manual_seed(NOISE_SEED)  # the reference HiFT draws its source noise from the global RNG
+        prompt_tokens = torch.cat([tokens, silence], 1).int()
+        cache = ref.flow.setup_cache(prompt_tokens, prompt_mel, spk_raw, n_timesteps=10)
+    stream = ReferenceStream(ref, prompt_mel.size(1), spk_raw, cache)
+    window = CHUNK_TOKENS + LOOKAHEAD_TOKENS
+    chunk_s, samples = [], 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(NOISE_SEED)
+        for k in range(WARMUP_CHUNKS + timed):
+            with Timer(setup.device) as timer:
+                audio = stream.step(chunk_tokens(window, seed=10_000 * (100 + k)), last=False)
+            if k >= WARMUP_CHUNKS:
+                chunk_s.append(timer.s)
+                samples += audio.numel()
+    frames = samples / SAMPLES_PER_MEL
+    total = sum(chunk_s)
+    return {"batch": 1, "timed_steps": timed, "frames": frames, "frames_expected": timed * CHUNK_FRAMES,
+            "seconds": total, "fps": frames / total, "rtf": total / (frames / MEL_RATE),
+            "step_s": summarize(chunk_s), "step_s_all": chunk_s, "setup_solve_s": solve.s,
+            "driver": "Token2wav.stream arithmetic, reference flow + HiFTGenerator, batch 1"}

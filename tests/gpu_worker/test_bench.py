@@ -1,0 +1,86 @@
+"""The benchmark on the tiny preset: every part runs, and the report's numbers are positive and agree
+with each other (frames counted == frames expected, ratios == quotients, histograms == rows)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gpu_worker.bench import main
+from gpu_worker.bench.machine import percentile
+from gpu_worker.bench.sweep import clients_for, equal_tokens, mixed_tokens
+from gpu_worker.streams import plan_chunks
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _close(a: float, b: float, rel: float = 1e-9) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def test_workload_shapes_chunks_and_new_voices_arrive_mid_run() -> None:
+    assert [len(plan_chunks(n)) for n in equal_tokens(3)] == [3]
+    assert sorted(len(plan_chunks(n)) for n in mixed_tokens(2)) == [1, 2, 2, 3]
+    clients = clients_for(4, equal_tokens(2), jobs_per_client=2, tag="t")
+    assert [[job.voice for job in jobs] for jobs in clients] == [[0, 1], [1, 0], [0, 1], [1, 0]]
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([5.0], 95) == 5.0
+
+
+def _check_report(report: dict) -> None:
+    assert report["complete"] and report["git"]["revision"]
+    assert report["command"].startswith("python -m gpu_worker.bench")
+    assert report["machine"]["cpu_cores"] >= 1 and report["machine"]["torch_threads"] == 1
+    ref = report["reference"]
+    rows = [*report["decoder"], ref]
+    for row in rows:
+        assert row["frames"] == row["frames_expected"] > 0
+        assert row["fps"] > 0 and _close(row["fps"], row["frames"] / row["seconds"])
+        assert _close(row["rtf"], 50 / row["fps"])
+    prep = report["prep"]
+    assert prep["host_half_ms"]["p50"] > 0
+    assert prep["device_half_ms"]["total"]["p50"] >= prep["device_half_ms"]["setup_solve"]["p50"] > 0
+    limit = report["limit"]
+    flops = limit["flops"]
+    assert _close(sum(flops["by_component_per_frame"].values()), flops["flops_per_frame"], 1e-6)
+    assert all(v > 0 for v in flops["by_component_per_frame"].values())
+    assert set(limit["ceiling_fps"]) == {"fp32", "bf16"} and min(limit["ceiling_fps"].values()) > 0
+    for row in report["decoder"]:
+        assert _close(row["ratio_to_reference"], row["fps"] / ref["fps"])
+        assert _close(row["limit_fraction"], row["fps"] / limit["ceiling_fps"]["fp32"])
+
+
+def _check_engine(report: dict) -> None:
+    runs = report["engine"]
+    assert {(r["workload"], r["concurrency"]) for r in runs} == {("equal", 1), ("equal", 2), ("mixed", 2)}
+    for r in runs:
+        assert r["frames"] == r["frames_expected"] > 0 and r["fps"] > 0
+        assert 0 < r["first_audio_s"]["p50"] <= r["first_audio_s"]["p95"]
+        assert sum(int(k) * n for k, n in r["batch_hist"].items()) == r["rows"]
+        assert max(int(k) for k in r["batch_hist"]) <= (1 if r["mode"] == "a" else r["concurrency"])
+        assert sum(r["prep_paths"].values()) == r["jobs"] and r["peak_rss_mib"] > 0
+        assert _close(r["ratio_to_reference"], r["fps"] / report["reference"]["fps"])
+        first_path = {"a": "inline", "b": "inline", "c": "prepared_ahead"}.get(r["mode"], "already_installed")
+        assert first_path in r["prep_paths"] and set(r["prep_paths"]) <= {first_path, "already_installed"}
+        assert r["installs"] == (0 if r["mode"] == "d" else r["voices"])
+
+
+def test_tiny_bench_report_is_complete_and_consistent(tmp_path, one_thread, capsys) -> None:
+    pytest.importorskip("stepaudio2.cosyvoice2.flow.flow")
+    out = tmp_path / "bench.json"
+    code = main(["--preset", "tiny", "--threads", "1", "--concurrency", "1,2", "--chunks", "1",
+                 "--steps", "1", "--jobs-per-client", "2", "--mixed", "2", "--modes", "a,b,c,d",
+                 "--json", str(out), "--plots", str(tmp_path)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    _check_report(report)
+    _check_engine(report)
+    printed = capsys.readouterr().out
+    assert "Engine:" in printed and "ref 1" in printed
+    assert (tmp_path / "bench_tiny_cpu_fp32.png").stat().st_size > 0
