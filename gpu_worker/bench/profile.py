@@ -19,8 +19,10 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from gpu_worker.bench.decode import steady_rows, warm_streams
 from gpu_worker.bench.workload import BenchSetup
 
-PHASES = (("flow", "encode_chunk", "1 encoder"),
+PHASES = (("flow", "encode_chunks", "1 encoder"),
+          ("flow", "encode_chunk", "1 encoder (one row)"),
           ("flow", "_gather_caches", "2 gather caches"),
+          ("flow", "_gather_conv", "2 gather conv caches"),
           ("cfm", "solve", "3 CFM solve (10 Euler x CFG DiT)"),
           ("flow", "_scatter_caches", "4 scatter caches"),
           ("decoder", "_vocode", "5 HiFT vocoder"))
