@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=270.0, help="seconds to wait for the jobs")
     demo.set_defaults(handler=cmd_demo)
     _add_maintenance_command(sub)
+    _add_book_commands(sub)
     return parser
 
 
@@ -297,6 +298,168 @@ def cmd_voices(args: argparse.Namespace) -> int:
         return 0
     for voice in client.voices():
         print(f"{voice['id']}  {voice['status']:<9} uses {voice['uses']}")
+    return 0
+
+
+# Books -------------------------------------------------------------------------------------------
+
+
+def _add_book_commands(sub: Any) -> None:
+    book = sub.add_parser("book", help="render a book (text, Markdown, EPUB, manifest): chapters and an M4B")
+    book_sub = book.add_subparsers(dest="book_command", required=True, metavar="ACTION")
+
+    def action(name: str, help_: str, handler: Handler) -> argparse.ArgumentParser:
+        p = book_sub.add_parser(name, help=help_)
+        p.add_argument("--api", default=DEFAULT_API, help=f"API base URL (default {DEFAULT_API})")
+        p.add_argument("--local", action="store_true", help="use the database directly, not the API")
+        p.set_defaults(handler=handler)
+        return p
+
+    render = action("render", "submit a book; --wait follows it and writes its files to --out",
+                    cmd_book_render)
+    render.add_argument("book", type=Path, help="a .txt, .md, .epub or .json manifest file")
+    render.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
+    render.add_argument("--out", type=Path, help="folder for the chapter files, book.m4b and the index")
+    render.add_argument("--format", dest="book_output", choices=("m4b", "flac", "wav"), default="m4b",
+                        help="m4b: FLAC chapters and an M4B (default); flac or wav: chapter files only")
+    render.add_argument("--wait", action="store_true", help="show progress until done, then download")
+    render.add_argument("--title")
+    render.add_argument("--author")
+    render.add_argument("--language", help="BCP 47 tag (default: from the book, else en)")
+    render.add_argument("--priority", type=int, default=0, help="segment job priority (0 yields to all)")
+    render.add_argument("--target-lufs", type=float, help="normalise each chapter's loudness")
+    render.add_argument("--seed", type=int, default=0)
+    action("status", "show a book's progress", cmd_book_status).add_argument("book_id")
+    action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument("book_id")
+
+
+class _Books:
+    """The book routes over HTTP, or (--local) the same route functions in process."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.local = bool(args.local)
+        if self.local:
+            from app.api.main import build_context
+
+            self.ctx = build_context(_settings())
+        else:
+            from app.api.client import HttpClient
+
+            token = _settings().api_token
+            self.http = HttpClient(args.api, token=token.get_secret_value() if token else None)
+
+    def submit(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
+               base_dir: Path) -> dict[str, Any]:
+        if self.local:
+            from app.api.routes_books import _submit
+            from app.books.service import BookOptions
+
+            options = BookOptions(output_format=form["output_format"], m4b=form["m4b"] == "true",
+                                  target_lufs=float(form["target_lufs"]) if "target_lufs" in form else None,
+                                  seed=int(form["seed"]), priority=int(form["priority"]))
+            fields = {"data": data, "filename": filename, "options": options, "base_dir": base_dir,
+                      "voice_id": voice if isinstance(voice, str) else None,
+                      "reference_bytes": voice if isinstance(voice, bytes) else None,
+                      **{k: form.get(k) for k in ("title", "author", "language")}}
+            return _submit(self.ctx, fields).model_dump(mode="json")
+        files: dict[str, Any] = {"book": (filename, data)}
+        if isinstance(voice, bytes):
+            files["reference"] = ("reference", voice)
+        else:
+            form = {**form, "voice_id": voice}
+        return self.http._call("POST", "/v1/books", data=form, files=files).json()
+
+    def status(self, book_id: str) -> dict[str, Any]:
+        if self.local:
+            from app.api.routes_books import get_book
+
+            return get_book(book_id, self.ctx).model_dump(mode="json")
+        return self.http._call("GET", f"/v1/books/{book_id}").json()
+
+    def cancel(self, book_id: str) -> dict[str, Any]:
+        if self.local:
+            from app.api.routes_books import cancel
+
+            return cancel(book_id, self.ctx).model_dump(mode="json")
+        return self.http._call("POST", f"/v1/books/{book_id}/cancel").json()
+
+    def download(self, book_id: str, name: str, dest: Path) -> None:
+        if self.local:
+            import shutil
+
+            from app.api.routes_books import get_file
+
+            shutil.copyfile(get_file(book_id, name, self.ctx).path, dest)
+            return
+        dest.write_bytes(self.http._call("GET", f"/v1/books/{book_id}/files/{name}").content)
+
+
+def cmd_book_render(args: argparse.Namespace) -> int:
+    voice: str | bytes = args.voice
+    if Path(args.voice).is_file():
+        voice = Path(args.voice).read_bytes()
+    elif not re.fullmatch(r"[0-9a-f]{64}", args.voice):
+        raise BadInput(f"--voice {args.voice!r} is neither a reference audio file nor a voice id (sha256)")
+    if not args.book.is_file():
+        raise BadInput(f"no book file {args.book}")
+    form = {"output_format": "flac" if args.book_output == "m4b" else args.book_output,
+            "m4b": "true" if args.book_output == "m4b" else "false", "seed": str(args.seed),
+            "priority": str(args.priority)}
+    form.update({k: str(v) for k, v in (("title", args.title), ("author", args.author),
+                                        ("language", args.language), ("target_lufs", args.target_lufs))
+                 if v is not None})
+    books = _Books(args)
+    book = books.submit(args.book.read_bytes(), args.book.name, voice, form, args.book.resolve().parent)
+    print(book["id"])
+    if not (args.wait or args.out):
+        return 0
+    book = follow_book(books, book["id"])
+    print(f"book {book['id']}: {book['status']}" + (f" ({book['error']})" if book.get("error") else ""))
+    if book["status"] != "succeeded":
+        return 1
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name in book["files"]:
+            books.download(book["id"], name, args.out / name)
+        print(f"{len(book['files'])} files written to {args.out}")
+    return 0
+
+
+def follow_book(books: _Books, book_id: str, poll_s: float = 1.0) -> dict[str, Any]:
+    """Poll a book until it finishes, with a tqdm bar over its segments; returns the last state."""
+    import time
+
+    from tqdm import tqdm
+
+    book = books.status(book_id)
+    with tqdm(total=book["segments_total"] or None, unit="seg", desc=book["title"][:24]) as bar:
+        while True:
+            bar.total = book["segments_total"] or bar.total
+            eta = f", ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
+            bar.set_postfix_str(f"{book['status']}, {book['audio_seconds']:.0f} s audio{eta}")
+            bar.update(book["segments_done"] - bar.n)
+            if book["status"] in ("succeeded", "failed", "cancelled"):
+                return book
+            time.sleep(poll_s)
+            book = books.status(book_id)
+
+
+def cmd_book_status(args: argparse.Namespace) -> int:
+    book = _Books(args).status(args.book_id)
+    eta = f"  ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
+    print(f"{book['id']}  {book['status']}  {book['segments_done']}/{book['segments_total']} segments  "
+          f"{book['audio_seconds']:.1f} s audio{eta}  {book['title']}")
+    for c in book["chapters"]:
+        print(f"  {c['index'] + 1:>3}. {c['segments_done']:>4}/{c['segments_total']:<4} "
+              f"{c['audio_seconds']:>7.1f} s  {c['title']}")
+    if book.get("error"):
+        print(f"  error: {book['error']}")
+    return 0
+
+
+def cmd_book_cancel(args: argparse.Namespace) -> int:
+    book = _Books(args).cancel(args.book_id)
+    print(f"book {book['id']}: {book['status']}")
     return 0
 
 

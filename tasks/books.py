@@ -128,10 +128,10 @@ def _plan(res: Resources, book_id: str) -> BookPlan:
 
 def _speech_16k(res: Resources, book_id: str, book_plan: BookPlan, segment: PlanSegment) -> Any:
     """The 16 kHz speech a segment's tokens are made from: the guide voice, or the source audio."""
-    from app.books.guide_voice import GuideOptions, speak
+    from app.books.guide_voice import speak
 
     if segment.kind == "text":
-        return speak(segment.text, GuideOptions.for_language(book_plan.language))
+        return speak(segment.text, service.guide_options(book_plan.language))
     from pathlib import Path
 
     import numpy as np

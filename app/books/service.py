@@ -24,8 +24,9 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -40,6 +41,9 @@ from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus, OutputFormat, ut
 from app.errors import BadInput, NotFound
 from app.settings import Settings
 from app.store import FeatureStore
+
+if TYPE_CHECKING:
+    from app.books.guide_voice import GuideOptions
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +120,30 @@ def render_options(settings: Settings, options: BookOptions) -> dict[str, Any]:
             "preset": settings.model_preset}
 
 
+@lru_cache(maxsize=64)
+def guide_options(language: str) -> GuideOptions:
+    """The espeak-ng voice for a book's language: the tag itself, else its primary language ("en-gb" ->
+    "en", "pt-pt" -> "pt"); BadInput when espeak-ng speaks neither."""
+    from app.books.guide_voice import GuideOptions, speak
+
+    first = GuideOptions.for_language(language)
+    candidates = dict.fromkeys([first.voice, language.split("-")[0]])
+    for voice in candidates:
+        options = GuideOptions(voice=voice, rate_wpm=first.rate_wpm, pitch=first.pitch)
+        try:
+            speak("a", options)
+        except BadInput:
+            continue
+        return options
+    raise BadInput(f"no guide voice speaks language {language!r} (espeak-ng has none of {list(candidates)})")
+
+
 def plan_source(source: SourceBook, *, settings: Settings, voice_id: str, options: BookOptions) -> BookPlan:
     guide: dict[str, Any] | None = None
     if any(c.paragraphs for c in source.chapters):
-        from app.books.guide_voice import GuideOptions, identity
+        from app.books.guide_voice import identity
 
-        guide = identity(GuideOptions.for_language(source.language))
+        guide = identity(guide_options(source.language))
     return plan_book(source, voice_id=voice_id, render_options=render_options(settings, options),
                      guide_options=guide)
 

@@ -1,0 +1,151 @@
+"""Book submission, status and cancel (app.books.service) and the /v1/books routes, on both databases and
+real Redis; no workers: what would be enqueued is recorded, or sent to queues nobody consumes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.api.main import create_app
+from app.artifacts import ArtifactStore
+from app.books.service import BookOptions, book_status, cancel_book, load_plan, make_segment_job, submit_book
+from app.db import queries
+from app.db.models import Book, BookStatus, JobStatus, Segment
+from app.errors import BadInput
+from app.settings import Settings
+from app.store import FeatureStore
+from tests.app.books.conftest import MARKDOWN_BOOK
+from tests.app.test_submit import wav_bytes
+
+
+class RecordingSender:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any, dict[str, Any]]] = []
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
+        self.sent.append((name, args, options))
+
+
+def submit(settings, session, store, artifacts, data: bytes, sender=None, **kw) -> str:
+    kw.setdefault("reference_bytes", wav_bytes())
+    return submit_book(settings=settings, session=session, sender=sender or RecordingSender(), store=store,
+                       artifacts=artifacts, data=data, **kw)
+
+
+def manifest(*chapters: list[list[int]]) -> bytes:
+    return json.dumps({"title": "T", "chapters": [
+        {"title": f"C{i}", "segments": [{"tokens": t} for t in segs]}
+        for i, segs in enumerate(chapters)]}).encode()
+
+
+def test_submit_plans_the_book_stores_it_and_queues_the_voice_and_the_plan_once(
+        settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore) -> None:
+    sender = RecordingSender()
+    book_id = submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(), sender=sender,
+                     filename="b.md", options=BookOptions(priority=2))
+    assert [(name, opts["queue"]) for name, _, opts in sender.sent] == [
+        ("voice.prepare", settings.queue_cpu), ("book.plan", settings.queue_cpu)]
+    book = queries.require_book(session=session, book_id=book_id)
+    assert (book.status, book.title, book.author, book.priority) == ("queued", "The Lighthouse Keeper",
+                                                                       "Ada Quill", 2)
+    plan = load_plan(artifacts, book_id)
+    assert plan.key == book.plan_key and [c.title for c in plan.chapters] == [
+        "Chapter 1: The Storm", "Chapter 2: The Ship", "Chapter 3: Morning"]
+    chapters = queries.list_chapters(session=session, book_id=book_id)
+    assert [c.segments_total for c in chapters] == [len(c.segments) for c in plan.chapters]
+    view = book_status(session=session, artifacts=artifacts, book_id=book_id)
+    assert (view.segments_done, view.audio_seconds, view.files) == (0, 0.0, [])
+    assert view.segments_total == len(plan.unique_keys())
+
+    again = submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(), sender=sender,
+                   filename="b.md")
+    assert again != book_id  # a second render of the same book shares every segment row
+    assert session.scalar(select(func.count()).select_from(Segment)) == len(plan.unique_keys())
+
+
+@pytest.mark.parametrize(("data", "kw", "reason"), [
+    (b"", {}, "empty"),
+    (b"\x00\x01\x02" * 100, {"filename": "b.txt"}, "binary"),
+    (b'{"chapters": []}', {}, "non-empty 'chapters'"),
+    (manifest([[1, 2, 99999]]), {}, "not an integer in 0..6560"),
+    (b"Title\n\nSome text.", {"language": "xx-yy"}, "no guide voice"),
+    (b"Title\n\nSome text.", {"options": BookOptions(output_format="mp3")}, "book format"),
+    (b"Title\n\nSome text.", {"options": BookOptions(priority=12)}, "priority"),
+])
+def test_bad_books_are_refused_with_the_reason_before_anything_is_stored(
+        settings, session, store, artifacts, data: bytes, kw: dict, reason: str) -> None:
+    sender = RecordingSender()
+    with pytest.raises(BadInput, match=reason):
+        submit(settings, session, store, artifacts, data, sender=sender, **kw)
+    assert session.scalar(select(func.count()).select_from(Book)) == 0
+    assert not [name for name, _, _ in sender.sent if name == "book.plan"]
+
+
+def test_cancel_stops_the_books_live_segment_jobs_but_not_one_another_live_book_needs(
+        settings, session, store, artifacts) -> None:
+    data = manifest([[5] * 30, [6] * 40])
+    first = submit(settings, session, store, artifacts, data)
+    second = submit(settings, session, store, artifacts, manifest([[5] * 30]))
+    book = queries.require_book(session=session, book_id=first)
+    jobs = {}
+    for key in load_plan(artifacts, first).unique_keys():
+        jobs[key], created = make_segment_job(session=session, artifacts=artifacts, book=book, key=key,
+                                              tokens=[1] * 25, replacing=None)
+        assert created
+    session.commit()
+    again, created = make_segment_job(session=session, artifacts=artifacts, book=book, key=key,
+                                      tokens=[1] * 25, replacing=None)
+    assert (again, created) == (jobs[key], False)  # another render linked it first
+    assert cancel_book(session=session, store=store, book_id=first, cancel_ttl_s=60)
+    statuses = {k: queries.require_job(session=session, job_id=j).status for k, j in jobs.items()}
+    shared = load_plan(artifacts, second).unique_keys()[0]
+    assert statuses[shared] == JobStatus.QUEUED  # the second book still wants it
+    assert [s for k, s in statuses.items() if k != shared] == [JobStatus.CANCELLED]
+    assert store.is_cancelled(jobs[key]) and not store.is_cancelled(jobs[shared])
+    assert queries.require_book(session=session, book_id=first).status == BookStatus.CANCELLED
+    assert not cancel_book(session=session, store=store, book_id=first, cancel_ttl_s=60)
+
+
+# The API -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def client(settings: Settings, feature_redis) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def test_api_takes_a_book_upload_and_an_inline_manifest_and_reports_progress(client: TestClient) -> None:
+    r = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode()),
+                                        "reference": ("r.wav", wav_bytes())}, data={"output_format": "wav"})
+    assert r.status_code == 202, r.text
+    book = r.json()
+    assert r.headers["location"] == f"/v1/books/{book['id']}"
+    assert book["status"] == "queued" and len(book["chapters"]) == 3 and book["segments_done"] == 0
+    assert client.get(f"/v1/books/{book['id']}").json()["title"] == "The Lighthouse Keeper"
+    assert [b["id"] for b in client.get("/v1/books").json()] == [book["id"]]
+    inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
+    r = client.post("/v1/books", json={"voice_id": book["voice_id"], "manifest": inline})
+    assert r.status_code == 202 and r.json()["segments_total"] == 1
+    missing = client.get(f"/v1/books/{book['id']}/files/book.m4b")
+    assert missing.status_code == 404 and missing.json()["error"] == "NotFound"
+    assert client.get(f"/v1/books/{book['id']}/files/..%2Fplan.json").status_code == 404
+    assert client.post(f"/v1/books/{book['id']}/cancel").json()["status"] == "cancelled"
+    assert client.post(f"/v1/books/{book['id']}/cancel").json()["status"] == "cancelled"  # idempotent
+
+
+def test_api_refuses_bad_books_with_4xx_and_the_reason(client: TestClient) -> None:
+    ref = ("r.wav", wav_bytes())
+    r = client.post("/v1/books", files={"book": ("b.txt", b"\x00" * 500), "reference": ref})
+    assert r.status_code == 422 and "binary" in r.json()["reason"]
+    audio_manifest = b'{"chapters": [{"segments": [{"audio": "x.wav"}]}]}'
+    r = client.post("/v1/books", files={"book": ("b.json", audio_manifest), "reference": ref})
+    assert r.status_code == 422 and "tokens" in r.json()["reason"]
+    r = client.post("/v1/books", files={"book": ("b.md", b"# A\n\ntext")}, data={"voice_id": "0" * 64})
+    assert r.status_code == 404
+    assert client.post("/v1/books", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
+    assert client.get("/v1/books/not-a-uuid").status_code == 404

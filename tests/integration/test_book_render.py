@@ -1,0 +1,235 @@
+"""Books end to end on real services: PostgreSQL, Redis, the session's CPU worker (book.* tasks) and a
+GPU worker subprocess (tiny preset, dummy weights, stand-in S3 tokens).
+
+- a 3-chapter Markdown book and a small EPUB render to chapter files and an M4B whose chapters (count,
+  order, titles, durations) match; the voice is prepared once and installed once;
+- rendering an edited book again renders only the edited paragraph's segments;
+- an interactive job submitted while a book renders finishes before the book's remaining segments;
+- a GPU worker killed (SIGKILL) mid-book and restarted: the book completes, and only the segments that
+  were in flight are rendered twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import pytest
+import soundfile as sf
+from celery import Celery
+
+from app.artifacts import ArtifactStore
+from app.audio import load_reference
+from app.books.service import BookOptions, book_status, output_dir, submit_book
+from app.celery_config import make_celery
+from app.db import queries
+from app.db.models import BookStatus, JobStatus
+from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
+from app.settings import Settings
+from app.store import FeatureStore
+from app.submit import submit_job
+from tests.app.books.conftest import MARKDOWN_BOOK, make_epub, tiny_png
+from tests.conftest import REPO, SESSION_TAG, settings_env
+
+pytestmark = pytest.mark.integration
+
+REFERENCE = (REPO / "app" / "samples" / "voice_a.wav").read_bytes()
+SLOTS = 4
+
+
+@dataclass
+class GpuWorker:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def gpu_settings(worker_settings: Settings) -> Settings:
+    # A short visibility timeout: a killed worker's in-flight messages come back within ~20 s.
+    return worker_settings.model_copy(update={
+        "model_preset": "tiny", "prep_wait_ms": 5000, "micro_batch_size": 8, "worker_slots": SLOTS,
+        "voice_cache_capacity": 2, "progress_interval_s": 0.2, "visibility_timeout_s": 10})
+
+
+def start_gpu_worker(settings: Settings, log: Path, name: str) -> GpuWorker:
+    nodename = f"gpu-book-{name}-{SESSION_TAG}@{os.uname().nodename}"
+    env = {**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "celery", "-A", "gpu_worker.worker", "worker", "-Q", settings.queue_gpu,
+           "-P", "threads", "-c", str(SLOTS), "-n", nodename, "-E", "-l", "INFO", "--without-gossip",
+           "--without-mingle", "--without-heartbeat"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    app = make_celery(settings)
+    try:
+        deadline = time.monotonic() + 120
+        while not app.control.ping(destination=[nodename], timeout=1.0):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+    finally:
+        app.close()
+    return GpuWorker(proc, log)
+
+
+def stop(worker: GpuWorker, sig: int = signal.SIGTERM) -> None:
+    if worker.proc.poll() is None:
+        worker.proc.send_signal(sig)
+        try:
+            worker.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.proc.kill()
+            worker.proc.wait()
+
+
+@pytest.fixture
+def gpu(gpu_settings: Settings, cpu_worker: str, tmp_path: Path) -> Iterator[list[GpuWorker]]:
+    """A running GPU worker (the list grows when a test restarts it); all are stopped at the end."""
+    workers = [start_gpu_worker(gpu_settings, tmp_path / "gpu.log", "0")]
+    yield workers
+    for worker in workers:
+        stop(worker)
+    print((tmp_path / "gpu.log").read_text()[-3000:])
+
+
+@pytest.fixture
+def env(gpu_settings: Settings, worker_sessions) -> Iterator[tuple[Settings, Celery, FeatureStore]]:
+    store = FeatureStore.from_url(gpu_settings.feature_store_url, ttl_s=gpu_settings.feature_ttl_s)
+    store.delete(load_reference(REFERENCE)[1])  # the voice is prepared by this test
+    app = make_celery(gpu_settings)
+    yield gpu_settings, app, store
+    app.close()
+    store.close()
+
+
+def submit(env, sessions, data: bytes, **kw) -> str:
+    settings, app, store = env
+    with sessions() as session:
+        return submit_book(settings=settings, session=session, sender=app, store=store,
+                           artifacts=ArtifactStore(settings.artifact_root), data=data,
+                           reference_bytes=REFERENCE, **kw)
+
+
+def wait_book(settings: Settings, sessions, book_id: str, timeout: float = 420.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        with sessions() as session:
+            view = book_status(session=session, artifacts=ArtifactStore(settings.artifact_root),
+                               book_id=book_id)
+        if view.book.status not in ("queued", "rendering", "assembling"):
+            return view
+        assert time.monotonic() < deadline, f"book still {view.book.status}: {view.segments_done}/" \
+                                            f"{view.segments_total}"
+        time.sleep(0.5)
+
+
+def segment_jobs(sessions, book_id: str) -> dict[str, object]:
+    with sessions() as session:
+        states = queries.book_segment_states(session=session, book_id=book_id)
+        return {s.key: queries.require_job(session=session, job_id=s.job_id) for s in states}
+
+
+def m4b_chapters(path: Path) -> list[tuple[str, float]]:
+    with av.open(str(path)) as box:
+        return [(c["metadata"]["title"], float((c["end"] - c["start"]) * c["time_base"]))
+                for c in box.chapters()]
+
+
+def check_outputs(settings: Settings, view, titles: list[str]) -> None:
+    assert view.book.status == BookStatus.SUCCEEDED, view.book.error
+    out = output_dir(ArtifactStore(settings.artifact_root), view.book.id)
+    chapters = m4b_chapters(out / "book.m4b")
+    assert [t for t, _ in chapters] == titles
+    files = sorted(out.glob("chapter-*.flac"))
+    assert len(files) == len(titles)
+    for (_, seconds), file in zip(chapters, files, strict=True):
+        assert seconds == pytest.approx(sf.info(str(file)).duration, abs=0.01)
+    index = json.loads((out / "chapters.json").read_text())
+    assert [c["title"] for c in index["chapters"]] == titles
+
+
+@pytest.mark.timeout(900)
+def test_markdown_and_epub_books_render_with_the_voice_prepared_once_and_an_edit_rerenders_its_segments(
+        gpu, env, worker_sessions) -> None:
+    settings, _, store = env
+    prepared = store.count(COUNTER_PREPARE, "prepared")
+    paths_before = store.counters(COUNTER_PREP_PATH)
+    md = submit(env, worker_sessions, MARKDOWN_BOOK.encode(), filename="book.md")
+    epub = submit(env, worker_sessions, make_epub(cover=tiny_png()), filename="book.epub")
+    md_view, epub_view = wait_book(settings, worker_sessions, md), wait_book(settings, worker_sessions, epub)
+    check_outputs(settings, md_view, ["Chapter 1: The Storm", "Chapter 2: The Ship", "Chapter 3: Morning"])
+    check_outputs(settings, epub_view, ["Title Page", "Chapter One: Dusk", "Chapter Two: Dawn",
+                                       "Chapter Three: Noon"])
+    assert md_view.segments_done == md_view.segments_total and md_view.audio_seconds > 5
+
+    # The voice: prepared once on the CPU worker, installed once on the GPU worker.
+    assert store.count(COUNTER_PREPARE, "prepared") - prepared == 1
+    after = store.counters(COUNTER_PREP_PATH)
+    delta = {p: after.get(p, 0) - paths_before.get(p, 0) for p in after}
+    jobs = {**segment_jobs(worker_sessions, md), **segment_jobs(worker_sessions, epub)}
+    assert sum(delta.values()) == len(jobs)
+    assert sum(n for p, n in delta.items() if p != "already_installed") == 1, delta
+    assert all(j.attempts == 1 and j.status == JobStatus.SUCCEEDED for j in jobs.values())
+
+    # Edit one paragraph and render again: only that paragraph's segments are rendered.
+    edited = MARKDOWN_BOOK.replace("It was *very* cold.", "It was bitterly cold.")
+    again = submit(env, worker_sessions, edited.encode(), filename="book.md")
+    view = wait_book(settings, worker_sessions, again)
+    check_outputs(settings, view, ["Chapter 1: The Storm", "Chapter 2: The Ship", "Chapter 3: Morning"])
+    new = {k: j for k, j in segment_jobs(worker_sessions, again).items() if k not in jobs}
+    assert len(new) == 1 and all(j.status == JobStatus.SUCCEEDED for j in new.values())
+
+
+def token_manifest(chapters: int, segments: int, tokens: int, salt: int) -> bytes:
+    return json.dumps({"title": f"Tokens {salt}", "chapters": [
+        {"title": f"Part {c + 1}", "segments": [
+            {"tokens": [(salt * 7919 + c * 1009 + s * 31 + i) % 6561 for i in range(tokens)]}
+            for s in range(segments)]} for c in range(chapters)]}).encode()
+
+
+@pytest.mark.timeout(900)
+def test_an_interactive_job_overtakes_a_rendering_book_and_a_killed_gpu_worker_loses_only_in_flight_segments(
+        gpu, env, worker_sessions, gpu_settings, tmp_path) -> None:
+    settings, app, store = env
+    book = submit(env, worker_sessions, token_manifest(2, 12, 150, salt=int(time.time())),
+                  options=BookOptions(priority=0))
+    started = time.monotonic()
+    while sum(j.status == JobStatus.SUCCEEDED for j in segment_jobs(worker_sessions, book).values()) < 2:
+        assert time.monotonic() - started < 300
+        time.sleep(0.2)
+
+    # An interactive job (priority 5) submitted now runs before the book's queued segments.
+    with worker_sessions() as session:
+        interactive = submit_job(settings=settings, session=session, sender=app, store=store,
+                                 artifacts=ArtifactStore(settings.artifact_root), tokens=[5] * 150,
+                                 reference_bytes=REFERENCE, seed=1, priority=5)
+    app.AsyncResult(interactive).get(timeout=300)
+    with worker_sessions() as session:
+        job = queries.require_job(session=session, job_id=interactive)
+    segs = segment_jobs(worker_sessions, book).values()
+    overtaken = [j for j in segs if j.started_at is None or j.started_at > job.started_at]
+    jumped = [j for j in segs if j.started_at and job.submitted_at < j.started_at < job.started_at]
+    assert len(overtaken) >= 4, "the book had segments left"
+    assert len(jumped) <= SLOTS  # at most what the worker had already fetched
+
+    # Kill the GPU worker mid-book, start another: the book completes.
+    stop(gpu[0], signal.SIGKILL)
+    in_flight = [j for j in segment_jobs(worker_sessions, book).values()
+                 if j.status in (JobStatus.PREPARING, JobStatus.RUNNING)]
+    gpu.append(start_gpu_worker(gpu_settings, gpu[0].log, "1"))
+    view = wait_book(settings, worker_sessions, book)
+    assert view.book.status == BookStatus.SUCCEEDED, view.book.error
+    m4b = output_dir(ArtifactStore(settings.artifact_root), book) / "book.m4b"
+    assert [t for t, _ in m4b_chapters(m4b)] == ["Part 1", "Part 2"]
+    jobs = segment_jobs(worker_sessions, book)
+    twice = {k for k, j in jobs.items() if j.attempts > 1}
+    assert twice <= {k for k, j in jobs.items() if j.id in {f.id for f in in_flight}}
+    assert len(twice) <= SLOTS
+    with worker_sessions() as session:
+        renders = queries.segment_renders(session=session, book_id=book)
+    assert all(created == 1 for created, _ in renders.values())  # no segment got a second job
