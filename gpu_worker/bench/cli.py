@@ -66,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="C 1,4, batches 1,4, 1 chunk, 1 step, no mixed set")
     p.add_argument("--json", dest="json_path", default=None, metavar="OUT")
+    p.add_argument("--render", default=None, metavar="JSON",
+                   help="print a saved report's table and Markdown tables; run nothing")
     p.add_argument("--plots", default=None, metavar="DIR")
     return p
 
@@ -180,6 +182,15 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
+    if args.render:
+        import json
+        from pathlib import Path
+
+        saved = json.loads(Path(args.render).read_text(encoding="utf-8"))
+        print(report.table(saved))
+        print()
+        print(report.markdown(saved))
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():

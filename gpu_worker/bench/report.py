@@ -171,3 +171,41 @@ def plot(report: dict[str, Any], directory: str | Path) -> list[str]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [str(path)]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report's tables as Markdown (for docs/PERFORMANCE.md), every number from the report."""
+    ref = report.get("reference")
+    rows = []
+    if ref:
+        rows.append(["reference, batch 1", f"{ref['fps']:.1f}", f"{ref['rtf']:.2f}",
+                     f"{ref['step_s']['p50']:.2f}", "1.00", _f(ref.get("limit_fraction"), ".1%")])
+    for r in report.get("decoder", []):
+        if "skipped" in r:
+            rows.append([f"StreamingDecoder, {r['batch']} rows", "skipped", r["skipped"], "", "", ""])
+        else:
+            rows.append([f"StreamingDecoder, {r['batch']} rows", f"{r['fps']:.1f}", f"{r['rtf']:.2f}",
+                         f"{r['step_s']['p50']:.2f}", _f(r.get("ratio_to_reference"), ".2f"),
+                         _f(r.get("limit_fraction"), ".1%")])
+    out = _md_table(["decoder", "mel frames/s", "RTF", "step p50 (s)", "x reference", "of limit"], rows)
+    runs = []
+    for r in report.get("engine", []):
+        if "skipped" in r:
+            runs.append([r["workload"], str(r["concurrency"]), r["mode"], "skipped", r["skipped"],
+                         *[""] * 6])
+            continue
+        fa, st = r["first_audio_s"], r["step_s"]
+        runs.append([r["workload"], str(r["concurrency"]), r["mode"], f"{r['fps']:.1f}",
+                     _f(r.get("ratio_to_reference"), ".2f"), _f(r.get("limit_fraction"), ".1%"),
+                     f"{fa['p50']:.2f} / {fa['p95']:.2f}", f"{st['p50']:.2f} / {st['p95']:.2f}",
+                     ", ".join(f"{k}: {n}" for k, n in r["batch_hist"].items()),
+                     f"{r['prep_share']:.0%}", f"{r['peak_rss_mib'] / 1024:.1f}"])
+    header = ["jobs", "C", "mode", "mel frames/s", "x reference", "of limit", "first audio p50 / p95 (s)",
+              "step p50 / p95 (s)", "rows per step: steps", "prep share", "peak RSS (GiB)"]
+    out += ["", *_md_table(header, runs)]
+    return "\n".join(out)

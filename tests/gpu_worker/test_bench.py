@@ -84,3 +84,6 @@ def test_tiny_bench_report_is_complete_and_consistent(tmp_path, one_thread, caps
     printed = capsys.readouterr().out
     assert "Engine:" in printed and "ref 1" in printed
     assert (tmp_path / "bench_tiny_cpu_fp32.png").stat().st_size > 0
+    assert main(["--render", str(out)]) == 0
+    rendered = capsys.readouterr().out
+    assert "| reference, batch 1 |" in rendered and rendered.count("| equal |") == 8
