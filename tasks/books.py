@@ -62,7 +62,7 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment,
         return None
     if state.live:
         return None  # queued or rendering from an earlier submission: book.chapter waits for it
-    gpu = {"queue": res.settings.queue_gpu, "priority": submit.broker_priority(book.priority)}
+    gpu: dict[str, Any] = {"queue": res.settings.queue_gpu, "priority": submit.broker_priority(book.priority)}
     if segment.kind == "tokens":
         assert segment.tokens is not None  # the plan says so
         job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,

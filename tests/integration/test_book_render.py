@@ -131,7 +131,7 @@ def wait_book(settings: Settings, sessions, book_id: str, timeout: float = 420.0
 def segment_jobs(sessions, book_id: str) -> dict[str, object]:
     with sessions() as session:
         states = queries.book_segment_states(session=session, book_id=book_id)
-        return {s.key: queries.require_job(session=session, job_id=s.job_id) for s in states}
+        return {s.key: queries.require_job(session=session, job_id=s.job_id) for s in states if s.job_id}
 
 
 def m4b_chapters(path: Path) -> list[tuple[str, float]]:
