@@ -203,7 +203,9 @@ class Flow(nn.Module):
         sizes = torch.tensor([n_new, kv.n_alive]).to(spk.device, non_blocking=True)  # one host -> device copy
         lengths, alive = sizes[0], sizes[1]
         slot = torch.arange(t_max + max(kv.n_alive), device=spk.device)
-        key_mask = (slot < lengths[:, None]) | ((slot >= t_max) & (slot < t_max + alive[:, None]))
+        key_mask = None  # no padding (steady-state batches): SDPA may pick its unmasked kernels
+        if min(n_new) < t_max or min(kv.n_alive) < max(kv.n_alive):
+            key_mask = (slot < lengths[:, None]) | ((slot >= t_max) & (slot < t_max + alive[:, None]))
         x, new_conv = self.decoder.solve(
             _pad_rows(noise_rows, t_max), _pad_rows([m[0] for m in mu], t_max), spk,
             _pad_rows(cond_rows, t_max), _steps(self._gather_conv(rows, mu[0])), kv, key_mask, lengths)
