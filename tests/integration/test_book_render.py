@@ -233,3 +233,47 @@ def test_an_interactive_job_overtakes_a_rendering_book_and_a_killed_gpu_worker_l
     with worker_sessions() as session:
         renders = queries.segment_renders(session=session, book_id=book)
     assert all(created == 1 for created, _ in renders.values())  # no segment got a second job
+
+
+@pytest.mark.timeout(600)
+def test_cli_renders_a_manifest_with_tokens_and_source_audio_into_the_out_folder(
+        gpu, env, worker_sessions, tmp_path) -> None:
+    settings, _, _ = env
+    folder = tmp_path / "book"
+    (folder / "one").mkdir(parents=True)
+    (folder / "one" / "speech.wav").write_bytes((REPO / "app" / "samples" / "voice_b.wav").read_bytes())
+    (folder / "book.json").write_text(json.dumps({"title": "Mixed", "author": "A", "chapters": [
+        {"title": "Tokens", "segments": [{"tokens": [11 * i % 6561 for i in range(60)]}]},
+        {"title": "Re-voiced", "segments": [{"audio": "one/speech.wav"}]}]}))
+    (tmp_path / "ref.wav").write_bytes(REFERENCE)
+    out = tmp_path / "out"
+    cli_env = {**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "book", "render", str(folder / "book.json"),
+                           "--voice", str(tmp_path / "ref.wav"), "--out", str(out), "--local", "--wait"],
+                          cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    book_id = done.stdout.split()[0]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "book.m4b", "chapter-001.flac", "chapter-002.flac", "chapters.json", "chapters.vtt"]
+    assert [t for t, _ in m4b_chapters(out / "book.m4b")] == ["Tokens", "Re-voiced"]
+    assert sf.info(str(out / "chapter-001.flac")).frames >= 60 * 960
+    # The source audio was tokenized at 25 tokens per second, then rendered.
+    revoiced = max(segment_jobs(worker_sessions, book_id).values(), key=lambda j: j.n_tokens)
+    seconds = sf.info(str(folder / "one" / "speech.wav")).duration
+    assert abs(revoiced.n_tokens - 25 * seconds) <= 2
+    status = subprocess.run([sys.executable, "-m", "app.cli", "book", "status", book_id, "--local"],
+                            cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "succeeded" in status.stdout and "Re-voiced" in status.stdout
+
+
+@pytest.mark.timeout(600)
+def test_throughput_of_a_20_segment_chapter(gpu, env, worker_sessions) -> None:
+    """Prints audio minutes rendered per wall minute (tiny preset, dummy weights, this machine's CPU)."""
+    settings, _, _ = env
+    book = submit(env, worker_sessions, token_manifest(1, 20, 250, salt=int(time.time()) + 1))
+    view = wait_book(settings, worker_sessions, book)
+    assert view.book.status == BookStatus.SUCCEEDED, view.book.error
+    wall = (view.book.finished_at - view.book.started_at).total_seconds()
+    print(f"\nTHROUGHPUT: 20 segments, {view.audio_seconds:.0f} s of audio in {wall:.1f} s wall: "
+          f"{view.audio_seconds / wall:.2f} audio minutes per wall minute (preset tiny, {SLOTS} slots, cpu)")
+    assert view.audio_seconds == pytest.approx(200.0)
