@@ -45,6 +45,11 @@ from tasks.voice import TRANSIENT_ERRORS, Resources, resources
 
 log = logging.getLogger(__name__)
 
+
+class BookStopped(WavefarmError):
+    """The book was cancelled or failed meanwhile: the rest of a chain is not run."""
+
+
 POLL_S = 1.0  # how often a chapter waiting on its segments looks again
 MAX_RETRIES = 3  # infrastructure errors (Redis, database) before a task gives up
 
@@ -152,6 +157,8 @@ def tokenize(book_id: str, key: str, res: Resources) -> str:
     from app.s3 import speech_tokens, tokenizer_for
 
     with session_scope(res.sessions) as session:
+        if queries.require_book(session=session, book_id=book_id).status not in LIVE_BOOK_STATUSES:
+            raise BookStopped(f"book {book_id} was cancelled or failed; segment {key[:12]} is not rendered")
         state = queries.segment_state(session=session, key=key)
         if state is None:
             raise WavefarmError(f"segment {key[:12]} is not in book {book_id}")
@@ -259,6 +266,8 @@ def _run(task: Task, book_id: str, body: Any) -> Any:
             _fail_book(book_id, res, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
             raise
         raise task.retry(exc=exc, countdown=2**task.request.retries) from exc
+    except BookStopped:
+        raise
     except Exception as exc:  # boundary: one book fails with the reason, the worker goes on
         if not isinstance(exc, WavefarmError | OSError):
             log.exception("%s %s: unexpected error", task.name, book_id)

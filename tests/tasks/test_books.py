@@ -127,3 +127,19 @@ def test_text_segments_are_tokenized_into_jobs_once(res: Resources, celery: Cele
         row = queries.require_job(session=session, job_id=job)
         assert row.n_tokens > 10 and all(0 <= t < 6561 for t in row.tokens)
         assert queries.get_segment(session=session, key=keys[0]).jobs_created == 1
+
+
+def test_a_cancelled_book_tokenizes_nothing_more_and_its_chapters_stop_waiting(res: Resources,
+                                                                                celery: Celery) -> None:
+    from app.books.service import cancel_book
+
+    book_id = submit(res, celery, b"Title\n\nOne sentence here. Another one there.", filename="b.txt")
+    books.plan(book_id, res)
+    with res.sessions() as session:
+        key = queries.book_segment_states(session=session, book_id=book_id)[0].key
+        assert cancel_book(session=session, store=res.store, book_id=book_id, cancel_ttl_s=60)
+    with pytest.raises(books.BookStopped):
+        books.tokenize(book_id, key, res)
+    assert books.check_chapter(book_id, 0, res) == "stopped"
+    with res.sessions() as session:
+        assert queries.segment_state(session=session, key=key).job_id is None
