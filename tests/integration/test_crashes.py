@@ -1,0 +1,320 @@
+"""Crashes through real worker processes: GPU and CPU Celery workers (tiny preset, dummy weights) on a
+SQLite file and real Redis, killed with SIGKILL mid-work and started again; a poison job that kills its
+worker every time; a hung engine step (watchdog). Redelivery of unacknowledged messages after a worker
+dies takes the broker visibility timeout, so these workers run with a short one (`visibility_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import soundfile as sf
+import torch
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.artifacts import ArtifactStore
+from app.celery_config import make_celery
+from app.db import queries
+from app.db.models import JobStatus, VoiceStatus
+from app.db.session import make_engine, make_sessionmaker
+from app.settings import Settings
+from app.store import FeatureStore
+from app.submit import submit_job
+from gpu_worker.runtime import Runtime, build_runtime
+from tests.conftest import REPO, make_test_settings, settings_env
+from tests.gpu_worker.test_worker import VOICE_A, VOICE_B, prepare_ahead, settings_for
+
+pytestmark = pytest.mark.timeout(240)
+
+# Runs the GPU worker; with WF_TEST_POISON=<job id> the process SIGKILLs itself when that job starts
+# streaming (a job that crashes its worker every time), with WF_TEST_SLOW_PREP=1 a CPU worker's host
+# half sleeps (so it can be killed mid-preparation).
+GPU_MAIN = """
+import os, signal, sys
+poison = os.environ.get("WF_TEST_POISON")
+if poison:
+    import gpu_worker.worker as w
+    real = w.JobRun._stream
+    def _stream(self, *a, **k):
+        if self.job_id == poison:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, *a, **k)
+    w.JobRun._stream = _stream
+from celery.__main__ import main
+sys.argv = ["celery"] + sys.argv[1:]
+main()
+"""
+CPU_MAIN = """
+import os, sys, time
+if os.environ.get("WF_TEST_SLOW_PREP"):
+    import app.features as f
+    f.host_half = lambda *a, **k: time.sleep(600)
+from celery.__main__ import main
+sys.argv = ["celery"] + sys.argv[1:]
+main()
+"""
+
+
+class Workers:
+    """Worker subprocesses of one test, each stopped (SIGKILL if need be) at the end."""
+
+    def __init__(self, settings: Settings, logs: Path) -> None:
+        self.settings, self.logs = settings, logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, kind: str, *, env: dict[str, str] | None = None,
+              wait: bool = True) -> subprocess.Popen[bytes]:
+        name = f"{kind}{len(self.procs)}-{uuid.uuid4().hex[:6]}@{os.uname().nodename}"
+        if kind == "gpu":
+            args = ["-A", "gpu_worker.worker", "worker", "-Q", self.settings.queue_gpu, "-P", "threads",
+                    "-c", str(self.settings.worker_slots)]
+            main = GPU_MAIN
+        else:
+            args = ["-A", "tasks.celery_app", "worker", "-Q", self.settings.queue_cpu, "-P", "solo"]
+            main = CPU_MAIN
+        cmd = [sys.executable, "-c", main, *args, "-n", name, "-l", "INFO", "--without-gossip",
+               "--without-mingle", "--without-heartbeat"]
+        full_env = {**os.environ, **settings_env(self.settings), "PYTHONPATH": str(REPO),
+                    "OMP_NUM_THREADS": "1", **(env or {})}
+        log = open(self.logs / f"{name.split('@')[0]}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        if wait:
+            app = make_celery(self.settings)
+            try:
+                deadline = time.monotonic() + 120
+                while not app.control.ping(destination=[name], timeout=1.0):
+                    if proc.poll() is not None:
+                        break  # died already (a poison job may have been waiting for it)
+                    assert time.monotonic() < deadline, self.tail()
+            finally:
+                app.close()
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def tail(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text()[-1500:]}" for p in sorted(self.logs.glob("*.log")))
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(sqlite_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def make_runtime(sqlite_url: str, artifacts: ArtifactStore,
+                 store: FeatureStore) -> Iterator[Callable[..., Runtime]]:
+    """In-process GPU worker runtimes (tiny preset) on this test's SQLite file, closed at the end."""
+    built: list[Runtime] = []
+
+    def make(**extra: Any) -> Runtime:
+        rt = build_runtime(settings_for(sqlite_url, artifacts, **extra), f"gpu-{len(built)}@test")
+        built.append(rt)
+        return rt
+
+    torch.set_num_threads(1)
+    yield make
+    for rt in built:
+        rt.close()
+
+
+@pytest.fixture
+def crash_settings(sqlite_url: str, artifacts: ArtifactStore, redis_session_lock: None) -> Settings:
+    return make_test_settings(
+        database_url=sqlite_url, artifact_root=artifacts.root, tag=f"t{os.getpid()}-{uuid.uuid4().hex[:6]}",
+        model_preset="tiny", prep_wait_ms=200, progress_interval_s=0.1, micro_batch_size=4, worker_slots=2,
+        voice_cache_capacity=4, visibility_timeout_s=3, job_max_attempts=2)
+
+
+@pytest.fixture
+def workers(crash_settings: Settings, tmp_path: Path) -> Iterator[Workers]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    w = Workers(crash_settings, logs)
+    yield w
+    w.stop_all()
+    print(w.tail())
+
+
+@pytest.fixture
+def db(crash_settings: Settings) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(crash_settings.database_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def store(crash_settings: Settings, feature_redis) -> Iterator[FeatureStore]:
+    s = FeatureStore.from_url(crash_settings.feature_store_url, ttl_s=600)
+    yield s
+    s.close()
+
+
+def submit(settings: Settings, db, store: FeatureStore, reference: bytes, n_tokens: int,
+           seed: int = 1) -> str:
+    tokens = torch.randint(0, 6561, (n_tokens,), generator=torch.Generator().manual_seed(seed)).tolist()
+    app = make_celery(settings)
+    try:
+        with db() as session:
+            return submit_job(settings=settings, session=session, sender=app, store=store,
+                              artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
+                              reference_bytes=reference, seed=seed)
+    finally:
+        app.close()
+
+
+def row(db, job_id: str):
+    with db() as session:
+        return queries.require_job(session=session, job_id=job_id)
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str, workers: Workers) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{workers.tail()}"
+        time.sleep(0.1)
+
+
+def outputs(settings: Settings) -> list[str]:
+    return sorted(p.name for p in (Path(settings.artifact_root) / "outputs").iterdir())
+
+
+def orphans(settings: Settings, db) -> list[Path]:
+    with db() as session:
+        referenced = queries.referenced_paths(session=session)
+    return ArtifactStore(settings.artifact_root).list_orphans(referenced=referenced, older_than_s=0)
+
+
+# -- the GPU worker killed mid-decode -----------------------------------------------------------------
+def test_a_gpu_worker_killed_mid_decode_its_jobs_are_redelivered_and_complete_once(
+        crash_settings: Settings, workers: Workers, db, store: FeatureStore) -> None:
+    settings = crash_settings
+    prepare_ahead(SimpleRuntime(store), VOICE_A)
+    jobs = {submit(settings, db, store, VOICE_A, n, seed=n): n for n in (500, 450)}
+    first = workers.start("gpu")
+    wait_for(lambda: any(row(db, j).frames_done > 0 for j in jobs), 120, "audio", workers)
+    workers.kill(first)  # SIGKILL: no shutdown, no requeue by the worker itself
+    interrupted = [j for j in jobs if row(db, j).status in (JobStatus.PREPARING, JobStatus.RUNNING)]
+    assert interrupted and all(row(db, j).status != JobStatus.SUCCEEDED for j in interrupted)
+    workers.start("gpu")  # its supervisor restarts it
+    wait_for(lambda: all(row(db, j).status in (JobStatus.SUCCEEDED, JobStatus.FAILED) for j in jobs), 150,
+             "the jobs to finish", workers)
+    for job_id, n in jobs.items():
+        job = row(db, job_id)
+        assert job.status == JobStatus.SUCCEEDED, job.error
+        audio, rate = sf.read(ArtifactStore(settings.artifact_root).path(job.output_path), dtype="float32")
+        assert audio.shape == (n * 960,)  # whole, not a half-written file
+    assert all(row(db, j).attempts == 2 for j in interrupted)  # the killed attempt is counted
+    assert outputs(settings) == sorted(f"{j}.wav" for j in jobs)  # one whole output per job, no partials
+    assert orphans(settings, db) == []
+
+
+class SimpleRuntime:
+    """`prepare_ahead` needs only `.store`."""
+
+    def __init__(self, store: FeatureStore) -> None:
+        self.store = store
+
+
+# -- a poison job -------------------------------------------------------------------------------------
+def test_a_job_that_kills_its_worker_every_time_fails_after_its_attempts(
+        crash_settings: Settings, workers: Workers, db, store: FeatureStore) -> None:
+    settings = crash_settings
+    prepare_ahead(SimpleRuntime(store), VOICE_B)
+    poison = submit(settings, db, store, VOICE_B, 30, seed=3)
+    env = {"WF_TEST_POISON": poison}
+    restarts = 0
+    while row(db, poison).status not in (JobStatus.FAILED, JobStatus.SUCCEEDED):
+        assert restarts < 6, f"still looping after {restarts} restarts\n{workers.tail()}"
+        proc = workers.start("gpu", env=env, wait=False)
+        deadline = time.monotonic() + 90
+        while proc.poll() is None and row(db, poison).status != JobStatus.FAILED:
+            assert time.monotonic() < deadline, workers.tail()
+            time.sleep(0.2)
+        if proc.poll() is None:
+            workers.kill(proc)
+        restarts += 1
+    job = row(db, poison)
+    assert job.status == JobStatus.FAILED and "gave up after 2 attempts" in (job.error or "")
+    assert job.attempts == settings.job_max_attempts
+    healthy = submit(settings, db, store, VOICE_B, 30, seed=4)  # the worker serves other jobs again
+    workers.start("gpu", env=env)
+    wait_for(lambda: row(db, healthy).status == JobStatus.SUCCEEDED, 90, "a healthy job", workers)
+
+
+# -- a CPU worker killed mid-preparation ---------------------------------------------------------------
+def test_a_cpu_worker_killed_mid_preparation_the_voice_is_prepared_again(
+        crash_settings: Settings, workers: Workers, db, store: FeatureStore) -> None:
+    settings = crash_settings
+    job_id = submit(settings, db, store, VOICE_A, 30, seed=5)
+    voice_id = row(db, job_id).voice_id
+
+    def voice_status() -> str:
+        with db() as session:
+            return queries.require_voice(session=session, voice_id=voice_id).status
+
+    slow = workers.start("cpu", env={"WF_TEST_SLOW_PREP": "1"}, wait=False)  # busy: cannot answer pings
+    wait_for(lambda: voice_status() == VoiceStatus.PREPARING, 60, "the preparation to start", workers)
+    workers.kill(slow)
+    workers.start("cpu")
+    wait_for(lambda: voice_status() == VoiceStatus.READY, 60, "the voice to be prepared again", workers)
+    assert store.exists(voice_id)
+
+
+# -- a hung engine step -------------------------------------------------------------------------------
+def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, sessions) -> None:
+    from gpu_worker.worker import JobRun, Watchdog
+    from tests.gpu_worker.test_worker import RecordingTask
+    from tests.gpu_worker.test_worker import submit as submit_in_process
+
+    rt = make_runtime()
+    prepare_ahead(rt, VOICE_A)
+    release = threading.Event()
+    real_step = rt.loop.engine.decoder.step
+
+    def hung_step(rows: Any) -> Any:
+        release.wait(30)
+        return real_step(rows)
+
+    rt.loop.engine.decoder.step = hung_step
+    exits: list[int] = []
+    dog = Watchdog(rt.loop, deadline_s=0.5, on_hang=exits.append, interval_s=0.05)
+    dog.start()
+    job_id = submit_in_process(rt, sessions, VOICE_A, n_tokens=30)
+    runner = threading.Thread(target=lambda: JobRun(rt, RecordingTask(), job_id).run(), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 20
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exits and exits[0] != 0  # the process would exit non-zero: its supervisor restarts it
+    release.set()
+    runner.join(30)
+    dog.stop()
+    assert not Watchdog(rt.loop, deadline_s=0.5, on_hang=exits.append).hung()  # idle is not hung
+
