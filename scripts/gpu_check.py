@@ -1,0 +1,147 @@
+"""CUDA checks of the engine's side-stream voice installs (tiny preset, dummy weights, no services).
+
+    python scripts/gpu_check.py --out report.json [--device cuda]
+
+For three voices (16 kHz; 22.05 kHz with noise; 48 kHz stereo) it runs the same jobs through the real
+engine twice: voices prepared ahead (features in a store, installed on the side stream with an event
+the first step waits on) and voices prepared inline (no features: the engine prepares them itself).
+It reports whether the two runs are bit-identical, the largest difference to each job decoded alone,
+step and install timings, and allocated device memory after each of several repeated rounds. The
+speaker models are the dummy-mode stand-ins (no CAM++/S3 ONNX files are involved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from functools import partial
+
+import numpy as np
+import torch
+
+from app.audio import normalise_reference
+from app.features import PromptHostFeatures, host_half
+from gpu_worker.decoder import StreamingDecoder
+from gpu_worker.engine import Engine
+from gpu_worker.loading import load_dummy
+from gpu_worker.model.config import ModelArgs
+from gpu_worker.prompt import StandInSpeaker, install_voice
+from gpu_worker.streams import Audio, EngineJob, Failed, Finished
+from gpu_worker.voices import VoiceCache
+
+
+def references() -> dict[str, tuple[np.ndarray, int]]:
+    rng = np.random.default_rng(0)
+
+    def tone(sr: int, f0: float, seconds: float = 3.0) -> np.ndarray:
+        t = np.arange(int(seconds * sr)) / sr
+        return (0.3 * np.sin(2 * np.pi * f0 * t) * (1 + 0.3 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+
+    noisy = tone(22050, 170.0) + 0.02 * rng.standard_normal(int(3.0 * 22050)).astype(np.float32)
+    stereo = np.stack([tone(48000, 230.0), 0.5 * tone(48000, 231.0)], axis=1)
+    return {"16k": (tone(16000, 120.0), 16000), "22k_noise": (noisy, 22050), "48k_stereo": (stereo, 48000)}
+
+
+class Features:
+    """The feature store (ahead) or the inline preparer, in memory."""
+
+    def __init__(self, hosts: dict[str, PromptHostFeatures], ahead: bool) -> None:
+        self.hosts, self.ahead, self.inline_calls = hosts, ahead, 0
+
+    def get(self, voice_id: str) -> PromptHostFeatures | None:
+        return self.hosts[voice_id] if self.ahead else None
+
+    def prepare(self, job: EngineJob) -> PromptHostFeatures:
+        self.inline_calls += 1
+        return self.hosts[job.voice_id]
+
+
+def make_engine(decoder: StreamingDecoder, hosts: dict, ahead: bool) -> tuple[Engine, Features]:
+    speaker = StandInSpeaker(decoder.device)
+    voices = VoiceCache(partial(install_voice, speaker=speaker, decoder=decoder), device=decoder.device)
+    features = Features(hosts, ahead)
+    return Engine(decoder, voices, features=features, preparer=features, micro_batch_size=8,
+                  prep_wait_ms=0), features
+
+
+def run_engine(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], ahead: bool,
+               engine: Engine | None = None) -> dict:
+    if engine is None:
+        engine, features = make_engine(decoder, hosts, ahead)
+    else:
+        features = engine.features
+    audio: dict[str, list[torch.Tensor]] = {j.job_id: [] for j in jobs}
+    for job in jobs:
+        engine.add(job)
+    steps, start, ended = 0, time.perf_counter(), set()
+    while len(ended) < len(jobs) and steps < 500:
+        for event in engine.step():
+            if isinstance(event, Audio):
+                audio[event.job_id].append(event.samples.cpu())
+            elif isinstance(event, (Finished, Failed)):
+                ended.add(event.job_id)
+        steps += 1
+    if decoder.device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"audio": {k: torch.cat(v) for k, v in audio.items()}, "steps": steps,
+            "seconds": time.perf_counter() - start, "inline_calls": features.inline_calls,
+            "counters": dict(engine.snapshot().get("prep_paths", {}))}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default="gpu_check.json")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.backends.cudnn.allow_tf32 = False  # batched and single rows must round alike
+    torch.backends.cuda.matmul.allow_tf32 = False
+    report: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "torch": torch.__version__}
+    hosts = {}
+    for pcm, sr in references().values():
+        pcm24, voice_id = normalise_reference(pcm, sr)
+        hosts[voice_id] = host_half(pcm24, voice_id)
+    ids = list(hosts)
+    tokens = torch.randint(0, 6561, (120,), generator=torch.Generator().manual_seed(0)).tolist()
+    jobs = [EngineJob(f"j{i}", ids[i % 3], tokens[: 40 + 10 * i], seed=i) for i in range(6)]
+    model = load_dummy(ModelArgs.tiny(), 0, device=device)
+    decoder = StreamingDecoder(model, device=device, dtype=torch.float32, micro_batch_size=8)
+    with torch.inference_mode():
+        ahead = run_engine(decoder, hosts, jobs, ahead=True)
+        inline = run_engine(decoder, hosts, jobs, ahead=False)
+        alone = {}
+        for job in jobs:
+            voice = install_voice(hosts[job.voice_id], speaker=StandInSpeaker(device), decoder=decoder)
+            alone[job.job_id] = decoder.decode_offline(voice, job.tokens, job.seed).cpu()
+        memory = []
+        engine, _ = make_engine(decoder, hosts, ahead=True)  # one persistent engine, as in the worker
+        for r in range(args.rounds):  # allocated memory must stop growing after warm-up
+            again = [EngineJob(f"r{r}-{j.job_id}", j.voice_id, j.tokens, j.seed) for j in jobs]
+            run_engine(decoder, hosts, again, ahead=True, engine=engine)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                memory.append(torch.cuda.memory_allocated(device))
+    report["ahead_equals_inline_bit_for_bit"] = all(
+        torch.equal(ahead["audio"][j.job_id], inline["audio"][j.job_id]) for j in jobs)
+    report["max_abs_diff_ahead_vs_inline"] = max(
+        float((ahead["audio"][j.job_id] - inline["audio"][j.job_id]).abs().max()) for j in jobs)
+    report["max_abs_diff_to_alone"] = max(
+        float((ahead["audio"][j.job_id] - alone[j.job_id]).abs().max()) for j in jobs)
+    report["lengths_ok"] = all(ahead["audio"][j.job_id].numel() == len(j.tokens) * 960 for j in jobs)
+    report["ahead"] = {k: v for k, v in ahead.items() if k != "audio"}
+    report["inline"] = {k: v for k, v in inline.items() if k != "audio"}
+    report["allocated_bytes_after_rounds"] = memory
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps(report, indent=2))
+    grows = len(memory) > 2 and memory[-1] > memory[1]
+    return 0 if report["lengths_ok"] and report["max_abs_diff_to_alone"] < 1e-4 and not grows else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
