@@ -51,6 +51,10 @@ class BookStopped(WavefarmError):
 
 
 POLL_S = 1.0  # how often a chapter waiting on its segments looks again
+# Chapters are sent in order while fewer segments than this wait to render: the gpu queue holds a
+# window of the book, not all of it, so a job at the book's own priority waits behind at most this
+# many segments (plus the chapter that crosses the line).
+LOOKAHEAD_SEGMENTS = 32
 MAX_RETRIES = 3  # infrastructure errors (Redis, database) before a task gives up
 
 
@@ -84,37 +88,66 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment,
     return chain(tokenize, celery_app.signature(submit.SYNTH_TASK, **gpu))
 
 
+def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, seen: set[str]) -> int:
+    """One chapter's chord: its segments without audio (already rendering, or sent for an earlier
+    chapter in `seen`: left alone), then book.chapter. Returns how many segments were sent."""
+    members = []
+    with session_scope(res.sessions) as session:
+        for segment in book_plan.chapters[index].segments:
+            if segment.key in seen:
+                continue  # a sentence repeated in the book renders once
+            seen.add(segment.key)
+            state = queries.segment_state(session=session, key=segment.key)
+            assert state is not None  # create_book inserted every key
+            member = _member(res, session, book, segment, state)
+            if member is not None:
+                members.append(member)
+    callback = _sig("book.chapter", book.id, index, queue=res.settings.queue_cpu)
+    callback.link_error(_sig("book.chapter_error", book.id, index, queue=res.settings.queue_cpu,
+                             immutable=False))
+    if members:
+        chord(group(members), callback).apply_async()
+    else:
+        callback.apply_async()
+    return len(members)
+
+
+def schedule(book_id: str, res: Resources, seen: set[str] | None = None) -> int:
+    """Send chapters, in order, while fewer than LOOKAHEAD_SEGMENTS of the book's segments are waiting
+    to render: a long book never floods the gpu queue ahead of other jobs. Returns segments sent."""
+    book_plan = _plan(res, book_id)
+    seen = set() if seen is None else seen
+    sent = 0
+    while True:
+        with session_scope(res.sessions) as session:
+            book = queries.require_book(session=session, book_id=book_id)
+            if book.status != BookStatus.RENDERING:
+                return sent
+            if queries.count_rendering_segments(session=session, book_id=book_id) >= LOOKAHEAD_SEGMENTS:
+                return sent
+            index = queries.claim_next_chapter(session=session, book_id=book_id)
+        if index is None:
+            return sent
+        sent += _send_chapter(res, book, book_plan, index, seen)
+
+
 def plan(book_id: str, res: Resources) -> int:
-    """Send one chord per chapter; returns how many segments were sent to render."""
+    """Start (or, redelivered after a crash, resume) a book: send its first chapters; returns how many
+    segments were sent to render."""
     with session_scope(res.sessions) as session:
         if not queries.set_book_status(session=session, book_id=book_id, status=BookStatus.RENDERING,
                                        only_from=(BookStatus.QUEUED, BookStatus.RENDERING)):
             log.info("book.plan %s: not live; nothing to do", book_id)
             return 0
-    book_plan = service.load_plan(res.artifacts, book_id)
-    sent = 0
-    seen: set[str] = set()
-    with session_scope(res.sessions) as session:
         book = queries.require_book(session=session, book_id=book_id)
-        states = {s.key: s for s in queries.book_segment_states(session=session, book_id=book_id)}
-        for chapter in book_plan.chapters:
-            members = []
-            for segment in chapter.segments:
-                if segment.key in seen:
-                    continue  # a sentence repeated in the book renders once
-                seen.add(segment.key)
-                member = _member(res, session, book, segment, states[segment.key])
-                if member is not None:
-                    members.append(member)
-            callback = _sig("book.chapter", book_id, chapter.index, queue=res.settings.queue_cpu)
-            callback.link_error(_sig("book.chapter_error", book_id, chapter.index,
-                                     queue=res.settings.queue_cpu, immutable=False))
-            if members:
-                chord(group(members), callback).apply_async()
-            else:
-                callback.apply_async()
-            sent += len(members)
-    log.info("book.plan %s: %d segments to render, %d reused", book_id, sent, len(seen) - sent)
+        pending = [c.index for c in queries.list_chapters(session=session, book_id=book_id)
+                   if c.scheduled_at is not None and c.assembled_at is None]
+    book_plan = _plan(res, book_id)
+    seen: set[str] = set()
+    sent = sum(_send_chapter(res, book, book_plan, index, seen) for index in pending)  # redelivered
+    sent += schedule(book_id, res, seen)
+    log.info("book.plan %s: %d segments sent to render, %d distinct in the book", book_id, sent,
+             len(book_plan.unique_keys()))
     return sent
 
 
@@ -221,6 +254,8 @@ def check_chapter(book_id: str, index: int, res: Resources) -> str:
             only_from=(BookStatus.RENDERING,))
     if last:
         _sig("book.assemble", book_id, queue=res.settings.queue_cpu).apply_async()
+    else:
+        schedule(book_id, res)  # the window moved on
     return "assembled"
 
 

@@ -248,6 +248,7 @@ class BookChapter(Base):
     segments_total: Mapped[int] = mapped_column(Integer)
     est_seconds: Mapped[float]
     seconds: Mapped[float | None]
+    scheduled_at: Mapped[datetime | None]  # its segments were sent to render (book.plan's window)
     assembled_at: Mapped[datetime | None]
 
 

@@ -521,6 +521,39 @@ def set_book_status(*, session: Session, book_id: str, status: BookStatus,
     return _rowcount(result) == 1
 
 
+def claim_next_chapter(*, session: Session, book_id: str) -> int | None:
+    """The first chapter of a book not yet scheduled, now marked scheduled; None when none is left.
+    A conditional UPDATE: two schedulers never claim the same chapter."""
+    while True:
+        index = session.scalar(
+            select(func.min(BookChapter.index))
+            .where(BookChapter.book_id == book_id, BookChapter.scheduled_at.is_(None)))
+        if index is None:
+            return None
+        result = session.execute(
+            update(BookChapter)
+            .where(BookChapter.book_id == book_id, BookChapter.index == index,
+                   BookChapter.scheduled_at.is_(None))
+            .values(scheduled_at=utcnow()))
+        if _rowcount(result) == 1:
+            return int(index)
+
+
+def count_rendering_segments(*, session: Session, book_id: str) -> int:
+    """Distinct segments of the book's scheduled, unassembled chapters that have no finished audio yet."""
+    stmt = (
+        select(func.count(func.distinct(BookSegment.key)))
+        .join(BookChapter, (BookChapter.book_id == BookSegment.book_id)
+              & (BookChapter.index == BookSegment.chapter))
+        .join(Segment, Segment.key == BookSegment.key)
+        .outerjoin(Job, Job.id == Segment.job_id)
+        .where(BookSegment.book_id == book_id, BookChapter.scheduled_at.is_not(None),
+               BookChapter.assembled_at.is_(None),
+               (Job.status.is_(None)) | (Job.status != JobStatus.SUCCEEDED))
+    )
+    return int(session.execute(stmt).scalar_one())
+
+
 def mark_chapter_assembled(*, session: Session, book_id: str, index: int, seconds: float) -> None:
     session.execute(
         update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)

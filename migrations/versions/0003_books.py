@@ -65,6 +65,7 @@ def upgrade() -> None:
         sa.Column("segments_total", sa.Integer(), nullable=False),
         sa.Column("est_seconds", sa.Double(), nullable=False),
         sa.Column("seconds", sa.Double(), nullable=True),
+        _ts("scheduled_at"),
         _ts("assembled_at"),
         sa.ForeignKeyConstraint(["book_id"], ["books.id"], name=op.f("fk_book_chapters_book_id_books"),
                                 ondelete="CASCADE"),

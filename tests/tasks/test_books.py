@@ -143,3 +143,23 @@ def test_a_cancelled_book_tokenizes_nothing_more_and_its_chapters_stop_waiting(r
     assert books.check_chapter(book_id, 0, res) == "stopped"
     with res.sessions() as session:
         assert queries.segment_state(session=session, key=key).job_id is None
+
+
+def test_chapters_are_sent_in_a_window_so_a_long_book_never_floods_the_gpu_queue(
+        res: Resources, celery: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(books, "LOOKAHEAD_SEGMENTS", 2)
+    book_id = submit(res, celery, manifest_book([[30, 40], [25], [50], [60]]))
+    assert books.plan(book_id, res) == 2  # chapter 1 fills the window
+    assert books.schedule(book_id, res) == 0
+    assert render_live_jobs(res, book_id) == 2
+    assert books.check_chapter(book_id, 0, res) == "assembled"  # ... and moves it: chapters 2 and 3
+    with res.sessions() as session:
+        chapters = queries.list_chapters(session=session, book_id=book_id)
+    scheduled = [c.scheduled_at is not None for c in chapters]
+    assert scheduled == [True, True, True, False]
+    assert render_live_jobs(res, book_id) == 2
+    assert [books.check_chapter(book_id, i, res) for i in (1, 2, 3)] == ["assembled", "assembled", "waiting"]
+    assert render_live_jobs(res, book_id) == 1
+    assert books.check_chapter(book_id, 3, res) == "assembled"
+    assert books.assemble(book_id, res) == "succeeded"
+    assert books.plan(book_id, res) == 0  # a redelivered book.plan of a finished book does nothing
