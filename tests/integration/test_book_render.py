@@ -277,3 +277,30 @@ def test_throughput_of_a_20_segment_chapter(gpu, env, worker_sessions) -> None:
     print(f"\nTHROUGHPUT: 20 segments, {view.audio_seconds:.0f} s of audio in {wall:.1f} s wall: "
           f"{view.audio_seconds / wall:.2f} audio minutes per wall minute (preset tiny, {SLOTS} slots, cpu)")
     assert view.audio_seconds == pytest.approx(200.0)
+
+
+@pytest.mark.timeout(600)
+def test_a_job_at_the_books_own_priority_waits_only_for_the_books_window(gpu, env, worker_sessions) -> None:
+    """5 chapters of 16 segments: about 32 are queued at a time, so a priority-0 job submitted early
+    finishes before the later chapters' segments start."""
+    from tasks.books import LOOKAHEAD_SEGMENTS
+
+    settings, app, store = env
+    book = submit(env, worker_sessions, token_manifest(5, 16, 100, salt=int(time.time()) + 2))
+    started = time.monotonic()
+    while not any(j.status == JobStatus.SUCCEEDED for j in segment_jobs(worker_sessions, book).values()):
+        assert time.monotonic() - started < 300
+        time.sleep(0.2)
+    with worker_sessions() as session:
+        interactive = submit_job(settings=settings, session=session, sender=app, store=store,
+                                 artifacts=ArtifactStore(settings.artifact_root), tokens=[9] * 100,
+                                 reference_bytes=REFERENCE, seed=2, priority=0)
+    app.AsyncResult(interactive).get(timeout=300)
+    with worker_sessions() as session:
+        job = queries.require_job(session=session, job_id=interactive)
+    ahead = [j for j in segment_jobs(worker_sessions, book).values()
+             if j.started_at is not None and j.started_at < job.started_at]
+    assert len(ahead) <= LOOKAHEAD_SEGMENTS + 16 + SLOTS  # the window, the chapter crossing it, in flight
+    assert wait_book(settings, worker_sessions, book).book.status == BookStatus.SUCCEEDED
+    after = [j for j in segment_jobs(worker_sessions, book).values() if j.started_at > job.finished_at]
+    assert len(after) >= 80 - (LOOKAHEAD_SEGMENTS + 16 + SLOTS + 1)
