@@ -82,6 +82,7 @@ class _Progress:
     frames_done: int = 0
     next_report: float = 0.0
     pinned: bool = False
+    audio_reported: bool = False  # the first audio is reported at once, whatever the throttle
 
 
 class JobRun:
@@ -183,9 +184,11 @@ class JobRun:
     def _report(self, progress: _Progress) -> None:
         """Throttled: progress to the database and to Celery; a job no longer live is aborted."""
         now = time.monotonic()
-        if now < progress.next_report:
+        first_audio = progress.frames_done > 0 and not progress.audio_reported
+        if now < progress.next_report and not first_audio:
             return
         progress.next_report = now + self.rt.settings.progress_interval_s
+        progress.audio_reported = progress.frames_done > 0
         total = sum(progress.frames_per_chunk)
         with session_scope(self.rt.sessions) as session:
             live = queries.update_progress(session=session, job_id=self.job_id,

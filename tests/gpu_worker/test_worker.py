@@ -134,6 +134,16 @@ def test_a_prepared_ahead_job_streams_into_its_output_file(make_runtime, session
     assert not list((rt.artifacts.root / "outputs").glob("*.part"))
 
 
+def test_first_audio_is_stamped_even_when_the_job_ends_inside_one_progress_interval(make_runtime,
+                                                                                    sessions) -> None:
+    rt = make_runtime(progress_interval_s=3600.0)
+    prepare_ahead(rt, VOICE_A)
+    job_id = submit(rt, sessions, VOICE_A, n_tokens=30)
+    assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "succeeded"
+    row = job_row(sessions, job_id)
+    assert row.first_audio_at is not None and row.first_audio_at >= row.started_at
+
+
 def test_a_worker_on_a_model_folder_uses_its_checkpoints_and_speaker_models(make_runtime, sessions,
                                                                               tmp_path) -> None:
     folder = tmp_path / "token2wav"
