@@ -123,7 +123,7 @@ def _voice_from_reference(
     )[0]
 
 
-def _resolve_voice(
+def resolve_voice(
     *,
     settings: Settings,
     session: Session,
@@ -159,7 +159,7 @@ def register_voice(
     voice, created = _store_reference(
         settings=settings, session=session, artifacts=artifacts, reference_bytes=reference_bytes
     )
-    prepare = _needs_prepare(session=session, store=store, voice=voice)
+    prepare = needs_prepare(session=session, store=store, voice=voice)
     voice_id = voice.id
     session.commit()
     if prepare:
@@ -173,7 +173,7 @@ def register_voice(
     return voice_id, created
 
 
-def _needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> bool:
+def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> bool:
     """Whether to enqueue `voice.prepare`; re-arms a voice whose features are gone or that failed."""
     if voice.status == VoiceStatus.READY and store.exists(voice.id):
         return False
@@ -211,7 +211,7 @@ def submit_job(
         existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
         if existing is not None:
             return existing.id
-    voice = _resolve_voice(
+    voice = resolve_voice(
         settings=settings,
         session=session,
         artifacts=artifacts,
@@ -239,7 +239,7 @@ def submit_job(
             artifacts.remove(tokens_path)
         return job.id
     queries.add_voice_use(session=session, voice_id=voice.id)
-    prepare = _needs_prepare(session=session, store=store, voice=voice)
+    prepare = needs_prepare(session=session, store=store, voice=voice)
     session.commit()
     _enqueue(
         settings=settings,

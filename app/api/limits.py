@@ -16,16 +16,26 @@ class BodyTooLarge(Exception):
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    """`max_bytes` for every path, except paths under a prefix of `per_prefix` (e.g. book uploads)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, per_prefix: dict[str, int] | None = None) -> None:
+        self.app, self.default_max = app, max_bytes
+        self.per_prefix = per_prefix or {}
+
+    def _limit(self, path: str) -> int:
+        for prefix, limit in self.per_prefix.items():
+            if path.startswith(prefix):
+                return limit
+        return self.default_max
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self._limit(scope.get("path", ""))
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._refuse(send)
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            await self._refuse(send, max_bytes)
             return
         seen = 0
         started = False
@@ -35,7 +45,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     raise BodyTooLarge
             return message
 
@@ -48,11 +58,12 @@ class BodyLimit:
             await self.app(scope, counted, tracked)
         except BodyTooLarge:
             if not started:
-                await self._refuse(send)
+                await self._refuse(send, max_bytes)
 
-    async def _refuse(self, send: Send) -> None:
+    @staticmethod
+    async def _refuse(send: Send, max_bytes: int) -> None:
         body = json.dumps({"error": "TooLarge",
-                           "reason": f"request body is larger than {self.max_bytes} bytes"}).encode()
+                           "reason": f"request body is larger than {max_bytes} bytes"}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})

@@ -32,6 +32,7 @@ from app.api.routes_ops import router as ops_router
 from app.api.routes_voices import router as voices_router
 from app.api.schemas import problem
 from app.artifacts import ArtifactStore
+from app.books import DEFAULT_LIMITS
 from app.db.session import make_engine, make_sessionmaker
 from app.errors import BadInput, NotFound
 from app.settings import Settings, get_settings
@@ -84,7 +85,9 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
                   description="Offline speech synthesis: speech tokens in, audio in a reference voice out.")
     app.state.ctx = ctx
     # Largest acceptable body: a reference, a token file at the token limit, and form overhead.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_reference_bytes + 8 * settings.max_tokens + 2**20)
+    job_body = settings.max_reference_bytes + 8 * settings.max_tokens + 2**20
+    book_body = settings.max_reference_bytes + DEFAULT_LIMITS.max_epub_bytes + 2**20  # an EPUB and a voice
+    app.add_middleware(BodyLimit, max_bytes=job_body, per_prefix={"/v1/books": book_body})
     app.add_middleware(HttpMetrics, metrics=http_metrics(ctx.registry))
     for router in (voices_router, jobs_router, books_router, ops_router):
         app.include_router(router)

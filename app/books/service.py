@@ -155,9 +155,9 @@ def _voice(*, settings: Settings, session: Session, sender: submit.TaskSender, s
         voice_id, _ = submit.register_voice(settings=settings, session=session, sender=sender, store=store,
                                             artifacts=artifacts, reference_bytes=reference_bytes)
         return voice_id
-    voice = submit._resolve_voice(settings=settings, session=session, artifacts=artifacts,
+    voice = submit.resolve_voice(settings=settings, session=session, artifacts=artifacts,
                                   reference_bytes=reference_bytes, voice_id=voice_id)
-    prepare = submit._needs_prepare(session=session, store=store, voice=voice)
+    prepare = submit.needs_prepare(session=session, store=store, voice=voice)
     session.commit()
     if prepare:
         sender.send_task(submit.PREPARE_TASK, args=[voice.id], queue=settings.queue_cpu,
