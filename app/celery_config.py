@@ -35,6 +35,12 @@ def make_celery(settings: Settings, include: Sequence[str] = (), name: str = "wa
         broker_transport_options={
             # Longer than the longest job, or a running job is handed to a second worker.
             "visibility_timeout": settings.visibility_timeout_s,
+            # A dead worker's unacknowledged messages are restored by the scan of a live one: scan every
+            # few seconds (kombu's default is about every 100 s), and let the scan's lock expire soon
+            # (a worker SIGKILLed while holding it would block redelivery for kombu's 300 s).
+            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 2)),
+            "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": 30,
             # Job priority: the Redis transport serves priority 0 first (app.submit.broker_priority).
             "queue_order_strategy": "priority",
             "priority_steps": list(range(10)),
