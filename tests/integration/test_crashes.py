@@ -6,8 +6,10 @@ dies takes the broker visibility timeout, so these workers run with a short one 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import soundfile as sf
 import torch
+from sqlalchemy import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
@@ -27,6 +31,8 @@ from app.celery_config import make_celery
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
 from app.db.session import make_engine, make_sessionmaker
+from app.keys import feature_key
+from app.maintenance import run_sweep
 from app.settings import Settings
 from app.store import FeatureStore
 from app.submit import submit_job
@@ -318,3 +324,213 @@ def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, ses
     dog.stop()
     assert not Watchdog(rt.loop, deadline_s=0.5, on_hang=exits.append).hung()  # idle is not hung
 
+
+
+# -- Redis restarted mid-run, PostgreSQL briefly unavailable ------------------------------------------
+class OwnRedis:
+    """A redis-server of this test alone (temp folder, own port, no persistence): restartable."""
+
+    def __init__(self, folder: Path, port: int) -> None:
+        self.folder, self.port = folder, port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
+                                     stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "own redis-server did not start"
+                time.sleep(0.05)
+        client.close()
+
+    def crash(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sweep_until_done(settings: Settings, db, jobs: list[str], workers: Workers, timeout: float) -> None:
+    """What a periodic `maintenance.sweep` does for jobs whose broker messages were lost."""
+    deadline = time.monotonic() + timeout
+    while not all(row(db, j).status in (JobStatus.SUCCEEDED, JobStatus.FAILED) for j in jobs):
+        assert time.monotonic() < deadline, f"jobs not done: {[row(db, j).status for j in jobs]}\n" \
+                                            f"{workers.tail()}"
+        sender = make_celery(settings)
+        try:
+            run_sweep(settings, sender)
+        finally:
+            sender.close()
+        time.sleep(2)
+
+
+def test_redis_restarted_mid_run_workers_reconnect_and_every_job_finishes_on_disk(
+        sqlite_url: str, artifacts: ArtifactStore, tmp_path: Path) -> None:
+    own = OwnRedis(tmp_path, free_port())
+    own.start()
+    url = f"redis://127.0.0.1:{own.port}"
+    settings = make_test_settings(
+        database_url=sqlite_url, artifact_root=artifacts.root, tag="r", model_preset="tiny",
+        prep_wait_ms=300, progress_interval_s=0.1, micro_batch_size=4, worker_slots=4,
+        visibility_timeout_s=3, stuck_job_after_s=2,
+    ).model_copy(update={"broker_url": f"{url}/0", "result_backend": f"{url}/1",
+                         "feature_store_url": f"{url}/2"})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workers = Workers(settings, logs)
+    engine = make_engine(settings.database_url)
+    db = make_sessionmaker(engine)
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
+    try:
+        workers.start("cpu")
+        workers.start("gpu")
+        jobs = {submit(settings, db, store, ref, n, seed=n): n
+                for ref, n in ((VOICE_A, 400), (VOICE_B, 350), (VOICE_A, 60), (VOICE_B, 80))}
+        wait_for(lambda: any(row(db, j).frames_done > 0 for j in jobs), 120, "audio", workers)
+        own.crash()  # queues, unacked messages, results and features: all gone
+        time.sleep(1.0)
+        own.start()
+        sweep_until_done(settings, db, list(jobs), workers, timeout=150)
+        for job_id, n in jobs.items():
+            job = row(db, job_id)
+            assert job.status == JobStatus.SUCCEEDED, job.error
+            audio, _ = sf.read(artifacts.path(job.output_path), dtype="float32")
+            assert audio.shape == (n * 960,)  # nothing reported done that is not (whole) on disk
+        assert all(p.poll() is None for p in workers.procs)  # reconnected, not dead
+    finally:
+        store.close()
+        workers.stop_all()
+        print(workers.tail())
+        own.stop()
+        engine.dispose()
+
+
+class PausableProxy:
+    """A TCP forwarder to PostgreSQL that this test can take down (connections cut, new ones refused)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.down = threading.Event()
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down.is_set():
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.pairs.append((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.down.set()
+        with self.lock:
+            pairs, self.pairs = self.pairs, []
+        for a, b in pairs:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def restore(self) -> None:
+        self.down.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_postgresql_briefly_unavailable_the_gpu_worker_finishes_its_jobs(
+        pg_test_url: str, artifacts: ArtifactStore, redis_session_lock: None, feature_redis,
+        tmp_path: Path) -> None:
+    parsed = make_url(pg_test_url)
+    proxy = PausableProxy((parsed.host or "127.0.0.1", parsed.port or 5432))
+    via_proxy = parsed.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    settings = make_test_settings(
+        database_url=via_proxy, artifact_root=artifacts.root, tag=f"pg{uuid.uuid4().hex[:6]}",
+        model_preset="tiny", prep_wait_ms=200, progress_interval_s=0.1, micro_batch_size=4,
+        worker_slots=2, visibility_timeout_s=3, stuck_job_after_s=5)
+    direct = settings.model_copy(update={"database_url": pg_test_url})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workers = Workers(settings, logs)
+    engine = make_engine(pg_test_url)
+    db = make_sessionmaker(engine)
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
+    try:
+        prepare_ahead(SimpleRuntime(store), VOICE_A)
+        jobs = {submit(direct, db, store, VOICE_A, n, seed=n): n for n in (400, 300)}
+        workers.start("gpu")
+        wait_for(lambda: any(row(db, j).frames_done > 0 for j in jobs), 120, "audio", workers)
+        proxy.cut()  # every connection of the worker dies; new ones are refused
+        time.sleep(3.0)
+        proxy.restore()
+        sweep_until_done(direct, db, list(jobs), workers, timeout=120)
+        for job_id, n in jobs.items():
+            job = row(db, job_id)
+            assert job.status == JobStatus.SUCCEEDED, job.error
+            audio, _ = sf.read(artifacts.path(job.output_path), dtype="float32")
+            assert audio.shape == (n * 960,)
+        assert all(p.poll() is None for p in workers.procs)
+    finally:
+        store.close()
+        workers.stop_all()
+        print(workers.tail())
+        proxy.close()
+        engine.dispose()
+
+
+# -- features that expire or are evicted ----------------------------------------------------------------
+def test_feature_ttl_is_refreshed_on_use_and_evicted_features_are_prepared_again(make_runtime,
+                                                                                  sessions) -> None:
+    from gpu_worker.worker import JobRun
+    from tests.gpu_worker.test_worker import RecordingTask
+    from tests.gpu_worker.test_worker import submit as submit_in_process
+
+    rt = make_runtime(prep_wait_ms=100)
+    voice_id = prepare_ahead(rt, VOICE_B)
+    assert 0 < (rt.store.ttl(voice_id) or 0) <= rt.store.ttl_s  # every feature key expires
+    rt.store.client.expire(feature_key(voice_id), 5)
+    assert rt.store.get(voice_id) is not None and (rt.store.ttl(voice_id) or 0) > 5  # a read refreshes it
+    rt.store.delete(voice_id)  # evicted (LRU) or lost with a Redis restart
+    job_id = submit_in_process(rt, sessions, VOICE_B, n_tokens=30)
+    result = JobRun(rt, RecordingTask(), job_id).run()
+    assert result["status"] == "succeeded" and result["prep_path"] == "inline"  # prepared again
+    assert rt.store.exists(voice_id) and 0 < (rt.store.ttl(voice_id) or 0) <= rt.store.ttl_s
