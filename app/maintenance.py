@@ -62,7 +62,7 @@ def broker_task_ids(broker: redis.Redis, queue: str) -> set[str]:
     return ids
 
 
-def _task_id(raw: bytes, wrapped: bool = False) -> Iterator[str]:
+def _task_id(raw: bytes | str, wrapped: bool = False) -> Iterator[str]:
     try:
         message = json.loads(raw)
         if wrapped:  # unacked entries are [message, exchange, routing_key]
