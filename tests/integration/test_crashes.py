@@ -43,8 +43,8 @@ from tests.gpu_worker.test_worker import VOICE_A, VOICE_B, prepare_ahead, settin
 pytestmark = pytest.mark.timeout(240)
 
 # Runs the GPU worker; with WF_TEST_POISON=<job id> the process SIGKILLs itself when that job starts
-# streaming (a job that crashes its worker every time), with WF_TEST_SLOW_PREP=1 a CPU worker's host
-# half sleeps (so it can be killed mid-preparation).
+# streaming (a job that crashes its worker every time), with WF_TEST_HANG=1 every decode step hangs;
+# with WF_TEST_SLOW_PREP=1 a CPU worker's host half sleeps (so it can be killed mid-preparation).
 GPU_MAIN = """
 import os, signal, sys
 poison = os.environ.get("WF_TEST_POISON")
@@ -56,6 +56,10 @@ if poison:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(self, *a, **k)
     w.JobRun._stream = _stream
+if os.environ.get("WF_TEST_HANG"):  # every decode step hangs
+    import time
+    import gpu_worker.decoder as d
+    d.StreamingDecoder.step = lambda self, rows: time.sleep(3600)
 from celery.__main__ import main
 sys.argv = ["celery"] + sys.argv[1:]
 main()
@@ -324,6 +328,20 @@ def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, ses
     dog.stop()
     assert not Watchdog(rt.loop, deadline_s=0.5, on_hang=exits.append).hung()  # idle is not hung
 
+
+
+def test_a_worker_whose_step_hangs_exits_non_zero_and_its_job_is_redelivered(
+        crash_settings: Settings, workers: Workers, db, store: FeatureStore) -> None:
+    settings = crash_settings.model_copy(update={"step_deadline_s": 2.0})
+    workers.settings = settings
+    prepare_ahead(SimpleRuntime(store), VOICE_A)
+    job_id = submit(settings, db, store, VOICE_A, 60, seed=9)
+    hung = workers.start("gpu", env={"WF_TEST_HANG": "1"})
+    assert hung.wait(90) == 70, workers.tail()  # the watchdog's exit status: the supervisor restarts it
+    assert row(db, job_id).status != JobStatus.SUCCEEDED
+    workers.start("gpu")
+    wait_for(lambda: row(db, job_id).status == JobStatus.SUCCEEDED, 90, "the redelivered job", workers)
+    assert row(db, job_id).attempts == 2
 
 
 # -- Redis restarted mid-run, PostgreSQL briefly unavailable ------------------------------------------
