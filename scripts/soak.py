@@ -2,7 +2,8 @@
 
     python scripts/soak.py --jobs 200 --voices 20
 
-Starts its own Redis (a temp folder, its own port, no persistence) and a SQLite file, a real CPU worker
+Starts its own Redis servers (broker + results, and the feature store, optionally capped as an LRU cache;
+temp folder, own ports, no persistence) and a SQLite file, a real CPU worker
 (`tasks.celery_app`, solo pool) and a real GPU worker (`gpu_worker.worker`, thread pool, tiny preset,
 dummy weights, CPU device) as subprocesses, submits jobs through `app.submit`, cancels a fraction of them
 at random stages (queued, preparing, running, after a random delay), SIGKILLs the GPU worker and the CPU
@@ -65,24 +66,30 @@ def reference(i: int, seconds: float = 3.0, sr: int = 24000) -> bytes:
 class Stack:
     """Own Redis, CPU worker and GPU worker processes; everything stopped by pid at the end."""
 
-    def __init__(self, work: Path, port: int, settings: Settings) -> None:
+    def __init__(self, work: Path, port: int, settings: Settings, feature_maxmemory_mb: int = 0) -> None:
         self.work, self.port, self.settings = work, port, settings
-        self.redis: subprocess.Popen[bytes] | None = None
+        self.feature_maxmemory_mb = feature_maxmemory_mb
+        self.redis: list[subprocess.Popen[bytes]] = []
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
 
     def start_redis(self) -> None:
-        self.redis = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.work)], stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        for _ in range(100):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("own redis-server did not start")
+        """Broker and results on `port`; the feature store on `port + 1`, an LRU cache when capped."""
+        cap = (["--maxmemory", f"{self.feature_maxmemory_mb}mb", "--maxmemory-policy", "volatile-lru"]
+               if self.feature_maxmemory_mb else [])
+        for port, extra in ((self.port, []), (self.port + 1, cap)):
+            self.redis.append(subprocess.Popen(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                 "no", "--dir", str(self.work), *extra], stdout=subprocess.DEVNULL))
+            client = redis.Redis(port=port)
+            for _ in range(100):
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            else:
+                raise RuntimeError("own redis-server did not start")
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -122,9 +129,9 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self.redis is not None:
-            self.redis.terminate()
-            self.redis.wait(10)
+        for proc in self.redis:
+            proc.terminate()
+            proc.wait(10)
 
 
 def rss_mb(pid: int) -> float | None:
@@ -145,7 +152,7 @@ class Soak:
         redis_url = f"redis://127.0.0.1:{args.redis_port}"
         self.settings = Settings(
             database_url=f"sqlite:///{self.work / 'soak.sqlite'}", broker_url=f"{redis_url}/0",
-            result_backend=f"{redis_url}/1", feature_store_url=f"{redis_url}/2",
+            result_backend=f"{redis_url}/1", feature_store_url=f"redis://127.0.0.1:{args.redis_port + 1}/0",
             artifact_root=self.work / "artifacts", queue_cpu="soak-cpu", queue_gpu="soak-gpu",
             model_preset="tiny", worker_slots=args.slots, micro_batch_size=args.slots, prep_wait_ms=500,
             voice_cache_capacity=8, feature_ttl_s=900, progress_interval_s=0.2,
@@ -155,7 +162,7 @@ class Soak:
         self.sessions = make_sessionmaker(make_engine(self.settings.database_url))
         self.artifacts = ArtifactStore(self.settings.artifact_root)
         self.artifacts.ensure_layout()
-        self.stack = Stack(self.work, args.redis_port, self.settings)
+        self.stack = Stack(self.work, args.redis_port, self.settings, args.feature_maxmemory_mb)
         self.jobs: list[str] = []
         self.cancel_plan: dict[str, tuple[str, float]] = {}
         self.cancelled_at: Counter[str] = Counter()
@@ -246,6 +253,8 @@ class Soak:
         orphans = self.artifacts.list_orphans(referenced=referenced, older_than_s=0)
         feature_keys = list(store.client.scan_iter(match=f"{PREFIX}:feat:*"))
         ttls = [store.client.ttl(k) for k in feature_keys]
+        memory = store.client.info("memory")
+        evicted = store.client.info("stats").get("evicted_keys", 0)
         completed, cancelled, failed = (counts[JobStatus.SUCCEEDED], counts[JobStatus.CANCELLED],
                                         counts[JobStatus.FAILED])
         return {
@@ -256,6 +265,9 @@ class Soak:
             "orphan_files": [str(p.relative_to(self.artifacts.root)) for p in orphans],
             "pins": pins, "feature_keys": len(feature_keys), "feature_keys_without_ttl":
                 sum(1 for t in ttls if t < 0), "voices": self.args.voices,
+            "feature_store_used_mb": round(memory["used_memory"] / 2**20, 2),
+            "feature_store_maxmemory_mb": self.args.feature_maxmemory_mb or None,
+            "feature_keys_evicted": int(evicted),
         }
 
     def rss_report(self) -> dict[str, Any]:
@@ -307,6 +319,7 @@ class Soak:
                           "jobs": self.args.jobs, "voices": self.args.voices, "slots": self.args.slots,
                           "tokens": [self.args.min_tokens, self.args.max_tokens],
                           "cancel_fraction": self.args.cancel_fraction,
+                          "feature_maxmemory_mb": self.args.feature_maxmemory_mb,
                           "visibility_timeout_s": self.args.visibility_timeout_s}}
         finally:
             stop.set()
@@ -337,7 +350,9 @@ def checks(report: dict[str, Any]) -> dict[str, bool]:
         "no_orphan_files": not report["orphan_files"],
         "no_pins": report["pins"] == 0,
         "feature_keys_bounded": report["feature_keys"] <= report["voices"]
-        and report["feature_keys_without_ttl"] == 0,
+        and report["feature_keys_without_ttl"] == 0
+        and (not report["feature_store_maxmemory_mb"]
+             or report["feature_store_used_mb"] <= report["feature_store_maxmemory_mb"]),
         "nothing_done_without_file": report["succeeded_without_file"] == 0,
         "rss_stable_10pct": bool(rss) and all(abs(v["growth_pct"]) <= 10 for v in rss.values()),
     }
@@ -355,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--submit-interval-s", type=float, default=0.05)
     parser.add_argument("--visibility-timeout-s", type=int, default=10)
     parser.add_argument("--sweep-every-s", type=float, default=30.0)
-    parser.add_argument("--redis-port", type=int, default=6391)
+    parser.add_argument("--redis-port", type=int, default=6391, help="this port and the next one")
+    parser.add_argument("--feature-maxmemory-mb", type=int, default=0,
+                        help="cap the feature store (volatile-lru), so features are evicted mid-run")
     parser.add_argument("--timeout-s", type=float, default=1200.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", type=Path, help="also write the JSON report here")
