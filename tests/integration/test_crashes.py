@@ -299,7 +299,8 @@ def test_a_cpu_worker_killed_mid_preparation_the_voice_is_prepared_again(
 
 # -- a hung engine step -------------------------------------------------------------------------------
 def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, sessions) -> None:
-    from gpu_worker.worker import JobRun, Watchdog
+    from gpu_worker.watchdog import Watchdog
+    from gpu_worker.worker import JobRun
     from tests.gpu_worker.test_worker import RecordingTask
     from tests.gpu_worker.test_worker import submit as submit_in_process
 
