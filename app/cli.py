@@ -125,9 +125,17 @@ def _settings() -> Any:
     return get_settings()
 
 
+def _upgrade_schema() -> None:
+    """Services bring the database schema up to date on start (concurrent starts upgrade once)."""
+    from app.db import upgrade
+
+    upgrade(_settings().database_url)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    _upgrade_schema()
     uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
                 log_level=args.log_level)
     return 0
@@ -161,6 +169,7 @@ def _exec_celery(argv: list[str]) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    _upgrade_schema()
     argv = worker_argv(args.kind, _settings(), loglevel=args.loglevel, hostname=args.hostname,
                        concurrency=getattr(args, "concurrency", None))
     port = getattr(args, "metrics_port", None)

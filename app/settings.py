@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     model_preset: Literal["full", "tiny"] = "full"
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    torch_threads: int = Field(
+        default=0, ge=0, description="CPU threads of the GPU worker's engine; 0 keeps torch's default"
+    )
 
     # Engine.
     micro_batch_size: int = Field(default=8, ge=1, le=256)

@@ -304,6 +304,9 @@ INLINE_PREP_THREADS = 1
 def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePreparer) -> Engine:
     """Model, speaker models, decoder and voice cache on the configured device -> the engine."""
     device, dtype = torch.device(settings.device), DTYPES[settings.dtype]
+    if settings.torch_threads:
+        # Small models on a busy CPU lose more to thread hand-offs than they gain (docs/PERFORMANCE.md).
+        torch.set_num_threads(settings.torch_threads)
     args = ModelArgs.preset(settings.model_preset)
     speaker: Speaker
     if settings.model_dir is None:
