@@ -156,6 +156,27 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
     engine.dispose()
 
 
+@pytest.mark.parametrize("command", [["serve"], ["cpu-worker"], ["gpu-worker"]])
+def test_services_bring_the_schema_up_to_date_on_start(command: list[str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    monkeypatch.setenv("WAVEFARM_DATABASE_URL", url)
+    get_settings.cache_clear()
+    started: list[str] = []
+    monkeypatch.setattr(cli, "_exec_celery", lambda argv: started.append("celery") or 0)
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.append("uvicorn"))
+    try:
+        assert cli.main(command) == 0
+    finally:
+        get_settings.cache_clear()
+    assert started
+    engine = make_engine(url)
+    assert {"voices", "jobs", "worker_voices"} <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
 # Client commands over HTTP ---------------------------------------------------------------------------
 
 
