@@ -28,13 +28,17 @@ from gpu_worker.model.config import SAMPLES_PER_MEL
 
 
 def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
-    # The CPU build hands the dispatcher the composite op; count it as two batched matmuls.
+    # FlopCounterMode has no formula for the CPU attention kernel; count it as its two batched matmuls.
     return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+SDPA_OPS = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+            torch.ops.aten.scaled_dot_product_attention)
 
 
 def count_flops(setup: BenchSetup, streams: list[Any]) -> dict[str, Any]:
     """FLOPs of one steady-state step of `streams` (all of them as rows), per decoded mel frame."""
-    mapping = {torch.ops.aten.scaled_dot_product_attention: _sdpa_flops}
+    mapping = dict.fromkeys(SDPA_OPS, _sdpa_flops)
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         audios = setup.decoder.step(steady_rows(streams, step=900))
     frames = sum(a.numel() for a in audios) / SAMPLES_PER_MEL

@@ -23,7 +23,10 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     ref = (report.get("reference") or {}).get("fps")
     limit = report.get("limit") or {}
     ceiling = (limit.get("ceiling_fps") or {}).get(report["config"]["dtype"])
-    for row in [*report.get("decoder", []), *report.get("engine", [])]:
+    rows = [*report.get("decoder", []), *report.get("engine", [])]
+    if report.get("reference"):
+        rows.append(report["reference"])
+    for row in rows:
         if "fps" in row:
             row["ratio_to_reference"] = _ratio(row["fps"], ref)
             row["limit_fraction"] = _ratio(row["fps"], ceiling)
@@ -51,7 +54,8 @@ def _model_lines(report: dict[str, Any]) -> list[str]:
     ref = report.get("reference")
     if ref:
         lines.append(f"  {'ref 1':>6} {ref['fps']:9.1f} {ref['rtf']:6.2f} {ref['rtf']:10.2f} "
-                     f"{ref['step_s']['p50']:10.3f} {1.0:6.2f} {_f(ref.get('limit_fraction'), '.1%'):>7}")
+                     f"{ref['step_s']['p50']:10.3f} {_f(ref.get('ratio_to_reference'), '.2f'):>6} "
+                     f"{_f(ref.get('limit_fraction'), '.1%'):>7}")
     for row in report.get("decoder", []):
         if "skipped" in row:
             lines.append(f"  {row['batch']:>6} skipped: {row['skipped']}")
@@ -82,7 +86,7 @@ def _limit_lines(report: dict[str, Any]) -> list[str]:
         return []
     fl = limit["flops"]
     comp = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in fl["by_component_per_frame"].items())
-    rates = "; ".join(f"{k}: best mm {v['best_gflops']:.0f} GFLOP/s -> {limit['ceiling_fps'][k]:.0f} frames/s"
+    rates = "; ".join(f"{k}: best mm {v['best_gflops']:.3g} GFLOP/s -> {limit['ceiling_fps'][k]:.3g} frames/s"
                       for k, v in limit["matmul"].items())
     return ["", f"Limit: {fl['flops_per_frame'] / 1e9:.3g} GFLOP per mel frame ({comp}); {rates}"]
 
@@ -111,8 +115,11 @@ def _engine_lines(report: dict[str, Any]) -> list[str]:
 def table(report: dict[str, Any]) -> str:
     lines = _header(report) + _model_lines(report) + _prep_lines(report) + _limit_lines(report)
     lines += _engine_lines(report)
-    lines.append(f"\nwall time {report['wall_s']:.0f} s; load average at end "
-                 f"{report.get('load_average_at_end')}")
+    if report.get("complete"):
+        lines.append(f"\nwall time {report['wall_s']:.0f} s; load average at end "
+                     f"{report.get('load_average_at_end')}")
+    else:
+        lines.append("\nINCOMPLETE run: the report holds the parts finished before it stopped")
     return "\n".join(lines)
 
 

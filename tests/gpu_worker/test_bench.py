@@ -50,6 +50,7 @@ def _check_report(report: dict) -> None:
     flops = limit["flops"]
     assert _close(sum(flops["by_component_per_frame"].values()), flops["flops_per_frame"], 1e-6)
     assert all(v > 0 for v in flops["by_component_per_frame"].values())
+    assert any("attention" in op for op in flops["by_op"])
     assert set(limit["ceiling_fps"]) == {"fp32", "bf16"} and min(limit["ceiling_fps"].values()) > 0
     for row in report["decoder"]:
         assert _close(row["ratio_to_reference"], row["fps"] / ref["fps"])
