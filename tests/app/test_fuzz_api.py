@@ -55,10 +55,17 @@ def fuzz_app(tmp_path: Path, redis_session_lock: None, feature_redis: redis.Redi
         yield app
 
 
-OPERATIONS = [("GET", "/v1/voices"), ("POST", "/v1/voices"), ("GET", "/v1/voices/{voice_id}"),
-              ("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
-              ("GET", "/v1/jobs/{job_id}/audio"), ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/healthz"),
-              ("GET", "/metrics")]
+def _published_operations() -> list[tuple[str, str]]:
+    """Every (method, path) of the schema, read from an app that connects to nothing (collection time)."""
+    settings = Settings(database_url="sqlite://", artifact_root=Path("/nonexistent/wavefarm-fuzz"))
+    spec = create_app(settings, sender=RecordingSender()).openapi()
+    return sorted((m.upper(), p) for p, methods in spec["paths"].items() for m in methods)
+
+
+OPERATIONS = _published_operations()
+CORE = {("GET", "/v1/voices"), ("POST", "/v1/voices"), ("GET", "/v1/voices/{voice_id}"), ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"), ("GET", "/v1/jobs/{job_id}/audio"),
+        ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/healthz"), ("GET", "/metrics")}
 
 
 def _check(case: Any, response: Any) -> None:
@@ -71,7 +78,7 @@ def _check(case: Any, response: Any) -> None:
 def test_every_published_operation_is_fuzzed(fuzz_app: FastAPI) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app)
     published = {(r.ok().method.upper(), r.ok().path) for r in schema.get_all_operations()}
-    assert published == set(OPERATIONS)
+    assert published == set(OPERATIONS) and CORE <= published
 
 
 NO_INPUT = {("GET", "/healthz"), ("GET", "/metrics")}  # nothing to make invalid
