@@ -147,9 +147,11 @@ class Engine:
                 self._cond.notify_all()
 
     def wait_for_work(self, timeout: float | None = None) -> bool:
-        """Block until a job or an abort is queued or a job is live; True if there is work."""
+        """Block until a job or an abort is queued, a job is live or a preparation is in the pool."""
         with self._cond:
-            return self._cond.wait_for(lambda: bool(self._inbox or self._aborts or self._live), timeout)
+            # _preparing: a pool preparation whose jobs went away is still collected once it settles
+            return self._cond.wait_for(
+                lambda: bool(self._inbox or self._aborts or self._live or self._preparing), timeout)
 
     def live_jobs(self) -> list[str]:
         return list(self._live)

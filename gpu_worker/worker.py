@@ -23,16 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kombu.exceptions
 import redis
 from celery import Celery, Task, signals
 from celery.exceptions import Reject
 from kombu import Queue
+from sqlalchemy.exc import OperationalError
 
 from app.artifacts import ArtifactStore
 from app.audio import commit_output, open_output
 from app.celery_config import make_celery
 from app.db import queries
-from app.db.models import JobStatus, VoiceStatus
+from app.db.models import DONE_JOB_STATUSES, JobStatus, VoiceStatus
 from app.db.session import session_scope
 from app.errors import EngineFailure
 from app.keys import COUNTER_PREP_PATH
@@ -49,9 +51,14 @@ from gpu_worker.streams import (
     VoiceReady,
     plan_chunks,
 )
+from gpu_worker.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
+# The database, the broker or Redis not answering for a while: the job goes back to the queue (its
+# next delivery is a new, counted attempt), it is not failed.
+TRANSIENT = (OperationalError, redis.ConnectionError, redis.TimeoutError, kombu.exceptions.OperationalError)
+FINISH_RETRY_S = 30.0  # how long a decoded job waits for the database to record it
 
 
 # -- one job ---------------------------------------------------------------------------------------
@@ -61,6 +68,7 @@ class _Output:
     def __init__(self, artifacts: ArtifactStore, job_id: str, fmt: str) -> None:
         self.relpath = artifacts.output_relpath(job_id, fmt)
         self.path: Path = artifacts.path(self.relpath)
+        _drop_partials(artifacts, job_id)  # a killed earlier attempt's
         self.handle, self.tmp = open_output(self.path, fmt)
 
     def write(self, samples: Any) -> None:
@@ -73,6 +81,17 @@ class _Output:
         if not self.handle.closed:
             self.handle.close()
         self.tmp.unlink(missing_ok=True)
+
+    def withdraw(self) -> None:
+        """Remove the committed file (the job was cancelled while it was being finished)."""
+        self.path.unlink(missing_ok=True)
+
+
+def _drop_partials(artifacts: ArtifactStore, job_id: str) -> None:
+    """Remove partial outputs of a job (only one attempt of a job runs at a time: they are stale)."""
+    outputs = artifacts.output_path(job_id, "wav").parent
+    for stale in outputs.glob(f".{job_id}.*.part"):
+        stale.unlink(missing_ok=True)
 
 
 @dataclass
@@ -110,6 +129,9 @@ class JobRun:
                 output.discard()
             if submitted:  # e.g. the database went away mid-job: free the engine slot and the pin
                 self.rt.loop.abort(self.job_id)
+            if isinstance(exc, TRANSIENT):
+                log.warning("synth %s: %s; back to the queue", self.job_id, exc)
+                raise Reject(f"{type(exc).__name__}: {exc}", requeue=True) from exc
             if not isinstance(exc, EngineFailure | Reject):
                 self._finish(JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
             raise
@@ -123,6 +145,8 @@ class JobRun:
             row = queries.claim_job_attempt(session=session, job_id=self.job_id, worker=self.rt.worker_id,
                                             max_attempts=settings.job_max_attempts)
             if row is None:
+                if queries.require_job(session=session, job_id=self.job_id).status in DONE_JOB_STATUSES:
+                    _drop_partials(self.rt.artifacts, self.job_id)  # left by a worker killed mid-job
                 return None
             voice = queries.require_voice(session=session, voice_id=row.voice_id)
             hint = "failed" if voice.status == VoiceStatus.FAILED else None
@@ -157,8 +181,9 @@ class JobRun:
             output.write(event.samples)
             progress.frames_done += progress.frames_per_chunk[event.chunk_index]
         elif isinstance(event, Finished):
-            output.commit()
-            self._finish(JobStatus.SUCCEEDED, output_path=output.relpath)
+            output.commit()  # on disk first: nothing is reported done that is not there
+            if not self._finish_decoded(output.relpath):
+                return self._not_recorded(output, progress.voice_id, event.prep_path)
             return {"job_id": self.job_id, "status": "succeeded", "output_path": output.relpath,
                     "prep_path": event.prep_path, "audio_s": event.audio_s, "timings": event.timings,
                     "worker": self.rt.worker_id}
@@ -173,6 +198,18 @@ class JobRun:
             return {"job_id": self.job_id, "status": "cancelled", "prep_path": event.prep_path,
                     "worker": self.rt.worker_id}
         return None
+
+    def _not_recorded(self, output: _Output, voice_id: str, prep_path: str) -> dict[str, Any]:
+        """The job stopped being live while it finished: cancelled (its file goes), or recorded by
+        another attempt (same file name: kept)."""
+        with session_scope(self.rt.sessions) as session:
+            status = queries.require_job(session=session, job_id=self.job_id).status
+        if status == JobStatus.SUCCEEDED:
+            return {"job_id": self.job_id, "status": "skipped", "worker": self.rt.worker_id}
+        output.withdraw()
+        self._reclaim_features(voice_id)
+        return {"job_id": self.job_id, "status": str(status), "prep_path": prep_path,
+                "worker": self.rt.worker_id}
 
     def _running(self, event: VoiceReady, progress: _Progress) -> None:
         with session_scope(self.rt.sessions) as session:
@@ -190,13 +227,20 @@ class JobRun:
         progress.next_report = now + self.rt.settings.progress_interval_s
         progress.audio_reported = progress.frames_done > 0
         total = sum(progress.frames_per_chunk)
-        with session_scope(self.rt.sessions) as session:
-            live = queries.update_progress(session=session, job_id=self.job_id,
-                                           frames_done=progress.frames_done)
+        try:
+            with session_scope(self.rt.sessions) as session:
+                live = queries.update_progress(session=session, job_id=self.job_id,
+                                               frames_done=progress.frames_done)
+        except OperationalError as exc:  # the database is away for a moment: keep decoding
+            log.warning("synth %s: progress not recorded: %s", self.job_id, exc)
+            live = True
         meta = {"job_id": self.job_id, "frames_done": progress.frames_done, "frames_total": total}
-        self.task.send_event("task-progress", **meta)
-        if self.task.request.id is not None:
-            self.task.update_state(state="PROGRESS", meta=meta)
+        try:  # a view for Flower: the broker or result store being away must not cost the job
+            self.task.send_event("task-progress", **meta)
+            if self.task.request.id is not None:
+                self.task.update_state(state="PROGRESS", meta=meta)
+        except (*TRANSIENT, ConnectionError, OSError) as exc:
+            log.warning("synth %s: progress event not sent: %s", self.job_id, exc)
         if not live or self._cancel_requested():
             self.rt.loop.abort(self.job_id)
 
@@ -218,10 +262,22 @@ class JobRun:
         except redis.RedisError as exc:
             log.warning("could not count prep path %s: %s", prep_path, exc)
 
-    def _finish(self, status: JobStatus, *, output_path: str | None = None, error: str | None = None) -> None:
+    def _finish(self, status: JobStatus, *, output_path: str | None = None, error: str | None = None) -> bool:
         with session_scope(self.rt.sessions) as session:
-            queries.finish_job(session=session, job_id=self.job_id, status=status, output_path=output_path,
-                               error=error)
+            return queries.finish_job(session=session, job_id=self.job_id, status=status,
+                                      output_path=output_path, error=error)
+
+    def _finish_decoded(self, relpath: str) -> bool:
+        """Record success, waiting out a short database outage; False if the job was no longer live."""
+        deadline = time.monotonic() + FINISH_RETRY_S
+        while True:
+            try:
+                return self._finish(JobStatus.SUCCEEDED, output_path=relpath)
+            except OperationalError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("synth %s: could not record success yet: %s", self.job_id, exc)
+                time.sleep(1.0)
 
 
 # -- Celery ----------------------------------------------------------------------------------------
@@ -244,7 +300,8 @@ def synth(self: Task, job_id: str) -> dict[str, Any]:
 
 @signals.worker_ready.connect
 def _build_on_start(sender: Any = None, **_: Any) -> None:
-    runtime(getattr(sender, "hostname", None) or "gpu-worker")
+    rt = runtime(getattr(sender, "hostname", None) or "gpu-worker")
+    Watchdog(rt.loop, rt.settings.step_deadline_s).start()
 
 
 @signals.worker_shutdown.connect
