@@ -123,6 +123,7 @@ def prepare_voice(voice_id: str, res: Resources) -> str:
     """Prepare one voice; returns the outcome: prepared, noop, failed, abandoned or reclaimed."""
     reference_path, outcome = _start(voice_id, res)
     if reference_path is None:
+        _release(res, voice_id)  # whatever the outcome, no preparation is queued for the voice any more
         return outcome
     started = time.perf_counter()
     try:

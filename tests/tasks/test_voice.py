@@ -70,9 +70,13 @@ def test_preparing_a_ready_voice_again_is_a_counted_no_op(res: Resources, celery
     voice_id = submitted_voice(res, celery)
     prepare_voice(voice_id, res)
     before = voice_row(res, voice_id).prepared_at
+    assert res.store.claim_prepare(voice_id, 60)  # as a second submission would have claimed it
     assert prepare_voice(voice_id, res) == "noop"
     assert voice_row(res, voice_id).prepared_at == before
     assert res.store.counters(COUNTER_PREPARE) == {"prepared": 1, "noop": 1}
+    # A finished task, whatever its outcome, leaves no claim: the next submission may queue one.
+    assert res.store.claim_prepare(voice_id, 60)
+    res.store.release_prepare(voice_id)
     res.store.delete(voice_id)  # evicted: preparing again is real work
     assert prepare_voice(voice_id, res) == "prepared" and res.store.exists(voice_id)
 
