@@ -167,7 +167,7 @@ def plot(report: dict[str, Any], directory: str | Path) -> list[str]:
         ax.set_ylim(bottom=0)
     for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     m = report["machine"]
