@@ -54,9 +54,10 @@ class GpuWorker:
 @pytest.fixture(scope="module")
 def gpu_settings(worker_settings: Settings) -> Settings:
     # A short visibility timeout: a killed worker's in-flight messages come back within ~20 s. A long
-    # prep wait: segments wait for the CPU worker (busy with book tasks too) rather than prepare inline.
+    # prep wait (under the visibility timeout, as Settings require): segments wait for the CPU worker,
+    # busy with book tasks too, rather than prepare inline.
     return worker_settings.model_copy(update={
-        "model_preset": "tiny", "prep_wait_ms": 120_000, "micro_batch_size": 8, "worker_slots": SLOTS,
+        "model_preset": "tiny", "prep_wait_ms": 9_000, "micro_batch_size": 8, "worker_slots": SLOTS,
         "voice_cache_capacity": 2, "progress_interval_s": 0.2, "visibility_timeout_s": 10})
 
 
