@@ -169,10 +169,12 @@ def test_markdown_and_epub_books_render_with_the_voice_prepared_once_and_an_edit
                                        "Chapter Three: Noon"])
     assert md_view.segments_done == md_view.segments_total and md_view.audio_seconds > 5
 
-    # The voice: prepared once on the CPU worker, installed once on the GPU worker.
-    assert store.count(COUNTER_PREPARE, "prepared") - prepared == 1
+    # The voice: prepared once (on the CPU worker, or inline on the GPU worker when the CPU worker was
+    # too slow for the prep wait on a loaded machine, never both), installed once on the GPU worker.
     after = store.counters(COUNTER_PREP_PATH)
     delta = {p: after.get(p, 0) - paths_before.get(p, 0) for p in after}
+    inline = 1 if any(delta.get(p, 0) for p in ("inline", "failed", "unavailable", "queue_full")) else 0
+    assert store.count(COUNTER_PREPARE, "prepared") - prepared + inline == 1, delta
     jobs = {**segment_jobs(worker_sessions, md), **segment_jobs(worker_sessions, epub)}
     assert sum(delta.values()) == len(jobs)
     assert sum(n for p, n in delta.items() if p != "already_installed") == 1, delta
