@@ -1,6 +1,6 @@
 """The `wavefarm` command: run the services, talk to the API, run the demo.
 
-Service commands (serve, cpu-worker, gpu-worker, flower) replace this process with the real server
+Service commands (serve, cpu-worker, gpu-worker, flower) and `bench` replace this process with the real server
 so signals reach it directly. Client commands (submit, status, cancel, jobs, voices) speak HTTP to
 the API, or, with `--local`, use `app.submit` and the database directly. Heavy imports happen
 inside the commands: building the parser (shell completion, `tests/test_compose.py`) stays cheap.
@@ -69,6 +69,9 @@ def _add_service_commands(sub: Any) -> None:
     flower.add_argument("--address", default="127.0.0.1")
     flower.add_argument("--port", type=int, default=5555)
     flower.set_defaults(handler=cmd_flower)
+    bench = sub.add_parser("bench", add_help=False,
+                           help="the engine benchmark (python -m gpu_worker.bench; `wavefarm bench --help`)")
+    bench.set_defaults(handler=cmd_bench, bench_args=[])
 
 
 def _add_client_commands(sub: Any) -> None:
@@ -197,6 +200,14 @@ def cmd_flower(args: argparse.Namespace) -> int:
     if not os.environ.get("FLOWER_BASIC_AUTH"):
         log.warning("FLOWER_BASIC_AUTH is not set: Flower runs WITHOUT authentication")
     return _exec_celery(flower_argv(address=args.address, port=args.port))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    # Its own process and parser: the benchmark belongs to the GPU side, which app never imports.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "gpu_worker.bench", *args.bench_args])
+    return 0  # not reached
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -477,7 +488,16 @@ def _print_json(data: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # `bench` hands everything after it to the benchmark's own parser (argparse's REMAINDER would
+    # refuse a leading option such as --help).
+    split = argv.index("bench") if "bench" in argv else -1
+    if split >= 0 and all(a.startswith("-") for a in argv[:split]):
+        args, extra = parser.parse_args(argv[:split + 1]), argv[split + 1:]
+        args.bench_args = extra
+    else:
+        args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:

@@ -132,6 +132,20 @@ def test_every_command_parses() -> None:
         parser.parse_args(["no-such-command"])
 
 
+def test_bench_hands_every_argument_to_the_benchmark(tmp_path: Path) -> None:
+    """`wavefarm bench ARGS` is `python -m gpu_worker.bench ARGS`, options first included."""
+    cmd = [sys.executable, "-m", "app.cli", "bench"]
+    shown = subprocess.run([*cmd, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "--concurrency" in shown.stdout and "--dtype" in shown.stdout
+    rendered = subprocess.run([*cmd, "--render", str(REPO / "docs/bench/full_cpu_fp32.json")], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "reference" in rendered.stdout and "preset full" in rendered.stdout
+    refused = subprocess.run([*cmd, "--dtype", "fp8"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "fp8" in refused.stderr
+
+
 def test_worker_command_lines_follow_the_settings() -> None:
     settings = Settings(queue_cpu="cpu-x", queue_gpu="gpu-x", worker_slots=12)
     gpu = cli.worker_argv("gpu", settings)
