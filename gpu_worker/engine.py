@@ -237,7 +237,7 @@ class Engine:
                 fetched[voice_id] = exc
                 self._install_inline(live, "failed", events)
                 return
-            self._start(live, path, self.voices.pin(voice_id), events)
+            self._start(live, path, self.voices.pin(voice_id), events, installed=True)
         elif isinstance(got, Exception):
             path = "unavailable" if isinstance(got, ConnectionError) else "failed"
             self._install_inline(live, path, events)
@@ -260,12 +260,13 @@ class Engine:
             future = self.prep_pool.submit(self.preparer.prepare, live.job)
             self._preparing[live.job.voice_id] = _Preparing(future, path, live.job.job_id)
             return
+        fresh = live.job.voice_id not in self.voices
         try:
             entry = self._install_host(self.preparer.prepare(live.job), live.job.voice_id, events)
         except Exception as exc:  # noqa: BLE001 - one job's preparation failing fails that job only
             self._fail(live, exc, events, path=path)
             return
-        self._start(live, path, self.voices.pin(entry.voice_id), events)
+        self._start(live, path, self.voices.pin(entry.voice_id), events, installed=fresh)
 
     def _collect_prepared(self, events: list[EngineEvent]) -> None:
         """Install finished pool preparations for the jobs still waiting on them; drop the others'."""
@@ -277,6 +278,7 @@ class Engine:
                        if lv.job.voice_id == voice_id and lv.stream is None and lv.outcome is None]
             if not waiting:
                 continue  # every job that wanted it went away: nothing is installed
+            fresh = voice_id not in self.voices
             try:
                 self._install_host(prep.future.result(), voice_id, events)
             except Exception as exc:  # noqa: BLE001 - the voice cannot be prepared: its jobs fail
@@ -286,7 +288,8 @@ class Engine:
             owner = next((lv for lv in waiting if lv.job.job_id == prep.owner), waiting[0])
             for live in waiting:
                 path = prep.path if live is owner else "already_installed"
-                self._start(live, path, self.voices.pin(voice_id), events)
+                self._start(live, path, self.voices.pin(voice_id), events,
+                            installed=fresh and live is owner)
 
     def _install_host(self, host: PromptHostFeatures, voice_id: str,
                       events: list[EngineEvent]) -> InstalledVoice:
@@ -297,15 +300,20 @@ class Engine:
     def _install(self, host: PromptHostFeatures, events: list[EngineEvent]) -> InstalledVoice:
         entry = self.voices.install(host)
         self.stats["installs"] += 1
+        log.info("voice %s installed in %.3f s (%d bytes)", entry.voice_id, entry.install_s, entry.nbytes)
         events.append(VoiceInstalled(voice_id=entry.voice_id, nbytes=entry.nbytes, install_s=entry.install_s))
         return entry
 
-    def _start(self, live: _Live, path: str, entry: InstalledVoice, events: list[EngineEvent]) -> None:
+    def _start(self, live: _Live, path: str, entry: InstalledVoice, events: list[EngineEvent],
+               installed: bool = False) -> None:
+        """`installed`: the voice was installed for this job just now (its timings get `install_s`)."""
         live.pinned = True
         live.prep_path = path
         self.counters[path] += 1
         now = self.clock()
         live.times["prep_wait_s"] = now - live.admitted
+        if installed:
+            live.times["install_s"] = entry.install_s
         try:
             live.stream = self.decoder.open_stream(entry.prompt, live.job.seed)
         except Exception as exc:  # noqa: BLE001 - e.g. out of device memory for this stream's caches

@@ -130,7 +130,9 @@ class Finished:
     prep_path: str
     n_samples: int
     audio_s: float
-    timings: dict[str, float]  # prep_wait_s, first_audio_s, total_s (from admission)
+    # prep_wait_s, first_audio_s, total_s (from admission); install_s when the voice was installed for
+    # this job (the device half, host time: on CUDA the side stream may still be running)
+    timings: dict[str, float]
 
 
 @dataclass(frozen=True)

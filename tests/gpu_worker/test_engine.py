@@ -233,6 +233,19 @@ def test_same_voice_is_installed_once_and_reused() -> None:
     assert h.store.gets == 1
 
 
+def test_the_job_its_voice_was_installed_for_records_the_install_time() -> None:
+    h = harness("alice", prep_wait_ms=0)
+    h.engine.add(job("ahead", "alice", seed=1))
+    h.engine.add(job("shared", "alice", seed=2))
+    h.engine.add(job("inline", "carol", seed=3))
+    h.run()
+    done = {e.job_id: e.timings for e in h.of(Finished)}
+    installs = {e.voice_id: e.install_s for e in h.of(VoiceInstalled)}
+    assert done["ahead"]["install_s"] == installs["alice"] >= 0
+    assert done["inline"]["install_s"] == installs["carol"]
+    assert "install_s" not in done["shared"]  # found the voice installed
+
+
 # -- preparation paths ------------------------------------------------------------------------------
 
 
@@ -370,6 +383,8 @@ def test_rows_keep_decoding_while_a_voice_is_prepared_inline_in_the_pool(pooled:
     paths = {e.job_id: e.prep_path for e in h.of(VoiceReady)}
     assert paths == {"running": "prepared_ahead", "inline": "inline", "same-voice": "already_installed"}
     assert h.preparer.calls == ["inline"]
+    timings = {e.job_id: e.timings for e in h.of(Finished)}
+    assert "install_s" in timings["inline"] and "install_s" not in timings["same-voice"]
     assert torch.equal(h.audio("inline"), expected_audio("zoe", 2, TOKENS))
 
 
