@@ -149,3 +149,23 @@ def test_reference_loads_the_hift_checkpoint_we_write_as_its_driver_does(old_sty
     ref = _reference(args)
     ref.load_state_dict({k.replace("generator.", ""): v for k, v in state.items()}, strict=True)
     assert all(torch.equal(ref.state_dict()[k], v) for k, v in ours.state_dict().items())
+
+
+def test_snake_inference_path_gives_the_same_bits_as_the_formula():
+    """Inference computes Snake in one buffer; with autograd on it is the plain formula."""
+    from gpu_worker.model.hift import Snake
+
+    snake = Snake(16)
+    with torch.no_grad():
+        snake.alpha.uniform_(0.1, 4.0, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 16, 500, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    formula = snake(x)
+    formula.sum().backward()  # the autograd path still differentiates
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    kept = x.detach().clone()
+    with torch.inference_mode():
+        fast = snake(x.detach())
+    assert torch.equal(x.detach(), kept)  # the input buffer is left alone
+    alpha = snake.alpha.detach()[None, :, None]
+    by_hand = x.detach() + torch.sin(x.detach() * alpha).pow(2) / (alpha + 1e-9)
+    assert torch.equal(fast, by_hand) and torch.equal(formula.detach(), by_hand)
