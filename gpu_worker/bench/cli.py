@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpu_worker.bench import decode, limit, reference, report, sweep
+from gpu_worker.bench import decode, limit, precision, reference, report, sweep
 from gpu_worker.bench.machine import (
     PeakRss,
     command_line,
@@ -27,7 +27,7 @@ from gpu_worker.bench.machine import (
     machine_info,
     mem_available_bytes,
 )
-from gpu_worker.bench.workload import BenchSetup
+from gpu_worker.bench.workload import DTYPES, BenchSetup
 
 MEMORY_HEADROOM = 0.8  # of MemAvailable a run may plan to use
 
@@ -61,6 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", type=_modes, default=list(sweep.MODES))
     p.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
                    help="time the stepaudio2 reference on the same weights and tokens")
+    p.add_argument("--reference-dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="the reference's flow dtype (default fp32, whatever --dtype is: the baseline)")
     p.add_argument("--speaker", choices=["s3", "standin"], default=None,
                    help="device half's S3 + CAM++: the ONNX files (full) or a stand-in")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -81,6 +83,7 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps or (1 if quick else 2), "chunks": args.chunks or (1 if quick else 2),
         "mixed": args.mixed if args.mixed is not None else (0 if quick else 4),
         "jobs_per_client": args.jobs_per_client, "modes": args.modes, "reference": args.reference,
+        "reference_dtype": args.reference_dtype,
         "speaker": args.speaker or ("s3" if args.preset == "full" else "standin"),
         "matmul_min_s": 0.05 if quick else 0.25, "host_half_reps": 2 if quick else 5, "quick": quick,
     }
@@ -120,9 +123,9 @@ def _model_numbers(setup: BenchSetup, cfg: dict[str, Any], out: dict[str, Any], 
 def _reference(setup: BenchSetup, cfg: dict[str, Any], out: dict[str, Any], log: Callable[[str], None]
                ) -> None:
     log("5. reference (stepaudio2) batch 1 on the same weights and tokens")
-    ref = reference.build_reference(setup)
+    ref = reference.build_reference(setup, DTYPES[cfg["reference_dtype"]])
     out["reference"] = reference.reference_fps(setup, ref, voice_index=0, timed=cfg["steps"])
-    log(f"  reference batch  1: {out['reference']['fps']:8.1f} frames/s")
+    log(f"  reference batch  1 ({cfg['reference_dtype']}): {out['reference']['fps']:8.1f} frames/s")
     del ref
     gc.collect()
 
@@ -165,6 +168,12 @@ def run(cfg: dict[str, Any], command: str, log: Callable[[str], None] = print,
         save(out)
         _model_numbers(setup, cfg, out, log)
         save(out)
+        if cfg["dtype"] != "fp32":
+            log(f"4b. {cfg['dtype']} output against fp32 on the same weights, voice, tokens and seed")
+            out["precision"] = precision.deviation(setup)
+            log(f"  mel max |diff| {out['precision']['mel_max_abs']:.3g}, audio SNR "
+                f"{out['precision']['audio_snr_db']:.1f} dB")
+            save(out)
         if cfg["reference"]:
             _reference(setup, cfg, out, log)
             save(report.finish(out))

@@ -12,7 +12,8 @@ The reference CFM and DiT hold working buffers registered at fixed shapes (16 st
 frames); they are given the same layout for the preset's sizes (unchanged for `full`). Its noise buffer,
 drawn unseeded by the reference, is replaced by a seeded one.
 
-    build_reference(setup) -> Reference(flow, hift)
+    build_reference(setup, dtype=fp32) -> Reference(flow, hift, dtype)   the flow in `dtype` (fp32 by
+        default, whatever the bench's own dtype: the baseline a user would otherwise pick)
     reference_fps(setup, ref, voice_index, warmup, timed) -> {fps, rtf, setup_solve_s, chunk_s, ...}
 """
 
@@ -48,6 +49,7 @@ NOISE_SEED = 7
 class Reference:
     flow: Any  # stepaudio2 CausalMaskedDiffWithXvec
     hift: Any  # stepaudio2 HiFTGenerator
+    dtype: torch.dtype = torch.float32  # the flow's
 
 
 def _fit_buffers(flow: Any, args: ModelArgs) -> None:
@@ -61,7 +63,7 @@ def _fit_buffers(flow: Any, args: ModelArgs) -> None:
     estimator.att_cache_buffer = torch.zeros(att, device="meta")
 
 
-def _build_flow(setup: BenchSetup) -> Any:
+def _build_flow(setup: BenchSetup, dtype: torch.dtype) -> Any:
     from stepaudio2 import token2wav  # type: ignore[import-untyped]  # test-only dependency, imported when the reference is asked for
 
     token2wav._setup_cosyvoice2_alias()
@@ -78,7 +80,7 @@ def _build_flow(setup: BenchSetup) -> Any:
     for embed in (flow.encoder.embed, flow.encoder.up_embed):  # positional tables were built on meta
         embed.pos_enc.pe = None
         embed.pos_enc.extend_pe(torch.zeros(1, setup.args.flow.encoder.pos_max_len, device=setup.device))
-    return flow.to(setup.dtype).eval()
+    return flow.to(dtype).eval()
 
 
 def _build_hift(setup: BenchSetup) -> Any:
@@ -102,8 +104,8 @@ def _build_hift(setup: BenchSetup) -> Any:
     return hift.to(setup.device).eval()  # Token2wav keeps HiFT in float32
 
 
-def build_reference(setup: BenchSetup) -> Reference:
-    return Reference(_build_flow(setup), _build_hift(setup))
+def build_reference(setup: BenchSetup, dtype: torch.dtype = torch.float32) -> Reference:
+    return Reference(_build_flow(setup, dtype), _build_hift(setup), dtype)
 
 
 class ReferenceStream:
@@ -150,8 +152,8 @@ def reference_fps(setup: BenchSetup, ref: Reference, voice_index: int, timed: in
     """Setup solve of the voice, WARMUP_CHUNKS untimed chunks, then `timed` steady-state chunks."""
     host = setup.host(voice_index)
     tokens, spk_raw = setup.speaker.quantize_and_embed(host.logmel128, host.fbank80)
-    tokens, spk_raw = tokens.to(setup.device), spk_raw.to(setup.device, setup.dtype)
-    prompt_mel = fit_prompt_mel(host.mel80[None].to(setup.device, setup.dtype), 2 * tokens.size(1))
+    tokens, spk_raw = tokens.to(setup.device), spk_raw.to(setup.device, ref.dtype)
+    prompt_mel = fit_prompt_mel(host.mel80[None].to(setup.device, ref.dtype), 2 * tokens.size(1))
     silence = torch.full((1, LOOKAHEAD_TOKENS), SILENCE_TOKEN, dtype=tokens.dtype, device=setup.device)
     with torch.random.fork_rng(devices=[]), Timer(setup.device) as solve:
         torch.manual_seed(NOISE_SEED)  # the reference HiFT draws its source noise from the global RNG
@@ -173,4 +175,5 @@ def reference_fps(setup: BenchSetup, ref: Reference, voice_index: int, timed: in
     return {"batch": 1, "timed_steps": timed, "frames": frames, "frames_expected": timed * CHUNK_FRAMES,
             "seconds": total, "fps": frames / total, "rtf": total / (frames / MEL_RATE),
             "step_s": summarize(chunk_s), "step_s_all": chunk_s, "setup_solve_s": solve.s,
-            "driver": "Token2wav.stream arithmetic, reference flow + HiFTGenerator, batch 1"}
+            "driver": "Token2wav.stream arithmetic, reference flow + HiFTGenerator, batch 1",
+            "dtype": {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[ref.dtype]}

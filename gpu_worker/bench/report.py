@@ -29,7 +29,9 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     for row in rows:
         if "fps" in row:
             row["ratio_to_reference"] = _ratio(row["fps"], ref)
-            row["limit_fraction"] = _ratio(row["fps"], ceiling)
+            # the reference runs in its own dtype (fp32 unless asked), and is held to that dtype's limit
+            own = (limit.get("ceiling_fps") or {}).get(row["dtype"]) if "dtype" in row else ceiling
+            row["limit_fraction"] = _ratio(row["fps"], own)
     return report
 
 
@@ -48,7 +50,9 @@ def _header(report: dict[str, Any]) -> list[str]:
 
 
 def _model_lines(report: dict[str, Any]) -> list[str]:
-    lines = ["Model: steady-state chunks (50 mel frames = 1 s of audio) through StreamingDecoder.step",
+    ref_dtype = (report.get("reference") or {}).get("dtype", "fp32")
+    lines = ["Model: steady-state chunks (50 mel frames = 1 s of audio) through StreamingDecoder.step "
+             f"({report['config']['dtype']}; the reference 'ref' in {ref_dtype})",
              f"  {'rows':>6} {'frames/s':>9} {'RTF':>6} {'stream RTF':>10} {'step p50 s':>10} "
              f"{'x ref':>6} {'% limit':>7}"]
     ref = report.get("reference")
@@ -64,6 +68,16 @@ def _model_lines(report: dict[str, Any]) -> list[str]:
                      f"{row['step_s']['p50']:10.3f} {_f(row.get('ratio_to_reference'), '.2f'):>6} "
                      f"{_f(row.get('limit_fraction'), '.1%'):>7}")
     return lines
+
+
+def _precision_lines(report: dict[str, Any]) -> list[str]:
+    p = report.get("precision")
+    if not p:
+        return []
+    return ["", f"{report['config']['dtype']} vs fp32, same weights, voice, tokens and seed ({p['chunks']} chunks, "
+            f"setup solve included): mel max |diff| {p['mel_max_abs']:.3g} (fp32 mel spans "
+            f"{p['mel_range']:.3g}), mean |diff| {p['mel_mean_abs']:.3g}; audio max |diff| "
+            f"{p['audio_max_abs']:.3g}, SNR {p['audio_snr_db']:.1f} dB"]
 
 
 def _prep_lines(report: dict[str, Any]) -> list[str]:
@@ -113,7 +127,8 @@ def _engine_lines(report: dict[str, Any]) -> list[str]:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = _header(report) + _model_lines(report) + _prep_lines(report) + _limit_lines(report)
+    lines = (_header(report) + _model_lines(report) + _precision_lines(report) + _prep_lines(report)
+             + _limit_lines(report))
     lines += _engine_lines(report)
     if report.get("complete"):
         lines.append(f"\nwall time {report['wall_s']:.0f} s; load average at end "
@@ -190,7 +205,7 @@ def markdown(report: dict[str, Any]) -> str:
     ref = report.get("reference")
     rows = []
     if ref:
-        rows.append(["reference, batch 1", f"{ref['fps']:.1f}", f"{ref['rtf']:.2f}",
+        rows.append([f"reference, batch 1, {ref.get('dtype', 'fp32')}", f"{ref['fps']:.1f}", f"{ref['rtf']:.2f}",
                      f"{ref['step_s']['p50']:.2f}", "1.00", _f(ref.get("limit_fraction"), ".1%")])
     for r in report.get("decoder", []):
         if "skipped" in r:

@@ -29,7 +29,7 @@ from app.audio import PROMPT_SAMPLE_RATE, PROMPT_SAMPLES, normalise_reference
 from app.features import PromptHostFeatures, host_half
 from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.loading import load_model_folder
+from gpu_worker.loading import fuse_weight_norm, load_model_folder
 from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import Speaker, StandInSpeaker, VoicePrompt, install_voice
@@ -89,6 +89,7 @@ class BenchSetup:
         write_official_layout(folder, args, WEIGHT_SEED, tokenizer=speaker == "s3")
         dev = torch.device(device)
         model = load_model_folder(folder, device=dev, dtype=DTYPES[dtype], args=args)
+        fuse_weight_norm(model.hift)  # as the worker's runtime does
         decoder = StreamingDecoder(model, device=dev, dtype=DTYPES[dtype], micro_batch_size=micro_batch_size)
         front: Speaker = (SpeakerFrontend.from_folder(folder, device=dev) if speaker == "s3"
                           else StandInSpeaker(dev))

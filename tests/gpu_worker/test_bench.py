@@ -87,4 +87,25 @@ def test_tiny_bench_report_is_complete_and_consistent(tmp_path, one_thread, caps
     assert (tmp_path / "bench_tiny_cpu_fp32.png").stat().st_size > 0
     assert main(["--render", str(out)]) == 0
     rendered = capsys.readouterr().out
-    assert "| reference, batch 1 |" in rendered and rendered.count("| equal |") == 8
+    assert "| reference, batch 1, fp32 |" in rendered and rendered.count("| equal |") == 8
+    assert "precision" not in report  # only a reduced-precision run compares itself with fp32
+
+
+def test_bf16_run_is_held_to_the_fp32_reference_and_reports_its_deviation(tmp_path, one_thread, capsys) -> None:
+    pytest.importorskip("stepaudio2.cosyvoice2.flow.flow")
+    out = tmp_path / "bench.json"
+    assert main(["--preset", "tiny", "--dtype", "bf16", "--threads", "1", "--concurrency", "1",
+                 "--batches", "1", "--chunks", "1", "--steps", "1", "--mixed", "0", "--modes", "d",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    ceiling = report["limit"]["ceiling_fps"]
+    ref, row = report["reference"], report["decoder"][0]
+    assert ref["dtype"] == "fp32" and _close(ref["limit_fraction"], ref["fps"] / ceiling["fp32"])
+    assert _close(row["limit_fraction"], row["fps"] / ceiling["bf16"])
+    assert _close(row["ratio_to_reference"], row["fps"] / ref["fps"])
+    p = report["precision"]
+    assert p["dtype"] == "bfloat16" and p["frames"] == 3 * 50
+    # bf16 rounds (so it differs from fp32) but stays close: a broken cast would be far off
+    assert 0 < p["mel_mean_abs"] < 0.05 * p["mel_range"] and 0 < p["mel_max_abs"] < 0.2 * p["mel_range"]
+    assert 20 < p["audio_snr_db"] < 200
+    assert "bf16 vs fp32" in capsys.readouterr().out
