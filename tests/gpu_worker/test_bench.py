@@ -109,3 +109,17 @@ def test_bf16_run_is_held_to_the_fp32_reference_and_reports_its_deviation(tmp_pa
     assert 0 < p["mel_mean_abs"] < 0.05 * p["mel_range"] and 0 < p["mel_max_abs"] < 0.2 * p["mel_range"]
     assert 20 < p["audio_snr_db"] < 200
     assert "bf16 vs fp32" in capsys.readouterr().out
+
+
+def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thread) -> None:
+    from gpu_worker.bench import speedups
+
+    out = tmp_path / "speedups.json"
+    assert speedups.main(["--rows", "1", "--reps", "1", "--threads", "1", "--json", str(out)]) == 0
+    results = {r["name"].split(" ")[0]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"snake", "hift", "DiT"}
+    for r in json.loads(out.read_text())["results"]:
+        assert r["before_ms"] > 0 and r["after_ms"] > 0 and _close(r["speedup"], r["before_ms"] / r["after_ms"])
+    # the kept speed-ups are exact; the rejected conv-as-matmul only rounds differently
+    assert results["snake"]["max_abs_diff"] == 0 and results["hift"]["max_abs_diff"] == 0
+    assert 0 < results["DiT"]["max_abs_diff"] < 1e-4

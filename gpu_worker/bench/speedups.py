@@ -1,0 +1,137 @@
+"""Before and after of each CPU speed-up, in one run, on the same inputs (`python -m gpu_worker.bench.speedups`).
+
+    snake          HiFT's Snake at the full model's vocoder shapes: the formula (five passes, four
+                   temporary tensors; what runs with autograd on) against the inference path (one buffer)
+    hift           one HiFT forward over a steady-state chunk (58 mel frames): weight norm as
+                   parametrizations + the Snake formula (before) against weight norm folded at load + the
+                   inference Snake (after); the outputs must be the same bits
+    causal_conv    a DiT causal conv (k = 3, 512 channels) through mkldnn against the same conv as one
+                   matmul over the three shifted frames: the idea the profile suggested, measured (on an
+                   AVX-512 CPU the mkldnn kernel wins; the model keeps the conv)
+
+Each figure is the median of `reps` timed calls after warm-up, in milliseconds, with the max difference
+between the two outputs. The machine, thread count and git revision are printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.bench.machine import git_info, machine_info
+from gpu_worker.loading import fuse_weight_norm
+from gpu_worker.model.config import ModelArgs
+from gpu_worker.model.hift import HiFTGenerator, Snake
+
+
+def _median_ms(fn: Callable[[], Any], reps: int) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def _pair(name: str, before: Callable[[], torch.Tensor], after: Callable[[], torch.Tensor], reps: int,
+          **extra: Any) -> dict[str, Any]:
+    with torch.inference_mode():
+        diff = float((before() - after()).abs().max())
+        b, a = _median_ms(before, reps), _median_ms(after, reps)
+    return {"name": name, "before_ms": b, "after_ms": a, "speedup": b / a, "max_abs_diff": diff, **extra}
+
+
+def snake(rows: int, reps: int) -> list[dict[str, Any]]:
+    """Snake at the three upsampled widths of the full HiFT for a 58-frame chunk."""
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for channels, samples in ((256, 58 * 8), (128, 58 * 40), (64, 58 * 120)):
+        act = Snake(channels).requires_grad_(False)
+        with torch.no_grad():
+            act.alpha.uniform_(0.2, 3.0, generator=gen)
+        x = torch.randn(rows, channels, samples, generator=gen)
+
+        def formula(act: Snake = act, x: torch.Tensor = x) -> torch.Tensor:
+            with torch.enable_grad():  # nothing requires grad: no graph, just the formula's passes
+                return act(x)
+
+        out.append(_pair(f"snake [{rows}, {channels}, {samples}]", formula, lambda act=act, x=x: act(x), reps))
+    return out
+
+
+def hift(rows: int, reps: int) -> dict[str, Any]:
+    args = ModelArgs.full().hift
+    models = []
+    for _ in range(2):  # the same seeded weights twice
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            models.append(HiFTGenerator(args).eval().requires_grad_(False))
+    before_model, after_model = models[0], fuse_weight_norm(models[1])
+    frames = 58
+    mel = torch.randn(rows, 80, frames, generator=torch.Generator().manual_seed(1)) - 4.0
+    noise = before_model.draw_noise([torch.Generator().manual_seed(10 + i) for i in range(rows)], frames)
+
+    def before() -> torch.Tensor:
+        with torch.enable_grad():
+            return before_model(mel, noise=noise)[0]
+
+    return _pair(f"hift forward, {rows} rows x {frames} frames", before, lambda: after_model(mel, noise=noise)[0],
+                 reps)
+
+
+def causal_conv(rows: int, reps: int) -> dict[str, Any]:
+    dim, frames = 512, 52  # a 50-frame chunk + the 2 cached frames, CFG doubles the rows
+    conv = torch.nn.Conv1d(dim, dim, 3)
+    x = torch.randn(2 * rows, dim, frames, generator=torch.Generator().manual_seed(2))
+    weight = conv.weight.permute(2, 1, 0).reshape(3 * dim, dim).contiguous()  # [k C_in, C_out]
+
+    def as_matmul() -> torch.Tensor:
+        xt = x.transpose(1, 2)
+        shifted = torch.cat([xt[:, k:frames - 2 + k] for k in range(3)], dim=2)
+        out = torch.addmm(conv.bias, shifted.reshape(-1, 3 * dim), weight)
+        return out.view(x.size(0), frames - 2, dim).transpose(1, 2)
+
+    return _pair(f"DiT causal conv [{2 * rows}, {dim}, {frames}] k3", lambda: F.conv1d(x, conv.weight, conv.bias),
+                 as_matmul, reps, note="before = mkldnn conv (kept), after = matmul formulation (rejected)")
+
+
+def run(rows: int, reps: int) -> dict[str, Any]:
+    results = [*snake(rows, reps), hift(rows, reps), causal_conv(rows, reps)]
+    return {"machine": machine_info(torch.device("cpu")), "git": git_info(), "rows": rows, "reps": reps,
+            "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpu_worker.bench.speedups", description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=8, help="streams in the step (default 8)")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run(args.rows, args.reps)
+    m = report["machine"]
+    print(f"{m['cpu_model']} ({m['cpu_cores']} cores), {m['torch_threads']} threads, torch {m['torch_version']}, "
+          f"git {str(report['git'].get('revision'))[:12]}")
+    print(f"{'':44} {'before ms':>10} {'after ms':>10} {'speed-up':>9} {'max |diff|':>11}")
+    for r in report["results"]:
+        print(f"{r['name']:44} {r['before_ms']:10.2f} {r['after_ms']:10.2f} {r['speedup']:8.2f}x "
+              f"{r['max_abs_diff']:11.3g}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
