@@ -29,11 +29,11 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app import services  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.store import FeatureStore  # noqa: E402
 from gpu_worker.runtime import StoreFeatures, build_engine  # noqa: E402
 from gpu_worker.streams import EngineJob, Failed, Finished  # noqa: E402
+from scripts.service_stack import bench_settings, flush_redis, running_stack  # noqa: E402
 
 SAMPLES = REPO / "app" / "samples"
 PORT = 8765
@@ -44,20 +44,8 @@ def job_tokens(n: int, seed: int) -> list[int]:
 
 
 def settings_for(root: Path, preset: str, slots: int, threads: int) -> Settings:
-    return Settings(database_url=f"sqlite:///{root / 'bench.sqlite'}", artifact_root=root / "artifacts",
-                    broker_url="redis://127.0.0.1:6379/5", result_backend="redis://127.0.0.1:6379/6",
-                    feature_store_url="redis://127.0.0.1:6379/7", queue_cpu="bench-cpu",
-                    queue_gpu="bench-gpu",
-                    model_preset=preset, micro_batch_size=slots, worker_slots=slots, prep_wait_ms=60_000,
-                    progress_interval_s=1.0, torch_threads=threads)
-
-
-def env_of(settings: Settings) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for name, value in settings.model_dump(exclude_none=True).items():
-        env[f"WAVEFARM_{name.upper()}"] = str(value.get_secret_value() if hasattr(value, "get_secret_value")
-                                              else value)
-    return env
+    return bench_settings(root, preset=preset, slots=slots, threads=threads, redis_dbs=(5, 6, 7),
+                          queue="bench")
 
 
 def run_http_jobs(client: httpx.Client, voices: list[str], n_jobs: int, n_tokens: int, seed0: int) -> float:
@@ -100,27 +88,18 @@ def run_engine_jobs(engine, voices: list[str], n_jobs: int, n_tokens: int, seed0
 
 def service_run(settings: Settings, args: argparse.Namespace,
                 logs: Path) -> tuple[list[str], dict[int, float]]:
-    env = env_of(settings)
-    procs = [services.start_cli(["serve", "--port", str(PORT)], env=env, log_path=logs / "api.log"),
-             services.start_cli(["cpu-worker"], env=env, log_path=logs / "cpu.log"),
-             services.start_cli(["gpu-worker"], env=env, log_path=logs / "gpu.log")]
-    try:
-        if not services.wait_until(lambda: services.port_open("127.0.0.1", PORT), 60):
-            raise RuntimeError(services.log_tail(logs / "api.log"))
-        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
-            voices = []
-            for name in ("voice_a.wav", "voice_b.wav"):
-                files = {"file": (name, (SAMPLES / name).read_bytes(), "audio/wav")}
-                response = client.post("/v1/voices", files=files)
-                response.raise_for_status()
-                voices.append(response.json()["id"])
-            run_http_jobs(client, voices, 2, 30, seed0=1)  # warm-up: prepare and install both voices
-            walls = {c: run_http_jobs(client, voices, c, args.tokens, seed0=100 * c)
-                     for c in args.concurrency}
-        return voices, walls
-    finally:
-        for proc in procs:
-            services.stop_process(proc)
+    with running_stack(settings, logs, PORT), \
+            httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
+        voices = []
+        for name in ("voice_a.wav", "voice_b.wav"):
+            files = {"file": (name, (SAMPLES / name).read_bytes(), "audio/wav")}
+            response = client.post("/v1/voices", files=files)
+            response.raise_for_status()
+            voices.append(response.json()["id"])
+        run_http_jobs(client, voices, 2, 30, seed0=1)  # warm-up: prepare and install both voices
+        walls = {c: run_http_jobs(client, voices, c, args.tokens, seed0=100 * c)
+                 for c in args.concurrency}
+    return voices, walls
 
 
 def engine_run(settings: Settings, voices: list[str], args: argparse.Namespace) -> dict[int, float]:
@@ -159,8 +138,7 @@ def main() -> int:
     settings = settings_for(root, args.preset, slots, args.threads)
     logs = root / "logs"
     logs.mkdir(parents=True)
-    for db in (5, 6, 7):  # this benchmark's own Redis databases
-        subprocess.run(["redis-cli", "-n", str(db), "flushdb"], check=False, capture_output=True)
+    flush_redis(settings)  # this benchmark's own Redis databases (5-7)
     voices, service = service_run(settings, args, logs)
     engine = engine_run(settings, voices, args)
     frames = {c: c * args.tokens * 2 for c in args.concurrency}  # mel frames: 50 per second of audio
