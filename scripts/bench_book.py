@@ -22,9 +22,9 @@ installed for) and the Redis prep-path counters. The book's wall time (from the 
 
     submit -> GPU      POST, book.plan on the CPU worker, the broker, until the GPU worker claims the
                        book's first segment job (jobs.started_at)
-    voice on GPU       from that claim until the voice is ready on the GPU worker (+ prep_wait_s): waiting
-                       for the host features, then the device half (install_s: S3 tokens, speaker
-                       embedding, setup solve)
+    voice on GPU       from that claim until the voice is ready on the GPU worker (the claim of the job
+                       it was installed for + its prep_wait_s): waiting for the host features, then the
+                       device half (install_s: S3 tokens, speaker embedding, setup solve)
     decoding           from the voice being ready until the last segment job finished
     assembly           the last segment finished -> chapter file (book.chapter polls every second) ->
                        book.m4b and the index (books.finished_at)
@@ -83,7 +83,12 @@ def build_report(record: dict[str, Any]) -> dict[str, Any]:
     wall = end - t0
     audio_s = sum(j["n_tokens"] for j in jobs) / TOKENS_PER_SECOND
     first_claim = min(j["started_at"] for j in jobs)
-    ready = min(j["started_at"] + j["timings"].get("prep_wait_s", 0.0) for j in jobs)
+    # The voice is ready on the GPU worker when the job it was installed for starts (claim + prep_wait_s,
+    # which runs from the job's admission: the engine was idle, waiting for the voice, so admission
+    # follows the claim at once). Jobs admitted later may have waited behind a step before admission,
+    # so their own claim + prep_wait_s is earlier than the moment they started: not used for this.
+    installing = [j for j in jobs if "install_s" in j["timings"]] or jobs
+    ready = min(j["started_at"] + j["timings"].get("prep_wait_s", 0.0) for j in installing)
     last_done = max(j["finished_at"] for j in jobs)
     chapters_done = max((c["assembled_at"] for c in record["chapters"]), default=end)
     install_s = sum(j["timings"].get("install_s", 0.0) for j in jobs)
