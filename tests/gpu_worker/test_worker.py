@@ -4,14 +4,10 @@ SQLite, in process (a recording stand-in for the Celery task object) and through
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,7 +33,7 @@ from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.runtime import Runtime, StoreFeatures, build_runtime
 from gpu_worker.worker import JobRun, make_gpu_celery
-from tests.conftest import REPO, make_test_settings, settings_env
+from tests.conftest import REPO, make_test_settings, running_gpu_worker
 
 SAMPLES = REPO / "app" / "samples"
 VOICE_A, VOICE_B = (SAMPLES / "voice_a.wav").read_bytes(), (SAMPLES / "voice_b.wav").read_bytes()
@@ -312,29 +308,12 @@ def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
 @pytest.fixture
 def gpu_worker(sqlite_url, artifacts, redis_session_lock, tmp_path) -> Iterator[Settings]:
     settings = settings_for(sqlite_url, artifacts, prep_wait_ms=200)
-    nodename = f"gpu-{settings.queue_gpu}@{os.uname().nodename}"
-    log = tmp_path / "gpu-worker.log"
-    env = {**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "celery", "-A", "gpu_worker.worker", "worker", "-Q", settings.queue_gpu,
-           "-P", "threads", "-c", "4", "-n", nodename, "-E", "-l", "INFO", "--without-gossip",
-           "--without-mingle", "--without-heartbeat"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    app = make_gpu_celery(settings)
-    try:
-        deadline = time.monotonic() + 120
-        while not app.control.ping(destination=[nodename], timeout=1.0):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        yield settings
-    finally:
-        app.close()
-        proc.send_signal(signal.SIGTERM)
+    with running_gpu_worker(settings, f"gpu-{settings.queue_gpu}", tmp_path) as worker:
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        print(Path(log).read_text()[-2000:])
+            yield settings
+        finally:
+            worker.stop()
+            print(worker.tail(2000))
 
 
 @pytest.mark.timeout(300)

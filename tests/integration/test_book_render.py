@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import av
@@ -37,18 +36,12 @@ from app.settings import Settings
 from app.store import FeatureStore
 from app.submit import submit_job
 from tests.app.books.conftest import MARKDOWN_BOOK, make_epub, tiny_png
-from tests.conftest import REPO, SESSION_TAG, settings_env
+from tests.conftest import REPO, SESSION_TAG, WorkerProcess, settings_env, start_gpu_worker
 
 pytestmark = pytest.mark.integration
 
 REFERENCE = (REPO / "app" / "samples" / "voice_a.wav").read_bytes()
 SLOTS = 4
-
-
-@dataclass
-class GpuWorker:
-    proc: subprocess.Popen[bytes]
-    log: Path
 
 
 @pytest.fixture(scope="module")
@@ -61,42 +54,19 @@ def gpu_settings(worker_settings: Settings) -> Settings:
         "voice_cache_capacity": 2, "progress_interval_s": 0.2, "visibility_timeout_s": 10})
 
 
-def start_gpu_worker(settings: Settings, log: Path, name: str) -> GpuWorker:
-    nodename = f"gpu-book-{name}-{SESSION_TAG}@{os.uname().nodename}"
-    env = {**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "celery", "-A", "gpu_worker.worker", "worker", "-Q", settings.queue_gpu,
-           "-P", "threads", "-c", str(SLOTS), "-n", nodename, "-E", "-l", "INFO", "--without-gossip",
-           "--without-mingle", "--without-heartbeat"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    app = make_celery(settings)
-    try:
-        deadline = time.monotonic() + 120
-        while not app.control.ping(destination=[nodename], timeout=1.0):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-    finally:
-        app.close()
-    return GpuWorker(proc, log)
-
-
-def stop(worker: GpuWorker, sig: int = signal.SIGTERM) -> None:
-    if worker.proc.poll() is None:
-        worker.proc.send_signal(sig)
-        try:
-            worker.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.proc.kill()
-            worker.proc.wait()
+def start_book_gpu_worker(settings: Settings, logs: Path, n: int) -> WorkerProcess:
+    return start_gpu_worker(settings, f"gpu-book-{n}-{SESSION_TAG}", logs)
 
 
 @pytest.fixture
-def gpu(gpu_settings: Settings, cpu_worker: str, tmp_path: Path) -> Iterator[list[GpuWorker]]:
+def gpu(gpu_settings: Settings, cpu_worker: str, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
     """A running GPU worker (the list grows when a test restarts it); all are stopped at the end."""
-    workers = [start_gpu_worker(gpu_settings, tmp_path / "gpu.log", "0")]
+    workers = [start_book_gpu_worker(gpu_settings, tmp_path, 0)]
     yield workers
     for worker in workers:
-        stop(worker)
-    print((tmp_path / "gpu.log").read_text()[-3000:])
+        worker.stop()
+    for worker in workers:
+        print(f"== {worker.nodename}\n{worker.tail()}")
 
 
 @pytest.fixture
@@ -222,10 +192,10 @@ def test_an_interactive_job_overtakes_a_rendering_book_and_a_killed_gpu_worker_l
     assert len(jumped) <= SLOTS  # at most what the worker had already fetched
 
     # Kill the GPU worker mid-book, start another: the book completes.
-    stop(gpu[0], signal.SIGKILL)
+    gpu[0].stop(signal.SIGKILL)
     in_flight = [j for j in segment_jobs(worker_sessions, book).values()
                  if j.status in (JobStatus.PREPARING, JobStatus.RUNNING)]
-    gpu.append(start_gpu_worker(gpu_settings, gpu[0].log, "1"))
+    gpu.append(start_book_gpu_worker(gpu_settings, tmp_path, 1))
     view = wait_book(settings, worker_sessions, book)
     assert view.book.status == BookStatus.SUCCEEDED, view.book.error
     m4b = output_dir(ArtifactStore(settings.artifact_root), book) / "book.m4b"

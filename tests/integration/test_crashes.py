@@ -37,7 +37,7 @@ from app.settings import Settings
 from app.store import FeatureStore
 from app.submit import submit_job
 from gpu_worker.runtime import Runtime, build_runtime
-from tests.conftest import REPO, make_test_settings, settings_env
+from tests.conftest import make_test_settings, start_gpu_worker, start_worker
 from tests.gpu_worker.test_worker import VOICE_A, VOICE_B, prepare_ahead, settings_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -84,32 +84,18 @@ class Workers:
 
     def start(self, kind: str, *, env: dict[str, str] | None = None,
               wait: bool = True) -> subprocess.Popen[bytes]:
-        name = f"{kind}{len(self.procs)}-{uuid.uuid4().hex[:6]}@{os.uname().nodename}"
+        """A GPU or CPU worker run through GPU_MAIN / CPU_MAIN; with `wait`, returns once it answers a
+        ping or has died already (a poison job may have been waiting for it)."""
+        name = f"{kind}{len(self.procs)}-{uuid.uuid4().hex[:6]}"
         if kind == "gpu":
-            args = ["-A", "gpu_worker.worker", "worker", "-Q", self.settings.queue_gpu, "-P", "threads",
-                    "-c", str(self.settings.worker_slots)]
-            main = GPU_MAIN
+            worker = start_gpu_worker(self.settings, name, self.logs, extra_env=env, events=False, wait=wait,
+                                      launcher=(sys.executable, "-c", GPU_MAIN), exited_ok=True)
         else:
             args = ["-A", "tasks.celery_app", "worker", "-Q", self.settings.queue_cpu, "-P", "solo"]
-            main = CPU_MAIN
-        cmd = [sys.executable, "-c", main, *args, "-n", name, "-l", "INFO", "--without-gossip",
-               "--without-mingle", "--without-heartbeat"]
-        full_env = {**os.environ, **settings_env(self.settings), "PYTHONPATH": str(REPO),
-                    "OMP_NUM_THREADS": "1", **(env or {})}
-        log = open(self.logs / f"{name.split('@')[0]}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        if wait:
-            app = make_celery(self.settings)
-            try:
-                deadline = time.monotonic() + 120
-                while not app.control.ping(destination=[name], timeout=1.0):
-                    if proc.poll() is not None:
-                        break  # died already (a poison job may have been waiting for it)
-                    assert time.monotonic() < deadline, self.tail()
-            finally:
-                app.close()
-        return proc
+            worker = start_worker(self.settings, name, self.logs, args, extra_env=env, wait=wait,
+                                  launcher=(sys.executable, "-c", CPU_MAIN), exited_ok=True)
+        self.procs.append(worker.proc)
+        return worker.proc
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGKILL)

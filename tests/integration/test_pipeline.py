@@ -8,11 +8,6 @@ job's audio equals the same job decoded alone with the same seed.
 from __future__ import annotations
 
 import io
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,7 +31,7 @@ from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import StandInSpeaker, install_voice
 from gpu_worker.runtime import DUMMY_SEED
 from gpu_worker.worker import make_gpu_celery
-from tests.conftest import REPO, SESSION_TAG, settings_env
+from tests.conftest import REPO, SESSION_TAG, running_gpu_worker
 
 pytestmark = pytest.mark.integration
 
@@ -71,28 +66,8 @@ def gpu_settings(worker_settings: Settings) -> Settings:
 
 @pytest.fixture(scope="module")
 def gpu_worker(gpu_settings: Settings, cpu_worker: str, tmp_path_factory) -> Iterator[Settings]:
-    nodename = f"gpu-pipeline-{SESSION_TAG}@{os.uname().nodename}"
-    log = tmp_path_factory.mktemp("gpu-log") / "gpu-worker.log"
-    env = {**os.environ, **settings_env(gpu_settings), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "celery", "-A", "gpu_worker.worker", "worker", "-Q", gpu_settings.queue_gpu,
-           "-P", "threads", "-c", "8", "-n", nodename, "-E", "-l", "INFO", "--without-gossip",
-           "--without-mingle", "--without-heartbeat"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    app = make_gpu_celery(gpu_settings)
-    try:
-        deadline = time.monotonic() + 120
-        while not app.control.ping(destination=[nodename], timeout=1.0):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+    with running_gpu_worker(gpu_settings, f"gpu-pipeline-{SESSION_TAG}", tmp_path_factory.mktemp("gpu-log")):
         yield gpu_settings
-    finally:
-        app.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def job_tokens(n: int, seed: int) -> list[int]:
