@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         default=0, ge=0, description="CPU threads of the GPU worker's engine; 0 keeps torch's default"
     )
+    cpu_linear: Literal["onednn", "blas"] = Field(
+        default="onednn", description="float32 linears on a CPU: oneDNN (faster where measured) or the BLAS"
+    )
 
     # Engine.
     micro_batch_size: int = Field(default=8, ge=1, le=256)

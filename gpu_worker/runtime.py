@@ -46,6 +46,7 @@ from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.engine import Engine, FeatureSource, InlinePreparer
 from gpu_worker.loading import fuse_weight_norm, load_dummy, load_model_folder
 from gpu_worker.model.config import ModelArgs
+from gpu_worker.model.linear import set_cpu_linear
 from gpu_worker.prompt import Speaker, StandInSpeaker, install_voice
 from gpu_worker.speaker import SpeakerFrontend
 from gpu_worker.streams import (
@@ -304,6 +305,7 @@ INLINE_PREP_THREADS = 1
 def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePreparer) -> Engine:
     """Model, speaker models, decoder and voice cache on the configured device -> the engine."""
     device, dtype = torch.device(settings.device), DTYPES[settings.dtype]
+    set_cpu_linear(settings.cpu_linear)
     if settings.torch_threads:
         # Small models on a busy CPU lose more to thread hand-offs than they gain (docs/PERFORMANCE.md).
         torch.set_num_threads(settings.torch_threads)

@@ -6,8 +6,9 @@
         (2 FLOPs per multiply-add); element-wise work, FFTs and copies are not counted, so the count is
         a lower bound on the work and the ceiling below an upper bound on the speed.
     matmul_rates(device, dtypes, min_s) -> {dtype: {best_gflops, shapes: [...]}}
-        `torch.mm` at the model's shapes ([rows, 512] x [512, 2048], [rows, 2048] x [2048, 512], ...,
-        rows = 2 x batch x 50 frames), best of repeated runs
+        the model's matrix products ([rows, 512] x [512, 2048], [rows, 2048] x [2048, 512], ...,
+        rows = 2 x batch x 50 frames) by each path the model can take (`torch.mm`, and oneDNN's linear
+        on a CPU), best of repeated runs; best_gflops is the fastest path's
     ceiling_fps = best_gflops * 1e9 / flops_per_frame: frames per second no implementation of this
         model can beat on this machine at that dtype (it would have to run every FLOP at the best rate
         the machine reached on a plain matrix multiply).
@@ -24,6 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from gpu_worker.bench.decode import steady_rows
 from gpu_worker.bench.machine import sync
 from gpu_worker.bench.workload import DTYPES, BenchSetup
+from gpu_worker.model import linear
 from gpu_worker.model.config import SAMPLES_PER_MEL
 
 
@@ -39,8 +41,13 @@ SDPA_OPS = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
 def count_flops(setup: BenchSetup, streams: list[Any]) -> dict[str, Any]:
     """FLOPs of one steady-state step of `streams` (all of them as rows), per decoded mel frame."""
     mapping = dict.fromkeys(SDPA_OPS, _sdpa_flops)
-    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-        audios = setup.decoder.step(steady_rows(streams, step=900))
+    before = linear.cpu_linear()
+    linear.set_cpu_linear("blas")  # FlopCounterMode counts aten's matmuls, not oneDNN's linear: same maths
+    try:
+        with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+            audios = setup.decoder.step(steady_rows(streams, step=900))
+    finally:
+        linear.set_cpu_linear(before)
     frames = sum(a.numel() for a in audios) / SAMPLES_PER_MEL
     counts = counter.get_flop_counts()
     total = counter.get_total_flops()
@@ -59,20 +66,33 @@ def count_flops(setup: BenchSetup, streams: list[Any]) -> dict[str, Any]:
     }
 
 
-def _mm_rate(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, min_s: float) -> float:
-    a = torch.randn(m, k, device=device).to(dtype)
-    b = torch.randn(k, n, device=device).to(dtype)
-    torch.mm(a, b)  # warm-up
+def _best_s(fn: Any, device: torch.device, min_s: float) -> float:
+    fn()  # warm-up
     best = float("inf")
     spent, reps = 0.0, 0
     while reps < 1 or (spent < min_s and reps < 50):  # a slow dtype (bf16 without hardware support) runs once
         sync(device)
         start = time.perf_counter()
-        torch.mm(a, b)
+        fn()
         sync(device)
         elapsed = time.perf_counter() - start
         best, spent, reps = min(best, elapsed), spent + elapsed, reps + 1
-    return 2 * m * k * n / best / 1e9
+    return best
+
+
+def _mm_rates(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, min_s: float
+              ) -> dict[str, float]:
+    """GFLOP/s of an [m, k] x [k, n] product by every path the model can take: `torch.mm` (the BLAS
+    on a CPU) and, on a CPU with oneDNN, the oneDNN linear `gpu_worker.model.linear` uses. On some CPUs
+    (AVX-512 EPYC) oneDNN is twice the BLAS: a limit from torch.mm alone would not be a limit."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    flops = 2 * m * k * n
+    out = {"blas": flops / _best_s(lambda: torch.mm(a, b), device, min_s) / 1e9}
+    if device.type == "cpu" and linear.onednn_available():
+        w = b.t().contiguous()
+        out["onednn"] = flops / _best_s(lambda: linear.onednn_linear(a, w, None), device, min_s) / 1e9
+    return out
 
 
 def model_shapes(setup: BenchSetup, batches: list[int]) -> list[tuple[int, int, int]]:
@@ -88,8 +108,10 @@ def matmul_rates(setup: BenchSetup, dtypes: list[str], batches: list[int], min_s
     shapes = model_shapes(setup, batches)
     out: dict[str, Any] = {}
     for name in dtypes:
-        rates = [{"m": m, "k": k, "n": n, "gflops": _mm_rate(m, k, n, DTYPES[name], setup.device, min_s)}
-                 for m, k, n in shapes]
+        rates = []
+        for m, k, n in shapes:
+            paths = _mm_rates(m, k, n, DTYPES[name], setup.device, min_s)
+            rates.append({"m": m, "k": k, "n": n, "gflops": max(paths.values()), "by_path": paths})
         out[name] = {"best_gflops": max(r["gflops"] for r in rates), "shapes": rates}
     return out
 

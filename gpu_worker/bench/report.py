@@ -74,7 +74,8 @@ def _precision_lines(report: dict[str, Any]) -> list[str]:
     p = report.get("precision")
     if not p:
         return []
-    return ["", f"{report['config']['dtype']} vs fp32, same weights, voice, tokens and seed ({p['chunks']} chunks, "
+    return ["", f"{report['config']['dtype']} vs fp32, same weights, voice, tokens and seed "
+            f"({p['chunks']} chunks, "
             f"setup solve included): mel max |diff| {p['mel_max_abs']:.3g} (fp32 mel spans "
             f"{p['mel_range']:.3g}), mean |diff| {p['mel_mean_abs']:.3g}; audio max |diff| "
             f"{p['audio_max_abs']:.3g}, SNR {p['audio_snr_db']:.1f} dB"]
@@ -205,7 +206,8 @@ def markdown(report: dict[str, Any]) -> str:
     ref = report.get("reference")
     rows = []
     if ref:
-        rows.append([f"reference, batch 1, {ref.get('dtype', 'fp32')}", f"{ref['fps']:.1f}", f"{ref['rtf']:.2f}",
+        rows.append([f"reference, batch 1, {ref.get('dtype', 'fp32')}", f"{ref['fps']:.1f}",
+                     f"{ref['rtf']:.2f}",
                      f"{ref['step_s']['p50']:.2f}", "1.00", _f(ref.get("limit_fraction"), ".1%")])
     for r in report.get("decoder", []):
         if "skipped" in r:

@@ -1,10 +1,17 @@
-"""Before and after of each CPU speed-up, in one run, on the same inputs (`python -m gpu_worker.bench.speedups`).
+"""Before and after of each CPU speed-up, in one run, on the same inputs.
+
+`python -m gpu_worker.bench.speedups [--decoder full]`:
 
     snake          HiFT's Snake at the full model's vocoder shapes: the formula (five passes, four
                    temporary tensors; what runs with autograd on) against the inference path (one buffer)
     hift           one HiFT forward over a steady-state chunk (58 mel frames): weight norm as
                    parametrizations + the Snake formula (before) against weight norm folded at load + the
                    inference Snake (after); the outputs must be the same bits
+    linear         a DiT linear ([2 x rows x 50, 512] x [512, 2048]): the BLAS (`F.linear`) against
+                   oneDNN (`gpu_worker.model.linear`)
+    decoder        (with --decoder PRESET) the whole thing where it counts: one voice install and one
+                   steady-state step of 1 and of `rows` warm streams, with the BLAS linears and then the
+                   oneDNN ones, alternating twice (both paths see the same machine state)
     causal_conv    a DiT causal conv (k = 3, 512 channels) through mkldnn against the same conv as one
                    matmul over the three shifted frames: the idea the profile suggested, measured (on an
                    AVX-512 CPU the mkldnn kernel wins; the model keeps the conv)
@@ -27,8 +34,10 @@ import torch.nn.functional as F
 
 from gpu_worker.bench.machine import git_info, machine_info
 from gpu_worker.loading import fuse_weight_norm
+from gpu_worker.model import linear
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.hift import HiFTGenerator, Snake
+from gpu_worker.model.linear import Linear
 
 
 def _median_ms(fn: Callable[[], Any], reps: int) -> float:
@@ -64,7 +73,8 @@ def snake(rows: int, reps: int) -> list[dict[str, Any]]:
             with torch.enable_grad():  # nothing requires grad: no graph, just the formula's passes
                 return act(x)
 
-        out.append(_pair(f"snake [{rows}, {channels}, {samples}]", formula, lambda act=act, x=x: act(x), reps))
+        out.append(_pair(f"snake [{rows}, {channels}, {samples}]", formula, lambda act=act, x=x: act(x),
+                         reps))
     return out
 
 
@@ -84,8 +94,8 @@ def hift(rows: int, reps: int) -> dict[str, Any]:
         with torch.enable_grad():
             return before_model(mel, noise=noise)[0]
 
-    return _pair(f"hift forward, {rows} rows x {frames} frames", before, lambda: after_model(mel, noise=noise)[0],
-                 reps)
+    return _pair(f"hift forward, {rows} rows x {frames} frames", before,
+                 lambda: after_model(mel, noise=noise)[0], reps)
 
 
 def causal_conv(rows: int, reps: int) -> dict[str, Any]:
@@ -100,33 +110,82 @@ def causal_conv(rows: int, reps: int) -> dict[str, Any]:
         out = torch.addmm(conv.bias, shifted.reshape(-1, 3 * dim), weight)
         return out.view(x.size(0), frames - 2, dim).transpose(1, 2)
 
-    return _pair(f"DiT causal conv [{2 * rows}, {dim}, {frames}] k3", lambda: F.conv1d(x, conv.weight, conv.bias),
-                 as_matmul, reps, note="before = mkldnn conv (kept), after = matmul formulation (rejected)")
+    return _pair(f"DiT causal conv [{2 * rows}, {dim}, {frames}] k3",
+                 lambda: F.conv1d(x, conv.weight, conv.bias), as_matmul, reps,
+                 note="before = mkldnn conv (kept), after = matmul formulation (rejected)")
 
 
-def run(rows: int, reps: int) -> dict[str, Any]:
-    results = [*snake(rows, reps), hift(rows, reps), causal_conv(rows, reps)]
+def linear_layer(rows: int, reps: int) -> dict[str, Any]:
+    dim, hidden = 512, 2048
+    layer = Linear(dim, hidden).requires_grad_(False)
+    x = torch.randn(2 * rows * 50, dim, generator=torch.Generator().manual_seed(3))
+    return _pair(f"DiT linear [{2 * rows * 50}, {dim}] x [{dim}, {hidden}]",
+                 lambda: F.linear(x, layer.weight, layer.bias),
+                 lambda: linear.onednn_linear(x, layer.weight, layer.bias), reps)
+
+
+def decoder(preset: str, rows: int) -> list[dict[str, Any]]:
+    """Install + one step of 1 and `rows` streams, BLAS then oneDNN linears, twice."""
+    from gpu_worker.bench.decode import decoder_sweep, warm_streams
+    from gpu_worker.bench.workload import BenchSetup
+
+    setup = BenchSetup.build(preset=preset, device="cpu", dtype="fp32", speaker="standin",
+                             micro_batch_size=rows)
+    before = linear.cpu_linear()
+    out: dict[str, dict[str, list[float]]] = {"blas": {}, "onednn": {}}
+    try:
+        with torch.inference_mode():
+            streams = warm_streams(setup, rows)
+            for kind in ("blas", "onednn", "blas", "onednn"):
+                linear.set_cpu_linear(kind)
+                start = time.perf_counter()
+                setup.installer(setup.host(0))
+                out[kind].setdefault("install_s", []).append(time.perf_counter() - start)
+                for r in decoder_sweep(setup, streams, sorted({1, rows}), 1, log=lambda _: None):
+                    out[kind].setdefault(f"fps_{r['batch']}_rows", []).append(r["fps"])
+    finally:
+        linear.set_cpu_linear(before)
+        setup.close()
+    results = []
+    for key in out["blas"]:
+        b, a = statistics.median(out["blas"][key]), statistics.median(out["onednn"][key])
+        higher_is_better = key.startswith("fps")
+        results.append({"name": f"decoder {preset}: {key} (BLAS -> oneDNN linears)", "before": b, "after": a,
+                        "speedup": a / b if higher_is_better else b / a, "samples": out})
+    return results
+
+
+def run(rows: int, reps: int, decoder_preset: str | None = None) -> dict[str, Any]:
+    results = [*snake(rows, reps), hift(rows, reps), linear_layer(rows, reps), causal_conv(rows, reps)]
+    if decoder_preset:
+        results += decoder(decoder_preset, rows)
     return {"machine": machine_info(torch.device("cpu")), "git": git_info(), "rows": rows, "reps": reps,
             "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpu_worker.bench.speedups", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gpu_worker.bench.speedups",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=8, help="streams in the step (default 8)")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--decoder", choices=["full", "tiny"], default=None,
+                   help="also the whole decoder (install + steps) with each linear path")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run(args.rows, args.reps)
+    report = run(args.rows, args.reps, args.decoder)
     m = report["machine"]
-    print(f"{m['cpu_model']} ({m['cpu_cores']} cores), {m['torch_threads']} threads, torch {m['torch_version']}, "
-          f"git {str(report['git'].get('revision'))[:12]}")
+    print(f"{m['cpu_model']} ({m['cpu_cores']} cores), {m['torch_threads']} threads, "
+          f"torch {m['torch_version']}, git {str(report['git'].get('revision'))[:12]}")
     print(f"{'':44} {'before ms':>10} {'after ms':>10} {'speed-up':>9} {'max |diff|':>11}")
     for r in report["results"]:
-        print(f"{r['name']:44} {r['before_ms']:10.2f} {r['after_ms']:10.2f} {r['speedup']:8.2f}x "
-              f"{r['max_abs_diff']:11.3g}")
+        if "before_ms" in r:
+            print(f"{r['name']:44} {r['before_ms']:10.2f} {r['after_ms']:10.2f} {r['speedup']:8.2f}x "
+                  f"{r['max_abs_diff']:11.3g}")
+        else:  # decoder rows: seconds or frames/s, medians of two alternating rounds
+            print(f"{r['name']:60} {r['before']:8.2f} -> {r['after']:8.2f}  {r['speedup']:.2f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)

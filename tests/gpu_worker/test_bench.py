@@ -91,7 +91,8 @@ def test_tiny_bench_report_is_complete_and_consistent(tmp_path, one_thread, caps
     assert "precision" not in report  # only a reduced-precision run compares itself with fp32
 
 
-def test_bf16_run_is_held_to_the_fp32_reference_and_reports_its_deviation(tmp_path, one_thread, capsys) -> None:
+def test_bf16_run_is_held_to_the_fp32_reference_and_reports_its_deviation(tmp_path, one_thread,
+                                                                          capsys) -> None:
     pytest.importorskip("stepaudio2.cosyvoice2.flow.flow")
     out = tmp_path / "bench.json"
     assert main(["--preset", "tiny", "--dtype", "bf16", "--threads", "1", "--concurrency", "1",
@@ -113,13 +114,27 @@ def test_bf16_run_is_held_to_the_fp32_reference_and_reports_its_deviation(tmp_pa
 
 def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thread) -> None:
     from gpu_worker.bench import speedups
+    from gpu_worker.model import linear
 
     out = tmp_path / "speedups.json"
-    assert speedups.main(["--rows", "1", "--reps", "1", "--threads", "1", "--json", str(out)]) == 0
-    results = {r["name"].split(" ")[0]: r for r in json.loads(out.read_text())["results"]}
-    assert set(results) == {"snake", "hift", "DiT"}
-    for r in json.loads(out.read_text())["results"]:
-        assert r["before_ms"] > 0 and r["after_ms"] > 0 and _close(r["speedup"], r["before_ms"] / r["after_ms"])
-    # the kept speed-ups are exact; the rejected conv-as-matmul only rounds differently
-    assert results["snake"]["max_abs_diff"] == 0 and results["hift"]["max_abs_diff"] == 0
-    assert 0 < results["DiT"]["max_abs_diff"] < 1e-4
+    path = linear.cpu_linear()
+    assert speedups.main(["--rows", "2", "--reps", "1", "--threads", "1", "--decoder", "tiny",
+                          "--json", str(out)]) == 0
+    assert linear.cpu_linear() == path  # the decoder part switches paths and puts the process's back
+    rows = json.loads(out.read_text())["results"]
+    parts = {" ".join(r["name"].split(" ")[:2]): r for r in rows}
+    assert {"hift forward,", "DiT linear", "DiT causal"} <= set(parts)
+    assert sum(r["name"].startswith("snake") for r in rows) == 3
+    for r in rows:
+        if "before_ms" in r:
+            assert r["before_ms"] > 0 and r["after_ms"] > 0
+            assert _close(r["speedup"], r["before_ms"] / r["after_ms"])
+    # the kept HiFT speed-ups are exact; the linear and the rejected conv-as-matmul round differently
+    assert all(r["max_abs_diff"] == 0 for r in rows if r["name"].startswith(("snake", "hift")))
+    assert 0 < parts["DiT linear"]["max_abs_diff"] < 1e-4 and 0 < parts["DiT causal"]["max_abs_diff"] < 1e-4
+    decoder = [r for r in rows if r["name"].startswith("decoder tiny")]
+    measured = {r["name"].split(": ")[1].split(" ")[0] for r in decoder}
+    assert measured == {"install_s", "fps_1_rows", "fps_2_rows"}
+    for r in decoder:
+        assert r["before"] > 0 and r["after"] > 0
+        assert len(r["samples"]["blas"]["install_s"]) == len(r["samples"]["onednn"]["install_s"]) == 2

@@ -1,0 +1,65 @@
+"""`Linear`: nn.Linear whose float32 inference on a CPU runs on oneDNN instead of the BLAS.
+
+PyTorch sends a float32 `F.linear` on a CPU to its BLAS (MKL in the PyPI wheels); bf16 already goes to
+oneDNN. On the AVX-512 EPYC this project is benchmarked on, MKL's sgemm reached about 105 GFLOP/s at
+the DiT's shapes where oneDNN reached about 240 in the same process (`python -m gpu_worker.bench.speedups`
+measures both), so the DiT's linears, most of a decode step's FLOPs, take the oneDNN path through
+`torch.ops.mkldnn._linear_pointwise` (the kernel TorchInductor's CPU backend emits). It is still IEEE
+float32 arithmetic; only the summation order differs, as between any two BLAS libraries.
+
+Used only where it applies (CPU, float32 input and weight, autograd off, oneDNN built in); everything
+else is plain `F.linear`. `set_cpu_linear("blas")` switches the whole process back (the worker's
+`WAVEFARM_CPU_LINEAR` setting; the benchmark's before/after). Parameter names are nn.Linear's, so
+checkpoints load unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+CPU_LINEAR_CHOICES = ("onednn", "blas")
+
+
+def _probe() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_ONEDNN = _probe()
+
+
+def onednn_available() -> bool:
+    return _ONEDNN
+
+
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weight.T + bias on oneDNN (CPU tensors)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+_use_onednn = _ONEDNN
+
+
+def set_cpu_linear(kind: str) -> str:
+    """'onednn' (the default where available) or 'blas'; returns the path now in use."""
+    global _use_onednn
+    if kind not in CPU_LINEAR_CHOICES:
+        raise ValueError(f"cpu linear must be one of {CPU_LINEAR_CHOICES}, got {kind!r}")
+    _use_onednn = kind == "onednn" and _ONEDNN
+    return cpu_linear()
+
+
+def cpu_linear() -> str:
+    return "onednn" if _use_onednn else "blas"
+
+
+class Linear(nn.Linear):
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        if (_use_onednn and x.dtype == torch.float32 and w.dtype == torch.float32 and x.device.type == "cpu"
+                and not torch.is_grad_enabled()):
+            return onednn_linear(x, w, self.bias)
+        return F.linear(x, w, self.bias)

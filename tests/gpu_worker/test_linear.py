@@ -1,0 +1,81 @@
+"""`gpu_worker.model.linear.Linear`: oneDNN for float32 CPU inference, nn.Linear's arithmetic elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.model import linear
+from gpu_worker.model.config import ModelArgs
+from gpu_worker.model.dit import DiT
+
+
+@pytest.fixture
+def restore_path():
+    before = linear.cpu_linear()
+    yield
+    linear.set_cpu_linear(before)
+
+
+def _layer() -> linear.Linear:
+    torch.manual_seed(0)
+    return linear.Linear(512, 2048).requires_grad_(False)
+
+
+def test_onednn_path_is_float32_accurate_and_blas_path_is_nn_linear(restore_path) -> None:
+    layer = _layer()
+    x = torch.randn(3, 50, 512, generator=torch.Generator().manual_seed(1)).transpose(0, 1)  # non-contiguous
+    exact = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+    assert linear.set_cpu_linear("blas") == "blas"
+    with torch.inference_mode():
+        blas = layer(x)
+    assert torch.equal(blas, F.linear(x, layer.weight, layer.bias))
+    assert linear.onednn_available(), "the PyPI torch wheels ship oneDNN"
+    assert linear.set_cpu_linear("onednn") == "onednn"
+    with torch.inference_mode():
+        fast = layer(x)
+    assert fast.shape == blas.shape == (50, 3, 2048) and fast.dtype == torch.float32
+    # the same float32 product summed in another order: within a few float32 roundings of the exact one
+    assert (fast.double() - exact).abs().max().item() < 1e-4
+    assert (blas.double() - exact).abs().max().item() < 1e-4
+
+
+def test_autograd_and_other_dtypes_take_f_linear(restore_path) -> None:
+    layer = linear.Linear(16, 8)
+    linear.set_cpu_linear("onednn")
+    x = torch.randn(4, 16, requires_grad=True)
+    layer(x).sum().backward()  # differentiable: oneDNN's op is only used with autograd off
+    assert x.grad is not None and layer.weight.grad is not None
+    with torch.inference_mode():
+        half = layer.to(torch.bfloat16)(x.detach().bfloat16())
+        assert torch.equal(half, F.linear(x.detach().bfloat16(), layer.weight, layer.bias))
+
+
+def test_unknown_path_is_refused() -> None:
+    with pytest.raises(ValueError, match="onednn"):
+        linear.set_cpu_linear("cublas")
+
+
+def test_dit_uses_it_and_keeps_checkpoint_names() -> None:
+    dit = DiT(ModelArgs.tiny().flow.dit)
+    block = dit.blocks[0]
+    assert isinstance(block.attn.to_q, linear.Linear) and isinstance(block.mlp.fc1, linear.Linear)
+    names = set(dit.state_dict())
+    assert {"blocks.0.attn.to_q.weight", "blocks.0.mlp.fc1.bias", "in_proj.weight"} <= names
+
+
+def test_the_worker_runtime_follows_the_setting(restore_path) -> None:
+    from app.settings import Settings
+    from gpu_worker.runtime import build_engine
+
+    class Nothing:
+        def get(self, voice_id: str):
+            return None
+
+        def prepare(self, job):
+            raise AssertionError("not called")
+
+    for kind in ("blas", "onednn"):
+        build_engine(Settings(model_preset="tiny", cpu_linear=kind), Nothing(), Nothing())
+        assert linear.cpu_linear() == kind
