@@ -14,7 +14,9 @@ drawn unseeded by the reference, is replaced by a seeded one.
 
     build_reference(setup, dtype=fp32) -> Reference(flow, hift, dtype)   the flow in `dtype` (fp32 by
         default, whatever the bench's own dtype: the baseline a user would otherwise pick)
-    reference_fps(setup, ref, voice_index, warmup, timed) -> {fps, rtf, setup_solve_s, chunk_s, ...}
+    reference_fps(setup, ref, voice_index, timed) -> {fps, rtf, setup_solve_s, chunk_s, ...}
+    open_reference_stream(setup, ref, voice_index) / reference_chunk(setup, stream, k)   the same, one
+        chunk at a time (for measurements interleaved with ours)
 """
 
 from __future__ import annotations
@@ -148,32 +150,45 @@ class ReferenceStream:
         return out[0].cpu()
 
 
-def reference_fps(setup: BenchSetup, ref: Reference, voice_index: int, timed: int) -> dict[str, Any]:
-    """Setup solve of the voice, WARMUP_CHUNKS untimed chunks, then `timed` steady-state chunks."""
+def open_reference_stream(setup: BenchSetup, ref: Reference, voice_index: int
+                          ) -> tuple[ReferenceStream, float]:
+    """The reference's setup solve of the voice -> its stream and the solve's seconds. The noise seed is
+    fixed inside (the reference HiFT draws its source noise from the global RNG: fork it around calls)."""
     host = setup.host(voice_index)
     tokens, spk_raw = setup.speaker.quantize_and_embed(host.logmel128, host.fbank80)
     tokens, spk_raw = tokens.to(setup.device), spk_raw.to(setup.device, ref.dtype)
     prompt_mel = fit_prompt_mel(host.mel80[None].to(setup.device, ref.dtype), 2 * tokens.size(1))
     silence = torch.full((1, LOOKAHEAD_TOKENS), SILENCE_TOKEN, dtype=tokens.dtype, device=setup.device)
     with torch.random.fork_rng(devices=[]), Timer(setup.device) as solve:
-        torch.manual_seed(NOISE_SEED)  # the reference HiFT draws its source noise from the global RNG
+        torch.manual_seed(NOISE_SEED)
         prompt_tokens = torch.cat([tokens, silence], 1).int()
         cache = ref.flow.setup_cache(prompt_tokens, prompt_mel, spk_raw, n_timesteps=10)
-    stream = ReferenceStream(ref, prompt_mel.size(1), spk_raw, cache)
+    return ReferenceStream(ref, prompt_mel.size(1), spk_raw, cache), solve.s
+
+
+def reference_chunk(setup: BenchSetup, stream: ReferenceStream, k: int) -> tuple[float, int]:
+    """Steady-state chunk k of the reference stream -> (seconds, audio samples)."""
     window = CHUNK_TOKENS + LOOKAHEAD_TOKENS
+    with Timer(setup.device) as timer:
+        audio = stream.step(chunk_tokens(window, seed=10_000 * (100 + k)), last=False)
+    return timer.s, audio.numel()
+
+
+def reference_fps(setup: BenchSetup, ref: Reference, voice_index: int, timed: int) -> dict[str, Any]:
+    """Setup solve of the voice, WARMUP_CHUNKS untimed chunks, then `timed` steady-state chunks."""
+    stream, solve_s = open_reference_stream(setup, ref, voice_index)
     chunk_s, samples = [], 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(NOISE_SEED)
         for k in range(WARMUP_CHUNKS + timed):
-            with Timer(setup.device) as timer:
-                audio = stream.step(chunk_tokens(window, seed=10_000 * (100 + k)), last=False)
+            seconds, n = reference_chunk(setup, stream, k)
             if k >= WARMUP_CHUNKS:
-                chunk_s.append(timer.s)
-                samples += audio.numel()
+                chunk_s.append(seconds)
+                samples += n
     frames = samples / SAMPLES_PER_MEL
     total = sum(chunk_s)
     return {"batch": 1, "timed_steps": timed, "frames": frames, "frames_expected": timed * CHUNK_FRAMES,
             "seconds": total, "fps": frames / total, "rtf": total / (frames / MEL_RATE),
-            "step_s": summarize(chunk_s), "step_s_all": chunk_s, "setup_solve_s": solve.s,
+            "step_s": summarize(chunk_s), "step_s_all": chunk_s, "setup_solve_s": solve_s,
             "driver": "Token2wav.stream arithmetic, reference flow + HiFTGenerator, batch 1",
             "dtype": {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[ref.dtype]}

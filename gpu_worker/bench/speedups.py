@@ -10,8 +10,11 @@
     linear         a DiT linear ([2 x rows x 50, 512] x [512, 2048]): the BLAS (`F.linear`) against
                    oneDNN (`gpu_worker.model.linear`)
     decoder        (with --decoder PRESET) the whole thing where it counts: one voice install and one
-                   steady-state step of 1 and of `rows` warm streams, with the BLAS linears and then the
-                   oneDNN ones, alternating twice (both paths see the same machine state)
+                   steady-state step of 1 and of `rows` warm streams with the BLAS linears, the same with
+                   the oneDNN ones, and one chunk of the fp32 reference at batch 1, in turn, `--rounds`
+                   times (every variant sees the same machine; medians); our install (whole device half,
+                   stand-in speaker) next to the reference's setup solve; with --bf16 the same model in
+                   bf16 joins the rotation
     causal_conv    a DiT causal conv (k = 3, 512 channels) through mkldnn against the same conv as one
                    matmul over the three shifted frames: the idea the profile suggested, measured (on an
                    AVX-512 CPU the mkldnn kernel wins; the model keeps the conv)
@@ -124,41 +127,96 @@ def linear_layer(rows: int, reps: int) -> dict[str, Any]:
                  lambda: linear.onednn_linear(x, layer.weight, layer.bias), reps)
 
 
-def decoder(preset: str, rows: int) -> list[dict[str, Any]]:
-    """Install + one step of 1 and `rows` streams, BLAS then oneDNN linears, twice."""
-    from gpu_worker.bench.decode import decoder_sweep, warm_streams
-    from gpu_worker.bench.workload import BenchSetup
+def _variant_once(setup: Any, streams: list[Any], path: str, rows: int, into: dict[str, list[float]]) -> None:
+    """One install and one step of 1 and of `rows` streams with linear path `path`."""
+    from gpu_worker.bench.decode import decoder_sweep
 
-    setup = BenchSetup.build(preset=preset, device="cpu", dtype="fp32", speaker="standin",
-                             micro_batch_size=rows)
+    linear.set_cpu_linear(path)
+    start = time.perf_counter()
+    setup.installer(setup.host(0))
+    into.setdefault("install_s", []).append(time.perf_counter() - start)
+    for row in decoder_sweep(setup, streams, sorted({1, rows}), 1, log=lambda _: None):
+        into.setdefault(f"fps_{row['batch']}_rows", []).append(row["fps"])
+
+
+def decoder(preset: str, rows: int, rounds: int = 2, bf16: bool = False) -> list[dict[str, Any]]:
+    """Install + one step of 1 and `rows` streams with the BLAS linears, then with oneDNN's (and, with
+    `bf16`, the same model in bf16), and one steady-state chunk of the fp32 reference (stepaudio2, if
+    installed), repeated `rounds` times in turn, so every variant sees the same machine."""
+    from gpu_worker.bench import reference
+    from gpu_worker.bench.decode import CHUNK_FRAMES, WARMUP_CHUNKS, warm_streams
+    from gpu_worker.bench.workload import BenchSetup
+    from gpu_worker.model.config import SAMPLES_PER_MEL
+
+    def build(dtype: str) -> BenchSetup:
+        return BenchSetup.build(preset=preset, device="cpu", dtype=dtype, speaker="standin",
+                                micro_batch_size=rows)
+
+    setups = {"fp32": build("fp32")}
+    if bf16:
+        setups["bf16"] = build("bf16")
+    # variant -> (setup, linear path)
+    variants = {"blas": ("fp32", "blas"), "onednn": ("fp32", "onednn")}
+    if bf16:
+        variants["bf16"] = ("bf16", "onednn")
     before = linear.cpu_linear()
-    out: dict[str, dict[str, list[float]]] = {"blas": {}, "onednn": {}}
+    out: dict[str, dict[str, list[float]]] = {name: {} for name in [*variants, "reference"]}
     try:
         with torch.inference_mode():
-            streams = warm_streams(setup, rows)
-            for kind in ("blas", "onednn", "blas", "onednn"):
-                linear.set_cpu_linear(kind)
-                start = time.perf_counter()
-                setup.installer(setup.host(0))
-                out[kind].setdefault("install_s", []).append(time.perf_counter() - start)
-                for r in decoder_sweep(setup, streams, sorted({1, rows}), 1, log=lambda _: None):
-                    out[kind].setdefault(f"fps_{r['batch']}_rows", []).append(r["fps"])
+            streams = {name: warm_streams(setup, rows) for name, setup in setups.items()}
+            ref_stream = None
+            try:
+                ref = reference.build_reference(setups["fp32"])
+            except ImportError:
+                ref = None  # the reference is a test-only dependency
+            with torch.random.fork_rng(devices=[]):
+                if ref is not None:
+                    ref_stream, solve_s = reference.open_reference_stream(setups["fp32"], ref, 0)
+                    out["reference"]["install_s"] = [solve_s]
+                    for k in range(WARMUP_CHUNKS):
+                        reference.reference_chunk(setups["fp32"], ref_stream, k)
+                for r in range(rounds):
+                    for name, (dtype, path) in variants.items():
+                        _variant_once(setups[dtype], streams[dtype], path, rows, out[name])
+                    if ref_stream is not None:
+                        seconds, samples = reference.reference_chunk(setups["fp32"], ref_stream,
+                                                                     WARMUP_CHUNKS + r)
+                        assert samples == CHUNK_FRAMES * SAMPLES_PER_MEL
+                        out["reference"].setdefault("fps_1_rows", []).append(CHUNK_FRAMES / seconds)
     finally:
         linear.set_cpu_linear(before)
-        setup.close()
-    results = []
-    for key in out["blas"]:
-        b, a = statistics.median(out["blas"][key]), statistics.median(out["onednn"][key])
-        higher_is_better = key.startswith("fps")
-        results.append({"name": f"decoder {preset}: {key} (BLAS -> oneDNN linears)", "before": b, "after": a,
-                        "speedup": a / b if higher_is_better else b / a, "samples": out})
+        for setup in setups.values():
+            setup.close()
+    return _decoder_results(preset, out, bf16)
+
+
+def _decoder_results(preset: str, out: dict[str, dict[str, list[float]]], bf16: bool) -> list[dict[str, Any]]:
+    med = {name: {key: statistics.median(v) for key, v in parts.items()} for name, parts in out.items()}
+
+    def entry(name: str, before: float, after: float, higher_is_better: bool) -> dict[str, Any]:
+        return {"name": f"decoder {preset}: {name}", "before": before, "after": after,
+                "speedup": after / before if higher_is_better else before / after, "samples": out}
+
+    results = [entry(f"{key} (BLAS -> oneDNN linears)", med["blas"][key], med["onednn"][key],
+                     key.startswith("fps")) for key in med["blas"]]
+    if bf16:
+        results += [entry(f"{key} (fp32 -> bf16, oneDNN)", med["onednn"][key], med["bf16"][key],
+                          key.startswith("fps")) for key in med["bf16"]]
+    if out["reference"]:
+        ref_fps = med["reference"]["fps_1_rows"]
+        for name in (n for n in out if n != "reference"):
+            results += [entry(f"{key} {name} vs reference 1 row fp32", ref_fps, med[name][key], True)
+                        for key in med[name] if key.startswith("fps")]
+        results.append(entry("setup solve, reference fp32 -> our install (oneDNN)",
+                             med["reference"]["install_s"], med["onednn"]["install_s"], False))
     return results
 
 
-def run(rows: int, reps: int, decoder_preset: str | None = None) -> dict[str, Any]:
+def run(rows: int, reps: int, decoder_preset: str | None = None, rounds: int = 2, bf16: bool = False
+        ) -> dict[str, Any]:
     results = [*snake(rows, reps), hift(rows, reps), linear_layer(rows, reps), causal_conv(rows, reps)]
     if decoder_preset:
-        results += decoder(decoder_preset, rows)
+        results += decoder(decoder_preset, rows, rounds, bf16)
     return {"machine": machine_info(torch.device("cpu")), "git": git_info(), "rows": rows, "reps": reps,
             "results": results}
 
@@ -171,11 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--decoder", choices=["full", "tiny"], default=None,
                    help="also the whole decoder (install + steps) with each linear path")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the decoder part")
+    p.add_argument("--bf16", action="store_true", help="the decoder part also runs the model in bf16")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run(args.rows, args.reps, args.decoder)
+    report = run(args.rows, args.reps, args.decoder, args.rounds, args.bf16)
     m = report["machine"]
     print(f"{m['cpu_model']} ({m['cpu_cores']} cores), {m['torch_threads']} threads, "
           f"torch {m['torch_version']}, git {str(report['git'].get('revision'))[:12]}")
@@ -185,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['name']:44} {r['before_ms']:10.2f} {r['after_ms']:10.2f} {r['speedup']:8.2f}x "
                   f"{r['max_abs_diff']:11.3g}")
         else:  # decoder rows: seconds or frames/s, medians of two alternating rounds
-            print(f"{r['name']:60} {r['before']:8.2f} -> {r['after']:8.2f}  {r['speedup']:.2f}x")
+            print(f"{r['name']:66} {r['before']:8.2f} -> {r['after']:8.2f}  {r['speedup']:.2f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)

@@ -133,8 +133,14 @@ def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thre
     assert all(r["max_abs_diff"] == 0 for r in rows if r["name"].startswith(("snake", "hift")))
     assert 0 < parts["DiT linear"]["max_abs_diff"] < 1e-4 and 0 < parts["DiT causal"]["max_abs_diff"] < 1e-4
     decoder = [r for r in rows if r["name"].startswith("decoder tiny")]
-    measured = {r["name"].split(": ")[1].split(" ")[0] for r in decoder}
-    assert measured == {"install_s", "fps_1_rows", "fps_2_rows"}
+    switched = {r["name"].split(": ")[1].split(" ")[0] for r in decoder if "BLAS -> oneDNN" in r["name"]}
+    assert switched == {"install_s", "fps_1_rows", "fps_2_rows"}
+    against_reference = [r for r in decoder if "vs reference" in r["name"]]
+    assert len(against_reference) == 4  # 1 and 2 rows, each linear path, against the interleaved reference
     for r in decoder:
         assert r["before"] > 0 and r["after"] > 0
-        assert len(r["samples"]["blas"]["install_s"]) == len(r["samples"]["onednn"]["install_s"]) == 2
+        samples = r["samples"]
+        assert len(samples["blas"]["install_s"]) == len(samples["onednn"]["install_s"]) == 2
+        assert len(samples["reference"]["fps_1_rows"]) == 2 and len(samples["reference"]["install_s"]) == 1
+    for r in against_reference:
+        assert _close(r["speedup"], r["after"] / r["before"])
