@@ -1,0 +1,138 @@
+"""Keyword-only data access over `app.db.models`.
+
+Every function takes `session=` and flushes its work; the caller owns the
+transaction (`app.db.session.session_scope`). State changes that may race
+(claims, progress, finishing) are single conditional UPDATEs, so two
+processes never both win. Inserts that may race use INSERT .. ON CONFLICT
+DO NOTHING (SQLite and PostgreSQL both have it).
+
+    voices       voice rows, preparation states, uses, live jobs, referenced artifact paths
+    jobs         job creation (idempotent), attempts, progress, finishing, cancelling, listing
+    installs     which voices each GPU worker holds, pins, last use
+    maintenance  stale live jobs and abandoned ready voices, for the sweep
+    books        books, chapters, segments and their jobs, per-chapter progress
+    _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
+
+Callers use this package's names (`queries.require_job(...)`), not the submodules.
+"""
+
+from __future__ import annotations
+
+from app.db.queries._common import ERROR_MAX_CHARS
+from app.db.queries.books import (
+    ChapterProgress,
+    PlannedChapter,
+    SegmentState,
+    book_progress,
+    book_segment_states,
+    claim_next_chapter,
+    count_live_books_with_segment,
+    count_rendering_segments,
+    create_book,
+    fail_segment,
+    get_book,
+    get_segment,
+    link_segment_job,
+    list_books,
+    list_chapters,
+    mark_chapter_assembled,
+    require_book,
+    segment_renders,
+    segment_state,
+    set_book_status,
+    unlink_segment_job,
+)
+from app.db.queries.installs import (
+    clear_worker_voices,
+    get_worker_voice,
+    list_worker_voices,
+    pin_worker_voice,
+    record_install,
+    remove_worker_voice,
+)
+from app.db.queries.jobs import (
+    cancel_job,
+    claim_job_attempt,
+    create_job,
+    finish_job,
+    get_job,
+    get_job_by_idempotency_key,
+    list_jobs,
+    mark_job_running,
+    require_job,
+    update_progress,
+)
+from app.db.queries.maintenance import list_abandoned_ready_voices, list_stale_live_jobs, touch_job
+from app.db.queries.voices import (
+    add_voice_use,
+    count_live_jobs,
+    get_or_create_voice,
+    get_voice,
+    is_voice_abandoned,
+    mark_voice_failed,
+    mark_voice_pending,
+    mark_voice_preparing,
+    mark_voice_ready,
+    referenced_paths,
+    require_voice,
+)
+
+__all__ = [
+    "ERROR_MAX_CHARS",
+    # voices
+    "get_voice",
+    "require_voice",
+    "get_or_create_voice",
+    "add_voice_use",
+    "mark_voice_pending",
+    "mark_voice_preparing",
+    "mark_voice_ready",
+    "mark_voice_failed",
+    "count_live_jobs",
+    "is_voice_abandoned",
+    "referenced_paths",
+    # jobs
+    "get_job",
+    "require_job",
+    "get_job_by_idempotency_key",
+    "create_job",
+    "claim_job_attempt",
+    "mark_job_running",
+    "update_progress",
+    "finish_job",
+    "cancel_job",
+    "list_jobs",
+    # worker installs
+    "get_worker_voice",
+    "record_install",
+    "pin_worker_voice",
+    "remove_worker_voice",
+    "list_worker_voices",
+    "clear_worker_voices",
+    # maintenance
+    "list_stale_live_jobs",
+    "touch_job",
+    "list_abandoned_ready_voices",
+    # books and segments
+    "PlannedChapter",
+    "create_book",
+    "get_book",
+    "require_book",
+    "list_books",
+    "list_chapters",
+    "set_book_status",
+    "claim_next_chapter",
+    "count_rendering_segments",
+    "mark_chapter_assembled",
+    "SegmentState",
+    "book_segment_states",
+    "segment_state",
+    "unlink_segment_job",
+    "get_segment",
+    "link_segment_job",
+    "fail_segment",
+    "ChapterProgress",
+    "book_progress",
+    "segment_renders",
+    "count_live_books_with_segment",
+]

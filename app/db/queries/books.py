@@ -1,0 +1,266 @@
+"""Books and segments: plans, chapters, statuses, segment jobs and per-chapter progress."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import case, func, select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import (
+    LIVE_BOOK_STATUSES,
+    LIVE_JOB_STATUSES,
+    Book,
+    BookChapter,
+    BookSegment,
+    BookStatus,
+    Job,
+    JobStatus,
+    Segment,
+    utcnow,
+)
+from app.db.queries._common import _clip, _insert, _rowcount
+from app.errors import NotFound
+
+
+@dataclass(frozen=True)
+class PlannedChapter:
+    title: str
+    keys: Sequence[tuple[str, str]]  # (segment key, kind) in reading order, repeats included
+    est_seconds: float
+
+
+def create_book(*, session: Session, book_id: str, voice_id: str, title: str, author: str, language: str,
+                plan_key: str, output_format: str, m4b: bool, target_lufs: float | None, seed: int,
+                priority: int, chapters: Sequence[PlannedChapter]) -> Book:
+    """Insert a queued book, its chapters, where each segment sits, and every segment not known yet."""
+    now = utcnow()
+    total = sum(len(c.keys) for c in chapters)
+    book = Book(id=book_id, voice_id=voice_id, status=BookStatus.QUEUED, title=title, author=author,
+                language=language, plan_key=plan_key, output_format=output_format, m4b=m4b,
+                target_lufs=target_lufs, seed=seed, priority=priority, segments_total=total,
+                est_seconds=sum(c.est_seconds for c in chapters), submitted_at=now, updated_at=now)
+    session.add(book)
+    session.flush()
+    kinds = {key: kind for c in chapters for key, kind in c.keys}
+    if kinds:
+        session.execute(
+            _insert(session, Segment)
+            .values([{"key": k, "voice_id": voice_id, "kind": kind, "jobs_created": 0, "created_at": now,
+                      "updated_at": now} for k, kind in kinds.items()])
+            .on_conflict_do_nothing(index_elements=["key"]))
+    for index, chapter in enumerate(chapters):
+        session.add(BookChapter(book_id=book_id, index=index, title=chapter.title,
+                                segments_total=len(chapter.keys), est_seconds=chapter.est_seconds))
+        session.add_all(BookSegment(book_id=book_id, chapter=index, position=pos, key=key)
+                        for pos, (key, _) in enumerate(chapter.keys))
+    session.flush()
+    return book
+
+
+def get_book(*, session: Session, book_id: str) -> Book | None:
+    return session.get(Book, book_id, populate_existing=True)
+
+
+def require_book(*, session: Session, book_id: str) -> Book:
+    book = get_book(session=session, book_id=book_id)
+    if book is None:
+        raise NotFound(f"no book {book_id}")
+    return book
+
+
+def list_books(*, session: Session, limit: int = 100) -> list[Book]:
+    """Newest first."""
+    return list(session.scalars(select(Book).order_by(Book.submitted_at.desc(), Book.id).limit(limit)))
+
+
+def list_chapters(*, session: Session, book_id: str) -> list[BookChapter]:
+    stmt = select(BookChapter).where(BookChapter.book_id == book_id).order_by(BookChapter.index)
+    return list(session.scalars(stmt))
+
+
+def set_book_status(*, session: Session, book_id: str, status: BookStatus,
+                    only_from: Sequence[BookStatus] = LIVE_BOOK_STATUSES, error: str | None = None) -> bool:
+    """Move a book to `status` if it is in one of `only_from` (first mover wins); stamps the times."""
+    now = utcnow()
+    values: dict[str, Any] = {"status": status, "updated_at": now}
+    if status == BookStatus.RENDERING:
+        values["started_at"] = func.coalesce(Book.started_at, now)
+        values["finished_at"] = None
+        values["error"] = None
+    if status in (BookStatus.SUCCEEDED, BookStatus.FAILED, BookStatus.CANCELLED):
+        values["finished_at"] = now
+    if error is not None:
+        values["error"] = _clip(error)
+    result = session.execute(
+        update(Book).where(Book.id == book_id, Book.status.in_(list(only_from))).values(**values))
+    return _rowcount(result) == 1
+
+
+def claim_next_chapter(*, session: Session, book_id: str) -> int | None:
+    """The first chapter of a book not yet scheduled, now marked scheduled; None when none is left.
+    A conditional UPDATE: two schedulers never claim the same chapter."""
+    while True:
+        index = session.scalar(
+            select(func.min(BookChapter.index))
+            .where(BookChapter.book_id == book_id, BookChapter.scheduled_at.is_(None)))
+        if index is None:
+            return None
+        result = session.execute(
+            update(BookChapter)
+            .where(BookChapter.book_id == book_id, BookChapter.index == index,
+                   BookChapter.scheduled_at.is_(None))
+            .values(scheduled_at=utcnow()))
+        if _rowcount(result) == 1:
+            return int(index)
+
+
+def count_rendering_segments(*, session: Session, book_id: str) -> int:
+    """Distinct segments of the book's scheduled, unassembled chapters that have no finished audio yet."""
+    stmt = (
+        select(func.count(func.distinct(BookSegment.key)))
+        .join(BookChapter, (BookChapter.book_id == BookSegment.book_id)
+              & (BookChapter.index == BookSegment.chapter))
+        .join(Segment, Segment.key == BookSegment.key)
+        .outerjoin(Job, Job.id == Segment.job_id)
+        .where(BookSegment.book_id == book_id, BookChapter.scheduled_at.is_not(None),
+               BookChapter.assembled_at.is_(None),
+               (Job.status.is_(None)) | (Job.status != JobStatus.SUCCEEDED))
+    )
+    return int(session.execute(stmt).scalar_one())
+
+
+def mark_chapter_assembled(*, session: Session, book_id: str, index: int, seconds: float) -> None:
+    session.execute(
+        update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
+        .values(seconds=seconds, assembled_at=utcnow()))
+
+
+@dataclass(frozen=True)
+class SegmentState:
+    key: str
+    kind: str
+    job_id: str | None
+    job_status: str | None
+    output_path: str | None
+    n_tokens: int | None
+    error: str | None
+
+    @property
+    def done(self) -> bool:
+        return self.job_status == JobStatus.SUCCEEDED and self.output_path is not None
+
+    @property
+    def live(self) -> bool:
+        return self.job_status in LIVE_JOB_STATUSES
+
+
+def book_segment_states(*, session: Session, book_id: str, chapter: int | None = None) -> list[SegmentState]:
+    """Each distinct segment of a book (or one chapter) with its job's state, in reading order."""
+    stmt = (
+        select(Segment.key, Segment.kind, Segment.job_id, Job.status, Job.output_path,
+               func.coalesce(Job.n_tokens, Segment.n_tokens), func.coalesce(Job.error, Segment.error))
+        .join(BookSegment, BookSegment.key == Segment.key)
+        .outerjoin(Job, Job.id == Segment.job_id)
+        .where(BookSegment.book_id == book_id)
+        .order_by(BookSegment.chapter, BookSegment.position)
+    )
+    if chapter is not None:
+        stmt = stmt.where(BookSegment.chapter == chapter)
+    seen: dict[str, SegmentState] = {}
+    for row in session.execute(stmt):
+        seen.setdefault(row[0], SegmentState(*row))
+    return list(seen.values())
+
+
+def segment_state(*, session: Session, key: str) -> SegmentState | None:
+    row = session.execute(
+        select(Segment.key, Segment.kind, Segment.job_id, Job.status, Job.output_path,
+               func.coalesce(Job.n_tokens, Segment.n_tokens), func.coalesce(Job.error, Segment.error))
+        .outerjoin(Job, Job.id == Segment.job_id).where(Segment.key == key)).first()
+    return None if row is None else SegmentState(*row)
+
+
+def unlink_segment_job(*, session: Session, key: str, job_id: str) -> bool:
+    """Forget a segment's failed or cancelled job (and its error) before rendering it again."""
+    result = session.execute(
+        update(Segment).where(Segment.key == key, Segment.job_id == job_id)
+        .values(job_id=None, error=None, updated_at=utcnow()))
+    return _rowcount(result) == 1
+
+
+def get_segment(*, session: Session, key: str) -> Segment | None:
+    return session.get(Segment, key, populate_existing=True)
+
+
+def link_segment_job(*, session: Session, key: str, job_id: str, replacing: str | None,
+                     n_tokens: int) -> bool:
+    """Point a segment at a new job, if it still points at `replacing` (None: no job yet).
+
+    False when another render linked its own job first: use that one instead."""
+    cond = Segment.job_id.is_(None) if replacing is None else Segment.job_id == replacing
+    result = session.execute(
+        update(Segment).where(Segment.key == key, cond)
+        .values(job_id=job_id, n_tokens=n_tokens, error=None, jobs_created=Segment.jobs_created + 1,
+                updated_at=utcnow()))
+    return _rowcount(result) == 1
+
+
+def fail_segment(*, session: Session, key: str, error: str | None) -> None:
+    """A segment that could not even become a job (its text or audio could not be tokenized); None
+    clears the error."""
+    session.execute(update(Segment).where(Segment.key == key)
+                    .values(error=None if error is None else _clip(error), updated_at=utcnow()))
+
+
+@dataclass(frozen=True)
+class ChapterProgress:
+    index: int
+    segments_total: int  # distinct segments
+    segments_done: int
+    tokens_done: int  # speech tokens rendered (25 per second)
+    tokens_total: int  # rendered + tokenized-but-not-rendered; untokenized segments are not in it
+
+
+def book_progress(*, session: Session, book_id: str) -> list[ChapterProgress]:
+    """Per chapter, from the segments' jobs: the database is the only record of progress."""
+    done = Job.status == JobStatus.SUCCEEDED
+    per_key = (
+        select(BookSegment.chapter.label("chapter"), Segment.key.label("key"),
+               case((done, 1), else_=0).label("done"),
+               case((done, Job.n_tokens), else_=0).label("tokens_done"),
+               func.coalesce(Job.n_tokens, Segment.n_tokens, 0).label("tokens"))
+        .join(Segment, Segment.key == BookSegment.key)
+        .outerjoin(Job, Job.id == Segment.job_id)
+        .where(BookSegment.book_id == book_id)
+        .distinct()
+        .subquery()
+    )
+    rows = session.execute(
+        select(per_key.c.chapter, func.count(), func.sum(per_key.c.done), func.sum(per_key.c.tokens_done),
+               func.sum(per_key.c.tokens))
+        .group_by(per_key.c.chapter).order_by(per_key.c.chapter))
+    return [ChapterProgress(int(c), int(n), int(d or 0), int(t or 0), int(tt or 0))
+            for c, n, d, t, tt in rows]
+
+
+def segment_renders(*, session: Session, book_id: str) -> dict[str, tuple[int, int]]:
+    """Segment key -> (jobs created for it over all time, synth attempts of its current job)."""
+    stmt = (
+        select(Segment.key, Segment.jobs_created, func.coalesce(Job.attempts, 0))
+        .join(BookSegment, BookSegment.key == Segment.key)
+        .outerjoin(Job, Job.id == Segment.job_id)
+        .where(BookSegment.book_id == book_id)
+        .distinct()
+    )
+    return {key: (int(created), int(attempts)) for key, created, attempts in session.execute(stmt)}
+
+
+def count_live_books_with_segment(*, session: Session, key: str, exclude_book_id: str | None = None) -> int:
+    stmt = (select(func.count(func.distinct(Book.id))).join(BookSegment, BookSegment.book_id == Book.id)
+            .where(BookSegment.key == key, Book.status.in_(list(LIVE_BOOK_STATUSES))))
+    if exclude_book_id is not None:
+        stmt = stmt.where(Book.id != exclude_book_id)
+    return int(session.execute(stmt).scalar_one())

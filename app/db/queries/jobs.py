@@ -1,0 +1,184 @@
+"""Jobs: creation (idempotent), attempts, progress, finishing, cancelling, listing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import (
+    DONE_JOB_STATUSES,
+    LIVE_JOB_STATUSES,
+    Job,
+    JobKind,
+    JobStatus,
+    PrepPath,
+    utcnow,
+)
+from app.db.queries._common import _clip, _insert, _rowcount
+from app.errors import NotFound
+
+
+def get_job(*, session: Session, job_id: str) -> Job | None:
+    return session.get(Job, job_id, populate_existing=True)
+
+
+def require_job(*, session: Session, job_id: str) -> Job:
+    job = get_job(session=session, job_id=job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def get_job_by_idempotency_key(*, session: Session, idempotency_key: str) -> Job | None:
+    return session.scalars(select(Job).where(Job.idempotency_key == idempotency_key)).one_or_none()
+
+
+def create_job(
+    *,
+    session: Session,
+    job_id: str,
+    voice_id: str,
+    tokens: Sequence[int] | None,
+    n_tokens: int,
+    seed: int,
+    output_format: str,
+    priority: int = 0,
+    idempotency_key: str | None = None,
+    tokens_path: str | None = None,
+    kind: str = JobKind.TOKENS,
+) -> tuple[Job, bool]:
+    """Insert a queued job. With an idempotency key already used, returns that job instead.
+
+    Returns (job, created)."""
+    now = utcnow()
+    stmt = _insert(session, Job).values(
+        id=job_id,
+        voice_id=voice_id,
+        status=JobStatus.QUEUED,
+        kind=kind,
+        tokens=list(tokens) if tokens is not None else None,
+        tokens_path=tokens_path,
+        n_tokens=n_tokens,
+        seed=seed,
+        output_format=output_format,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        frames_done=0,
+        frames_total=2 * n_tokens,
+        submitted_at=now,
+        attempts=0,
+        updated_at=now,
+    )
+    if idempotency_key is not None:
+        stmt = stmt.on_conflict_do_nothing(index_elements=["idempotency_key"])
+    created = session.execute(stmt.returning(Job.id)).first() is not None
+    if created:
+        return require_job(session=session, job_id=job_id), True
+    existing = get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key or "")
+    assert existing is not None, "conflicting insert without a row to conflict with"
+    return existing, False
+
+
+def claim_job_attempt(*, session: Session, job_id: str, worker: str, max_attempts: int) -> Job | None:
+    """Start the next attempt of a live job on `worker`; None when it must not run.
+
+    None means: finished or cancelled already, another worker claimed this
+    attempt first, or out of attempts (the job is then marked failed).
+    Progress and timings restart with each attempt."""
+    job = require_job(session=session, job_id=job_id)
+    if job.status in DONE_JOB_STATUSES:
+        return None
+    if job.attempts >= max_attempts:
+        finish_job(
+            session=session,
+            job_id=job_id,
+            status=JobStatus.FAILED,
+            error=f"gave up after {job.attempts} attempts" + (f": {job.error}" if job.error else ""),
+        )
+        return None
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.attempts == job.attempts, Job.status.in_(LIVE_JOB_STATUSES))
+        .values(
+            attempts=Job.attempts + 1,
+            status=JobStatus.PREPARING,
+            worker=worker,
+            started_at=now,
+            first_audio_at=None,
+            finished_at=None,
+            frames_done=0,
+            prep_path=None,
+            updated_at=now,
+        )
+    )
+    if _rowcount(result) != 1:
+        return None
+    return require_job(session=session, job_id=job_id)
+
+
+def mark_job_running(*, session: Session, job_id: str, prep_path: PrepPath | str) -> bool:
+    """The job's voice is installed (by `prep_path`) and its rows are being decoded."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES))
+        .values(status=JobStatus.RUNNING, prep_path=str(prep_path), updated_at=utcnow())
+    )
+    return _rowcount(result) == 1
+
+
+def update_progress(
+    *, session: Session, job_id: str, frames_done: int, frames_total: int | None = None
+) -> bool:
+    """Record decoded mel frames; the first call with frames stamps first_audio_at.
+
+    False when the job is no longer live (cancelled or finished): stop working on it."""
+    now = utcnow()
+    values: dict[str, Any] = {"frames_done": frames_done, "updated_at": now}
+    if frames_total is not None:
+        values["frames_total"] = frames_total
+    if frames_done > 0:
+        values["first_audio_at"] = func.coalesce(Job.first_audio_at, now)
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES)).values(**values)
+    )
+    return _rowcount(result) == 1
+
+
+def finish_job(
+    *,
+    session: Session,
+    job_id: str,
+    status: JobStatus,
+    output_path: str | None = None,
+    error: str | None = None,
+) -> bool:
+    """Move a live job to a final status; False if it was already final (first finisher wins)."""
+    assert status in DONE_JOB_STATUSES, f"{status} is not a final status"
+    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "updated_at": utcnow()}
+    if output_path is not None:
+        values["output_path"] = output_path
+    if error is not None:
+        values["error"] = _clip(error)
+    if status == JobStatus.SUCCEEDED:
+        values["frames_done"] = Job.frames_total
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES)).values(**values)
+    )
+    return _rowcount(result) == 1
+
+
+def cancel_job(*, session: Session, job_id: str) -> bool:
+    """Cancel a live job; False if it had already finished. Raises NotFound for an unknown id."""
+    require_job(session=session, job_id=job_id)
+    return finish_job(session=session, job_id=job_id, status=JobStatus.CANCELLED, error="cancelled")
+
+
+def list_jobs(*, session: Session, status: JobStatus | None = None, limit: int = 100) -> list[Job]:
+    stmt = select(Job).order_by(Job.submitted_at.desc()).limit(limit)
+    if status is not None:
+        stmt = stmt.where(Job.status == status)
+    return list(session.scalars(stmt))
