@@ -108,11 +108,11 @@ def matmul_rates(setup: BenchSetup, dtypes: list[str], batches: list[int], min_s
     shapes = model_shapes(setup, batches)
     out: dict[str, Any] = {}
     for name in dtypes:
-        rates = []
+        rates: list[dict[str, Any]] = []
         for m, k, n in shapes:
             paths = _mm_rates(m, k, n, DTYPES[name], setup.device, min_s)
             rates.append({"m": m, "k": k, "n": n, "gflops": max(paths.values()), "by_path": paths})
-        out[name] = {"best_gflops": max(r["gflops"] for r in rates), "shapes": rates}
+        out[name] = {"best_gflops": max(float(r["gflops"]) for r in rates), "shapes": rates}
     return out
 
 

@@ -76,8 +76,10 @@ def snake(rows: int, reps: int) -> list[dict[str, Any]]:
             with torch.enable_grad():  # nothing requires grad: no graph, just the formula's passes
                 return act(x)
 
-        out.append(_pair(f"snake [{rows}, {channels}, {samples}]", formula, lambda act=act, x=x: act(x),
-                         reps))
+        def one_buffer(act: Snake = act, x: torch.Tensor = x) -> torch.Tensor:
+            return act(x)
+
+        out.append(_pair(f"snake [{rows}, {channels}, {samples}]", formula, one_buffer, reps))
     return out
 
 
@@ -104,13 +106,15 @@ def hift(rows: int, reps: int) -> dict[str, Any]:
 def causal_conv(rows: int, reps: int) -> dict[str, Any]:
     dim, frames = 512, 52  # a 50-frame chunk + the 2 cached frames, CFG doubles the rows
     conv = torch.nn.Conv1d(dim, dim, 3)
+    bias = conv.bias
+    assert bias is not None
     x = torch.randn(2 * rows, dim, frames, generator=torch.Generator().manual_seed(2))
     weight = conv.weight.permute(2, 1, 0).reshape(3 * dim, dim).contiguous()  # [k C_in, C_out]
 
     def as_matmul() -> torch.Tensor:
         xt = x.transpose(1, 2)
         shifted = torch.cat([xt[:, k:frames - 2 + k] for k in range(3)], dim=2)
-        out = torch.addmm(conv.bias, shifted.reshape(-1, 3 * dim), weight)
+        out = torch.addmm(bias, shifted.reshape(-1, 3 * dim), weight)
         return out.view(x.size(0), frames - 2, dim).transpose(1, 2)
 
     return _pair(f"DiT causal conv [{2 * rows}, {dim}, {frames}] k3",
