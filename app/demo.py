@@ -73,6 +73,9 @@ def _interrupt(signum: int, frame: Any) -> None:
 def run_demo(*, var: Path, jobs_per_voice: int = 2, timeout_s: float = 270.0) -> int:
     """The embedded run; returns the process exit code (0 when every sample job succeeded)."""
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` tidies up like Ctrl-C does
+    # Ctrl-C stops the demo even when it was started with SIGINT ignored (a non-interactive shell's
+    # background job inherits that, and Python keeps an inherited SIG_IGN).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     env = demo_environment(var)
     os.environ.update(env)  # this process is an entry point: its Settings come from here too
     from app.settings import Settings
