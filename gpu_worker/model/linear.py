@@ -1,10 +1,11 @@
 """`Linear`: nn.Linear whose float32 inference on a CPU runs on oneDNN instead of the BLAS.
 
 PyTorch sends a float32 `F.linear` on a CPU to its BLAS (MKL in the PyPI wheels); bf16 already goes to
-oneDNN. On the AVX-512 EPYC this project is benchmarked on, MKL's sgemm reached about 105 GFLOP/s at
-the DiT's shapes where oneDNN reached about 240 in the same process (`python -m gpu_worker.bench.speedups`
-measures both), so the DiT's linears, most of a decode step's FLOPs, take the oneDNN path through
-`torch.ops.mkldnn._linear_pointwise` (the kernel TorchInductor's CPU backend emits). It is still IEEE
+oneDNN. On the AVX-512 EPYC this project is benchmarked on, MKL's sgemm reached about 115 GFLOP/s at
+the DiT's shapes where oneDNN reached about 250 in the same process (docs/PERFORMANCE.md, run 2;
+`python -m gpu_worker.bench.speedups` measures both), so the DiT's linears, most of a decode step's
+FLOPs, take the oneDNN path through `torch.ops.mkldnn._linear_pointwise` (the kernel TorchInductor's CPU
+backend emits). It is still IEEE
 float32 arithmetic; only the summation order differs, as between any two BLAS libraries.
 
 Used only where it applies (CPU, float32 input and weight, autograd off, oneDNN built in); everything
