@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         default=0, ge=0, description="CPU threads of the GPU worker's engine; 0 keeps torch's default"
     )
+    cpu_worker_threads: int = Field(
+        default=1, ge=0, description="torch threads in each CPU worker process (one process per core); "
+        "0 keeps torch's default"
+    )
     cpu_linear: Literal["onednn", "blas"] = Field(
         default="onednn", description="float32 linears on a CPU: oneDNN (faster where measured) or the BLAS"
     )

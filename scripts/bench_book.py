@@ -291,6 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "micro_batch_size": settings.micro_batch_size,
                          "engine_threads": args.threads, "prep_wait_ms": settings.prep_wait_ms,
                          "cpu_concurrency": args.cpu_concurrency or "celery default (one per core)",
+                         "cpu_worker_threads": settings.cpu_worker_threads,
                          "database": settings.database_url.split(":", 1)[0], "warmup": args.warmup,
                          "segments": args.segments, "tokens": args.tokens},
             "load_average": loads, "gpu_log_installs": installs, "reports": reports, "records": records,

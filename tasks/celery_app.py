@@ -7,8 +7,10 @@ worker and the producers; this module only names the CPU task modules and reads 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 from app.celery_config import make_celery as _make_celery
 from app.settings import Settings, get_settings
@@ -21,3 +23,18 @@ def make_celery(settings: Settings, include: Sequence[str] = CPU_TASK_MODULES) -
 
 
 celery_app = make_celery(get_settings())
+
+
+@worker_process_init.connect
+def limit_torch_threads(**_: Any) -> None:
+    """Each prefork child (one per core by default) runs torch on `cpu_worker_threads` threads.
+
+    torch's default is one thread per core in every child: N children then oversubscribe N cores. And a
+    child forked from a parent that had already run a parallel torch op hangs in its first one with the
+    default thread count (libgomp's pool does not survive fork); with the count set here it does not.
+    """
+    threads = get_settings().cpu_worker_threads
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)

@@ -25,3 +25,22 @@ def test_the_worker_entry_point_registers_voice_prepare_by_its_explicit_name():
 
     celery_app.loader.import_default_modules()
     assert "voice.prepare" in celery_app.tasks
+
+
+def test_each_prefork_child_runs_torch_on_the_configured_threads(monkeypatch):
+    import torch
+
+    from tasks import celery_app as module
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(module, "get_settings", lambda: Settings(cpu_worker_threads=1))
+        torch.set_num_threads(2)
+        module.worker_process_init.send(sender=None)  # what Celery sends in each new child
+        assert torch.get_num_threads() == 1
+        monkeypatch.setattr(module, "get_settings", lambda: Settings(cpu_worker_threads=0))
+        torch.set_num_threads(2)
+        module.limit_torch_threads()
+        assert torch.get_num_threads() == 2  # 0: torch's own default is left alone
+    finally:
+        torch.set_num_threads(before)
