@@ -11,24 +11,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
-from sqlalchemy.orm import Session, sessionmaker
 
 import app.features
 import gpu_worker.runtime
 import gpu_worker.worker
-from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
-from app.db.session import make_engine, make_sessionmaker
 from app.keys import COUNTER_PREP_PATH
-from app.store import FeatureStore
 from app.submit import reclaim_abandoned_voice
-from gpu_worker.runtime import Runtime, build_runtime
+from gpu_worker.runtime import Runtime
 from gpu_worker.worker import JobRun
 from tasks.voice import Resources, prepare_voice
 from tests.gpu_worker.test_worker import (
@@ -37,35 +32,10 @@ from tests.gpu_worker.test_worker import (
     RecordingTask,
     job_row,
     prepare_ahead,
-    settings_for,
     submit,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(sqlite_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
-
-
-@pytest.fixture
-def make_runtime(sqlite_url: str, artifacts: ArtifactStore,
-                 store: FeatureStore) -> Iterator[Callable[..., Runtime]]:
-    """In-process GPU worker runtimes (tiny preset) on this test's SQLite file, closed at the end."""
-    built: list[Runtime] = []
-
-    def make(**extra: Any) -> Runtime:
-        rt = build_runtime(settings_for(sqlite_url, artifacts, **extra), f"gpu-{len(built)}@test")
-        built.append(rt)
-        return rt
-
-    torch.set_num_threads(1)
-    yield make
-    for rt in built:
-        rt.close()
 
 
 # -- helpers ------------------------------------------------------------------------------------------

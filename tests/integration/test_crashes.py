@@ -36,9 +36,8 @@ from app.maintenance import run_sweep
 from app.settings import Settings
 from app.store import FeatureStore
 from app.submit import submit_job
-from gpu_worker.runtime import Runtime, build_runtime
 from tests.conftest import make_test_settings, start_gpu_worker, start_worker
-from tests.gpu_worker.test_worker import VOICE_A, VOICE_B, prepare_ahead, settings_for
+from tests.gpu_worker.test_worker import VOICE_A, VOICE_B, prepare_ahead
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -114,30 +113,6 @@ class Workers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-@pytest.fixture
-def sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(sqlite_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
-
-
-@pytest.fixture
-def make_runtime(sqlite_url: str, artifacts: ArtifactStore,
-                 store: FeatureStore) -> Iterator[Callable[..., Runtime]]:
-    """In-process GPU worker runtimes (tiny preset) on this test's SQLite file, closed at the end."""
-    built: list[Runtime] = []
-
-    def make(**extra: Any) -> Runtime:
-        rt = build_runtime(settings_for(sqlite_url, artifacts, **extra), f"gpu-{len(built)}@test")
-        built.append(rt)
-        return rt
-
-    torch.set_num_threads(1)
-    yield make
-    for rt in built:
-        rt.close()
 
 
 @pytest.fixture
