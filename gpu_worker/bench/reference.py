@@ -12,6 +12,7 @@ The reference CFM and DiT hold working buffers registered at fixed shapes (16 st
 frames); they are given the same layout for the preset's sizes (unchanged for `full`). Its noise buffer,
 drawn unseeded by the reference, is replaced by a seeded one.
 
+    reference_hift(args) -> the reference HiFTGenerator for `args` (random weights; for parity tests)
     build_reference(setup, dtype=fp32) -> Reference(flow, hift, dtype)   the flow in `dtype` (fp32 by
         default, whatever the bench's own dtype: the baseline a user would otherwise pick)
     reference_fps(setup, ref, voice_index, timed) -> {fps, rtf, setup_solve_s, chunk_s, ...}
@@ -39,6 +40,7 @@ from gpu_worker.model.config import (
     LOOKAHEAD_TOKENS,
     SAMPLES_PER_MEL,
     SILENCE_TOKEN,
+    HiftArgs,
     ModelArgs,
 )
 from gpu_worker.prompt import fit_prompt_mel, seeded_noise
@@ -85,11 +87,13 @@ def _build_flow(setup: BenchSetup, dtype: torch.dtype) -> Any:
     return flow.to(dtype).eval()
 
 
-def _build_hift(setup: BenchSetup) -> Any:
+def reference_hift(args: HiftArgs) -> Any:
+    """The reference's `HiFTGenerator` with `args`' layout, random weights, in eval mode (the parity tests
+    and the benchmark load theirs into it)."""
     from stepaudio2.flashcosyvoice.modules import hifigan  # type: ignore[import-untyped]
 
-    a = setup.args.hift
-    hift = hifigan.HiFTGenerator(
+    a = args
+    return hifigan.HiFTGenerator(
         in_channels=a.in_channels, base_channels=a.base_channels, nb_harmonics=a.nb_harmonics,
         sampling_rate=a.sampling_rate, nsf_alpha=a.nsf_alpha, nsf_sigma=a.nsf_sigma,
         nsf_voiced_threshold=a.nsf_voiced_threshold, upsample_rates=list(a.upsample_rates),
@@ -100,7 +104,12 @@ def _build_hift(setup: BenchSetup) -> Any:
         source_resblock_kernel_sizes=list(a.source_resblock_kernel_sizes),
         source_resblock_dilation_sizes=[list(d) for d in a.source_resblock_dilation_sizes],
         lrelu_slope=a.lrelu_slope, audio_limit=a.audio_limit,
-        f0_predictor=hifigan.ConvRNNF0Predictor(in_channels=a.in_channels, cond_channels=a.f0_cond_channels))
+        f0_predictor=hifigan.ConvRNNF0Predictor(in_channels=a.in_channels, cond_channels=a.f0_cond_channels),
+    ).eval()
+
+
+def _build_hift(setup: BenchSetup) -> Any:
+    hift = reference_hift(setup.args.hift)
     state = torch.load(setup.folder / HIFT_PT, map_location="cpu", weights_only=True)
     hift.load_state_dict({k.replace("generator.", ""): v for k, v in state.items()}, strict=True)
     return hift.to(setup.device).eval()  # Token2wav keeps HiFT in float32

@@ -182,20 +182,10 @@ def test_a_stream_decodes_the_same_in_a_mixed_batch_as_alone(decoder, voices) ->
 
 # -- parity with the reference driver ---------------------------------------------------------------
 def _reference_hift(args, state):
-    hifigan = pytest.importorskip("stepaudio2.flashcosyvoice.modules.hifigan")
-    a = args.hift
-    ref = hifigan.HiFTGenerator(
-        in_channels=a.in_channels, base_channels=a.base_channels, nb_harmonics=a.nb_harmonics,
-        sampling_rate=a.sampling_rate, nsf_alpha=a.nsf_alpha, nsf_sigma=a.nsf_sigma,
-        nsf_voiced_threshold=a.nsf_voiced_threshold, upsample_rates=list(a.upsample_rates),
-        upsample_kernel_sizes=list(a.upsample_kernel_sizes),
-        istft_params={"n_fft": a.istft_n_fft, "hop_len": a.istft_hop_len},
-        resblock_kernel_sizes=list(a.resblock_kernel_sizes),
-        resblock_dilation_sizes=[list(d) for d in a.resblock_dilation_sizes],
-        source_resblock_kernel_sizes=list(a.source_resblock_kernel_sizes),
-        source_resblock_dilation_sizes=[list(d) for d in a.source_resblock_dilation_sizes],
-        lrelu_slope=a.lrelu_slope, audio_limit=a.audio_limit,
-        f0_predictor=hifigan.ConvRNNF0Predictor(in_channels=a.in_channels, cond_channels=a.f0_cond_channels))
+    pytest.importorskip("stepaudio2.flashcosyvoice.modules.hifigan")
+    from gpu_worker.bench.reference import reference_hift
+
+    ref = reference_hift(args.hift)
     ref.load_state_dict(state, strict=True)
     return ref.eval()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpu_worker.bench.reference import reference_hift
 from gpu_worker.checkpoint_io import hift_checkpoint_state
 from gpu_worker.model.config import HiftArgs, ModelArgs
 from gpu_worker.model.hift import HiFTGenerator, SourceNoise, draw_source_noise
@@ -20,20 +21,7 @@ TOL = 1e-5
 
 
 def _reference(args: HiftArgs) -> torch.nn.Module:
-    return hifigan.HiFTGenerator(
-        in_channels=args.in_channels, base_channels=args.base_channels, nb_harmonics=args.nb_harmonics,
-        sampling_rate=args.sampling_rate, nsf_alpha=args.nsf_alpha, nsf_sigma=args.nsf_sigma,
-        nsf_voiced_threshold=args.nsf_voiced_threshold, upsample_rates=list(args.upsample_rates),
-        upsample_kernel_sizes=list(args.upsample_kernel_sizes),
-        istft_params={"n_fft": args.istft_n_fft, "hop_len": args.istft_hop_len},
-        resblock_kernel_sizes=list(args.resblock_kernel_sizes),
-        resblock_dilation_sizes=[list(d) for d in args.resblock_dilation_sizes],
-        source_resblock_kernel_sizes=list(args.source_resblock_kernel_sizes),
-        source_resblock_dilation_sizes=[list(d) for d in args.source_resblock_dilation_sizes],
-        lrelu_slope=args.lrelu_slope, audio_limit=args.audio_limit,
-        f0_predictor=hifigan.ConvRNNF0Predictor(in_channels=args.in_channels,
-                                                cond_channels=args.f0_cond_channels),
-    ).eval()
+    return reference_hift(args)
 
 
 def _pair(args: HiftArgs, seed: int = 0) -> tuple[torch.nn.Module, HiFTGenerator]:
