@@ -100,6 +100,18 @@ def wait_book(settings: Settings, sessions, book_id: str, timeout: float = 420.0
         time.sleep(0.5)
 
 
+def run_interactive(env, sessions, tokens: list[int], seed: int, priority: int):
+    """An ordinary job submitted beside the book and waited for -> its row."""
+    settings, app, store = env
+    with sessions() as session:
+        job_id = submit_job(settings=settings, session=session, sender=app, store=store,
+                            artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
+                            reference_bytes=REFERENCE, seed=seed, priority=priority)
+    app.AsyncResult(job_id).get(timeout=300)
+    with sessions() as session:
+        return queries.require_job(session=session, job_id=job_id)
+
+
 def segment_jobs(sessions, book_id: str) -> dict[str, object]:
     with sessions() as session:
         states = queries.book_segment_states(session=session, book_id=book_id)
@@ -169,7 +181,7 @@ def token_manifest(chapters: int, segments: int, tokens: int, salt: int) -> byte
 @pytest.mark.timeout(900)
 def test_an_interactive_job_overtakes_a_rendering_book_and_a_killed_gpu_worker_loses_only_in_flight_segments(
         gpu, env, worker_sessions, gpu_settings, tmp_path) -> None:
-    settings, app, store = env
+    settings = env[0]
     book = submit(env, worker_sessions, token_manifest(2, 12, 150, salt=int(time.time())),
                   options=BookOptions(priority=0))
     started = time.monotonic()
@@ -178,13 +190,7 @@ def test_an_interactive_job_overtakes_a_rendering_book_and_a_killed_gpu_worker_l
         time.sleep(0.2)
 
     # An interactive job (priority 5) submitted now runs before the book's queued segments.
-    with worker_sessions() as session:
-        interactive = submit_job(settings=settings, session=session, sender=app, store=store,
-                                 artifacts=ArtifactStore(settings.artifact_root), tokens=[5] * 150,
-                                 reference_bytes=REFERENCE, seed=1, priority=5)
-    app.AsyncResult(interactive).get(timeout=300)
-    with worker_sessions() as session:
-        job = queries.require_job(session=session, job_id=interactive)
+    job = run_interactive(env, worker_sessions, [5] * 150, seed=1, priority=5)
     segs = segment_jobs(worker_sessions, book).values()
     overtaken = [j for j in segs if j.started_at is None or j.started_at > job.started_at]
     jumped = [j for j in segs if j.started_at and job.submitted_at < j.started_at < job.started_at]
@@ -259,19 +265,13 @@ def test_a_job_at_the_books_own_priority_waits_only_for_the_books_window(gpu, en
     finishes before the later chapters' segments start."""
     from tasks.books import LOOKAHEAD_SEGMENTS
 
-    settings, app, store = env
+    settings = env[0]
     book = submit(env, worker_sessions, token_manifest(5, 16, 100, salt=int(time.time()) + 2))
     started = time.monotonic()
     while not any(j.status == JobStatus.SUCCEEDED for j in segment_jobs(worker_sessions, book).values()):
         assert time.monotonic() - started < 300
         time.sleep(0.2)
-    with worker_sessions() as session:
-        interactive = submit_job(settings=settings, session=session, sender=app, store=store,
-                                 artifacts=ArtifactStore(settings.artifact_root), tokens=[9] * 100,
-                                 reference_bytes=REFERENCE, seed=2, priority=0)
-    app.AsyncResult(interactive).get(timeout=300)
-    with worker_sessions() as session:
-        job = queries.require_job(session=session, job_id=interactive)
+    job = run_interactive(env, worker_sessions, [9] * 100, seed=2, priority=0)
     ahead = [j for j in segment_jobs(worker_sessions, book).values()
              if j.started_at is not None and j.started_at < job.started_at]
     assert len(ahead) <= LOOKAHEAD_SEGMENTS + 16 + SLOTS  # the window, the chapter crossing it, in flight

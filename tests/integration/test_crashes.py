@@ -165,6 +165,15 @@ def row(db, job_id: str):
         return queries.require_job(session=session, job_id=job_id)
 
 
+def assert_whole_outputs(db, artifacts: ArtifactStore, jobs: dict[str, int]) -> None:
+    """Every job succeeded and its file on disk holds all 960 samples of each of its n tokens."""
+    for job_id, n in jobs.items():
+        job = row(db, job_id)
+        assert job.status == JobStatus.SUCCEEDED, job.error
+        audio, _ = sf.read(artifacts.path(job.output_path), dtype="float32")
+        assert audio.shape == (n * 960,)  # whole, not a half-written file
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str, workers: Workers) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -196,11 +205,7 @@ def test_a_gpu_worker_killed_mid_decode_its_jobs_are_redelivered_and_complete_on
     workers.start("gpu")  # its supervisor restarts it
     wait_for(lambda: all(row(db, j).status in (JobStatus.SUCCEEDED, JobStatus.FAILED) for j in jobs), 150,
              "the jobs to finish", workers)
-    for job_id, n in jobs.items():
-        job = row(db, job_id)
-        assert job.status == JobStatus.SUCCEEDED, job.error
-        audio, rate = sf.read(ArtifactStore(settings.artifact_root).path(job.output_path), dtype="float32")
-        assert audio.shape == (n * 960,)  # whole, not a half-written file
+    assert_whole_outputs(db, ArtifactStore(settings.artifact_root), jobs)
     assert all(row(db, j).attempts == 2 for j in interrupted)  # the killed attempt is counted
     assert outputs(settings) == sorted(f"{j}.wav" for j in jobs)  # one whole output per job, no partials
     assert orphans(settings, db) == []
@@ -387,11 +392,7 @@ def test_redis_restarted_mid_run_workers_reconnect_and_every_job_finishes_on_dis
         time.sleep(1.0)
         own.start()
         sweep_until_done(settings, db, list(jobs), workers, timeout=150)
-        for job_id, n in jobs.items():
-            job = row(db, job_id)
-            assert job.status == JobStatus.SUCCEEDED, job.error
-            audio, _ = sf.read(artifacts.path(job.output_path), dtype="float32")
-            assert audio.shape == (n * 960,)  # nothing reported done that is not (whole) on disk
+        assert_whole_outputs(db, artifacts, jobs)  # nothing reported done that is not (whole) on disk
         assert all(p.poll() is None for p in workers.procs)  # reconnected, not dead
     finally:
         store.close()
@@ -483,11 +484,7 @@ def test_postgresql_briefly_unavailable_the_gpu_worker_finishes_its_jobs(
         time.sleep(3.0)
         proxy.restore()
         sweep_until_done(direct, db, list(jobs), workers, timeout=120)
-        for job_id, n in jobs.items():
-            job = row(db, job_id)
-            assert job.status == JobStatus.SUCCEEDED, job.error
-            audio, _ = sf.read(artifacts.path(job.output_path), dtype="float32")
-            assert audio.shape == (n * 960,)
+        assert_whole_outputs(db, artifacts, jobs)
         assert all(p.poll() is None for p in workers.procs)
     finally:
         store.close()
