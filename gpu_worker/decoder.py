@@ -39,6 +39,7 @@ from gpu_worker.model.config import (
 )
 from gpu_worker.model.flow import FlowCache, trim_cache
 from gpu_worker.model.hift import SourceNoise, draw_source_noise
+from gpu_worker.model.kvcache import Workspace
 from gpu_worker.prompt import VoicePrompt, seeded_noise
 from gpu_worker.streams import ChunkRow, plan_chunks
 
@@ -83,6 +84,7 @@ class StreamingDecoder:
         self.micro_batch_size = micro_batch_size
         self.window = torch.hamming_window(2 * HIFT_SOURCE_CACHE, periodic=False, dtype=torch.float64,
                                            device=self.device)
+        self.workspace = Workspace()  # the solve's attention buffer, kept from step to step (kvcache.py)
 
     # -- streams -------------------------------------------------------------------------------------
     def open_stream(self, voice: VoicePrompt, seed: int) -> StreamState:
@@ -129,7 +131,8 @@ class StreamingDecoder:
         tokens = [row.tokens.to(self.device, torch.int64)[None] for row in rows]
         spk = torch.cat([s.voice.spk for s in streams])
         mel, n_frames, caches = flow.stream_chunks(tokens, spk, [s.cache for s in streams],
-                                                   [row.last for row in rows], [s.noise for s in streams])
+                                                   [row.last for row in rows], [s.noise for s in streams],
+                                                   workspace=self.workspace)
         caches = [trim_cache(c, s.voice.prompt_len) for c, s in zip(caches, streams, strict=True)]
         chunk_mels = [mel[i:i + 1, :, :n] for i, n in enumerate(n_frames)]
         vocoded = self._vocode(streams, chunk_mels)

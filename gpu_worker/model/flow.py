@@ -54,7 +54,7 @@ from torch import Tensor
 from gpu_worker.model.cfm import CFM
 from gpu_worker.model.config import ATT_CACHE_TAIL, CHUNK_TOKENS, LOOKAHEAD_TOKENS, MEL_PER_TOKEN, FlowArgs
 from gpu_worker.model.encoder import ConformerEncoder
-from gpu_worker.model.kvcache import BatchKV, EstimatorKV
+from gpu_worker.model.kvcache import BatchKV, EstimatorKV, Workspace
 
 CHUNK_FRAMES = MEL_PER_TOKEN * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)  # the most new frames a streaming chunk has
 
@@ -181,25 +181,27 @@ class Flow(nn.Module):
 
     def stream_chunks(
         self, tokens: list[Tensor], spk: Tensor, caches: list[FlowCache], last_chunks: list[bool],
-        noise: list[Tensor],
+        noise: list[Tensor], workspace: Workspace | None = None,
     ) -> tuple[Tensor, list[int], list[FlowCache]]:
         """One chunk of each of B streams: tokens[i] [1, T_i] -> mel [B, 80, max T'], T'_i, new caches."""
         mu, encoded = self.encode_chunks(tokens, caches, last_chunks)
-        mel, new_caches = self.solve_chunk_batch(mu, spk, noise, encoded)
+        mel, new_caches = self.solve_chunk_batch(mu, spk, noise, encoded, workspace=workspace)
         return mel, [m.size(1) for m in mu], new_caches
 
     def solve_chunk_batch(
         self, mu: list[Tensor], spk: Tensor, noise: list[Tensor], caches: Sequence[FlowCache | None],
-        cond: list[Tensor] | None = None,
+        cond: list[Tensor] | None = None, workspace: Workspace | None = None,
     ) -> tuple[Tensor, list[FlowCache]]:
-        """One masked CFM solve over rows of different streams (shapes in the module docstring)."""
+        """One masked CFM solve over rows of different streams (shapes in the module docstring);
+        `workspace` lends the memory of the solve's one-step attention buffer (`kvcache.Workspace`)."""
         rows = [c or FlowCache() for c in caches]
         n_new = [m.size(1) for m in mu]
         t_max, dtype, a = max(n_new), mu[0].dtype, self.args.dit
         noise_rows = _noise_rows(noise, [c.offset for c in rows], n_new, dtype)
         cond_rows = [torch.zeros_like(m[0]) for m in mu] if cond is None else [c[0].to(dtype) for c in cond]
         kv = BatchKV([c.estimator() for c in rows], n_new, mu[0], steps=self.args.n_timesteps, depth=a.depth,
-                     heads=a.num_heads, head_dim=a.head_dim, tail=ATT_CACHE_TAIL, chunk_frames=CHUNK_FRAMES)
+                     heads=a.num_heads, head_dim=a.head_dim, tail=ATT_CACHE_TAIL, chunk_frames=CHUNK_FRAMES,
+                     workspace=workspace)
         sizes = torch.tensor([n_new, kv.n_alive]).to(spk.device, non_blocking=True)  # one host -> device copy
         lengths, alive = sizes[0], sizes[1]
         slot = torch.arange(t_max + max(kv.n_alive), device=spk.device)

@@ -17,11 +17,12 @@ older cache of a stream that has moved on) is refused rather than read after its
     EstimatorKV.of(att)            reference layout [N, depth, 2, H, L, 2 D] (or None) -> lean view, no copy
     kv.trimmed(head, tail)         the reference's trimming rule, bookkeeping only
     kv.reference_layout()          -> [N, depth, 2, H, L, 2 D] in the reference's order (for tests, export)
-    BatchKV(rows, n_new, like, steps, depth, heads, head_dim)
+    BatchKV(rows, n_new, like, steps, depth, heads, head_dim, workspace=None)
                                    one masked solve's view for the CFM: kv(step) -> [depth, 2B, H, T + W, 2 D]
                                    (rows' live frames packed after T new-frame slots, zeros past them),
                                    keep(step, kv) stores each row's new frames in its own slots;
                                    n_alive [B], results() -> new EstimatorKV per row
+    Workspace()                    the memory of that one-step buffer, kept from one solve to the next
 
 Capacity: after a trim with head = P >= tail a stream owns at most P generated frames (the last `tail`
 logical frames are then the prompt's), else at most `tail`; a chunk adds at most `chunk_frames`. The
@@ -34,11 +35,39 @@ Not in here: the attention itself (`dit.py`), the Euler loop (`cfm.py`), conform
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from torch import Tensor
 
 _versions = itertools.count(1)
+
+
+class Workspace:
+    """Memory for `BatchKV`'s one-step buffer, reused by every solve of one caller.
+
+    The buffer of a full-size 8-row step is about 0.47 GB in fp32. A new one per step is, on a CPU, fresh
+    pages from the kernel (glibc serves blocks over 32 MB with mmap and returns them on free): their page
+    faults and zero-fill took 0.5-0.8 s of a 8-16 s step (docs/PERFORMANCE.md, run 3). It grows to the
+    largest step seen and is never shrunk. One caller at a time: a solve on another CUDA stream (a
+    side-stream install) must not share it.
+    """
+
+    def __init__(self) -> None:
+        self._flat: Tensor | None = None
+
+    def take(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """A tensor of `shape` (dtype and device of `like`); its contents are left from earlier solves."""
+        n = math.prod(shape)
+        old = self._flat
+        if old is None or old.numel() < n or old.dtype != like.dtype or old.device != like.device:
+            self._flat = old = None  # the old block goes before the larger one is taken
+            self._flat = like.new_zeros(n)
+        return self._flat[:n].view(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._flat is None else self._flat.numel() * self._flat.element_size()
 
 
 class SlotBuffer:
@@ -144,10 +173,14 @@ class BatchKV:
     frames packed at [T, T + n_alive_i), zeros after them: the key mask is `slot < n_new_i or
     T <= slot < T + n_alive_i`. One buffer serves every Euler step: kv(step) refills the cached frames of
     that step, so the extra memory is one step's, [depth, 2B, H, T + W, 2 D], not the whole cache's.
+    With a `Workspace` that buffer is the workspace's memory: only the slots past each row's live frames are
+    zeroed (new-frame slots are written by every step's attention, cached ones by `kv(step)`), so nothing
+    an earlier solve left there is read.
     """
 
     def __init__(self, rows: list[EstimatorKV], n_new: list[int], like: Tensor, *, steps: int,
-                 depth: int, heads: int, head_dim: int, tail: int, chunk_frames: int) -> None:
+                 depth: int, heads: int, head_dim: int, tail: int, chunk_frames: int,
+                 workspace: Workspace | None = None) -> None:
         if len({id(r.own) for r in rows if r.own is not None}) < sum(r.own is not None for r in rows):
             raise ValueError("two rows of one solve continue the same stream")
         self.t_max, self.b = max(n_new), len(rows)
@@ -157,7 +190,14 @@ class BatchKV:
         self._tail, self._chunk_frames = tail, chunk_frames
         self._plans = [self._plan(r, n, like) for r, n in zip(rows, n_new, strict=True)]
         width = self.t_max + max(self.n_alive)
-        self._kv = like.new_zeros(depth, 2 * self.b, heads, width, 2 * head_dim)
+        shape = (depth, 2 * self.b, heads, width, 2 * head_dim)
+        if workspace is None:
+            self._kv = like.new_zeros(shape)
+        else:
+            self._kv = workspace.take(shape, like)
+            for i, alive in enumerate(self.n_alive):
+                if self.t_max + alive < width:  # masked slots must hold finite values: zeros
+                    self._kv[:, i :: self.b, :, self.t_max + alive :].zero_()
 
     def kv(self, step: int) -> Tensor:
         """-> [depth, 2B, H, T + W, 2 D] with every row's cached frames of Euler step `step`."""

@@ -12,7 +12,7 @@ import torch
 
 from gpu_worker.model.config import ATT_CACHE_TAIL
 from gpu_worker.model.flow import CHUNK_FRAMES, FlowCache, trim_cache
-from gpu_worker.model.kvcache import BatchKV, EstimatorKV
+from gpu_worker.model.kvcache import BatchKV, EstimatorKV, Workspace
 from tests.gpu_worker.ref_oracle import make_prompt, random_tokens, seeded_noise, split_chunks
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
@@ -48,11 +48,20 @@ class FakeStream:
         return ids
 
 
-def _solve(streams: list[FakeStream], sizes: list[int], tail: int, chunk_frames: int) -> None:
+def _poison(workspace: Workspace, like: torch.Tensor) -> None:
+    """What earlier solves leave in a workspace, at its worst: every value NaN."""
+    workspace.take((workspace.nbytes // like.element_size(),), like).fill_(float("nan"))
+
+
+def _solve(streams: list[FakeStream], sizes: list[int], tail: int, chunk_frames: int,
+           workspace: Workspace | None = None) -> None:
     """One stand-in solve over `streams`: checks the frames each row attends to, then trims."""
     rows = [s.kv for s in streams]
-    batch = BatchKV(rows, sizes, torch.zeros(1, dtype=torch.float64), steps=STEPS, depth=DEPTH, heads=HEADS,
-                    head_dim=HEAD_DIM, tail=tail, chunk_frames=chunk_frames)
+    like = torch.zeros(1, dtype=torch.float64)
+    if workspace is not None and workspace.nbytes:
+        _poison(workspace, like)
+    batch = BatchKV(rows, sizes, like, steps=STEPS, depth=DEPTH, heads=HEADS,
+                    head_dim=HEAD_DIM, tail=tail, chunk_frames=chunk_frames, workspace=workspace)
     new = [_frames(s.new_ids(n)) for s, n in zip(streams, sizes, strict=True)]
     t, b = max(sizes), len(streams)
     for step in range(STEPS):
@@ -61,24 +70,27 @@ def _solve(streams: list[FakeStream], sizes: list[int], tail: int, chunk_frames:
             attended = kv[:, i :: b, :, t : t + alive]
             assert sorted(attended.flatten().tolist()) == sorted(s.ref[step].flatten().tolist())
             assert not kv[:, i :: b, :, t + alive :].any()  # padding keys are finite (zeros)
-            kv[:, i :: b, :, : sizes[i]] = new[i][step]  # the DiT writes the new frames
+            kv[:, i :: b, :, :t] = 0.0  # the DiT writes every new-frame slot, padding rows' too
+            kv[:, i :: b, :, : sizes[i]] = new[i][step]
         batch.keep(step, kv)
     for s, result, frames in zip(streams, batch.results(), new, strict=True):
         s.kv = result.trimmed(s.prompt_len, tail)
         s.ref = _trim(torch.cat([frames, s.ref], dim=4), s.prompt_len, tail)
 
 
+@pytest.mark.parametrize("reused", [False, True], ids=["fresh buffer", "poisoned workspace"])
 @pytest.mark.parametrize(("prompt_lens", "tail", "chunk_frames"), [
     ((30, 24, 40), 10, 6),  # prompt >= tail (the production regime: 300 and 100)
     ((4, 9, 12), 10, 6),  # prompt < tail: generated frames in the tail too, buffers grow
 ])
-def test_trimming_keeps_exactly_the_reference_frames_over_many_chunks(prompt_lens, tail, chunk_frames):
+def test_trimming_keeps_exactly_the_reference_frames_over_many_chunks(prompt_lens, tail, chunk_frames, reused):
     gen = torch.Generator().manual_seed(0)
     sizes = [torch.randint(1, chunk_frames + 3, (14,), generator=gen).tolist() for _ in prompt_lens]
     streams = [FakeStream(p, sizes[i], 1000 * (i + 1)) for i, p in enumerate(prompt_lens)]
+    workspace = Workspace() if reused else None
     for chunk in range(14):
         live = [s for i, s in enumerate(streams) if chunk >= i]  # staggered starts: mixed cache lengths
-        _solve(live, [s.chunk_sizes[chunk] for s in live], tail, chunk_frames)
+        _solve(live, [s.chunk_sizes[chunk] for s in live], tail, chunk_frames, workspace)
         for s in live:
             assert torch.equal(s.kv.reference_layout(), s.ref)
             assert len(s.kv) == s.ref.size(4)
@@ -142,6 +154,36 @@ def test_twenty_chunks_of_many_streams_never_write_the_voice_cache_and_stay_boun
     for c, v in zip(caches, which, strict=True):
         assert c.estimator_kv.own.capacity <= max(voices[v][0], ATT_CACHE_TAIL) + CHUNK_FRAMES
         assert c.estimator_kv.own_nbytes() == c.estimator_kv.own.capacity * per_frame
+
+
+def test_a_reused_workspace_gives_the_same_bits_as_a_fresh_buffer_and_grows_only(tiny_flow):
+    """Mixed batches (different voices, cache lengths, a last chunk) through one workspace, NaN-poisoned
+    before every solve, decode exactly what fresh zeroed buffers decode."""
+    voices = [_voice(tiny_flow, 60, seed=74), _voice(tiny_flow, 12, seed=75)]
+    which = [0, 1, 0]
+    noise = [seeded_noise(tiny_flow.args, seed=95 + i) for i in range(len(which))]
+    spk = torch.cat([voices[v][1] for v in which])
+    runs = {}
+    for reused in (False, True):
+        workspace = Workspace() if reused else None
+        caches, mels, peak = [voices[v][2] for v in which], [], 0
+        for step in range(6):
+            n = len(which) if step >= 2 else 1 + step  # streams join: rows of different cache lengths
+            chunks = [(random_tokens(28 - 5 * i, seed=300 + 10 * step + i), step == 5) for i in range(n)]
+            with torch.inference_mode():
+                if workspace is not None and workspace.nbytes:
+                    _poison(workspace, voices[0][1])
+                mel, _, new = tiny_flow.stream_chunks([c for c, _ in chunks], spk[:n], caches[:n],
+                                                      [last for _, last in chunks], noise[:n],
+                                                      workspace=workspace)
+            caches[:n] = [trim_cache(c, voices[v][0]) for c, v in zip(new, which[:n], strict=True)]
+            mels.append(mel)
+            if workspace is not None:
+                assert workspace.nbytes >= peak  # never shrinks
+                peak = workspace.nbytes
+        runs[reused] = mels
+    assert all(torch.equal(a, b) for a, b in zip(runs[False], runs[True], strict=True))
+    assert all(torch.isfinite(m).all() for m in runs[True])
 
 
 def test_a_retried_step_gives_the_same_result_and_a_stale_cache_is_refused(tiny_flow):
