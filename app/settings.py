@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     model_preset: Literal["full", "tiny"] = "full"
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    hift_dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="the vocoder's dtype; a reduced one keeps its F0 predictor, source and "
+        "last conv in float32 (deviation: docs/PERFORMANCE.md)"
+    )
     torch_threads: int = Field(
         default=0, ge=0, description="CPU threads of the GPU worker's engine; 0 keeps torch's default"
     )

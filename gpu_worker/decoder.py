@@ -90,7 +90,7 @@ class StreamingDecoder:
     def open_stream(self, voice: VoicePrompt, seed: int) -> StreamState:
         noise, generator = seeded_noise(seed, self.device, self.dtype)
         keep = voice.prompt_len + NOISE_KEEP_AFTER_PROMPT
-        hift_dtype = self._hift_dtype()
+        hift_dtype = self.hift_dtype()
         return StreamState(
             voice=voice, seed=seed, generator=generator, noise=noise[:, :, :keep].clone(),
             cache=voice.flow_cache(),
@@ -186,5 +186,5 @@ class StreamingDecoder:
                 raise ValueError(f"a chunk of {row.tokens.numel()} tokens cannot be decoded")
             seen.add(id(row.stream))
 
-    def _hift_dtype(self) -> torch.dtype:
-        return next(self.model.hift.parameters()).dtype
+    def hift_dtype(self) -> torch.dtype:
+        return self.model.hift.conv_pre.weight.dtype  # the vocoder body's (hift.py: precision)

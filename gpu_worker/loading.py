@@ -1,10 +1,12 @@
 """Model folder -> `Code2Wav`: the released token2wav layout, read safely and validated.
 
-    load_model_folder(path, device=..., dtype=...)   flow.yaml + flow.pt + hift.pt -> Code2Wav
+    load_model_folder(path, device=..., dtype=...)   flow.yaml + flow.pt + hift.pt -> Code2Wav (flow in dtype,
+                                                      HiFT float32 until prepare_hift)
     read_flow_config(path, args)                      flow.yaml -> FlowArgs, or ModelLoadError
     load_flow(folder, args.flow) / load_hift(file, args.hift)   one component
     load_dummy(args, seed)                            seeded random weights (the output is noise)
     fuse_weight_norm(model.hift)                      optional, for inference: g * v / |v| folded once
+    prepare_hift(model.hift, dtype)                   for inference: weight norm folded, body in `dtype`
 
 flow.yaml is HyperPyYAML: its `!new:module.Class` tags would import and call code. Here they become
 plain data (a YAML safe loader with one constructor for `!new:`); every other tag is refused, and every
@@ -221,7 +223,7 @@ def _build_flow(args: FlowArgs) -> Flow:
 
 
 def load_model_folder(path: str | Path, *, device: str | torch.device = "cpu",
-                      dtype: torch.dtype = torch.float32, hift_dtype: torch.dtype = torch.float32,
+                      dtype: torch.dtype = torch.float32,
                       args: ModelArgs | None = None) -> Code2Wav:
     """Loads flow.yaml/flow.pt/hift.pt of a released token2wav folder.
 
@@ -232,7 +234,7 @@ def load_model_folder(path: str | Path, *, device: str | torch.device = "cpu",
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: model folder not found")
     flow = load_flow(folder, args.flow, device=device, dtype=dtype)
-    hift = load_hift(folder / HIFT_PT, args.hift, device=device, dtype=hift_dtype)
+    hift = load_hift(folder / HIFT_PT, args.hift, device=device)
     log.info("loaded Code2Wav from %s (flow %.1f M, hift %.1f M parameters) on %s",
              folder, _millions(flow), _millions(hift), device)
     return Code2Wav(flow, hift, args)
@@ -274,6 +276,25 @@ def fuse_weight_norm(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+HIFT_FLOAT32_PARTS = ("f0_predictor", "m_source", "conv_post")
+
+
+def prepare_hift(hift: HiFTGenerator, dtype: torch.dtype = torch.float32) -> HiFTGenerator:
+    """For inference: weight norm folded (in the loaded float32), then the vocoder body cast to `dtype`.
+
+    The parts in `HIFT_FLOAT32_PARTS` stay float32 whatever `dtype` is: with them in bf16 too the audio
+    of the random full-size vocoder was 14 dB SNR from float32's (the F0 sets every sample's phase, and
+    conv_post's output is exponentiated and taken as phase by the iSTFT); with them kept, 40 dB
+    (docs/PERFORMANCE.md, run 3). float32 changes nothing: the same weights, bit for bit.
+    """
+    fuse_weight_norm(hift)
+    if dtype != torch.float32:
+        for name, child in hift.named_children():
+            if name not in HIFT_FLOAT32_PARTS:
+                child.to(dtype)
+    return hift
+
+
 def _millions(module: torch.nn.Module) -> float:
     return sum(p.numel() for p in module.parameters()) / 1e6
 
@@ -295,11 +316,11 @@ def random_code2wav(args: ModelArgs, seed: int) -> Code2Wav:
 
 
 def load_dummy(args: ModelArgs, seed: int, *, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32, hift_dtype: torch.dtype = torch.float32) -> Code2Wav:
+               dtype: torch.dtype = torch.float32) -> Code2Wav:
     """Full architecture with seeded random weights, for benchmarks and demos without a checkpoint."""
     log.warning("!!! DUMMY MODEL: Code2Wav with random weights (seed %d); every output is NOISE, "
                 "not speech. Point the worker at a real token2wav folder for real audio. !!!", seed)
     model = random_code2wav(args, seed)
     model.flow.to(device=device, dtype=dtype)
-    model.hift.to(device=device, dtype=hift_dtype)
+    model.hift.to(device=device)
     return model

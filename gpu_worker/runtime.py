@@ -44,7 +44,7 @@ from app.store import FeatureStore
 from app.submit import reclaim_abandoned_voice, reference_limits
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.engine import Engine, FeatureSource, InlinePreparer
-from gpu_worker.loading import fuse_weight_norm, load_dummy, load_model_folder
+from gpu_worker.loading import load_dummy, load_model_folder, prepare_hift
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.linear import set_cpu_linear
 from gpu_worker.prompt import Speaker, StandInSpeaker, install_voice
@@ -317,7 +317,7 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
     else:
         model = load_model_folder(settings.model_dir, device=device, dtype=dtype, args=args)
         speaker = SpeakerFrontend.from_folder(settings.model_dir, device=device)
-    fuse_weight_norm(model.hift)  # g v / |v| once, not per call: the same weights, bit for bit
+    prepare_hift(model.hift, DTYPES[settings.hift_dtype])  # g v / |v| folded once; the body's dtype
     decoder = StreamingDecoder(model, device=device, dtype=dtype, micro_batch_size=settings.micro_batch_size)
     voices = VoiceCache(partial(install_voice, speaker=speaker, decoder=decoder), device=device,
                         max_voices=settings.voice_cache_capacity)

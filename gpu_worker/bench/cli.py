@@ -52,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=["full", "tiny"], default="full")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--hift-dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="the vocoder's dtype (WAVEFARM_HIFT_DTYPE; default fp32, as the reference)")
     p.add_argument("--concurrency", type=_ints, default=None, help="engine sweep C (default 1,2,4,8,16)")
     p.add_argument("--batches", type=_ints, default=None, help="decoder rows per step (default: C)")
     p.add_argument("--chunks", type=int, default=None, help="chunks per engine job (default 2)")
@@ -78,7 +80,8 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     concurrency = args.concurrency or ([1, 4] if quick else [1, 2, 4, 8, 16])
     return {
-        "preset": args.preset, "device": args.device, "dtype": args.dtype, "concurrency": concurrency,
+        "preset": args.preset, "device": args.device, "dtype": args.dtype, "hift_dtype": args.hift_dtype,
+        "concurrency": concurrency,
         "batches": args.batches or ([1, 4] if quick else concurrency),
         "steps": args.steps or (1 if quick else 2), "chunks": args.chunks or (1 if quick else 2),
         "mixed": args.mixed if args.mixed is not None else (0 if quick else 4),
@@ -158,6 +161,7 @@ def run(cfg: dict[str, Any], command: str, log: Callable[[str], None] = print,
     log("1. model folder (seeded random weights, released layout) and the decoder")
     rows = max(cfg["batches"] + cfg["concurrency"])
     setup = BenchSetup.build(preset=cfg["preset"], device=cfg["device"], dtype=cfg["dtype"],
+                             hift_dtype=cfg.get("hift_dtype", "fp32"),
                              speaker=cfg["speaker"], micro_batch_size=rows)
     out["machine"] = machine_info(setup.device)
     try:
@@ -168,8 +172,9 @@ def run(cfg: dict[str, Any], command: str, log: Callable[[str], None] = print,
         save(out)
         _model_numbers(setup, cfg, out, log)
         save(out)
-        if cfg["dtype"] != "fp32":
-            log(f"4b. {cfg['dtype']} output against fp32 on the same weights, voice, tokens and seed")
+        if cfg["dtype"] != "fp32" or cfg.get("hift_dtype", "fp32") != "fp32":
+            log(f"4b. flow {cfg['dtype']}, vocoder {cfg.get('hift_dtype', 'fp32')} output against fp32 on "
+                "the same weights, voice, tokens and seed")
             out["precision"] = precision.deviation(setup)
             log(f"  mel max |diff| {out['precision']['mel_max_abs']:.3g}, audio SNR "
                 f"{out['precision']['audio_snr_db']:.1f} dB")

@@ -21,7 +21,7 @@ import torch
 from gpu_worker.bench.decode import steady_rows
 from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.loading import fuse_weight_norm, load_model_folder
+from gpu_worker.loading import load_model_folder, prepare_hift
 from gpu_worker.prompt import install_voice
 
 SEED = 0
@@ -56,7 +56,7 @@ def _run(setup: BenchSetup, decoder: StreamingDecoder, chunks: int) -> tuple[tor
 
 def deviation(setup: BenchSetup, chunks: int = 3) -> dict[str, Any]:
     fp32_model = load_model_folder(setup.folder, device=setup.device, dtype=torch.float32, args=setup.args)
-    fuse_weight_norm(fp32_model.hift)
+    prepare_hift(fp32_model.hift)
     fp32 = StreamingDecoder(fp32_model, device=setup.device, dtype=torch.float32, micro_batch_size=1)
     mel32, audio32 = _run(setup, fp32, chunks)
     del fp32, fp32_model
@@ -66,6 +66,7 @@ def deviation(setup: BenchSetup, chunks: int = 3) -> dict[str, Any]:
     signal = float((audio32**2).sum())
     return {
         "dtype": str(setup.dtype).removeprefix("torch."), "chunks": chunks, "frames": mel.size(2),
+        "hift_dtype": str(setup.decoder.hift_dtype()).removeprefix("torch."),
         "mel_max_abs": float(mel_diff.max()), "mel_mean_abs": float(mel_diff.mean()),
         "mel_range": float(mel32.max() - mel32.min()),
         "audio_max_abs": float((audio - audio32).abs().max()),

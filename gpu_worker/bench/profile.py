@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=["full", "tiny"], default="full")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--hift-dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     setup = BenchSetup.build(preset=args.preset, device=args.device, dtype=args.dtype, speaker="standin",
+                             hift_dtype=args.hift_dtype,
                              micro_batch_size=args.rows)
     try:
         streams = warm_streams(setup, args.rows)

@@ -43,7 +43,8 @@ def _header(report: dict[str, Any]) -> list[str]:
     m, g, c = report["machine"], report["git"], report["config"]
     dirty = f" + {len(g['modified_files'])} modified files" if g.get("modified_files") else ""
     return [
-        f"wavefarm bench: preset {c['preset']}, {m['device']} {c['dtype']}, {m['torch_threads']} threads, "
+        f"wavefarm bench: preset {c['preset']}, {m['device']} {c['dtype']} (vocoder "
+        f"{c.get('hift_dtype', 'fp32')}), {m['torch_threads']} threads, "
         f"{m['cpu_model']} ({m['cpu_cores']} cores), torch {m['torch_version']}",
         f"git {str(g.get('revision'))[:12]}{dirty}; load average at start {m.get('load_average_at_start')}",
         f"command: {report['command']}", ""]
@@ -74,7 +75,9 @@ def _precision_lines(report: dict[str, Any]) -> list[str]:
     p = report.get("precision")
     if not p:
         return []
-    return ["", f"{report['config']['dtype']} vs fp32, same weights, voice, tokens and seed "
+    vocoder = report["config"].get("hift_dtype", "fp32")
+    return ["", f"{report['config']['dtype']} (vocoder {vocoder}) vs fp32, same weights, voice, tokens and "
+            "seed "
             f"({p['chunks']} chunks, "
             f"setup solve included): mel max |diff| {p['mel_max_abs']:.3g} (fp32 mel spans "
             f"{p['mel_range']:.3g}), mean |diff| {p['mel_mean_abs']:.3g}; audio max |diff| "

@@ -1,8 +1,9 @@
 """The benchmark's fixed inputs: one model folder, the model and decoder built from it, voices, tokens.
 
-    BenchSetup.build(preset=..., device=..., dtype=..., speaker=...)   writes seeded random weights in
-        the released layout (`checkpoint_io.write_official_layout`) to a temporary folder and loads them
-        the way the worker does (`load_model_folder`), so the reference can read the same files
+    BenchSetup.build(preset=..., device=..., dtype=..., speaker=..., hift_dtype=...)   writes seeded
+        random weights in the released layout (`checkpoint_io.write_official_layout`) to a temporary
+        folder and loads them the way the worker does (`load_model_folder`, `prepare_hift`), so the
+        reference can read the same files
     setup.voice(i) -> Voice          6 s synthetic reference i, normalised by `app.audio` (id = sha256)
     setup.host(i) -> PromptHostFeatures   its host half, computed once and kept
     setup.install(i) -> VoicePrompt  its device half on the bench's decoder, computed once and kept
@@ -29,7 +30,7 @@ from app.audio import PROMPT_SAMPLE_RATE, PROMPT_SAMPLES, normalise_reference
 from app.features import PromptHostFeatures, host_half
 from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.loading import fuse_weight_norm, load_model_folder
+from gpu_worker.loading import load_model_folder, prepare_hift
 from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import Speaker, StandInSpeaker, VoicePrompt, install_voice
@@ -81,15 +82,15 @@ class BenchSetup:
     _prompts: dict[int, VoicePrompt] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, *, preset: str, device: str, dtype: str, speaker: str, micro_batch_size: int
-              ) -> BenchSetup:
+    def build(cls, *, preset: str, device: str, dtype: str, speaker: str, micro_batch_size: int,
+              hift_dtype: str = "fp32") -> BenchSetup:
         args = ModelArgs.preset(preset)
         tmp = tempfile.TemporaryDirectory(prefix="wavefarm-bench-")
         folder = Path(tmp.name)
         write_official_layout(folder, args, WEIGHT_SEED, tokenizer=speaker == "s3")
         dev = torch.device(device)
         model = load_model_folder(folder, device=dev, dtype=DTYPES[dtype], args=args)
-        fuse_weight_norm(model.hift)  # as the worker's runtime does
+        prepare_hift(model.hift, DTYPES[hift_dtype])  # as the worker's runtime does
         decoder = StreamingDecoder(model, device=dev, dtype=DTYPES[dtype], micro_batch_size=micro_batch_size)
         front: Speaker = (SpeakerFrontend.from_folder(folder, device=dev) if speaker == "s3"
                           else StandInSpeaker(dev))

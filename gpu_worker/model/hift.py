@@ -6,6 +6,11 @@ harmonic source (one initial phase per harmonic and one Gaussian draw per sample
 never taken from the global RNG: pass a `SourceNoise` (drawn with `draw_source_noise` from one
 `torch.Generator` per row), so each row of a batch is reproducible and independent of its neighbours.
 
+Precision: the convolution body runs in the dtype of `conv_pre`; the F0 predictor, the harmonic source
+and `conv_post` run in their own dtypes (inputs cast to them), and the STFT/iSTFT in float32. So a
+reduced-precision vocoder can keep those parts float32 (`gpu_worker.loading.prepare_hift`): pitch and the
+iSTFT's log-magnitude and phase are where bf16 rounding shows most.
+
 Not in here: streaming state (mel/source/speech tails, cross-fade), device choice, checkpoint files.
 """
 
@@ -190,7 +195,7 @@ class HiFTGenerator(nn.Module):
 
     def source(self, mel: Tensor, noise: SourceNoise) -> Tensor:
         # mel: [B, 80, T] -> source: [B, 1, T * 480] float32
-        f0 = self.f0_predictor(mel)  # [B, T]
+        f0 = self.f0_predictor(mel.to(self.f0_predictor.classifier.weight.dtype))  # [B, T]
         f0 = f0.repeat_interleave(self.upsample_scale, dim=1)[:, None]  # [B, 1, N]
         return self.m_source(f0, noise)
 
@@ -213,9 +218,9 @@ class HiFTGenerator(nn.Module):
 
     def decode(self, mel: Tensor, source: Tensor) -> Tensor:
         # mel: [B, 80, T], source: [B, 1, T * 480] -> audio [B, T * 480]
-        dtype = self.f0_predictor.classifier.weight.dtype
+        dtype = self.conv_pre.weight.dtype
         s = self._stft(source.squeeze(1).float()).to(dtype)
-        x = self.conv_pre(mel)
+        x = self.conv_pre(mel.to(dtype))
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, self.args.lrelu_slope))
             if i == len(self.ups) - 1:
@@ -223,7 +228,7 @@ class HiFTGenerator(nn.Module):
             x = x + self.source_resblocks[i](self.source_downs[i](s))
             blocks = self.resblocks[i * self.num_kernels:(i + 1) * self.num_kernels]
             x = sum(block(x) for block in blocks) / self.num_kernels
-        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01 here, as trained
+        x = self.conv_post(F.leaky_relu(x).to(self.conv_post.weight.dtype))  # default slope 0.01, as trained
         audio = self._istft(x.float())
         return audio.clamp(-self.args.audio_limit, self.args.audio_limit)
 

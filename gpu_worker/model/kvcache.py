@@ -59,11 +59,11 @@ class Workspace:
     def take(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
         """A tensor of `shape` (dtype and device of `like`); its contents are left from earlier solves."""
         n = math.prod(shape)
-        old = self._flat
-        if old is None or old.numel() < n or old.dtype != like.dtype or old.device != like.device:
-            self._flat = old = None  # the old block goes before the larger one is taken
-            self._flat = like.new_zeros(n)
-        return self._flat[:n].view(shape)
+        flat = self._flat
+        if flat is None or flat.numel() < n or flat.dtype != like.dtype or flat.device != like.device:
+            self._flat = flat = None  # the old block goes before the larger one is taken
+            self._flat = flat = like.new_zeros(n)
+        return flat[:n].view(shape)
 
     @property
     def nbytes(self) -> int:

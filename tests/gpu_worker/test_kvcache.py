@@ -83,7 +83,8 @@ def _solve(streams: list[FakeStream], sizes: list[int], tail: int, chunk_frames:
     ((30, 24, 40), 10, 6),  # prompt >= tail (the production regime: 300 and 100)
     ((4, 9, 12), 10, 6),  # prompt < tail: generated frames in the tail too, buffers grow
 ])
-def test_trimming_keeps_exactly_the_reference_frames_over_many_chunks(prompt_lens, tail, chunk_frames, reused):
+def test_trimming_keeps_exactly_the_reference_frames_over_many_chunks(prompt_lens, tail, chunk_frames,
+                                                                      reused):
     gen = torch.Generator().manual_seed(0)
     sizes = [torch.randint(1, chunk_frames + 3, (14,), generator=gen).tolist() for _ in prompt_lens]
     streams = [FakeStream(p, sizes[i], 1000 * (i + 1)) for i, p in enumerate(prompt_lens)]

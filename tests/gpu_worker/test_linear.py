@@ -52,6 +52,25 @@ def test_autograd_and_other_dtypes_take_f_linear(restore_path) -> None:
         assert torch.equal(half, F.linear(x.detach().bfloat16(), layer.weight, layer.bias))
 
 
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-4), (torch.bfloat16, 0.07)])
+def test_fused_gelu_is_the_unfused_formula_within_rounding_and_blas_is_exactly_unfused(
+        restore_path, dtype, tolerance) -> None:
+    layer = _layer().to(dtype)
+    x = torch.randn(2, 50, 512, generator=torch.Generator().manual_seed(2)).to(dtype)
+    exact = F.gelu(F.linear(x.double(), layer.weight.double(), layer.bias.double()), approximate="tanh")
+    with torch.inference_mode():
+        linear.set_cpu_linear("blas")
+        unfused = linear.linear_gelu_tanh(layer, x)
+        linear.set_cpu_linear("onednn")
+        fused = linear.linear_gelu_tanh(layer, x)
+    assert torch.equal(unfused, F.gelu(F.linear(x, layer.weight, layer.bias), approximate="tanh"))
+    assert fused.dtype == dtype and fused.shape == (2, 50, 2048)
+    assert (fused.double() - exact).abs().max().item() < tolerance  # bf16: a few ulps at |y| ~ 8
+    assert not torch.equal(fused, unfused) or dtype == torch.float32  # bf16 really took the fused kernel
+    x.requires_grad_(True)
+    assert linear.linear_gelu_tanh(layer.float().requires_grad_(True), x.float()).requires_grad
+
+
 def test_unknown_path_is_refused() -> None:
     with pytest.raises(ValueError, match="onednn"):
         linear.set_cpu_linear("cublas")
@@ -65,17 +84,32 @@ def test_dit_uses_it_and_keeps_checkpoint_names() -> None:
     assert {"blocks.0.attn.to_q.weight", "blocks.0.mlp.fc1.bias", "in_proj.weight"} <= names
 
 
+class Nothing:
+    """Features source and preparer of an engine that is only built, never run."""
+
+    def get(self, voice_id: str):
+        return None
+
+    def prepare(self, job):
+        raise AssertionError("not called")
+
+
 def test_the_worker_runtime_follows_the_setting(restore_path) -> None:
     from app.settings import Settings
     from gpu_worker.runtime import build_engine
 
-    class Nothing:
-        def get(self, voice_id: str):
-            return None
-
-        def prepare(self, job):
-            raise AssertionError("not called")
-
     for kind in ("blas", "onednn"):
         build_engine(Settings(model_preset="tiny", cpu_linear=kind), Nothing(), Nothing())
         assert linear.cpu_linear() == kind
+
+
+def test_the_worker_runtime_builds_the_vocoder_in_its_setting() -> None:
+    from app.settings import Settings
+    from gpu_worker.runtime import build_engine
+
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        engine = build_engine(Settings(model_preset="tiny", hift_dtype=name), Nothing(), Nothing())
+        hift = engine.decoder.model.hift
+        assert engine.decoder.hift_dtype() == hift.ups[0].weight.dtype == dtype
+        assert hift.conv_post.weight.dtype == hift.f0_predictor.classifier.weight.dtype == torch.float32
+        assert not any("parametrizations" in k for k in hift.state_dict())  # weight norm folded

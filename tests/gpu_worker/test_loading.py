@@ -12,11 +12,13 @@ import torch
 from app.errors import ModelLoadError
 from gpu_worker.checkpoint_io import hift_checkpoint_state, render_flow_yaml, write_official_layout
 from gpu_worker.loading import (
+    HIFT_FLOAT32_PARTS,
     fuse_weight_norm,
     load_dummy,
     load_hift,
     load_model_folder,
     normalize_hift_state,
+    prepare_hift,
     read_flow_config,
 )
 from gpu_worker.model import Code2Wav
@@ -81,6 +83,27 @@ def test_fused_weight_norm_keeps_the_vocoder_output(tiny_folder):
         after, _ = hift(mel, noise=noise)
     assert "conv_pre.weight" in hift.state_dict()
     assert torch.equal(before, after)  # the same weights, computed once instead of per call
+
+
+def test_prepare_hift_keeps_fp32_bits_and_casts_only_the_body_to_bf16(tiny_folder):
+    mel = torch.randn(2, 80, 12, generator=torch.Generator().manual_seed(0)) - 4.0
+    noise = tiny_folder[1].hift.draw_noise([torch.Generator().manual_seed(i) for i in (1, 2)], 12)
+    outputs = {}
+    for dtype in (None, torch.float32, torch.bfloat16):
+        hift = load_hift(tiny_folder[0] / "hift.pt", TINY.hift)
+        if dtype is not None:
+            assert prepare_hift(hift, dtype) is hift
+        with torch.inference_mode():
+            outputs[dtype], _ = hift(mel if dtype is None else mel.to(dtype), noise=noise)
+        if dtype == torch.bfloat16:
+            kept = {f"{part}." for part in HIFT_FLOAT32_PARTS}
+            for name, p in hift.state_dict().items():
+                assert p.dtype == (torch.float32 if name.startswith(tuple(kept)) else torch.bfloat16), name
+    assert torch.equal(outputs[None], outputs[torch.float32])  # fp32: only the weight norm folded
+    bf16, fp32 = outputs[torch.bfloat16], outputs[torch.float32]
+    assert bf16.dtype == torch.float32 and torch.isfinite(bf16).all()  # the iSTFT runs in float32
+    snr = 10 * torch.log10((fp32**2).sum() / ((bf16 - fp32) ** 2).sum())
+    assert 15 < snr.item() < 200  # near fp32, not equal to it (a bf16 body really ran)
 
 
 def test_normalize_hift_state_maps_old_weight_norm_names():
