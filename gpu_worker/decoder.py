@@ -84,7 +84,8 @@ class StreamingDecoder:
         self.micro_batch_size = micro_batch_size
         self.window = torch.hamming_window(2 * HIFT_SOURCE_CACHE, periodic=False, dtype=torch.float64,
                                            device=self.device)
-        self.workspace = Workspace()  # the solve's attention buffer, kept from step to step (kvcache.py)
+        # the solve's attention buffer, kept from step to step (kvcache.py); None: a fresh one each step
+        self.workspace: Workspace | None = Workspace()
 
     # -- streams -------------------------------------------------------------------------------------
     def open_stream(self, voice: VoicePrompt, seed: int) -> StreamState:

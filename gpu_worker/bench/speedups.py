@@ -7,14 +7,13 @@
     hift           one HiFT forward over a steady-state chunk (58 mel frames): weight norm as
                    parametrizations + the Snake formula (before) against weight norm folded at load + the
                    inference Snake (after); the outputs must be the same bits
+    hift bf16      the same forward in float32 against `prepare_hift(bf16)`, with the audio's SNR
     linear         a DiT linear ([2 x rows x 50, 512] x [512, 2048]): the BLAS (`F.linear`) against
                    oneDNN (`gpu_worker.model.linear`)
-    decoder        (with --decoder PRESET) the whole thing where it counts: one voice install and one
-                   steady-state step of 1 and of `rows` warm streams with the BLAS linears, the same with
-                   the oneDNN ones, and one chunk of the fp32 reference at batch 1, in turn, `--rounds`
-                   times (every variant sees the same machine; medians); our install (whole device half,
-                   stand-in speaker) next to the reference's setup solve; with --bf16 the same model in
-                   bf16 joins the rotation
+    fc1 + gelu     the DiT MLP's first half, float32 and bf16: F.linear + F.gelu against one oneDNN
+                   linear with the GELU as a post-op (`linear.linear_gelu_tanh`)
+    decoder        (with --decoder PRESET) the whole thing where it counts, every variant and the fp32
+                   reference in turn, `--rounds` times (`rotation.py`: the variants and their pairs)
     causal_conv    a DiT causal conv (k = 3, 512 channels) through mkldnn against the same conv as one
                    matmul over the three shifted frames: the idea the profile suggested, measured (on an
                    AVX-512 CPU the mkldnn kernel wins; the model keeps the conv)
@@ -27,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.bench.machine import git_info, machine_info
-from gpu_worker.loading import fuse_weight_norm
+from gpu_worker.bench.rotation import rotation
+from gpu_worker.loading import fuse_weight_norm, prepare_hift
 from gpu_worker.model import linear
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.hift import HiFTGenerator, Snake
@@ -122,6 +123,50 @@ def causal_conv(rows: int, reps: int) -> dict[str, Any]:
                  note="before = mkldnn conv (kept), after = matmul formulation (rejected)")
 
 
+def hift_bf16(rows: int, reps: int) -> dict[str, Any]:
+    """The full vocoder, weight norm folded, in float32 against `prepare_hift(bf16)` (its F0 predictor,
+    source and conv_post kept float32); the difference is reported as the audio's SNR too."""
+    args = ModelArgs.full().hift
+    models = []
+    for dtype in (torch.float32, torch.bfloat16):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = HiFTGenerator(args).eval().requires_grad_(False)
+        with torch.no_grad():
+            model.f0_predictor.classifier.bias.fill_(100.0)  # voiced, as the dummy's (loading.py)
+        models.append(prepare_hift(model, dtype))
+    frames = 58
+    mel = torch.randn(rows, 80, frames, generator=torch.Generator().manual_seed(1)) - 4.0
+    noise = models[0].draw_noise([torch.Generator().manual_seed(10 + i) for i in range(rows)], frames)
+    with torch.inference_mode():
+        ref, low = models[0](mel, noise=noise)[0], models[1](mel.bfloat16(), noise=noise)[0]
+    snr = 10 * math.log10(float((ref**2).sum()) / float(((low - ref) ** 2).sum()))
+    return _pair(f"hift {rows} rows: fp32 -> bf16 body", lambda: models[0](mel, noise=noise)[0],
+                 lambda: models[1](mel.bfloat16(), noise=noise)[0], reps, audio_snr_db=snr)
+
+
+def gelu_fused(rows: int, reps: int) -> list[dict[str, Any]]:
+    """The DiT MLP's fc1 + tanh-GELU: F.linear then F.gelu against one oneDNN linear with the GELU fused."""
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = Linear(512, 2048).requires_grad_(False).to(dtype)
+        x = torch.randn(2 * rows, 50, 512, generator=torch.Generator().manual_seed(4)).to(dtype)
+        name = f"fc1 + gelu [{2 * rows}, 50, 512] {str(dtype).removeprefix('torch.')}: apart -> fused"
+        def apart(x: torch.Tensor = x, layer: Linear = layer) -> torch.Tensor:
+            return F.gelu(F.linear(x, layer.weight, layer.bias), approximate="tanh")
+
+        def fused(x: torch.Tensor = x, layer: Linear = layer) -> torch.Tensor:
+            return linear.linear_gelu_tanh(layer, x)
+
+        before = linear.cpu_linear()
+        linear.set_cpu_linear("onednn")
+        try:
+            out.append(_pair(name, apart, fused, reps))
+        finally:
+            linear.set_cpu_linear(before)
+    return out
+
+
 def linear_layer(rows: int, reps: int) -> dict[str, Any]:
     dim, hidden = 512, 2048
     layer = Linear(dim, hidden).requires_grad_(False)
@@ -131,96 +176,12 @@ def linear_layer(rows: int, reps: int) -> dict[str, Any]:
                  lambda: linear.onednn_linear(x, layer.weight, layer.bias), reps)
 
 
-def _variant_once(setup: Any, streams: list[Any], path: str, rows: int, into: dict[str, list[float]]) -> None:
-    """One install and one step of 1 and of `rows` streams with linear path `path`."""
-    from gpu_worker.bench.decode import decoder_sweep
-
-    linear.set_cpu_linear(path)
-    start = time.perf_counter()
-    setup.installer(setup.host(0))
-    into.setdefault("install_s", []).append(time.perf_counter() - start)
-    for row in decoder_sweep(setup, streams, sorted({1, rows}), 1, log=lambda _: None):
-        into.setdefault(f"fps_{row['batch']}_rows", []).append(row["fps"])
-
-
-def decoder(preset: str, rows: int, rounds: int = 2, bf16: bool = False) -> list[dict[str, Any]]:
-    """Install + one step of 1 and `rows` streams with the BLAS linears, then with oneDNN's (and, with
-    `bf16`, the same model in bf16), and one steady-state chunk of the fp32 reference (stepaudio2, if
-    installed), repeated `rounds` times in turn, so every variant sees the same machine."""
-    from gpu_worker.bench import reference
-    from gpu_worker.bench.decode import CHUNK_FRAMES, WARMUP_CHUNKS, warm_streams
-    from gpu_worker.bench.workload import BenchSetup
-    from gpu_worker.model.config import SAMPLES_PER_MEL
-
-    def build(dtype: str) -> BenchSetup:
-        return BenchSetup.build(preset=preset, device="cpu", dtype=dtype, speaker="standin",
-                                micro_batch_size=rows)
-
-    setups = {"fp32": build("fp32")}
-    if bf16:
-        setups["bf16"] = build("bf16")
-    # variant -> (setup, linear path)
-    variants = {"blas": ("fp32", "blas"), "onednn": ("fp32", "onednn")}
-    if bf16:
-        variants["bf16"] = ("bf16", "onednn")
-    before = linear.cpu_linear()
-    out: dict[str, dict[str, list[float]]] = {name: {} for name in [*variants, "reference"]}
-    try:
-        with torch.inference_mode():
-            streams = {name: warm_streams(setup, rows) for name, setup in setups.items()}
-            ref_stream = None
-            try:
-                ref = reference.build_reference(setups["fp32"])
-            except ImportError:
-                ref = None  # the reference is a test-only dependency
-            with torch.random.fork_rng(devices=[]):
-                if ref is not None:
-                    ref_stream, solve_s = reference.open_reference_stream(setups["fp32"], ref, 0)
-                    out["reference"]["install_s"] = [solve_s]
-                    for k in range(WARMUP_CHUNKS):
-                        reference.reference_chunk(setups["fp32"], ref_stream, k)
-                for r in range(rounds):
-                    for name, (dtype, path) in variants.items():
-                        _variant_once(setups[dtype], streams[dtype], path, rows, out[name])
-                    if ref_stream is not None:
-                        seconds, samples = reference.reference_chunk(setups["fp32"], ref_stream,
-                                                                     WARMUP_CHUNKS + r)
-                        assert samples == CHUNK_FRAMES * SAMPLES_PER_MEL
-                        out["reference"].setdefault("fps_1_rows", []).append(CHUNK_FRAMES / seconds)
-    finally:
-        linear.set_cpu_linear(before)
-        for setup in setups.values():
-            setup.close()
-    return _decoder_results(preset, out, bf16)
-
-
-def _decoder_results(preset: str, out: dict[str, dict[str, list[float]]], bf16: bool) -> list[dict[str, Any]]:
-    med = {name: {key: statistics.median(v) for key, v in parts.items()} for name, parts in out.items()}
-
-    def entry(name: str, before: float, after: float, higher_is_better: bool) -> dict[str, Any]:
-        return {"name": f"decoder {preset}: {name}", "before": before, "after": after,
-                "speedup": after / before if higher_is_better else before / after, "samples": out}
-
-    results = [entry(f"{key} (BLAS -> oneDNN linears)", med["blas"][key], med["onednn"][key],
-                     key.startswith("fps")) for key in med["blas"]]
-    if bf16:
-        results += [entry(f"{key} (fp32 -> bf16, oneDNN)", med["onednn"][key], med["bf16"][key],
-                          key.startswith("fps")) for key in med["bf16"]]
-    if out["reference"]:
-        ref_fps = med["reference"]["fps_1_rows"]
-        for name in (n for n in out if n != "reference"):
-            results += [entry(f"{key} {name} vs reference 1 row fp32", ref_fps, med[name][key], True)
-                        for key in med[name] if key.startswith("fps")]
-        results.append(entry("setup solve, reference fp32 -> our install (oneDNN)",
-                             med["reference"]["install_s"], med["onednn"]["install_s"], False))
-    return results
-
-
 def run(rows: int, reps: int, decoder_preset: str | None = None, rounds: int = 2, bf16: bool = False
         ) -> dict[str, Any]:
-    results = [*snake(rows, reps), hift(rows, reps), linear_layer(rows, reps), causal_conv(rows, reps)]
+    results = [*snake(rows, reps), hift(rows, reps), hift_bf16(rows, reps), linear_layer(rows, reps),
+               *gelu_fused(rows, reps), causal_conv(rows, reps)]
     if decoder_preset:
-        results += decoder(decoder_preset, rows, rounds, bf16)
+        results += rotation(decoder_preset, rows, rounds, bf16)
     return {"machine": machine_info(torch.device("cpu")), "git": git_info(), "rows": rows, "reps": reps,
             "results": results}
 
@@ -234,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decoder", choices=["full", "tiny"], default=None,
                    help="also the whole decoder (install + steps) with each linear path")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the decoder part")
-    p.add_argument("--bf16", action="store_true", help="the decoder part also runs the model in bf16")
+    p.add_argument("--bf16", action="store_true",
+                   help="the decoder part also runs the flow in bf16, and the flow and vocoder in bf16")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
@@ -246,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':44} {'before ms':>10} {'after ms':>10} {'speed-up':>9} {'max |diff|':>11}")
     for r in report["results"]:
         if "before_ms" in r:
+            snr = f"  audio SNR {r['audio_snr_db']:.1f} dB" if "audio_snr_db" in r else ""
             print(f"{r['name']:44} {r['before_ms']:10.2f} {r['after_ms']:10.2f} {r['speedup']:8.2f}x "
-                  f"{r['max_abs_diff']:11.3g}")
+                  f"{r['max_abs_diff']:11.3g}{snr}")
         else:  # decoder rows: seconds or frames/s, medians of two alternating rounds
             print(f"{r['name']:66} {r['before']:8.2f} -> {r['after']:8.2f}  {r['speedup']:.2f}x")
     if args.json:

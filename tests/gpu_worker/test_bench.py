@@ -109,38 +109,44 @@ def test_bf16_run_is_held_to_the_fp32_reference_and_reports_its_deviation(tmp_pa
     # bf16 rounds (so it differs from fp32) but stays close: a broken cast would be far off
     assert 0 < p["mel_mean_abs"] < 0.05 * p["mel_range"] and 0 < p["mel_max_abs"] < 0.2 * p["mel_range"]
     assert 20 < p["audio_snr_db"] < 200
-    assert "bf16 vs fp32" in capsys.readouterr().out
+    assert "bf16 (vocoder fp32) vs fp32" in capsys.readouterr().out
 
 
 def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thread) -> None:
-    from gpu_worker.bench import speedups
+    from gpu_worker.bench import rotation, speedups
     from gpu_worker.model import linear
 
     out = tmp_path / "speedups.json"
     path = linear.cpu_linear()
-    assert speedups.main(["--rows", "2", "--reps", "1", "--threads", "1", "--decoder", "tiny",
+    assert speedups.main(["--rows", "2", "--reps", "1", "--threads", "1", "--decoder", "tiny", "--bf16",
                           "--json", str(out)]) == 0
     assert linear.cpu_linear() == path  # the decoder part switches paths and puts the process's back
     rows = json.loads(out.read_text())["results"]
     parts = {" ".join(r["name"].split(" ")[:2]): r for r in rows}
-    assert {"hift forward,", "DiT linear", "DiT causal"} <= set(parts)
+    assert {"hift forward,", "hift 2", "DiT linear", "DiT causal"} <= set(parts)
     assert sum(r["name"].startswith("snake") for r in rows) == 3
     for r in rows:
         if "before_ms" in r:
             assert r["before_ms"] > 0 and r["after_ms"] > 0
             assert _close(r["speedup"], r["before_ms"] / r["after_ms"])
     # the kept HiFT speed-ups are exact; the linear and the rejected conv-as-matmul round differently
-    assert all(r["max_abs_diff"] == 0 for r in rows if r["name"].startswith(("snake", "hift")))
+    assert all(r["max_abs_diff"] == 0 for r in rows if r["name"].startswith(("snake", "hift forward")))
     assert 0 < parts["DiT linear"]["max_abs_diff"] < 1e-4 and 0 < parts["DiT causal"]["max_abs_diff"] < 1e-4
+    gelu = {r["name"].split(" ")[6].rstrip(":"): r for r in rows if r["name"].startswith("fc1 + gelu")}
+    assert set(gelu) == {"float32", "bfloat16"}
+    assert gelu["float32"]["max_abs_diff"] < 1e-4 and gelu["bfloat16"]["max_abs_diff"] < 0.1
+    assert 15 < parts["hift 2"]["audio_snr_db"] < 200  # a bf16 vocoder body: close to fp32, not equal
     decoder = [r for r in rows if r["name"].startswith("decoder tiny")]
-    switched = {r["name"].split(": ")[1].split(" ")[0] for r in decoder if "BLAS -> oneDNN" in r["name"]}
-    assert switched == {"install_s", "fps_1_rows", "fps_2_rows"}
+    for _, _, what in rotation.PAIRS:
+        switched = {r["name"].split(": ")[1].split(" ")[0] for r in decoder if f"({what})" in r["name"]}
+        assert switched == {"install_s", "fps_1_rows", "fps_2_rows"}, what
     against_reference = [r for r in decoder if "vs reference" in r["name"]]
-    assert len(against_reference) == 4  # 1 and 2 rows, each linear path, against the interleaved reference
+    variants = {**rotation.FP32, **rotation.BF16}
+    assert len(against_reference) == 2 * len(variants)  # 1 and 2 rows of each variant, same rotation
     for r in decoder:
         assert r["before"] > 0 and r["after"] > 0
         samples = r["samples"]
-        assert len(samples["blas"]["install_s"]) == len(samples["onednn"]["install_s"]) == 2
+        assert all(len(samples[name]["install_s"]) == 2 for name in variants)
         assert len(samples["reference"]["fps_1_rows"]) == 2 and len(samples["reference"]["install_s"]) == 1
     for r in against_reference:
         assert _close(r["speedup"], r["after"] / r["before"])
