@@ -52,6 +52,11 @@ class Settings(BaseSettings):
         default=1, ge=0, description="torch threads in each CPU worker process (one process per core); "
         "0 keeps torch's default"
     )
+    install_lane: bool = Field(
+        default=False, description="CPU only: voice installs (the device half) on a side thread beside "
+        "the decode loop, as the side stream does on CUDA; give the engine half the cores "
+        "(WAVEFARM_TORCH_THREADS)"
+    )
     cpu_linear: Literal["onednn", "blas"] = Field(
         default="onednn", description="float32 linears on a CPU: oneDNN (faster where measured) or the BLAS"
     )

@@ -5,7 +5,9 @@ owns the device and does, in order:
 1. pump: apply aborts, admit new jobs, resolve each waiting job's voice (installed -> pin; features in the
    store -> install; not ready -> keep waiting up to `prep_wait_ms` while other rows decode, then prepare
    inline: the host half in `prep_pool` if one is given, so other rows still decode, then the install
-   here), and open its stream;
+   here), and open its stream. With an `install_lane` (a CPU worker's side thread) every install, and an
+   inline preparation's host half before it, runs in the lane while other rows decode; the job starts
+   at the first pump after it is done;
 2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream);
 3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
 4. finish: release finished, failed and aborted jobs (unpin, forget), reclaim abandoned installs and
@@ -99,22 +101,32 @@ class _Live:
 
 
 @dataclass
+class _Installed:
+    """What the install lane hands back: a prompt built off the engine thread and its seconds."""
+
+    prompt: Any
+    install_s: float
+
+
+@dataclass
 class _Preparing:
-    future: Future[PromptHostFeatures]
+    future: Future[Any]  # PromptHostFeatures (prep pool) or _Installed (install lane)
     path: str  # the prep path of the job that asked for it
     owner: str  # that job's id
+    stored: bool = False  # the lane installs stored features: on failure the voice is prepared inline
 
 
 class Engine:
     def __init__(self, decoder: StreamDecoder, voices: VoiceCache, *, features: FeatureSource,
                  preparer: InlinePreparer, micro_batch_size: int, prep_wait_ms: float,
                  clock: Callable[[], float] = time.monotonic, max_first_chunks: int | None = None,
-                 prep_pool: Executor | None = None) -> None:
+                 prep_pool: Executor | None = None, install_lane: Executor | None = None) -> None:
         self.decoder = decoder
         self.voices = voices
         self.features = features
         self.preparer = preparer
         self.prep_pool = prep_pool  # None: inline preparation runs in the engine thread, in order
+        self.install_lane = install_lane  # None: installs run in the engine thread (CUDA: side stream)
         self.prep_wait_s = prep_wait_ms / 1000.0
         self.clock = clock
         self.scheduler = Scheduler(micro_batch_size=micro_batch_size, max_first_chunks=max_first_chunks)
@@ -229,6 +241,10 @@ class Engine:
         got = fetched[voice_id]
         if isinstance(got, PromptHostFeatures):
             path = "prepared_ahead" if first_try else "late"
+            if self.install_lane is not None:
+                future = self.install_lane.submit(self._build, got)
+                self._preparing[voice_id] = _Preparing(future, path, live.job.job_id, stored=True)
+                return
             try:
                 self._install(got, events)
             except Exception as exc:  # noqa: BLE001 - bad stored features fall back to inline preparation
@@ -255,10 +271,15 @@ class Engine:
         return got
 
     def _install_inline(self, live: _Live, path: str, events: list[EngineEvent]) -> None:
-        """Prepare the job's voice here: in the pool (other rows keep decoding), else right now."""
-        if self.prep_pool is not None:
-            future = self.prep_pool.submit(self.preparer.prepare, live.job)
-            self._preparing[live.job.voice_id] = _Preparing(future, path, live.job.job_id)
+        """Prepare the job's voice here: in the lane or the pool (other rows keep decoding), else now."""
+        job = live.job
+        future: Future[Any] | None = None
+        if self.install_lane is not None:
+            future = self.install_lane.submit(lambda: self._build(self.preparer.prepare(job)))
+        elif self.prep_pool is not None:
+            future = self.prep_pool.submit(self.preparer.prepare, job)
+        if future is not None:
+            self._preparing[job.voice_id] = _Preparing(future, path, job.job_id)
             return
         fresh = live.job.voice_id not in self.voices
         try:
@@ -279,17 +300,38 @@ class Engine:
             if not waiting:
                 continue  # every job that wanted it went away: nothing is installed
             fresh = voice_id not in self.voices
+            owner = next((lv for lv in waiting if lv.job.job_id == prep.owner), waiting[0])
             try:
-                self._install_host(prep.future.result(), voice_id, events)
+                self._keep_prepared(prep.future.result(), voice_id, events)
             except Exception as exc:  # noqa: BLE001 - the voice cannot be prepared: its jobs fail
+                if prep.stored:  # unusable stored features: prepare inline, as without a lane
+                    log.warning("job %s: installing stored features of voice %s failed (%s); preparing "
+                                "inline", owner.job.job_id, voice_id, exc)
+                    self._install_inline(owner, "failed", events)
+                    continue
                 for live in waiting:
                     self._fail(live, exc, events, path=prep.path)
                 continue
-            owner = next((lv for lv in waiting if lv.job.job_id == prep.owner), waiting[0])
             for live in waiting:
                 path = prep.path if live is owner else "already_installed"
                 self._start(live, path, self.voices.pin(voice_id), events,
                             installed=fresh and live is owner)
+
+    def _build(self, host: PromptHostFeatures) -> _Installed:
+        """The install lane's work (another thread): the device half, not yet kept."""
+        return _Installed(*self.voices.build(host))
+
+    def _keep_prepared(self, got: PromptHostFeatures | _Installed, voice_id: str,
+                       events: list[EngineEvent]) -> InstalledVoice:
+        if not isinstance(got, _Installed):
+            return self._install_host(got, voice_id, events)
+        if got.prompt.voice_id != voice_id:
+            raise ValueError(f"inline preparation produced voice {got.prompt.voice_id}, not {voice_id}")
+        entry = self.voices.get(voice_id)
+        if entry is None:
+            entry = self.voices.adopt(got.prompt, got.install_s)
+            self._installed(entry, events)
+        return entry
 
     def _install_host(self, host: PromptHostFeatures, voice_id: str,
                       events: list[EngineEvent]) -> InstalledVoice:
@@ -299,10 +341,13 @@ class Engine:
 
     def _install(self, host: PromptHostFeatures, events: list[EngineEvent]) -> InstalledVoice:
         entry = self.voices.install(host)
+        self._installed(entry, events)
+        return entry
+
+    def _installed(self, entry: InstalledVoice, events: list[EngineEvent]) -> None:
         self.stats["installs"] += 1
         log.info("voice %s installed in %.3f s (%d bytes)", entry.voice_id, entry.install_s, entry.nbytes)
         events.append(VoiceInstalled(voice_id=entry.voice_id, nbytes=entry.nbytes, install_s=entry.install_s))
-        return entry
 
     def _start(self, live: _Live, path: str, entry: InstalledVoice, events: list[EngineEvent],
                installed: bool = False) -> None:

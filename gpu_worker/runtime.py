@@ -323,9 +323,12 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
                         max_voices=settings.voice_cache_capacity)
     # Inline host halves run beside the decode loop (CPU work; torch releases the GIL in it).
     pool = ThreadPoolExecutor(max_workers=INLINE_PREP_THREADS, thread_name_prefix="wavefarm-inline-prep")
+    lane = None
+    if settings.install_lane and device.type == "cpu":  # on CUDA installs already overlap (side stream)
+        lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wavefarm-install-lane")
     return Engine(decoder, voices, features=features, preparer=preparer,
                   micro_batch_size=settings.micro_batch_size, prep_wait_ms=settings.prep_wait_ms,
-                  prep_pool=pool)
+                  prep_pool=pool, install_lane=lane)
 
 
 def build_runtime(settings: Settings, worker_id: str,

@@ -9,7 +9,8 @@ On a CUDA device `install` runs the device half on a side stream and records an 
 step that uses the voice makes the main stream wait on it (`wait_ready`), a device-side wait with no
 host sync. The published tensors are `record_stream`-ed on the main stream so the caching allocator
 does not hand their memory to the side stream while the main stream still reads them. On a CPU device
-installs simply run in order in the calling (engine) thread.
+installs run in the calling thread: the engine's, in order, or its install lane's (a side thread, the
+CPU's stand-in for the side stream), which builds the prompt with `build` and hands it to `adopt`.
 
 This module does no preparation maths itself: the installer callable (`gpu_worker.prompt`) does.
 """
@@ -90,26 +91,35 @@ class VoiceCache:
         return sum(v.nbytes for v in self._voices.values())
 
     # -- install, pin, wait --------------------------------------------------------------------------
+    def build(self, host: PromptHostFeatures) -> tuple[Installable, float]:
+        """The device half for `host`, not kept: (prompt, seconds). Any thread may call it (CPU)."""
+        start = self._now()
+        prompt = self._installer(host)
+        return prompt, self._now() - start
+
+    def adopt(self, prompt: Installable, install_s: float, ready_event: Any = None) -> InstalledVoice:
+        """Keep a prompt `build` made (in this thread or another)."""
+        assert prompt.voice_id not in self._voices, f"voice {prompt.voice_id} installed twice"
+        entry = InstalledVoice(voice_id=prompt.voice_id, prompt=prompt, nbytes=int(prompt.nbytes()),
+                               install_s=install_s, ready_event=ready_event)
+        self._voices[prompt.voice_id] = entry
+        self._touch(entry)
+        return entry
+
     def install(self, host: PromptHostFeatures) -> InstalledVoice:
         """Run the device half for `host` (on the side stream on CUDA) and keep the result."""
         assert host.voice_id not in self._voices, f"voice {host.voice_id} installed twice"
-        start = self._now()
         if self._side_stream is None:
+            return self.adopt(*self.build(host))
+        start = self._now()
+        with torch.cuda.stream(self._side_stream):
             prompt = self._installer(host)
-            event = None
-        else:
-            with torch.cuda.stream(self._side_stream):
-                prompt = self._installer(host)
-                event = torch.cuda.Event()
-                event.record(self._side_stream)
-            main = torch.cuda.current_stream(self.device)
-            for tensor in prompt.tensors():
-                tensor.record_stream(main)
-        entry = InstalledVoice(voice_id=host.voice_id, prompt=prompt, nbytes=int(prompt.nbytes()),
-                               install_s=self._now() - start, ready_event=event)
-        self._voices[host.voice_id] = entry
-        self._touch(entry)
-        return entry
+            event = torch.cuda.Event()
+            event.record(self._side_stream)
+        main = torch.cuda.current_stream(self.device)
+        for tensor in prompt.tensors():
+            tensor.record_stream(main)
+        return self.adopt(prompt, self._now() - start, ready_event=event)
 
     def pin(self, voice_id: str) -> InstalledVoice:
         entry = self._voices[voice_id]

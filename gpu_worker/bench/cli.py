@@ -68,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--speaker", choices=["s3", "standin"], default=None,
                    help="device half's S3 + CAM++: the ONNX files (full) or a stand-in")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--install-lane", action="store_true",
+                   help="modes c and d install voices on a side thread (WAVEFARM_INSTALL_LANE; CPU)")
     p.add_argument("--quick", action="store_true", help="C 1,4, batches 1,4, 1 chunk, 1 step, no mixed set")
     p.add_argument("--json", dest="json_path", default=None, metavar="OUT")
     p.add_argument("--render", default=None, metavar="JSON",
@@ -81,6 +83,7 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     concurrency = args.concurrency or ([1, 4] if quick else [1, 2, 4, 8, 16])
     return {
         "preset": args.preset, "device": args.device, "dtype": args.dtype, "hift_dtype": args.hift_dtype,
+        "install_lane": args.install_lane,
         "concurrency": concurrency,
         "batches": args.batches or ([1, 4] if quick else concurrency),
         "steps": args.steps or (1 if quick else 2), "chunks": args.chunks or (1 if quick else 2),
@@ -146,7 +149,7 @@ def _engine(setup: BenchSetup, cfg: dict[str, Any], out: dict[str, Any],
 
     fits = [c for c in cfg["concurrency"] if c not in too_big]
     sweep.engine_sweep(setup, cfg["modes"], fits, cfg["chunks"], cfg["mixed"], cfg["jobs_per_client"],
-                       max(cfg["concurrency"]), log, keep)
+                       max(cfg["concurrency"]), log, keep, install_lane=cfg.get("install_lane", False))
     out["engine"] += [{"workload": "equal", "concurrency": c, "mode": m, "skipped": why}
                       for c, why in too_big.items() for m in cfg["modes"]]
 

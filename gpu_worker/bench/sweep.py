@@ -9,7 +9,8 @@ Modes, run one after another on the same jobs:
        inside the step that first needs it
     b  batched, inline preparation: every submitted job admitted, up to `micro_batch_size` rows per step
     c  batched, preparation ahead: the host half was computed before the run (as the CPU workers would);
-       the engine installs the voice (device half) when a job first needs it
+       the engine installs the voice (device half) when a job first needs it: on CUDA on its side stream,
+       on a CPU in the engine thread, or with `install_lane` on a side thread beside the decode loop
     d  as c with every voice already installed
 
 Workload for concurrency C (`clients_for`), closed loop: C clients, each submitting `jobs_per_client`
@@ -27,6 +28,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,8 +108,8 @@ class PcmPreparer:
         return host
 
 
-def _engine(setup: BenchSetup, mode: Mode, voices_used: list[int], micro_batch_size: int
-            ) -> tuple[Engine, PcmPreparer]:
+def _engine(setup: BenchSetup, mode: Mode, voices_used: list[int], micro_batch_size: int,
+            lane: ThreadPoolExecutor | None = None) -> tuple[Engine, PcmPreparer]:
     by_id = {setup.voice(v).voice_id: v for v in voices_used}
     if mode.installed:  # the bench's own installs of these voices, shared read-only as the worker would
         cache = VoiceCache(lambda host: setup.install(by_id[host.voice_id]), device=setup.device)
@@ -118,7 +120,8 @@ def _engine(setup: BenchSetup, mode: Mode, voices_used: list[int], micro_batch_s
     features = {setup.voice(v).voice_id: setup.host(v) for v in voices_used} if mode.ahead else {}
     preparer = PcmPreparer(setup, by_id)
     engine = Engine(setup.decoder, cache, features=MemoryFeatures(features), preparer=preparer,
-                    micro_batch_size=1 if mode.sequential else micro_batch_size, prep_wait_ms=0)
+                    micro_batch_size=1 if mode.sequential else micro_batch_size, prep_wait_ms=0,
+                    install_lane=lane if mode.ahead else None)
     return engine, preparer
 
 
@@ -179,11 +182,18 @@ class _Clients:
         return rows
 
 
-def run_mode(setup: BenchSetup, mode: Mode, clients: list[list[JobSpec]], micro_batch_size: int
-             ) -> dict[str, Any]:
+def run_mode(setup: BenchSetup, mode: Mode, clients: list[list[JobSpec]], micro_batch_size: int,
+             install_lane: bool = False) -> dict[str, Any]:
+    """One mode over one workload. `install_lane`: modes c and d install voices on a side thread (CPU)."""
     specs = [spec for jobs in clients for spec in jobs]
     voices_used = sorted({s.voice for s in specs})
-    engine, preparer = _engine(setup, mode, voices_used, micro_batch_size)
+    with ThreadPoolExecutor(1, thread_name_prefix="bench-install-lane") as lane:
+        engine, preparer = _engine(setup, mode, voices_used, micro_batch_size, lane if install_lane else None)
+        return _drive(setup, mode, clients, specs, voices_used, engine, preparer)
+
+
+def _drive(setup: BenchSetup, mode: Mode, clients: list[list[JobSpec]], specs: list[JobSpec],
+           voices_used: list[int], engine: Engine, preparer: PcmPreparer) -> dict[str, Any]:
     step_s: list[float] = []
     batches: Counter[int] = Counter()
     with PeakRss() as rss:
@@ -198,6 +208,8 @@ def run_mode(setup: BenchSetup, mode: Mode, clients: list[list[JobSpec]], micro_
             if rows:
                 step_s.append(now - t0)
                 batches[rows] += 1
+            else:  # every live job waits for its voice (the lane): sleep as the worker's loop does
+                time.sleep(min(engine.idle_hint_s(), 0.01))
         wall = time.perf_counter() - start
     frames = sum(run.samples.values()) / SAMPLES_PER_MEL
     latency = [run.first_audio[s.job_id] - run.submitted[s.job_id] for s in specs]
@@ -216,7 +228,8 @@ def run_mode(setup: BenchSetup, mode: Mode, clients: list[list[JobSpec]], micro_
 
 def engine_sweep(setup: BenchSetup, modes: list[str], concurrency: list[int], chunks: int, mixed: int,
                  jobs_per_client: int, micro_batch_size: int, log: Callable[[str], None] = print,
-                 on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                 on_result: Callable[[dict[str, Any]], None] | None = None, install_lane: bool = False
+                 ) -> list[dict[str, Any]]:
     """Every mode at every concurrency on equal-length jobs, then every mode on the mixed set."""
     workloads = [("equal", clients_for(c, equal_tokens(chunks), jobs_per_client, f"eq{c}"))
                  for c in concurrency]
@@ -225,7 +238,7 @@ def engine_sweep(setup: BenchSetup, modes: list[str], concurrency: list[int], ch
     results = []
     for name, clients in workloads:
         for key in modes:
-            result = run_mode(setup, MODES[key], clients, micro_batch_size)
+            result = run_mode(setup, MODES[key], clients, micro_batch_size, install_lane)
             result["workload"] = name
             results.append(result)
             if on_result is not None:

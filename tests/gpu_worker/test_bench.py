@@ -96,9 +96,13 @@ def test_bf16_run_is_held_to_the_fp32_reference_and_reports_its_deviation(tmp_pa
     pytest.importorskip("stepaudio2.cosyvoice2.flow.flow")
     out = tmp_path / "bench.json"
     assert main(["--preset", "tiny", "--dtype", "bf16", "--threads", "1", "--concurrency", "1",
-                 "--batches", "1", "--chunks", "1", "--steps", "1", "--mixed", "0", "--modes", "d",
-                 "--json", str(out)]) == 0
+                 "--batches", "1", "--chunks", "1", "--steps", "1", "--mixed", "0", "--modes", "c,d",
+                 "--install-lane", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
+    assert report["config"]["install_lane"] is True
+    lane_run = next(r for r in report["engine"] if r["mode"] == "c")  # its voice installed in the lane
+    assert lane_run["prep_paths"] == {"prepared_ahead": 1} and lane_run["installs"] == 1
+    assert lane_run["frames"] == lane_run["frames_expected"] > 0
     ceiling = report["limit"]["ceiling_fps"]
     ref, row = report["reference"], report["decoder"][0]
     assert ref["dtype"] == "fp32" and _close(ref["limit_fraction"], ref["fps"] / ceiling["fp32"])

@@ -333,6 +333,106 @@ def test_every_prep_path_has_a_counter() -> None:
     assert set(h.engine.counters) == set(PREP_PATHS)
 
 
+# -- the install lane: installs on a side thread (CPU) -----------------------------------------------
+
+
+class GatedInstaller:
+    """The fake installer behind a gate the test opens; NaN features fail as corrupt ones do."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.calls: list[str] = []
+        self.threads: set[str] = set()
+
+    def __call__(self, host: PromptHostFeatures) -> FakePrompt:
+        self.calls.append(host.voice_id)
+        self.threads.add(threading.current_thread().name)
+        self.go.wait(10)
+        if torch.isnan(host.logmel128).any():
+            raise RuntimeError("corrupt features")
+        return install(host)
+
+
+@pytest.fixture
+def laned() -> Iterator[tuple[Harness, GatedInstaller]]:
+    h = harness("alice", "zoe")
+    gate = GatedInstaller()
+    h.engine.voices = VoiceCache(gate, device="cpu")
+    lane = ThreadPoolExecutor(1, thread_name_prefix="lane")
+    h.engine.install_lane = lane
+    yield h, gate
+    gate.go.set()
+    lane.shutdown(wait=True)
+
+
+def test_rows_keep_decoding_while_a_stored_voice_installs_in_the_lane(laned) -> None:
+    h, gate = laned
+    gate.go.set()
+    h.engine.add(job("running", "alice", seed=1))
+    _steps_until(h, lambda: bool(h.of(VoiceReady, "running")))
+    gate.go.clear()
+    h.engine.add(job("new", "zoe", seed=2))
+    h.engine.add(job("same-voice", "zoe", seed=3))
+    h.step(3)
+    assert h.of(Audio, "running") and not h.of(Audio, "new")  # decoding went on during the install
+    assert gate.calls == ["alice", "zoe"] and gate.threads == {"lane_0"}  # never the engine thread
+    gate.go.set()
+    _steps_until(h, lambda: len(h.of(Finished)) == 3)
+    paths = {e.job_id: e.prep_path for e in h.of(VoiceReady)}
+    assert paths == {"running": "prepared_ahead", "new": "prepared_ahead", "same-voice": "already_installed"}
+    timings = {e.job_id: e.timings for e in h.of(Finished)}
+    assert "install_s" in timings["new"] and "install_s" not in timings["same-voice"]
+    assert [e.voice_id for e in h.of(VoiceInstalled)] == ["alice", "zoe"] and gate.calls == ["alice", "zoe"]
+    for job_id, voice, seed in (("running", "alice", 1), ("new", "zoe", 2), ("same-voice", "zoe", 3)):
+        assert torch.equal(h.audio(job_id), expected_audio(voice, seed, TOKENS))
+
+
+def test_a_lane_install_whose_job_went_away_is_dropped_once_it_settles(laned) -> None:
+    h, gate = laned
+    h.engine.add(job("j", "zoe"))
+    h.step()
+    assert h.engine._preparing and gate.calls == ["zoe"]
+    h.engine.abort("j")
+    h.step()
+    assert h.engine.wait_for_work(0)  # the unsettled install keeps the loop polling
+    gate.go.set()
+    _steps_until(h, lambda: not h.engine._preparing)
+    h.step()
+    assert h.of(VoiceInstalled) == [] and "zoe" not in h.engine.voices
+    assert h.engine.counters["abandoned"] == 1 and [e.job_id for e in h.of(Aborted)] == ["j"]
+
+
+def test_corrupt_stored_features_in_the_lane_fall_back_to_inline_preparation(laned) -> None:
+    h, gate = laned
+    bad = features("zoe")
+    bad.logmel128.fill_(float("nan"))
+    h.store.entries["zoe"] = bad
+    gate.go.set()
+    h.engine.add(job("j", "zoe", seed=4))
+    _steps_until(h, lambda: bool(h.of(Finished, "j")))
+    assert h.of(VoiceReady, "j")[0].prep_path == "failed" and h.preparer.calls == ["j"]
+    assert gate.calls == ["zoe", "zoe"]  # the stored features, then the inline ones, both in the lane
+    assert torch.equal(h.audio("j"), expected_audio("zoe", 4, TOKENS))
+
+
+def test_a_failed_inline_preparation_in_the_lane_fails_its_jobs_only(laned) -> None:
+    h, gate = laned
+    gate.go.set()
+    h.preparer.fail = True
+    h.engine.add(job("ok", "alice", seed=1))
+    h.engine.add(job("lost", "nobody", seed=2))
+    h.engine.add(job("lost-too", "nobody", seed=3))
+    for _ in range(200):
+        h.clock.now += 0.1  # past the prep wait: "nobody" is prepared inline, in the lane
+        h.step()
+        if len(h.of(Finished) + h.of(Failed)) == 3:
+            break
+        time.sleep(0.002)
+    assert [e.job_id for e in h.of(Finished)] == ["ok"]
+    assert sorted(e.job_id for e in h.of(Failed)) == ["lost", "lost-too"]
+    assert "reference audio is gone" in h.of(Failed, "lost")[0].error and "nobody" not in h.engine.voices
+
+
 # -- inline preparation in a pool ----------------------------------------------------------------------
 
 
@@ -605,12 +705,14 @@ OPS = st.lists(st.one_of(
 
 
 @settings(max_examples=40, deadline=None)
-@given(ops=OPS, batch=st.integers(1, 4), max_voices=st.integers(1, 3), pooled=st.booleans())
+@given(ops=OPS, batch=st.integers(1, 4), max_voices=st.integers(1, 3),
+       threads=st.sampled_from(["none", "prep pool", "install lane"]))
 def test_every_job_ends_once_with_its_own_audio_and_nothing_stays_pinned(ops, batch, max_voices,
-                                                                        pooled) -> None:
+                                                                        threads) -> None:
     h = harness(micro_batch_size=batch, prep_wait_ms=200, max_voices=max_voices)
     with ThreadPoolExecutor(1) as pool:
-        h.engine.prep_pool = pool if pooled else None
+        h.engine.prep_pool = pool if threads == "prep pool" else None
+        h.engine.install_lane = pool if threads == "install lane" else None
         added = _run_ops(h, ops)
         _drain(h)
     _check_ends(h, added, max_voices)

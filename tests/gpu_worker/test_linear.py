@@ -82,34 +82,3 @@ def test_dit_uses_it_and_keeps_checkpoint_names() -> None:
     assert isinstance(block.attn.to_q, linear.Linear) and isinstance(block.mlp.fc1, linear.Linear)
     names = set(dit.state_dict())
     assert {"blocks.0.attn.to_q.weight", "blocks.0.mlp.fc1.bias", "in_proj.weight"} <= names
-
-
-class Nothing:
-    """Features source and preparer of an engine that is only built, never run."""
-
-    def get(self, voice_id: str):
-        return None
-
-    def prepare(self, job):
-        raise AssertionError("not called")
-
-
-def test_the_worker_runtime_follows_the_setting(restore_path) -> None:
-    from app.settings import Settings
-    from gpu_worker.runtime import build_engine
-
-    for kind in ("blas", "onednn"):
-        build_engine(Settings(model_preset="tiny", cpu_linear=kind), Nothing(), Nothing())
-        assert linear.cpu_linear() == kind
-
-
-def test_the_worker_runtime_builds_the_vocoder_in_its_setting() -> None:
-    from app.settings import Settings
-    from gpu_worker.runtime import build_engine
-
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        engine = build_engine(Settings(model_preset="tiny", hift_dtype=name), Nothing(), Nothing())
-        hift = engine.decoder.model.hift
-        assert engine.decoder.hift_dtype() == hift.ups[0].weight.dtype == dtype
-        assert hift.conv_post.weight.dtype == hift.f0_predictor.classifier.weight.dtype == torch.float32
-        assert not any("parametrizations" in k for k in hift.state_dict())  # weight norm folded

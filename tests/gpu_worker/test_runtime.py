@@ -1,0 +1,53 @@
+"""The worker's runtime builds its engine from the settings: linear path, vocoder dtype, install lane."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from app.settings import Settings
+from gpu_worker.model import linear
+from gpu_worker.runtime import build_engine
+
+
+@pytest.fixture
+def restore_path():
+    before = linear.cpu_linear()
+    yield
+    linear.set_cpu_linear(before)
+
+
+class Nothing:
+    """Features source and preparer of an engine that is only built, never run."""
+
+    def get(self, voice_id: str):
+        return None
+
+    def prepare(self, job):
+        raise AssertionError("not called")
+
+
+def test_the_worker_runtime_follows_the_setting(restore_path) -> None:
+    for kind in ("blas", "onednn"):
+        build_engine(Settings(model_preset="tiny", cpu_linear=kind), Nothing(), Nothing())
+        assert linear.cpu_linear() == kind
+
+
+def test_the_worker_runtime_builds_the_vocoder_in_its_setting() -> None:
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        engine = build_engine(Settings(model_preset="tiny", hift_dtype=name), Nothing(), Nothing())
+        hift = engine.decoder.model.hift
+        assert engine.decoder.hift_dtype() == hift.ups[0].weight.dtype == dtype
+        assert hift.conv_post.weight.dtype == hift.f0_predictor.classifier.weight.dtype == torch.float32
+        assert not any("parametrizations" in k for k in hift.state_dict())  # weight norm folded
+
+
+def test_the_worker_runtime_gives_a_cpu_engine_an_install_lane_only_when_asked() -> None:
+    assert build_engine(Settings(model_preset="tiny"), Nothing(), Nothing()).install_lane is None
+    engine = build_engine(Settings(model_preset="tiny", install_lane=True), Nothing(), Nothing())
+    assert engine.install_lane is not None
+    assert engine.install_lane.submit(lambda: threading.current_thread().name).result().startswith(
+        "wavefarm-install-lane")
+    engine.install_lane.shutdown()
