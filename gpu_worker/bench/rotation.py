@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 import torch
 
 from gpu_worker.bench import reference
-from gpu_worker.bench.decode import CHUNK_FRAMES, WARMUP_CHUNKS, decoder_sweep, warm_streams
+from gpu_worker.bench.decode import CHUNK_FRAMES, decoder_sweep, warm_streams
+from gpu_worker.bench.reference import REFERENCE_WARMUP_CHUNKS
 from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.model import linear
 from gpu_worker.model.config import SAMPLES_PER_MEL
@@ -103,13 +104,13 @@ def _rounds(setups: dict[str, BenchSetup], streams: dict[str, list[Any]],
         if ref is not None:
             ref_stream, solve_s = reference.open_reference_stream(base, ref, 0)
             out["reference"]["install_s"] = [solve_s]
-            for k in range(WARMUP_CHUNKS):
+            for k in range(REFERENCE_WARMUP_CHUNKS):
                 reference.reference_chunk(base, ref_stream, k)
         for r in range(rounds):
             for name, v in variants.items():
                 _once(setups[v.setup], streams[v.setup], v, workspaces[v.setup], rows, out[name])
             if ref_stream is not None:
-                seconds, samples = reference.reference_chunk(base, ref_stream, WARMUP_CHUNKS + r)
+                seconds, samples = reference.reference_chunk(base, ref_stream, REFERENCE_WARMUP_CHUNKS + r)
                 assert samples == CHUNK_FRAMES * SAMPLES_PER_MEL
                 out["reference"].setdefault("fps_1_rows", []).append(CHUNK_FRAMES / seconds)
 
