@@ -154,3 +154,8 @@ def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thre
         assert len(samples["reference"]["fps_1_rows"]) == 2 and len(samples["reference"]["install_s"]) == 1
     for r in against_reference:
         assert _close(r["speedup"], r["after"] / r["before"])
+
+
+def test_the_install_lane_is_refused_for_a_cuda_engine(capsys) -> None:
+    assert main(["--preset", "tiny", "--device", "cuda", "--install-lane"]) == 2
+    assert "--install-lane is for a CPU engine" in capsys.readouterr().err
