@@ -282,10 +282,11 @@ HIFT_FLOAT32_PARTS = ("f0_predictor", "m_source", "conv_post")
 def prepare_hift(hift: HiFTGenerator, dtype: torch.dtype = torch.float32) -> HiFTGenerator:
     """For inference: weight norm folded (in the loaded float32), then the vocoder body cast to `dtype`.
 
-    The parts in `HIFT_FLOAT32_PARTS` stay float32 whatever `dtype` is: with them in bf16 too the audio
-    of the random full-size vocoder was 14 dB SNR from float32's (the F0 sets every sample's phase, and
-    conv_post's output is exponentiated and taken as phase by the iSTFT); with them kept, 40 dB
-    (docs/PERFORMANCE.md, run 3). float32 changes nothing: the same weights, bit for bit.
+    The parts in `HIFT_FLOAT32_PARTS` stay float32 whatever `dtype` is: with them in bf16 too, a one-off
+    probe (not kept) found the random full-size vocoder's audio 14 dB SNR from float32's (the F0 sets
+    every sample's phase; conv_post's output is exponentiated and taken as phase by the iSTFT); with them
+    kept, 40 dB (`python -m gpu_worker.bench.speedups`, docs/PERFORMANCE.md run 3). float32 changes
+    nothing: the same weights, bit for bit.
     """
     fuse_weight_norm(hift)
     if dtype != torch.float32:

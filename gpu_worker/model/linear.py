@@ -15,9 +15,10 @@ checkpoints load unchanged.
 
 `linear_gelu_tanh(layer, x)` is `gelu(layer(x), approximate="tanh")` (the DiT MLP's first half) as one
 oneDNN linear with a GELU post-op, in float32 and in bf16, on the same conditions and switch. On the
-AMX Xeon of run 3 a separate bf16 GELU over [16, 50, 2048] took longer than the bf16 matrix product
-before it (3.1 against 1.7 ms); fused, the pair took 2.2 ms instead of 4.4 (float32: 9.1 instead of 11).
-The post-op evaluates the same tanh formula in float32 (bf16 output rounded once).
+AMX Xeon of run 3 a separate bf16 GELU over [16, 50, 2048] took longer than the bf16 product before it
+(2.8 against 2.4 ms per call in an 8-row step's profile); fused, the pair took 2.3 ms instead of 4.8
+(float32: 9.8 instead of 10.8; `python -m gpu_worker.bench.speedups`, docs/PERFORMANCE.md run 3). The
+output is rounded to bf16 once instead of twice.
 """
 
 from __future__ import annotations
