@@ -353,6 +353,13 @@ class GatedInstaller:
         return install(host)
 
 
+def _until_called(gate: GatedInstaller, n: int) -> None:
+    """Waits for the lane thread to reach the installer: a submitted install may not have begun yet."""
+    deadline = time.monotonic() + 10
+    while len(gate.calls) < n and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 @pytest.fixture
 def laned() -> Iterator[tuple[Harness, GatedInstaller]]:
     h = harness("alice", "zoe")
@@ -375,6 +382,7 @@ def test_rows_keep_decoding_while_a_stored_voice_installs_in_the_lane(laned) -> 
     h.engine.add(job("same-voice", "zoe", seed=3))
     h.step(3)
     assert h.of(Audio, "running") and not h.of(Audio, "new")  # decoding went on during the install
+    _until_called(gate, 2)
     assert gate.calls == ["alice", "zoe"] and gate.threads == {"lane_0"}  # never the engine thread
     gate.go.set()
     _steps_until(h, lambda: len(h.of(Finished)) == 3)
@@ -391,6 +399,7 @@ def test_a_lane_install_whose_job_went_away_is_dropped_once_it_settles(laned) ->
     h, gate = laned
     h.engine.add(job("j", "zoe"))
     h.step()
+    _until_called(gate, 1)
     assert h.engine._preparing and gate.calls == ["zoe"]
     h.engine.abort("j")
     h.step()
