@@ -326,7 +326,7 @@ class Engine:
         if not isinstance(got, _Installed):
             return self._install_host(got, voice_id, events)
         if got.prompt.voice_id != voice_id:
-            raise ValueError(f"inline preparation produced voice {got.prompt.voice_id}, not {voice_id}")
+            raise ValueError(f"the install lane produced voice {got.prompt.voice_id}, not {voice_id}")
         entry = self.voices.get(voice_id)
         if entry is None:
             entry = self.voices.adopt(got.prompt, got.install_s)

@@ -149,7 +149,7 @@ def _engine(setup: BenchSetup, cfg: dict[str, Any], out: dict[str, Any],
 
     fits = [c for c in cfg["concurrency"] if c not in too_big]
     sweep.engine_sweep(setup, cfg["modes"], fits, cfg["chunks"], cfg["mixed"], cfg["jobs_per_client"],
-                       max(cfg["concurrency"]), log, keep, install_lane=cfg.get("install_lane", False))
+                       max(cfg["concurrency"]), log, keep, install_lane=cfg["install_lane"])
     out["engine"] += [{"workload": "equal", "concurrency": c, "mode": m, "skipped": why}
                       for c, why in too_big.items() for m in cfg["modes"]]
 
@@ -164,7 +164,7 @@ def run(cfg: dict[str, Any], command: str, log: Callable[[str], None] = print,
     log("1. model folder (seeded random weights, released layout) and the decoder")
     rows = max(cfg["batches"] + cfg["concurrency"])
     setup = BenchSetup.build(preset=cfg["preset"], device=cfg["device"], dtype=cfg["dtype"],
-                             hift_dtype=cfg.get("hift_dtype", "fp32"),
+                             hift_dtype=cfg["hift_dtype"],
                              speaker=cfg["speaker"], micro_batch_size=rows)
     out["machine"] = machine_info(setup.device)
     try:
@@ -175,8 +175,8 @@ def run(cfg: dict[str, Any], command: str, log: Callable[[str], None] = print,
         save(out)
         _model_numbers(setup, cfg, out, log)
         save(out)
-        if cfg["dtype"] != "fp32" or cfg.get("hift_dtype", "fp32") != "fp32":
-            log(f"4b. flow {cfg['dtype']}, vocoder {cfg.get('hift_dtype', 'fp32')} output against fp32 on "
+        if cfg["dtype"] != "fp32" or cfg["hift_dtype"] != "fp32":
+            log(f"4b. flow {cfg['dtype']}, vocoder {cfg['hift_dtype']} output against fp32 on "
                 "the same weights, voice, tokens and seed")
             out["precision"] = precision.deviation(setup)
             log(f"  mel max |diff| {out['precision']['mel_max_abs']:.3g}, audio SNR "
