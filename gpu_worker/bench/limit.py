@@ -91,7 +91,10 @@ def _mm_rates(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, 
     out = {"blas": flops / _best_s(lambda: torch.mm(a, b), device, min_s) / 1e9}
     if device.type == "cpu" and linear.onednn_available():
         w = b.t().contiguous()
-        out["onednn"] = flops / _best_s(lambda: linear.onednn_linear(a, w, None), device, min_s) / 1e9
+        try:
+            out["onednn"] = flops / _best_s(lambda: linear.onednn_linear(a, w, None), device, min_s) / 1e9
+        except RuntimeError:  # no oneDNN kernel in this dtype here (bf16 on an AVX2-only CPU): BLAS only
+            pass
     return out
 
 

@@ -152,6 +152,9 @@ def gelu_fused(rows: int, reps: int) -> list[dict[str, Any]]:
         layer = Linear(512, 2048).requires_grad_(False).to(dtype)
         x = torch.randn(2 * rows, 50, 512, generator=torch.Generator().manual_seed(4)).to(dtype)
         name = f"fc1 + gelu [{2 * rows}, 50, 512] {str(dtype).removeprefix('torch.')}: apart -> fused"
+        if not linear.fused_gelu_available(dtype):
+            name += " (no fused kernel on this CPU: both apart)"
+
         def apart(x: torch.Tensor = x, layer: Linear = layer) -> torch.Tensor:
             return F.gelu(F.linear(x, layer.weight, layer.bias), approximate="tanh")
 

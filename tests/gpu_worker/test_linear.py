@@ -66,9 +66,31 @@ def test_fused_gelu_is_the_unfused_formula_within_rounding_and_blas_is_exactly_u
     assert torch.equal(unfused, F.gelu(F.linear(x, layer.weight, layer.bias), approximate="tanh"))
     assert fused.dtype == dtype and fused.shape == (2, 50, 2048)
     assert (fused.double() - exact).abs().max().item() < tolerance  # bf16: a few ulps at |y| ~ 8
-    assert not torch.equal(fused, unfused) or dtype == torch.float32  # bf16 really took the fused kernel
+    if linear.fused_gelu_available(dtype):  # bf16 really took the fused kernel (rounded once, not twice)
+        assert not torch.equal(fused, unfused) or dtype == torch.float32
+    else:  # no bf16 kernel in this CPU's oneDNN: the unfused formula
+        assert torch.equal(fused, unfused)
     x.requires_grad_(True)
     assert linear.linear_gelu_tanh(layer.float().requires_grad_(True), x.float()).requires_grad
+
+
+def test_the_fused_kernel_probe_tells_the_truth_and_an_unbuildable_dtype_falls_back(restore_path,
+                                                                                  monkeypatch) -> None:
+    layer = _layer().to(torch.bfloat16)
+    x = torch.randn(2, 50, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    try:  # what this CPU's oneDNN really does with a bf16 linear+GELU
+        with torch.inference_mode():
+            torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "gelu", [], "tanh")
+        buildable = True
+    except RuntimeError:
+        buildable = False
+    assert linear.fused_gelu_available(torch.bfloat16) == buildable
+    assert linear.fused_gelu_available(torch.float32)
+    monkeypatch.setitem(linear._fused_works, torch.bfloat16, False)  # as on a CPU without bf16 instructions
+    linear.set_cpu_linear("onednn")
+    with torch.inference_mode():
+        got = linear.linear_gelu_tanh(layer, x)
+    assert torch.equal(got, F.gelu(F.linear(x, layer.weight, layer.bias), approximate="tanh"))
 
 
 def test_unknown_path_is_refused() -> None:
