@@ -2,12 +2,12 @@
 
 `add(job)` and `abort(job_id)` may be called from any thread; `step()` is called by the one thread that
 owns the device and does, in order:
-1. pump: apply aborts, admit new jobs, resolve each waiting job's voice (installed -> pin; features in the
-   store -> install; not ready -> keep waiting up to `prep_wait_ms` while other rows decode, then prepare
-   inline: the host half in `prep_pool` if one is given, so other rows still decode, then the install
-   here), and open its stream. With an `install_lane` (a CPU worker's side thread) every install, and an
-   inline preparation's host half before it, runs in the lane while other rows decode; the job starts
-   at the first pump after it is done;
+1. pump: apply aborts, admit new jobs, resolve each waiting job's voice (`gpu_worker.resolver`:
+   installed -> pin; features in the store -> install; not ready -> keep waiting up to `prep_wait_ms`
+   while other rows decode, then prepare inline: the host half in `prep_pool` if one is given, so other
+   rows still decode, then the install here). With an `install_lane` (a CPU worker's side thread) every
+   install, and an inline preparation's host half before it, runs in the lane while other rows decode;
+   the job starts at the first pump after it is done. A job whose voice is ready gets its stream;
 2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream);
 3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
 4. finish: release finished, failed and aborted jobs (unpin, forget), reclaim abandoned installs and
@@ -27,15 +27,15 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from app.errors import EngineFailure
-from app.features import PromptHostFeatures
 from gpu_worker.model.config import SAMPLE_RATE
+from gpu_worker.resolver import PREP_PATHS, Fail, FeatureSource, InlinePreparer, Outcome, Start, VoiceResolver
 from gpu_worker.scheduler import Scheduler, StreamView
 from gpu_worker.streams import (
     Aborted,
@@ -47,7 +47,6 @@ from gpu_worker.streams import (
     Failed,
     Finished,
     VoiceEvicted,
-    VoiceInstalled,
     VoiceReady,
     plan_chunks,
     validate_tokens,
@@ -55,25 +54,6 @@ from gpu_worker.streams import (
 from gpu_worker.voices import InstalledVoice, VoiceCache
 
 log = logging.getLogger(__name__)
-
-# How a job's voice became ready. prepared_ahead: features were in the store when the job arrived;
-# already_installed: the voice was installed on this worker; late: the features arrived while the job
-# waited; inline: the wait ran out and the worker prepared the voice itself; failed / unavailable: the
-# stored features were unusable / the store could not be read, so the worker prepared inline at once;
-# queue_full: the voice's CPU preparation was never queued, so no waiting; abandoned: the job went away
-# while waiting for its voice.
-PREP_PATHS = ("prepared_ahead", "already_installed", "late", "inline", "failed", "unavailable",
-              "queue_full", "abandoned")
-
-
-class FeatureSource(Protocol):
-    def get(self, voice_id: str) -> PromptHostFeatures | None:
-        """Prepared features, or None while not (yet) there. Raise ConnectionError if unreadable."""
-
-
-class InlinePreparer(Protocol):
-    def prepare(self, job: EngineJob) -> PromptHostFeatures:
-        """Compute the job's voice's host features now (read the reference, run the host half)."""
 
 
 class StreamDecoder(Protocol):
@@ -100,22 +80,6 @@ class _Live:
     outcome: str | None = None  # finished | failed | aborted: released at the next finish phase
 
 
-@dataclass
-class _Installed:
-    """What the install lane hands back: a prompt built off the engine thread and its seconds."""
-
-    prompt: Any
-    install_s: float
-
-
-@dataclass
-class _Preparing:
-    future: Future[Any]  # PromptHostFeatures (prep pool) or _Installed (install lane)
-    path: str  # the prep path of the job that asked for it
-    owner: str  # that job's id
-    stored: bool = False  # the lane installs stored features: on failure the voice is prepared inline
-
-
 class Engine:
     def __init__(self, decoder: StreamDecoder, voices: VoiceCache, *, features: FeatureSource,
                  preparer: InlinePreparer, micro_batch_size: int, prep_wait_ms: float,
@@ -123,17 +87,14 @@ class Engine:
                  prep_pool: Executor | None = None, install_lane: Executor | None = None) -> None:
         self.decoder = decoder
         self.voices = voices
-        self.features = features
-        self.preparer = preparer
-        self.prep_pool = prep_pool  # None: inline preparation runs in the engine thread, in order
-        self.install_lane = install_lane  # None: installs run in the engine thread (CUDA: side stream)
+        self.resolver = VoiceResolver(voices, features=features, preparer=preparer, clock=clock,
+                                      prep_pool=prep_pool, install_lane=install_lane)
         self.prep_wait_s = prep_wait_ms / 1000.0
         self.clock = clock
         self.scheduler = Scheduler(micro_batch_size=micro_batch_size, max_first_chunks=max_first_chunks)
         self.counters: Counter[str] = Counter(dict.fromkeys(PREP_PATHS, 0))
         self.stats: Counter[str] = Counter()  # steps, batches, rows, mel frames; jobs finished/failed/aborted
         self._live: dict[str, _Live] = {}
-        self._preparing: dict[str, _Preparing] = {}  # voice id -> inline preparation in the pool
         self._inbox: deque[EngineJob] = deque()
         self._aborts: set[str] = set()
         self._known: set[str] = set()  # queued or live job ids (guarded by _cond)
@@ -163,14 +124,15 @@ class Engine:
         with self._cond:
             # _preparing: a pool preparation whose jobs went away is still collected once it settles
             return self._cond.wait_for(
-                lambda: bool(self._inbox or self._aborts or self._live or self._preparing), timeout)
+                lambda: bool(self._inbox or self._aborts or self._live or self.resolver.preparing), timeout)
 
     def live_jobs(self) -> list[str]:
         return list(self._live)
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for logs and dashboards: prep paths, steps, rows, jobs, installed voices."""
-        return {"prep_paths": dict(self.counters), **self.stats, "live_jobs": len(self._live),
+        return {"prep_paths": dict(self.counters), **self.stats, "installs": self.resolver.installs,
+                "live_jobs": len(self._live),
                 "voices": len(self.voices), "voice_bytes": self.voices.nbytes()}
 
     def idle_hint_s(self) -> float:
@@ -180,7 +142,7 @@ class Engine:
         if not waiting:
             return 0.05
         now = self.clock()
-        until = [lv.deadline - now for lv in waiting if lv.job.voice_id not in self._preparing]
+        until = [lv.deadline - now for lv in waiting if lv.job.voice_id not in self.resolver.preparing]
         return min(0.01, max(0.001, min(until, default=0.01)))
 
     # -- the engine thread ---------------------------------------------------------------------------
@@ -210,11 +172,12 @@ class Engine:
             live = self._live.get(job_id)
             if live is not None:
                 self._abort_live(live, events)
-        self._collect_prepared(events)
-        fetched: dict[str, PromptHostFeatures | None | Exception] = {}
+        for outcome in self.resolver.collect(self._waiting_for, events):  # settled lane/pool preparations
+            self._apply(outcome, events)
+        fetched: dict[str, Any] = {}
         for live in list(self._live.values()):
             if live.stream is None and live.outcome is None:
-                self._resolve_voice(live, fetched, events)
+                self._apply(self.resolver.resolve(live, fetched, events), events)
 
     def _abort_live(self, live: _Live, events: list[EngineEvent]) -> None:
         if live.outcome is not None:
@@ -225,129 +188,16 @@ class Engine:
         live.outcome = "aborted"
         events.append(Aborted(job_id=live.job.job_id, prep_path=live.prep_path))
 
-    def _resolve_voice(self, live: _Live, fetched: dict[str, Any], events: list[EngineEvent]) -> None:
-        voice_id = live.job.voice_id
-        first_try, live.polled = not live.polled, True
-        if voice_id in self.voices:
-            self._start(live, "already_installed", self.voices.pin(voice_id), events)
-            return
-        if voice_id in self._preparing:  # another job's inline preparation will serve this one too
-            return
-        if live.job.prep_hint in ("queue_full", "failed"):
-            self._install_inline(live, live.job.prep_hint, events)
-            return
-        if voice_id not in fetched:
-            fetched[voice_id] = self._fetch(voice_id)
-        got = fetched[voice_id]
-        if isinstance(got, PromptHostFeatures):
-            path = "prepared_ahead" if first_try else "late"
-            if self.install_lane is not None:
-                future = self.install_lane.submit(self._build, got)
-                self._preparing[voice_id] = _Preparing(future, path, live.job.job_id, stored=True)
-                return
-            try:
-                self._install(got, events)
-            except Exception as exc:  # noqa: BLE001 - bad stored features fall back to inline preparation
-                log.warning("job %s: installing stored features of voice %s failed (%s); preparing inline",
-                            live.job.job_id, voice_id, exc)
-                fetched[voice_id] = exc
-                self._install_inline(live, "failed", events)
-                return
-            self._start(live, path, self.voices.pin(voice_id), events, installed=True)
-        elif isinstance(got, Exception):
-            path = "unavailable" if isinstance(got, ConnectionError) else "failed"
-            self._install_inline(live, path, events)
-        elif self.clock() >= live.deadline:
-            self._install_inline(live, "inline", events)
+    def _apply(self, outcome: Outcome | None, events: list[EngineEvent]) -> None:
+        if isinstance(outcome, Start):
+            self._start(outcome.live, outcome.path, self.voices.pin(outcome.live.job.voice_id), events,
+                        installed=outcome.installed)
+        elif isinstance(outcome, Fail):
+            self._fail(outcome.live, outcome.error, events, path=outcome.path)
 
-    def _fetch(self, voice_id: str) -> PromptHostFeatures | None | Exception:
-        try:
-            got = self.features.get(voice_id)
-        except Exception as exc:  # noqa: BLE001 - any store problem means "prepare inline", counted
-            log.warning("feature store read for voice %s failed: %s", voice_id, exc)
-            return exc
-        if got is not None and got.voice_id != voice_id:
-            return ValueError(f"feature store returned voice {got.voice_id} for {voice_id}")
-        return got
-
-    def _install_inline(self, live: _Live, path: str, events: list[EngineEvent]) -> None:
-        """Prepare the job's voice here: in the lane or the pool (other rows keep decoding), else now."""
-        job = live.job
-        future: Future[Any] | None = None
-        if self.install_lane is not None:
-            future = self.install_lane.submit(lambda: self._build(self.preparer.prepare(job)))
-        elif self.prep_pool is not None:
-            future = self.prep_pool.submit(self.preparer.prepare, job)
-        if future is not None:
-            self._preparing[job.voice_id] = _Preparing(future, path, job.job_id)
-            return
-        fresh = live.job.voice_id not in self.voices
-        try:
-            entry = self._install_host(self.preparer.prepare(live.job), live.job.voice_id, events)
-        except Exception as exc:  # noqa: BLE001 - one job's preparation failing fails that job only
-            self._fail(live, exc, events, path=path)
-            return
-        self._start(live, path, self.voices.pin(entry.voice_id), events, installed=fresh)
-
-    def _collect_prepared(self, events: list[EngineEvent]) -> None:
-        """Install finished pool preparations for the jobs still waiting on them; drop the others'."""
-        for voice_id, prep in list(self._preparing.items()):
-            if not prep.future.done():
-                continue
-            del self._preparing[voice_id]
-            waiting = [lv for lv in self._live.values()
-                       if lv.job.voice_id == voice_id and lv.stream is None and lv.outcome is None]
-            if not waiting:
-                continue  # every job that wanted it went away: nothing is installed
-            fresh = voice_id not in self.voices
-            owner = next((lv for lv in waiting if lv.job.job_id == prep.owner), waiting[0])
-            try:
-                self._keep_prepared(prep.future.result(), voice_id, events)
-            except Exception as exc:  # noqa: BLE001 - the voice cannot be prepared: its jobs fail
-                if prep.stored:  # unusable stored features: prepare inline, as without a lane
-                    log.warning("job %s: installing stored features of voice %s failed (%s); preparing "
-                                "inline", owner.job.job_id, voice_id, exc)
-                    self._install_inline(owner, "failed", events)
-                    continue
-                for live in waiting:
-                    self._fail(live, exc, events, path=prep.path)
-                continue
-            for live in waiting:
-                path = prep.path if live is owner else "already_installed"
-                self._start(live, path, self.voices.pin(voice_id), events,
-                            installed=fresh and live is owner)
-
-    def _build(self, host: PromptHostFeatures) -> _Installed:
-        """The install lane's work (another thread): the device half, not yet kept."""
-        return _Installed(*self.voices.build(host))
-
-    def _keep_prepared(self, got: PromptHostFeatures | _Installed, voice_id: str,
-                       events: list[EngineEvent]) -> InstalledVoice:
-        if not isinstance(got, _Installed):
-            return self._install_host(got, voice_id, events)
-        if got.prompt.voice_id != voice_id:
-            raise ValueError(f"the install lane produced voice {got.prompt.voice_id}, not {voice_id}")
-        entry = self.voices.get(voice_id)
-        if entry is None:
-            entry = self.voices.adopt(got.prompt, got.install_s)
-            self._installed(entry, events)
-        return entry
-
-    def _install_host(self, host: PromptHostFeatures, voice_id: str,
-                      events: list[EngineEvent]) -> InstalledVoice:
-        if host.voice_id != voice_id:
-            raise ValueError(f"inline preparation produced voice {host.voice_id}, not {voice_id}")
-        return self.voices.get(voice_id) or self._install(host, events)
-
-    def _install(self, host: PromptHostFeatures, events: list[EngineEvent]) -> InstalledVoice:
-        entry = self.voices.install(host)
-        self._installed(entry, events)
-        return entry
-
-    def _installed(self, entry: InstalledVoice, events: list[EngineEvent]) -> None:
-        self.stats["installs"] += 1
-        log.info("voice %s installed in %.3f s (%d bytes)", entry.voice_id, entry.install_s, entry.nbytes)
-        events.append(VoiceInstalled(voice_id=entry.voice_id, nbytes=entry.nbytes, install_s=entry.install_s))
+    def _waiting_for(self, voice_id: str) -> list[_Live]:
+        return [lv for lv in self._live.values()
+                if lv.job.voice_id == voice_id and lv.stream is None and lv.outcome is None]
 
     def _start(self, live: _Live, path: str, entry: InstalledVoice, events: list[EngineEvent],
                installed: bool = False) -> None:

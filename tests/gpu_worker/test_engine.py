@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -135,7 +136,7 @@ class Harness:
     engine: Engine
     decoder: FakeDecoder
     store: FakeStore
-    preparer: FakePreparer
+    preparer: Any  # FakePreparer, or the test's own
     clock: FakeClock
     events: list = field(default_factory=list)
 
@@ -163,14 +164,15 @@ class Harness:
 
 
 def harness(*stored: str, micro_batch_size: int = 4, prep_wait_ms: float = 500, max_voices: int = 8,
-            poisoned: frozenset[int] = frozenset()) -> Harness:
+            poisoned: frozenset[int] = frozenset(), installer=install, preparer: Any = None,
+            prep_pool: Executor | None = None, install_lane: Executor | None = None) -> Harness:
     clock = FakeClock()
     decoder = FakeDecoder(poisoned)
     store = FakeStore(*stored)
-    preparer = FakePreparer()
-    voices = VoiceCache(install, device="cpu", max_voices=max_voices)
+    preparer = preparer or FakePreparer()
+    voices = VoiceCache(installer, device="cpu", max_voices=max_voices)
     engine = Engine(decoder, voices, features=store, preparer=preparer, micro_batch_size=micro_batch_size,
-                    prep_wait_ms=prep_wait_ms, clock=clock)
+                    prep_wait_ms=prep_wait_ms, clock=clock, prep_pool=prep_pool, install_lane=install_lane)
     return Harness(engine, decoder, store, preparer, clock)
 
 
@@ -362,11 +364,9 @@ def _until_called(gate: GatedInstaller, n: int) -> None:
 
 @pytest.fixture
 def laned() -> Iterator[tuple[Harness, GatedInstaller]]:
-    h = harness("alice", "zoe")
     gate = GatedInstaller()
-    h.engine.voices = VoiceCache(gate, device="cpu")
     lane = ThreadPoolExecutor(1, thread_name_prefix="lane")
-    h.engine.install_lane = lane
+    h = harness("alice", "zoe", installer=gate, install_lane=lane)
     yield h, gate
     gate.go.set()
     lane.shutdown(wait=True)
@@ -400,12 +400,12 @@ def test_a_lane_install_whose_job_went_away_is_dropped_once_it_settles(laned) ->
     h.engine.add(job("j", "zoe"))
     h.step()
     _until_called(gate, 1)
-    assert h.engine._preparing and gate.calls == ["zoe"]
+    assert h.engine.resolver.preparing and gate.calls == ["zoe"]
     h.engine.abort("j")
     h.step()
     assert h.engine.wait_for_work(0)  # the unsettled install keeps the loop polling
     gate.go.set()
-    _steps_until(h, lambda: not h.engine._preparing)
+    _steps_until(h, lambda: not h.engine.resolver.preparing)
     h.step()
     assert h.of(VoiceInstalled) == [] and "zoe" not in h.engine.voices
     assert h.engine.counters["abandoned"] == 1 and [e.job_id for e in h.of(Aborted)] == ["j"]
@@ -462,10 +462,8 @@ class BlockingPreparer(FakePreparer):
 
 @pytest.fixture
 def pooled() -> Iterator[Harness]:
-    h = harness("alice", prep_wait_ms=0)
     pool = ThreadPoolExecutor(1)
-    h.preparer = BlockingPreparer()
-    h.engine.preparer, h.engine.prep_pool = h.preparer, pool
+    h = harness("alice", prep_wait_ms=0, preparer=BlockingPreparer(), prep_pool=pool)
     yield h
     h.preparer.go.set()
     pool.shutdown(wait=True)
@@ -504,7 +502,7 @@ def test_a_pool_preparation_whose_jobs_went_away_installs_nothing(pooled: Harnes
     h.engine.abort("j")
     h.step()
     h.preparer.go.set()
-    _steps_until(h, lambda: not h.engine._preparing)
+    _steps_until(h, lambda: not h.engine.resolver.preparing)
     h.step()
     assert h.of(VoiceInstalled) == [] and h.engine.counters["abandoned"] == 1
 
@@ -718,10 +716,10 @@ OPS = st.lists(st.one_of(
        threads=st.sampled_from(["none", "prep pool", "install lane"]))
 def test_every_job_ends_once_with_its_own_audio_and_nothing_stays_pinned(ops, batch, max_voices,
                                                                         threads) -> None:
-    h = harness(micro_batch_size=batch, prep_wait_ms=200, max_voices=max_voices)
     with ThreadPoolExecutor(1) as pool:
-        h.engine.prep_pool = pool if threads == "prep pool" else None
-        h.engine.install_lane = pool if threads == "install lane" else None
+        h = harness(micro_batch_size=batch, prep_wait_ms=200, max_voices=max_voices,
+                    prep_pool=pool if threads == "prep pool" else None,
+                    install_lane=pool if threads == "install lane" else None)
         added = _run_ops(h, ops)
         _drain(h)
     _check_ends(h, added, max_voices)
@@ -733,7 +731,7 @@ def _drain(h: Harness) -> None:
             return
         h.clock.now += 0.05
         h.step()
-        if h.engine._preparing:
+        if h.engine.resolver.preparing:
             time.sleep(0.001)
     raise AssertionError("engine did not drain")
 

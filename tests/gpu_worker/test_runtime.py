@@ -45,9 +45,9 @@ def test_the_worker_runtime_builds_the_vocoder_in_its_setting() -> None:
 
 
 def test_the_worker_runtime_gives_a_cpu_engine_an_install_lane_only_when_asked() -> None:
-    assert build_engine(Settings(model_preset="tiny"), Nothing(), Nothing()).install_lane is None
+    assert build_engine(Settings(model_preset="tiny"), Nothing(), Nothing()).resolver.install_lane is None
     engine = build_engine(Settings(model_preset="tiny", install_lane=True), Nothing(), Nothing())
-    assert engine.install_lane is not None
-    assert engine.install_lane.submit(lambda: threading.current_thread().name).result().startswith(
+    assert engine.resolver.install_lane is not None
+    assert engine.resolver.install_lane.submit(lambda: threading.current_thread().name).result().startswith(
         "wavefarm-install-lane")
-    engine.install_lane.shutdown()
+    engine.resolver.install_lane.shutdown()

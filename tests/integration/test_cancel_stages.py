@@ -205,7 +205,7 @@ def test_cancelled_while_the_worker_prepares_inline_nothing_is_installed_or_kept
     gpu.join(30)
     assert result["status"] == "cancelled" and result["prep_path"] == "abandoned"
     gate.release.set()  # the inline preparation settles after the job went away
-    wait_for(lambda: not rt.loop.engine._preparing)
+    wait_for(lambda: not rt.loop.engine.resolver.preparing)
     time.sleep(0.3)
     assert not features_kept(rt, sessions, job_id)
     assert_nothing_leaked(rt, sessions)
