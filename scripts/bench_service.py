@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -32,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from app.settings import Settings  # noqa: E402
 from app.store import FeatureStore  # noqa: E402
 from gpu_worker.runtime import StoreFeatures, build_engine  # noqa: E402
-from gpu_worker.streams import EngineJob, Failed, Finished  # noqa: E402
+from gpu_worker.streams import Audio, EngineJob, Failed, Finished  # noqa: E402
 from scripts.service_stack import bench_settings, flush_redis, running_stack  # noqa: E402
 
 SAMPLES = REPO / "app" / "samples"
@@ -48,9 +49,12 @@ def settings_for(root: Path, preset: str, slots: int, threads: int) -> Settings:
                           queue="bench")
 
 
-def run_http_jobs(client: httpx.Client, voices: list[str], n_jobs: int, n_tokens: int, seed0: int) -> float:
-    """Submit n_jobs at once, wait for every one to succeed; returns wall seconds."""
-    start = time.perf_counter()
+def run_http_jobs(client: httpx.Client, voices: list[str], n_jobs: int, n_tokens: int,
+                  seed0: int) -> tuple[float, dict[str, float]]:
+    """Submit n_jobs at once, wait for every one to succeed; returns wall seconds and `phases`: seconds
+    from the first submission until the last POST returned, and (the jobs' recorded timings) until the
+    first and the last job started, the first and the last first audio, and the last job finished."""
+    start, epoch = time.perf_counter(), time.time()
     ids = []
     for i in range(n_jobs):
         body = {"voice_id": voices[i % len(voices)], "tokens": job_tokens(n_tokens, seed0 + i),
@@ -58,6 +62,7 @@ def run_http_jobs(client: httpx.Client, voices: list[str], n_jobs: int, n_tokens
         response = client.post("/v1/jobs", json=body)
         response.raise_for_status()
         ids.append(response.json()["id"])
+    posted = time.perf_counter() - start
     pending = set(ids)
     while pending:
         for job_id in list(pending):
@@ -67,27 +72,45 @@ def run_http_jobs(client: httpx.Client, voices: list[str], n_jobs: int, n_tokens
             elif status in ("failed", "cancelled"):
                 raise RuntimeError(f"job {job_id} ended {status}")
         time.sleep(0.05)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    timings = [client.get(f"/v1/jobs/{job_id}").json()["timings"] for job_id in ids]
+
+    def at(key: str) -> list[float]:
+        return [datetime.fromisoformat(t[key]).replace(tzinfo=UTC).timestamp() - epoch for t in timings]
+
+    phases = {"posted": posted, "first_started": min(at("started_at")), "last_started": max(at("started_at")),
+              "first_audio_first": min(at("first_audio_at")), "first_audio_last": max(at("first_audio_at")),
+              "last_finished": max(at("finished_at"))}
+    return wall, {k: round(v, 3) for k, v in phases.items()}
 
 
-def run_engine_jobs(engine, voices: list[str], n_jobs: int, n_tokens: int, seed0: int) -> float:
+def run_engine_jobs(engine, voices: list[str], n_jobs: int, n_tokens: int,
+                    seed0: int) -> tuple[float, dict[str, float]]:
+    """The same jobs added to the engine at once; wall seconds and phases as `run_http_jobs`'s (from the
+    engine's own events: first audio and the last finish)."""
     start = time.perf_counter()
     jobs = [EngineJob(f"e{seed0}-{i}", voices[i % len(voices)], job_tokens(n_tokens, seed0 + i), seed0 + i)
             for i in range(n_jobs)]
     for job in jobs:
         engine.add(job)
+    first_audio: dict[str, float] = {}
     ended: set[str] = set()
     while len(ended) < n_jobs:
         for event in engine.step():
             if isinstance(event, Failed):
                 raise RuntimeError(f"engine job {event.job_id} failed: {event.error}")
+            if isinstance(event, Audio) and event.chunk_index == 0:
+                first_audio[event.job_id] = time.perf_counter() - start
             if isinstance(event, Finished):
                 ended.add(event.job_id)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    phases = {"first_audio_first": min(first_audio.values()), "first_audio_last": max(first_audio.values()),
+              "last_finished": wall}
+    return wall, {k: round(v, 3) for k, v in phases.items()}
 
 
 def service_run(settings: Settings, args: argparse.Namespace,
-                logs: Path) -> tuple[list[str], dict[int, float]]:
+                logs: Path) -> tuple[list[str], dict[int, tuple[float, dict[str, float]]]]:
     with running_stack(settings, logs, PORT), \
             httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
         voices = []
@@ -102,7 +125,8 @@ def service_run(settings: Settings, args: argparse.Namespace,
     return voices, walls
 
 
-def engine_run(settings: Settings, voices: list[str], args: argparse.Namespace) -> dict[int, float]:
+def engine_run(settings: Settings, voices: list[str],
+               args: argparse.Namespace) -> dict[int, tuple[float, dict[str, float]]]:
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
 
     class NoInline:
@@ -110,7 +134,7 @@ def engine_run(settings: Settings, voices: list[str], args: argparse.Namespace) 
             raise RuntimeError("features must be in the store (prepared by the service run)")
 
     engine = build_engine(settings, StoreFeatures(store), NoInline())
-    walls: dict[int, float] = {}
+    walls: dict[int, tuple[float, dict[str, float]]] = {}
 
     def body() -> None:  # the worker steps its engine in a thread too
         with torch.inference_mode():
@@ -144,17 +168,23 @@ def main() -> int:
     frames = {c: c * args.tokens * 2 for c in args.concurrency}  # mel frames: 50 per second of audio
     rows = []
     for c in args.concurrency:
-        rows.append({"concurrency": c, "service_s": round(service[c], 3), "engine_s": round(engine[c], 3),
-                     "service_jobs_per_min": round(60 * c / service[c], 2),
-                     "service_frames_per_s": round(frames[c] / service[c], 1),
-                     "engine_frames_per_s": round(frames[c] / engine[c], 1),
-                     "service_over_engine": round(engine[c] / service[c], 3)})
+        (service_s, service_phases), (engine_s, engine_phases) = service[c], engine[c]
+        rows.append({"concurrency": c, "service_s": round(service_s, 3), "engine_s": round(engine_s, 3),
+                     "service_jobs_per_min": round(60 * c / service_s, 2),
+                     "service_frames_per_s": round(frames[c] / service_s, 1),
+                     "engine_frames_per_s": round(frames[c] / engine_s, 1),
+                     "service_over_engine": round(engine_s / service_s, 3),
+                     "service_phases_s": service_phases, "engine_phases_s": engine_phases})
     print(f"preset {args.preset}, {args.tokens} tokens per job, dummy weights, torch threads "
           f"{args.threads or 'default'}, {os.cpu_count()} cores")
     print("C  service s  engine s  jobs/min  service fps  engine fps  service/engine")
     for r in rows:
         print(f"{r['concurrency']:<3}{r['service_s']:>9}{r['engine_s']:>10}{r['service_jobs_per_min']:>10}"
               f"{r['service_frames_per_s']:>13}{r['engine_frames_per_s']:>12}{r['service_over_engine']:>16}")
+    print("seconds from the first submission (service: the jobs' recorded timings; engine: its events)")
+    for r in rows:
+        print(f"C={r['concurrency']:<3} service {r['service_phases_s']}")
+        print(f"      engine  {r['engine_phases_s']}")
     if args.json:
         revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                                   text=True).stdout
