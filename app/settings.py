@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     micro_batch_size: int = Field(default=8, ge=1, le=256)
     worker_slots: int = Field(default=8, ge=1, le=1024)
     prep_wait_ms: int = Field(default=2000, ge=0)
+    admission_window_ms: int = Field(
+        default=300, ge=0, description="an idle engine waits up to this long (a quarter of it after the "
+        "latest arrival) for more jobs, so a burst starts in one step; 0: start at once"
+    )
     voice_cache_capacity: int = Field(default=8, ge=1, description="installed voices per worker")
     feature_ttl_s: int = Field(default=7 * DAY_S, ge=1)
 

@@ -8,7 +8,11 @@ owns the device and does, in order:
    rows still decode, then the install here). With an `install_lane` (a CPU worker's side thread) every
    install, and an inline preparation's host half before it, runs in the lane while other rows decode;
    the job starts at the first pump after it is done. A job whose voice is ready gets its stream;
-2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream);
+2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream). An idle engine
+   (no stream past its first chunk) first gathers: with `admission_window_ms` > 0 it waits, while the
+   batch is not full, until no job has arrived for a quarter of the window or the window since the first
+   ready job has passed, so that a burst of jobs submitted one by one starts in one step instead of the
+   first starting alone and every later step mixing chunk offsets;
 3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
 4. finish: release finished, failed and aborted jobs (unpin, forget), reclaim abandoned installs and
    evict least-recently-used unpinned voices over capacity.
@@ -84,12 +88,14 @@ class Engine:
     def __init__(self, decoder: StreamDecoder, voices: VoiceCache, *, features: FeatureSource,
                  preparer: InlinePreparer, micro_batch_size: int, prep_wait_ms: float,
                  clock: Callable[[], float] = time.monotonic, max_first_chunks: int | None = None,
-                 prep_pool: Executor | None = None, install_lane: Executor | None = None) -> None:
+                 prep_pool: Executor | None = None, install_lane: Executor | None = None,
+                 admission_window_ms: float = 0.0) -> None:
         self.decoder = decoder
         self.voices = voices
         self.resolver = VoiceResolver(voices, features=features, preparer=preparer, clock=clock,
                                       prep_pool=prep_pool, install_lane=install_lane)
         self.prep_wait_s = prep_wait_ms / 1000.0
+        self.admission_window_s = admission_window_ms / 1000.0  # 0: an idle engine starts at once
         self.clock = clock
         self.scheduler = Scheduler(micro_batch_size=micro_batch_size, max_first_chunks=max_first_chunks)
         self.counters: Counter[str] = Counter(dict.fromkeys(PREP_PATHS, 0))
@@ -138,10 +144,13 @@ class Engine:
     def idle_hint_s(self) -> float:
         """How long the loop may sleep after a step that decoded nothing: every live job is waiting for
         its voice (the store, a prep deadline or a preparation in the pool)."""
+        now = self.clock()
+        gather = self._gather_until()
+        if gather is not None:
+            return min(0.01, max(0.001, gather - now))
         waiting = [lv for lv in self._live.values() if lv.stream is None and lv.outcome is None]
         if not waiting:
             return 0.05
-        now = self.clock()
         until = [lv.deadline - now for lv in waiting if lv.job.voice_id not in self.resolver.preparing]
         return min(0.01, max(0.001, min(until, default=0.01)))
 
@@ -149,7 +158,8 @@ class Engine:
     def step(self) -> list[EngineEvent]:
         events: list[EngineEvent] = []
         self._pump(events)  # 1. aborts, admissions, voices
-        picked = self.scheduler.pick(self._views())  # 2. schedule
+        gathering = self._gather_until() is not None
+        picked = [] if gathering else self.scheduler.pick(self._views())  # 2. schedule
         if picked:
             self._execute([self._live[v.job_id] for v in picked], events)  # 3. decode
         self._finish(events)  # 4. release, reclaim, evict
@@ -218,6 +228,19 @@ class Engine:
                                  wait_s=live.times["prep_wait_s"]))
 
     # 2. schedule -------------------------------------------------------------------------------------
+    def _gather_until(self) -> float | None:
+        """When an idle engine's first step may start (module docstring, step 2); None: now."""
+        if self.admission_window_s <= 0:
+            return None
+        live = [lv for lv in self._live.values() if lv.outcome is None]
+        ready = [lv for lv in live if lv.stream is not None]
+        if (not ready or len(ready) >= self.scheduler.micro_batch_size
+                or any(lv.next_chunk > 0 for lv in ready)):
+            return None
+        until = min(min(lv.admitted for lv in ready) + self.admission_window_s,
+                    max(lv.admitted for lv in live) + self.admission_window_s / 4)
+        return until if self.clock() < until else None
+
     def _views(self) -> list[StreamView]:
         return [StreamView(job_id=lv.job.job_id, voice_id=lv.job.voice_id,
                            ready=lv.stream is not None, chunk_index=lv.next_chunk,

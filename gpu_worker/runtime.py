@@ -328,7 +328,7 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
         lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wavefarm-install-lane")
     return Engine(decoder, voices, features=features, preparer=preparer,
                   micro_batch_size=settings.micro_batch_size, prep_wait_ms=settings.prep_wait_ms,
-                  prep_pool=pool, install_lane=lane)
+                  prep_pool=pool, install_lane=lane, admission_window_ms=settings.admission_window_ms)
 
 
 def build_runtime(settings: Settings, worker_id: str,

@@ -165,14 +165,16 @@ class Harness:
 
 def harness(*stored: str, micro_batch_size: int = 4, prep_wait_ms: float = 500, max_voices: int = 8,
             poisoned: frozenset[int] = frozenset(), installer=install, preparer: Any = None,
-            prep_pool: Executor | None = None, install_lane: Executor | None = None) -> Harness:
+            prep_pool: Executor | None = None, install_lane: Executor | None = None,
+            admission_window_ms: float = 0) -> Harness:
     clock = FakeClock()
     decoder = FakeDecoder(poisoned)
     store = FakeStore(*stored)
     preparer = preparer or FakePreparer()
     voices = VoiceCache(installer, device="cpu", max_voices=max_voices)
     engine = Engine(decoder, voices, features=store, preparer=preparer, micro_batch_size=micro_batch_size,
-                    prep_wait_ms=prep_wait_ms, clock=clock, prep_pool=prep_pool, install_lane=install_lane)
+                    prep_wait_ms=prep_wait_ms, clock=clock, prep_pool=prep_pool, install_lane=install_lane,
+                    admission_window_ms=admission_window_ms)
     return Harness(engine, decoder, store, preparer, clock)
 
 
@@ -246,6 +248,67 @@ def test_the_job_its_voice_was_installed_for_records_the_install_time() -> None:
     assert done["ahead"]["install_s"] == installs["alice"] >= 0
     assert done["inline"]["install_s"] == installs["carol"]
     assert "install_s" not in done["shared"]  # found the voice installed
+
+
+# -- admission window: a burst that arrives one by one starts in one step ----------------------------
+
+
+def test_an_idle_engine_gathers_a_burst_into_one_first_step() -> None:
+    h = harness("alice", "bob", admission_window_ms=300)
+    h.engine.add(job("j1", "alice", seed=1))
+    assert h.of(Audio) == [] and h.step() and h.of(Audio) == []  # ready, but waiting for company
+    for n, voice in ((2, "bob"), (3, "alice")):
+        h.clock.now += 0.05
+        h.engine.add(job(f"j{n}", voice, seed=n))
+        h.step()
+        assert h.decoder.batches == []
+    h.clock.now += 0.074  # 74 ms since the latest arrival: still inside a quarter of the window
+    h.step()
+    assert h.decoder.batches == []
+    h.clock.now += 0.002
+    h.step()
+    assert h.decoder.batches == [[(1, 0), (2, 0), (3, 0)]]
+    h.run()
+    for n, voice in ((1, "alice"), (2, "bob"), (3, "alice")):
+        assert torch.equal(h.audio(f"j{n}"), expected_audio(voice, n, TOKENS))
+    assert all(len(b) == 3 for b in h.decoder.batches)  # the burst stays in step to the end
+
+
+def test_the_gather_ends_at_the_window_however_often_jobs_keep_arriving() -> None:
+    h = harness("alice", micro_batch_size=16, admission_window_ms=300)
+    for n in range(1, 10):  # one every 62.5 ms: the quiet quarter (75 ms) never comes
+        h.engine.add(job(f"j{n}", seed=n))
+        h.step()
+        if h.decoder.batches:
+            break
+        h.clock.now += 0.0625
+    assert [len(b) for b in h.decoder.batches] == [6]  # the 6th, at 312.5 ms, is past the window: all start
+    assert h.clock.now == 100.3125
+
+
+def test_a_full_batch_and_a_busy_engine_do_not_wait() -> None:
+    h = harness("alice", micro_batch_size=2, admission_window_ms=300)
+    h.engine.add(job("j1", seed=1))
+    h.engine.add(job("j2", seed=2))
+    h.step()
+    assert h.decoder.batches == [[(1, 0), (2, 0)]]  # the batch is full: no reason to wait
+    h2 = harness("alice", micro_batch_size=4, admission_window_ms=300)
+    h2.engine.add(job("old", seed=1))
+    h2.step()  # admitted now, alone: gathering
+    h2.clock.now += 1.0
+    h2.step()
+    h2.engine.add(job("new", seed=2))
+    h2.step()  # a stream is past its first chunk: the newcomer joins the next step as always
+    assert h2.decoder.batches == [[(1, 0)], [(1, 1), (2, 0)]]
+
+
+def test_the_idle_hint_sleeps_no_longer_than_the_gather_has_left() -> None:
+    h = harness("alice", admission_window_ms=300)
+    h.engine.add(job("j1", seed=1))
+    h.step()
+    assert h.engine.idle_hint_s() == pytest.approx(0.01)
+    h.clock.now += 0.072
+    assert h.engine.idle_hint_s() == pytest.approx(0.003)
 
 
 # -- preparation paths ------------------------------------------------------------------------------
