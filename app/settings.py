@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     worker_slots: int = Field(default=8, ge=1, le=1024)
     prep_wait_ms: int = Field(default=2000, ge=0)
     admission_window_ms: int = Field(
-        default=300, ge=0, description="an idle engine waits up to this long (a quarter of it after the "
+        default=500, ge=0, description="an idle engine waits up to this long (half of it after the "
         "latest arrival) for more jobs, so a burst starts in one step; 0: start at once"
     )
     voice_cache_capacity: int = Field(default=8, ge=1, description="installed voices per worker")

@@ -10,7 +10,7 @@ owns the device and does, in order:
    the job starts at the first pump after it is done. A job whose voice is ready gets its stream;
 2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream). An idle engine
    (no stream past its first chunk) first gathers: with `admission_window_ms` > 0 it waits, while the
-   batch is not full, until no job has arrived for a quarter of the window or the window since the first
+   batch is not full, until no job has arrived for half the window or the window since the first
    ready job has passed, so that a burst of jobs submitted one by one starts in one step instead of the
    first starting alone and every later step mixing chunk offsets;
 3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
@@ -238,7 +238,7 @@ class Engine:
                 or any(lv.next_chunk > 0 for lv in ready)):
             return None
         until = min(min(lv.admitted for lv in ready) + self.admission_window_s,
-                    max(lv.admitted for lv in live) + self.admission_window_s / 4)
+                    max(lv.admitted for lv in live) + self.admission_window_s / 2)
         return until if self.clock() < until else None
 
     def _views(self) -> list[StreamView]:

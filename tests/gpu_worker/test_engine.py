@@ -262,7 +262,7 @@ def test_an_idle_engine_gathers_a_burst_into_one_first_step() -> None:
         h.engine.add(job(f"j{n}", voice, seed=n))
         h.step()
         assert h.decoder.batches == []
-    h.clock.now += 0.074  # 74 ms since the latest arrival: still inside a quarter of the window
+    h.clock.now += 0.149  # 149 ms since the latest arrival: still inside half the window
     h.step()
     assert h.decoder.batches == []
     h.clock.now += 0.002
@@ -276,7 +276,7 @@ def test_an_idle_engine_gathers_a_burst_into_one_first_step() -> None:
 
 def test_the_gather_ends_at_the_window_however_often_jobs_keep_arriving() -> None:
     h = harness("alice", micro_batch_size=16, admission_window_ms=300)
-    for n in range(1, 10):  # one every 62.5 ms: the quiet quarter (75 ms) never comes
+    for n in range(1, 10):  # one every 62.5 ms: the quiet half window (150 ms) never comes
         h.engine.add(job(f"j{n}", seed=n))
         h.step()
         if h.decoder.batches:
@@ -307,7 +307,7 @@ def test_the_idle_hint_sleeps_no_longer_than_the_gather_has_left() -> None:
     h.engine.add(job("j1", seed=1))
     h.step()
     assert h.engine.idle_hint_s() == pytest.approx(0.01)
-    h.clock.now += 0.072
+    h.clock.now += 0.147
     assert h.engine.idle_hint_s() == pytest.approx(0.003)
 
 

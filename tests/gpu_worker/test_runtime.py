@@ -54,6 +54,6 @@ def test_the_worker_runtime_gives_a_cpu_engine_an_install_lane_only_when_asked()
 
 
 def test_the_worker_runtime_gives_the_engine_its_admission_window() -> None:
-    assert build_engine(Settings(model_preset="tiny"), Nothing(), Nothing()).admission_window_s == 0.3
+    assert build_engine(Settings(model_preset="tiny"), Nothing(), Nothing()).admission_window_s == 0.5
     engine = build_engine(Settings(model_preset="tiny", admission_window_ms=0), Nothing(), Nothing())
     assert engine.admission_window_s == 0
