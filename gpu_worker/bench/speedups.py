@@ -84,7 +84,10 @@ def snake(rows: int, reps: int) -> list[dict[str, Any]]:
     return out
 
 
-def hift(rows: int, reps: int) -> dict[str, Any]:
+VOCODER_FRAMES = 58  # mel frames the vocoder sees for a steady-state chunk (module docstring)
+
+
+def hift(rows: int, reps: int, frames: int = VOCODER_FRAMES) -> dict[str, Any]:
     args = ModelArgs.full().hift
     models = []
     for _ in range(2):  # the same seeded weights twice
@@ -92,7 +95,6 @@ def hift(rows: int, reps: int) -> dict[str, Any]:
             torch.manual_seed(0)
             models.append(HiFTGenerator(args).eval().requires_grad_(False))
     before_model, after_model = models[0], fuse_weight_norm(models[1])
-    frames = 58
     mel = torch.randn(rows, 80, frames, generator=torch.Generator().manual_seed(1)) - 4.0
     noise = before_model.draw_noise([torch.Generator().manual_seed(10 + i) for i in range(rows)], frames)
 
@@ -123,7 +125,7 @@ def causal_conv(rows: int, reps: int) -> dict[str, Any]:
                  note="before = mkldnn conv (kept), after = matmul formulation (rejected)")
 
 
-def hift_bf16(rows: int, reps: int) -> dict[str, Any]:
+def hift_bf16(rows: int, reps: int, frames: int = VOCODER_FRAMES) -> dict[str, Any]:
     """The full vocoder, weight norm folded, in float32 against `prepare_hift(bf16)` (its F0 predictor,
     source and conv_post kept float32); the difference is reported as the audio's SNR too."""
     args = ModelArgs.full().hift
@@ -135,7 +137,6 @@ def hift_bf16(rows: int, reps: int) -> dict[str, Any]:
         with torch.no_grad():
             model.f0_predictor.classifier.bias.fill_(100.0)  # voiced, as the dummy's (loading.py)
         models.append(prepare_hift(model, dtype))
-    frames = 58
     mel = torch.randn(rows, 80, frames, generator=torch.Generator().manual_seed(1)) - 4.0
     noise = models[0].draw_noise([torch.Generator().manual_seed(10 + i) for i in range(rows)], frames)
     with torch.inference_mode():
@@ -179,9 +180,10 @@ def linear_layer(rows: int, reps: int) -> dict[str, Any]:
                  lambda: linear.onednn_linear(x, layer.weight, layer.bias), reps)
 
 
-def run(rows: int, reps: int, decoder_preset: str | None = None, rounds: int = 2, bf16: bool = False
-        ) -> dict[str, Any]:
-    results = [*snake(rows, reps), hift(rows, reps), hift_bf16(rows, reps), linear_layer(rows, reps),
+def run(rows: int, reps: int, decoder_preset: str | None = None, rounds: int = 2, bf16: bool = False,
+        vocoder_frames: int = VOCODER_FRAMES) -> dict[str, Any]:
+    results = [*snake(rows, reps), hift(rows, reps, vocoder_frames), hift_bf16(rows, reps, vocoder_frames),
+               linear_layer(rows, reps),
                *gelu_fused(rows, reps), causal_conv(rows, reps)]
     if decoder_preset:
         results += rotation(decoder_preset, rows, rounds, bf16)
@@ -200,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the decoder part")
     p.add_argument("--bf16", action="store_true",
                    help="the decoder part also runs the flow in bf16, and the flow and vocoder in bf16")
+    p.add_argument("--vocoder-frames", type=int, default=VOCODER_FRAMES,
+                   help=f"mel frames of the vocoder micro-benchmarks (default {VOCODER_FRAMES}, a chunk's)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run(args.rows, args.reps, args.decoder, args.rounds, args.bf16)
+    report = run(args.rows, args.reps, args.decoder, args.rounds, args.bf16, args.vocoder_frames)
     m = report["machine"]
     print(f"{m['cpu_model']} ({m['cpu_cores']} cores), {m['torch_threads']} threads, "
           f"torch {m['torch_version']}, git {str(report['git'].get('revision'))[:12]}")
