@@ -128,7 +128,7 @@ class Engine:
     def wait_for_work(self, timeout: float | None = None) -> bool:
         """Block until a job or an abort is queued, a job is live or a preparation is in the pool."""
         with self._cond:
-            # _preparing: a pool preparation whose jobs went away is still collected once it settles
+            # resolver.preparing: a preparation whose jobs went away is still collected once it settles
             return self._cond.wait_for(
                 lambda: bool(self._inbox or self._aborts or self._live or self.resolver.preparing), timeout)
 
@@ -138,12 +138,12 @@ class Engine:
     def snapshot(self) -> dict[str, Any]:
         """Counters for logs and dashboards: prep paths, steps, rows, jobs, installed voices."""
         return {"prep_paths": dict(self.counters), **self.stats, "installs": self.resolver.installs,
-                "live_jobs": len(self._live),
-                "voices": len(self.voices), "voice_bytes": self.voices.nbytes()}
+                "live_jobs": len(self._live), "voices": len(self.voices), "voice_bytes": self.voices.nbytes()}
 
     def idle_hint_s(self) -> float:
-        """How long the loop may sleep after a step that decoded nothing: every live job is waiting for
-        its voice (the store, a prep deadline or a preparation in the pool)."""
+        """How long the loop may sleep after a step that decoded nothing: an idle engine is gathering a
+        burst (at most what is left of it), or every live job is waiting for its voice (the store, a prep
+        deadline or a preparation in the pool or the lane)."""
         now = self.clock()
         gather = self._gather_until()
         if gather is not None:
