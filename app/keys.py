@@ -49,6 +49,12 @@ def cancel_key(job_id: str) -> str:
     return f"{PREFIX}:cancel:{check_job_id(job_id)}"
 
 
+def sweep_sent_key(queue: str) -> str:
+    """Set for one maintenance period by the CPU worker that sent the periodic `maintenance.sweep` to
+    `queue`: the other workers on that queue skip their turn (one sweep per period for the cluster)."""
+    return f"{PREFIX}:sweep:sent:{queue}"
+
+
 # Counter groups: each is one hash whose fields are the counted outcomes.
 COUNTER_PREP_PATH = "prep_path"  # fields: app.db.models.PrepPath values
 COUNTER_PREPARE = "prepare"  # fields: prepared, noop, failed, retried

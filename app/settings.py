@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     stuck_job_after_s: float = Field(
         default=900.0, gt=0, description="a live job not updated for this long and without a broker "
         "message is sent again")
+    maintenance_interval_s: float = Field(
+        default=300.0, ge=0, description="CPU workers send `maintenance.sweep` this often (one of them per "
+        "period, by a Redis claim); 0: never (run `wavefarm maintenance` from cron instead)")
 
     api_token: SecretStr | None = None
 

@@ -81,6 +81,11 @@ class FeatureStore:
     def release_prepare(self, voice_id: str) -> None:
         self.client.delete(keys.prepare_claim_key(voice_id))
 
+    def claim_sweep(self, queue: str, period_s: float) -> bool:
+        """True for the first caller in `period_s`: that caller sends the periodic maintenance sweep."""
+        return bool(self.client.set(keys.sweep_sent_key(queue), b"1", nx=True,
+                                    px=max(1, int(period_s * 1000))))
+
     # Counters -------------------------------------------------------------------
 
     def incr(self, group: str, name: str, amount: int = 1) -> int:

@@ -1,7 +1,8 @@
 """The CPU workers' Celery app: `celery -A tasks.celery_app worker -Q cpu`.
 
 The configuration (queues, JSON only, acks late) lives in `app.celery_config`, shared with the GPU
-worker and the producers; this module only names the CPU task modules and reads the settings.
+worker and the producers; this module only names the CPU task modules, reads the settings and adds
+the periodic maintenance sweep (`tasks.schedule`) to the worker.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from celery.signals import worker_process_init
 
 from app.celery_config import make_celery as _make_celery
 from app.settings import Settings, get_settings
+from tasks.schedule import PeriodicSweep
 
 CPU_TASK_MODULES = ("tasks.voice", "tasks.maintenance", "tasks.books")
 
 
 def make_celery(settings: Settings, include: Sequence[str] = CPU_TASK_MODULES) -> Celery:
-    return _make_celery(settings, include)
+    """The CPU workers' app; a worker started from it also sends the periodic maintenance sweep."""
+    app = _make_celery(settings, include)
+    app.steps["worker"].add(PeriodicSweep)
+    return app
 
 
 celery_app = make_celery(get_settings())

@@ -204,7 +204,7 @@ def make_test_settings(
         artifact_root=artifact_root,
         queue_cpu=f"cpu-{tag}",
         queue_gpu=f"gpu-{tag}",
-        **extra,
+        **{"maintenance_interval_s": 0.0, **extra},  # a test that wants the periodic sweep says so
     )
 
 

@@ -1,0 +1,98 @@
+"""The periodic maintenance sweep the CPU workers send themselves: once per period for the cluster, and a
+real worker that sends a stranded job again. Real Redis; the worker test on both databases."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import update
+
+from app.db import queries
+from app.db.models import Job, utcnow
+from app.maintenance import broker_task_ids
+from app.settings import Settings
+from app.store import FeatureStore
+from app.submit import submit_job
+from tasks.celery_app import make_celery
+from tasks.schedule import SWEEP_TASK, PeriodicSweep, tick
+from tests.app.test_submit import wav_bytes
+from tests.conftest import start_worker
+
+
+class Sender:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(self, name: str, **options: Any) -> None:
+        self.sent.append((name, options))
+
+
+def test_one_tick_per_period_sends_the_sweep_however_many_workers_tick(store: FeatureStore) -> None:
+    settings = Settings(queue_cpu="cpu-sched", maintenance_interval_s=0.3)
+    workers = [Sender(), Sender(), Sender()]
+    assert [tick(w, store, settings) for w in workers] == [True, False, False]
+    assert workers[0].sent == [(SWEEP_TASK, {"queue": "cpu-sched"})]
+    time.sleep(0.3)  # the claim lasts 0.9 of the period
+    assert [tick(w, store, settings) for w in reversed(workers)] == [True, False, False]
+    assert len(workers[2].sent) == 1 and len(workers[0].sent) == 1
+
+
+def test_a_claim_covers_only_its_own_queue(store: FeatureStore) -> None:
+    a, b = Sender(), Sender()
+    assert tick(a, store, Settings(queue_cpu="cpu-a", maintenance_interval_s=60))
+    assert tick(b, store, Settings(queue_cpu="cpu-b", maintenance_interval_s=60))
+
+
+def test_a_tick_without_redis_logs_and_does_not_raise(caplog: pytest.LogCaptureFixture) -> None:
+    unreachable = FeatureStore(redis.Redis(port=1, socket_connect_timeout=0.2), ttl_s=60)
+    sender = Sender()
+    assert tick(sender, unreachable, Settings(maintenance_interval_s=60)) is False
+    assert sender.sent == [] and "not sent" in caplog.text
+
+
+def test_the_cpu_app_carries_the_periodic_sweep_step() -> None:
+    assert PeriodicSweep in make_celery(Settings(), include=()).steps["worker"]
+
+
+@pytest.mark.timeout(180)
+def test_a_cpu_worker_sends_a_job_whose_message_was_lost_again_on_its_own(
+        settings: Settings, sessions, artifacts, tmp_path: Path) -> None:
+    """A queued job whose `synth` message vanished (a worker SIGKILLed between the broker's pop and its
+    unacknowledged record) is sent again by the sweep a CPU worker schedules itself."""
+    settings = settings.model_copy(update={"maintenance_interval_s": 1.0, "stuck_job_after_s": 1.0})
+    producer = make_celery(settings, include=())
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
+    broker = redis.Redis.from_url(settings.broker_url)
+    gpu_lists = [settings.queue_gpu, *[f"{settings.queue_gpu}\x06\x16{n}" for n in range(1, 10)]]
+    worker = None
+    try:
+        with sessions() as session:
+            job_id = submit_job(settings=settings, session=session, sender=producer, store=store,
+                                artifacts=artifacts, tokens=[1] * 30, reference_bytes=wav_bytes())
+        assert broker.delete(*gpu_lists) == 1  # the message is gone, the job is still queued
+        with sessions() as session:
+            quiet = utcnow() - timedelta(hours=1)
+            session.execute(update(Job).where(Job.id == job_id).values(updated_at=quiet))
+            session.commit()
+        worker = start_worker(settings, f"cpu-sched-{job_id[:8]}", tmp_path,
+                              ["-A", "tasks.celery_app", "worker", "-Q", settings.queue_cpu, "-P", "solo"])
+        deadline = time.monotonic() + 60
+        while job_id not in broker_task_ids(broker, settings.queue_gpu):
+            assert time.monotonic() < deadline, worker.tail()
+            time.sleep(0.2)
+        with sessions() as session:
+            assert queries.require_job(session=session, job_id=job_id).status == "queued"
+        time.sleep(2.5)  # more periods pass: the job has its message now, so it is not sent twice
+        assert sum(broker.llen(key) for key in gpu_lists) == 1, worker.tail()
+    finally:
+        if worker is not None:
+            worker.stop()
+        broker.delete(*gpu_lists)
+        broker.close()
+        store.close()
+        producer.close()
