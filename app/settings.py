@@ -69,6 +69,10 @@ class Settings(BaseSettings):
         default=500, ge=0, description="an idle engine waits up to this long (half of it after the "
         "latest arrival) for more jobs, so a burst starts in one step; 0: start at once"
     )
+    install_batch: int = Field(
+        default=1, ge=1, le=64, description="new voices whose stored features one engine pump finds share "
+        "a setup solve, up to this many; 1: one solve per voice (bit-reproducible installs; no faster on "
+        "the CPUs measured, docs/PERFORMANCE.md)")
     voice_cache_capacity: int = Field(default=8, ge=1, description="installed voices per worker")
     feature_ttl_s: int = Field(default=7 * DAY_S, ge=1)
 

@@ -7,7 +7,9 @@ owns the device and does, in order:
    while other rows decode, then prepare inline: the host half in `prep_pool` if one is given, so other
    rows still decode, then the install here). With an `install_lane` (a CPU worker's side thread) every
    install, and an inline preparation's host half before it, runs in the lane while other rows decode;
-   the job starts at the first pump after it is done. A job whose voice is ready gets its stream;
+   the job starts at the first pump after it is done. With `install_batch` > 1 the voices whose stored
+   features this pump found are installed together at its end, up to that many per setup solve. A job
+   whose voice is ready gets its stream;
 2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream). An idle engine
    (no stream past its first chunk) first gathers: with `admission_window_ms` > 0 it waits, while the
    batch is not full, until no job has arrived for half the window or the window since the first
@@ -89,11 +91,12 @@ class Engine:
                  preparer: InlinePreparer, micro_batch_size: int, prep_wait_ms: float,
                  clock: Callable[[], float] = time.monotonic, max_first_chunks: int | None = None,
                  prep_pool: Executor | None = None, install_lane: Executor | None = None,
-                 admission_window_ms: float = 0.0) -> None:
+                 admission_window_ms: float = 0.0, install_batch: int = 1) -> None:
         self.decoder = decoder
         self.voices = voices
         self.resolver = VoiceResolver(voices, features=features, preparer=preparer, clock=clock,
-                                      prep_pool=prep_pool, install_lane=install_lane)
+                                      prep_pool=prep_pool, install_lane=install_lane,
+                                      install_batch=install_batch)
         self.prep_wait_s = prep_wait_ms / 1000.0
         self.admission_window_s = admission_window_ms / 1000.0  # 0: an idle engine starts at once
         self.clock = clock
@@ -188,6 +191,8 @@ class Engine:
         for live in list(self._live.values()):
             if live.stream is None and live.outcome is None:
                 self._apply(self.resolver.resolve(live, fetched, events), events)
+        for outcome in self.resolver.flush(self._waiting_for, events):  # stored voices found together
+            self._apply(outcome, events)
 
     def _abort_live(self, live: _Live, events: list[EngineEvent]) -> None:
         if live.outcome is not None:

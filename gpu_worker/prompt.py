@@ -1,6 +1,6 @@
 """The device half of prompt preparation: host features -> an installed `VoicePrompt`.
 
-    install_voice(host, speaker=..., decoder=...):
+    install_voice(host, speaker=..., decoder=...)      (install_voices([hosts], ...): B voices, one solve)
         1. S3-quantize the 128-bin log-mel into prompt tokens and run CAM++ on the fbank (`speaker`);
         2. pad (replicate) or crop the 24 kHz prompt mel to 2 x prompt tokens frames;
         3. the setup solve: encode prompt tokens + 3 silence tokens and run the CFM with cond = prompt mel
@@ -112,16 +112,33 @@ def _to_device(t: Tensor, device: torch.device, dtype: torch.dtype | None = None
 def install_voice(host: PromptHostFeatures, *, speaker: Speaker, decoder: Any,
                   seed: int | None = None) -> VoicePrompt:
     """Device half: host features -> VoicePrompt on `decoder.device` in `decoder.dtype`."""
+    return install_voices([host], speaker=speaker, decoder=decoder, seeds=[seed])[0]
+
+
+@torch.inference_mode()
+def install_voices(hosts: list[PromptHostFeatures], *, speaker: Speaker, decoder: Any,
+                   seeds: list[int | None] | None = None) -> list[VoicePrompt]:
+    """The device half of several voices, their setup solves as one batched solve (`Flow.setup_batch`).
+    A voice installed in a batch matches its install alone up to float rounding, not bit for bit."""
     device, dtype, flow = decoder.device, decoder.dtype, decoder.model.flow
-    tokens, embedding = speaker.quantize_and_embed(host.logmel128, host.fbank80)  # 1.
-    tokens = _to_device(tokens, device, torch.int64)
-    mel = fit_prompt_mel(_to_device(host.mel80, device, dtype)[None], MEL_PER_TOKEN * tokens.size(1))  # 2.
     silence = torch.full((1, LOOKAHEAD_TOKENS), SILENCE_TOKEN, dtype=torch.int64, device=device)
-    noise, _ = seeded_noise(voice_seed(host.voice_id) if seed is None else seed, device, dtype)
-    spk, cache = flow.setup(torch.cat([tokens, silence], dim=1), mel,  # 3.
-                            _to_device(embedding, device, dtype), noise)
-    assert cache.conformer_cnn is not None and cache.conformer_att is not None
-    assert cache.estimator_cnn is not None and cache.estimator_att is not None
-    return VoicePrompt(voice_id=host.voice_id, spk=spk, prompt_len=mel.size(1),
-                       conformer_cnn_cache=cache.conformer_cnn, conformer_att_cache=cache.conformer_att,
-                       estimator_cnn_cache=cache.estimator_cnn, estimator_att_cache=cache.estimator_att)
+    tokens, mels, embeddings, noises = [], [], [], []
+    for host, seed in zip(hosts, seeds or [None] * len(hosts), strict=True):
+        prompt_tokens, embedding = speaker.quantize_and_embed(host.logmel128, host.fbank80)  # 1.
+        prompt_tokens = _to_device(prompt_tokens, device, torch.int64)
+        mels.append(fit_prompt_mel(_to_device(host.mel80, device, dtype)[None],  # 2.
+                                   MEL_PER_TOKEN * prompt_tokens.size(1)))
+        tokens.append(torch.cat([prompt_tokens, silence], dim=1))
+        embeddings.append(_to_device(embedding, device, dtype))
+        noises.append(seeded_noise(voice_seed(host.voice_id) if seed is None else seed, device, dtype)[0])
+    spk, caches = flow.setup_batch(tokens, mels, torch.cat(embeddings), noises)  # 3.
+    prompts = []
+    for i, (host, mel, cache) in enumerate(zip(hosts, mels, caches, strict=True)):
+        assert cache.conformer_cnn is not None and cache.conformer_att is not None
+        assert cache.estimator_cnn is not None and cache.estimator_att is not None
+        prompts.append(VoicePrompt(
+            voice_id=host.voice_id, spk=spk[i : i + 1].clone() if len(hosts) > 1 else spk,
+            prompt_len=mel.size(1), conformer_cnn_cache=cache.conformer_cnn,
+            conformer_att_cache=cache.conformer_att, estimator_cnn_cache=cache.estimator_cnn,
+            estimator_att_cache=cache.estimator_att))
+    return prompts

@@ -3,10 +3,12 @@
 `VoiceResolver.resolve` decides for one waiting job: the voice is installed (pin it), another job's
 preparation will serve it (wait), the feature store has it (install it: here, or in the install lane),
 the store cannot be used or the prep wait ran out (prepare inline: in the lane, in the prep pool, or
-here). `collect` hands over the preparations that settled in the lane or the pool. Both say what the
-engine is to do as `Start` or `Fail` outcomes, for the engine to apply at once (`collect` is a generator,
-so each outcome is applied before the next voice is looked at); the engine owns the jobs and their
-streams, this module owns the preparations in flight and the installs.
+here). `collect` hands over the preparations that settled in the lane or the pool. With `install_batch`
+above 1, the stored features that one pump finds are installed together at its end, several voices per
+setup solve, by `flush`. All three say what the engine is to do as `Start` or `Fail` outcomes, for the
+engine to apply at once (`collect` and `flush` are generators, so each outcome is applied before the
+next voice is looked at); the engine owns the jobs and their streams, this module owns the preparations
+in flight and the installs.
 
 Every way a voice became ready is a prep path (`PREP_PATHS`), counted by the engine and recorded on the
 job. Installs are announced as `VoiceInstalled` events.
@@ -85,6 +87,15 @@ class _Installed:
 
 
 @dataclass
+class _Batched:
+    """Stored features found this pump, installed with the others at its end (`install_batch` > 1)."""
+
+    live: Any  # the job that found them
+    host: PromptHostFeatures
+    path: str
+
+
+@dataclass
 class _Preparing:
     future: Future[Any]  # PromptHostFeatures (prep pool) or _Installed (install lane)
     path: str  # the prep path of the job that asked for it
@@ -95,7 +106,7 @@ class _Preparing:
 class VoiceResolver:
     def __init__(self, voices: VoiceCache, *, features: FeatureSource, preparer: InlinePreparer,
                  clock: Callable[[], float], prep_pool: Executor | None = None,
-                 install_lane: Executor | None = None) -> None:
+                 install_lane: Executor | None = None, install_batch: int = 1) -> None:
         self.voices = voices
         self.features = features
         self.preparer = preparer
@@ -103,6 +114,8 @@ class VoiceResolver:
         self.prep_pool = prep_pool  # None: inline preparation runs in the engine thread, in order
         self.install_lane = install_lane  # None: installs run in the engine thread (CUDA: side stream)
         self.preparing: dict[str, _Preparing] = {}  # voice id -> preparation in the lane or the pool
+        self.install_batch = install_batch  # > 1: stored features found in one pump share setup solves
+        self.batched: dict[str, _Batched] = {}  # voice id -> stored features to install at the pump's end
         self.installs = 0
 
     def resolve(self, live: Waiting, fetched: dict[str, Any], events: list[EngineEvent]) -> Outcome | None:
@@ -112,7 +125,7 @@ class VoiceResolver:
         first_try, live.polled = not live.polled, True
         if voice_id in self.voices:
             return Start(live, "already_installed")
-        if voice_id in self.preparing:  # another job's preparation will serve this one too
+        if voice_id in self.preparing or voice_id in self.batched:  # another job's will serve this one
             return None
         if live.job.prep_hint in ("queue_full", "failed"):
             return self._prepare_inline(live, live.job.prep_hint, events)
@@ -158,6 +171,51 @@ class VoiceResolver:
                 yield Start(live, prep.path if live is owner else "already_installed",
                             installed=fresh and live is owner)
 
+    def flush(self, waiting_for: Callable[[str], list[Any]], events: list[EngineEvent]) -> Iterator[Outcome]:
+        """Install the stored features this pump found (`install_batch` > 1), up to `install_batch`
+        voices per batched setup solve, and start every job waiting on each. A batch that fails is
+        installed voice by voice, so bad features fail over to inline preparation for their voice only."""
+        found, self.batched = list(self.batched.values()), {}
+        for i in range(0, len(found), self.install_batch):
+            group = found[i : i + self.install_batch]
+            installed = self._install_group([b.host for b in group], events)
+            for batched in group:
+                voice_id = batched.live.job.voice_id
+                got = installed[voice_id]
+                if isinstance(got, Exception):
+                    log.warning("job %s: installing stored features of voice %s failed (%s); preparing "
+                                "inline", batched.live.job.job_id, voice_id, got)
+                    outcome = self._prepare_inline(batched.live, "failed", events)
+                    if outcome is not None:
+                        yield outcome
+                elif batched.live in waiting_for(voice_id):
+                    yield Start(batched.live, batched.path, installed=True)
+                if voice_id in self.voices:  # the others of this pump that wanted it
+                    for live in waiting_for(voice_id):
+                        yield Start(live, "already_installed")
+
+    def _install_group(self, hosts: list[PromptHostFeatures],
+                       events: list[EngineEvent]) -> dict[str, InstalledVoice | Exception]:
+        """voice id -> its install, or why it failed: the group at once, else (several) one by one."""
+        try:
+            entries = self.voices.install_many(hosts)
+        except Exception as exc:  # noqa: BLE001 - which voice is bad is found one by one below
+            if len(hosts) == 1:
+                return {hosts[0].voice_id: exc}
+            log.warning("batched install of %d voices failed (%s); installing them one by one",
+                        len(hosts), exc)
+        else:
+            for entry in entries:
+                self._installed(entry, events)
+            return {entry.voice_id: entry for entry in entries}
+        out: dict[str, InstalledVoice | Exception] = {}
+        for host in hosts:
+            try:
+                out[host.voice_id] = self._install(host, events)
+            except Exception as exc:  # noqa: BLE001 - this voice's features are unusable
+                out[host.voice_id] = exc
+        return out
+
     def _fetch(self, voice_id: str) -> PromptHostFeatures | None | Exception:
         try:
             got = self.features.get(voice_id)
@@ -174,6 +232,9 @@ class VoiceResolver:
         if self.install_lane is not None:
             future = self.install_lane.submit(self._build, host)
             self.preparing[voice_id] = _Preparing(future, path, live.job.job_id, stored=True)
+            return None
+        if self.install_batch > 1:  # installed with the others this pump finds, in `flush`
+            self.batched[voice_id] = _Batched(live, host, path)
             return None
         try:
             self._install(host, events)

@@ -47,7 +47,7 @@ from gpu_worker.engine import Engine, FeatureSource, InlinePreparer
 from gpu_worker.loading import load_dummy, load_model_folder, prepare_hift
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.linear import set_cpu_linear
-from gpu_worker.prompt import Speaker, StandInSpeaker, install_voice
+from gpu_worker.prompt import Speaker, StandInSpeaker, install_voice, install_voices
 from gpu_worker.speaker import SpeakerFrontend
 from gpu_worker.streams import (
     Aborted,
@@ -320,7 +320,8 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
     prepare_hift(model.hift, DTYPES[settings.hift_dtype])  # g v / |v| folded once; the body's dtype
     decoder = StreamingDecoder(model, device=device, dtype=dtype, micro_batch_size=settings.micro_batch_size)
     voices = VoiceCache(partial(install_voice, speaker=speaker, decoder=decoder), device=device,
-                        max_voices=settings.voice_cache_capacity)
+                        max_voices=settings.voice_cache_capacity,
+                        batch_installer=partial(install_voices, speaker=speaker, decoder=decoder))
     # Inline host halves run beside the decode loop (CPU work; torch releases the GIL in it).
     pool = ThreadPoolExecutor(max_workers=INLINE_PREP_THREADS, thread_name_prefix="wavefarm-inline-prep")
     lane = None
@@ -328,7 +329,8 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
         lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wavefarm-install-lane")
     return Engine(decoder, voices, features=features, preparer=preparer,
                   micro_batch_size=settings.micro_batch_size, prep_wait_ms=settings.prep_wait_ms,
-                  prep_pool=pool, install_lane=lane, admission_window_ms=settings.admission_window_ms)
+                  prep_pool=pool, install_lane=lane, admission_window_ms=settings.admission_window_ms,
+                  install_batch=settings.install_batch)
 
 
 def build_runtime(settings: Settings, worker_id: str,

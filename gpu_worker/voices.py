@@ -5,7 +5,8 @@ setup caches), shared read-only by every stream of that voice. Each live job pin
 voices stay installed (another job with the same voice skips preparation) until the cache is over its
 capacity, when the least recently used unpinned ones are evicted and their device memory freed.
 
-On a CUDA device `install` runs the device half on a side stream and records an event; the first decode
+On a CUDA device `install` (and `install_many`, several voices in one batched setup solve) runs the device
+half on a side stream and records an event; the first decode
 step that uses the voice makes the main stream wait on it (`wait_ready`), a device-side wait with no
 host sync. The published tensors are `record_stream`-ed on the main stream so the caching allocator
 does not hand their memory to the side stream while the main stream still reads them. On a CPU device
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,6 +43,8 @@ class Installable(Protocol):
 
 
 Installer = Callable[[PromptHostFeatures], Installable]
+# several voices, one setup solve
+BatchInstaller = Callable[[list[PromptHostFeatures]], Sequence[Installable]]
 
 
 @dataclass
@@ -62,10 +65,12 @@ class VoiceCache:
 
     def __init__(self, installer: Installer, *, device: torch.device | str = "cpu",
                  max_voices: int = 64, max_bytes: int | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 batch_installer: BatchInstaller | None = None) -> None:
         if max_voices < 1:
             raise ValueError(f"max_voices must be >= 1, got {max_voices}")
         self._installer = installer
+        self._batch_installer = batch_installer
         self.device = torch.device(device)
         self.max_voices = max_voices
         self.max_bytes = max_bytes
@@ -108,18 +113,34 @@ class VoiceCache:
 
     def install(self, host: PromptHostFeatures) -> InstalledVoice:
         """Run the device half for `host` (on the side stream on CUDA) and keep the result."""
-        assert host.voice_id not in self._voices, f"voice {host.voice_id} installed twice"
-        if self._side_stream is None:
-            return self.adopt(*self.build(host))
+        return self.install_many([host])[0]
+
+    def install_many(self, hosts: list[PromptHostFeatures]) -> list[InstalledVoice]:
+        """The device half of several voices in one call to the batch installer (one batched setup solve;
+        without one, or for a single voice, the installer per voice), on the side stream on CUDA with one
+        event for them all, and keep the results. Each entry's `install_s` is the whole call's."""
+        for host in hosts:
+            assert host.voice_id not in self._voices, f"voice {host.voice_id} installed twice"
         start = self._now()
-        with torch.cuda.stream(self._side_stream):
-            prompt = self._installer(host)
-            event = torch.cuda.Event()
-            event.record(self._side_stream)
-        main = torch.cuda.current_stream(self.device)
-        for tensor in prompt.tensors():
-            tensor.record_stream(main)
-        return self.adopt(prompt, self._now() - start, ready_event=event)
+        event = None
+        if self._side_stream is None:
+            prompts = self._run_installer(hosts)
+        else:
+            with torch.cuda.stream(self._side_stream):
+                prompts = self._run_installer(hosts)
+                event = torch.cuda.Event()
+                event.record(self._side_stream)
+            main = torch.cuda.current_stream(self.device)
+            for prompt in prompts:
+                for tensor in prompt.tensors():
+                    tensor.record_stream(main)
+        seconds = self._now() - start
+        return [self.adopt(prompt, seconds, ready_event=event) for prompt in prompts]
+
+    def _run_installer(self, hosts: list[PromptHostFeatures]) -> list[Installable]:
+        if len(hosts) > 1 and self._batch_installer is not None:
+            return list(self._batch_installer(hosts))
+        return [self._installer(host) for host in hosts]
 
     def pin(self, voice_id: str) -> InstalledVoice:
         entry = self._voices[voice_id]

@@ -123,7 +123,7 @@ def _device_half_once(setup: BenchSetup, index: int) -> dict[str, float]:
             stack.enter_context(_timed_attr(speaker, "tokenizer", parts["s3_quantize"], setup.device))
             stack.enter_context(_timed_attr(speaker, "campplus", parts["campplus"], setup.device))
         stack.enter_context(_timed_attr(speaker, "quantize_and_embed", parts["speaker"], setup.device))
-        stack.enter_context(_timed_attr(setup.model.flow, "setup", parts["setup_solve"], setup.device))
+        stack.enter_context(_timed_attr(setup.model.flow, "setup_batch", parts["setup_solve"], setup.device))
         with Timer(setup.device) as total:
             prompt = install_voice(host, speaker=speaker, decoder=setup.decoder)
     setup.adopt(index, prompt)

@@ -14,6 +14,9 @@
                    linear with the GELU as a post-op (`linear.linear_gelu_tanh`)
     decoder        (with --decoder PRESET) the whole thing where it counts, every variant and the fp32
                    reference in turn, `--rounds` times (`rotation.py`: the variants and their pairs)
+    setup batch    (with --decoder PRESET --setup-batch N) N new voices' device halves one by one against
+                   one batched setup solve (`install_voices`, the engine's WAVEFARM_INSTALL_BATCH), and
+                   how far the batched voices' caches are from the ones installed alone
     causal_conv    a DiT causal conv (k = 3, 512 channels) through mkldnn against the same conv as one
                    matmul over the three shifted frames: the idea the profile suggested, measured (on an
                    AVX-512 CPU the mkldnn kernel wins; the model keeps the conv)
@@ -37,11 +40,13 @@ import torch.nn.functional as F
 
 from gpu_worker.bench.machine import git_info, machine_info
 from gpu_worker.bench.rotation import rotation
+from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.loading import fuse_weight_norm, prepare_hift
 from gpu_worker.model import linear
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.hift import HiFTGenerator, Snake
 from gpu_worker.model.linear import Linear
+from gpu_worker.prompt import install_voice, install_voices
 
 
 def _median_ms(fn: Callable[[], Any], reps: int) -> float:
@@ -180,13 +185,41 @@ def linear_layer(rows: int, reps: int) -> dict[str, Any]:
                  lambda: linear.onednn_linear(x, layer.weight, layer.bias), reps)
 
 
+def setup_batch(preset: str, voices: int, rounds: int) -> dict[str, Any]:
+    """The device half of `voices` new voices: one install each (`install_voice`) against one batched
+    setup solve (`install_voices`), alternating, `rounds` times; seconds, medians."""
+    bench = BenchSetup.build(preset=preset, device="cpu", dtype="fp32", speaker="standin",
+                             micro_batch_size=voices)
+    try:
+        hosts = [bench.host(i) for i in range(voices)]
+        speaker, decoder = bench.speaker, bench.decoder
+        singles, batched, diff = [], [], 0.0
+        for _ in range(rounds):
+            start = time.perf_counter()
+            alone = [install_voice(h, speaker=speaker, decoder=decoder) for h in hosts]
+            singles.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            together = install_voices(hosts, speaker=speaker, decoder=decoder)
+            batched.append(time.perf_counter() - start)
+            diff = max(diff, *(float((a - b).abs().max()) for x, y in zip(alone, together, strict=True)
+                               for a, b in zip(x.tensors(), y.tensors(), strict=True)))
+    finally:
+        bench.close()
+    before, after = statistics.median(singles), statistics.median(batched)
+    return {"name": f"install {voices} voices: one by one -> one batched setup solve (s)", "before": before,
+            "after": after, "speedup": before / after, "max_abs_diff": diff,
+            "samples": {"one_by_one": singles, "batched": batched}}
+
+
 def run(rows: int, reps: int, decoder_preset: str | None = None, rounds: int = 2, bf16: bool = False,
-        vocoder_frames: int = VOCODER_FRAMES) -> dict[str, Any]:
+        vocoder_frames: int = VOCODER_FRAMES, setup_voices: int = 0) -> dict[str, Any]:
     results = [*snake(rows, reps), hift(rows, reps, vocoder_frames), hift_bf16(rows, reps, vocoder_frames),
                linear_layer(rows, reps),
                *gelu_fused(rows, reps), causal_conv(rows, reps)]
     if decoder_preset:
         results += rotation(decoder_preset, rows, rounds, bf16)
+        if setup_voices > 1:
+            results.append(setup_batch(decoder_preset, setup_voices, rounds))
     return {"machine": machine_info(torch.device("cpu")), "git": git_info(), "rows": rows, "reps": reps,
             "results": results}
 
@@ -204,11 +237,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="the decoder part also runs the flow in bf16, and the flow and vocoder in bf16")
     p.add_argument("--vocoder-frames", type=int, default=VOCODER_FRAMES,
                    help=f"mel frames of the vocoder micro-benchmarks (default {VOCODER_FRAMES}, a chunk's)")
+    p.add_argument("--setup-batch", type=int, default=0, metavar="N",
+                   help="with --decoder: also N new voices installed one by one and in one setup solve")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run(args.rows, args.reps, args.decoder, args.rounds, args.bf16, args.vocoder_frames)
+    report = run(args.rows, args.reps, args.decoder, args.rounds, args.bf16, args.vocoder_frames,
+                 args.setup_batch)
     m = report["machine"]
     print(f"{m['cpu_model']} ({m['cpu_cores']} cores), {m['torch_threads']} threads, "
           f"torch {m['torch_version']}, git {str(report['git'].get('revision'))[:12]}")
@@ -219,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['name']:44} {r['before_ms']:10.2f} {r['after_ms']:10.2f} {r['speedup']:8.2f}x "
                   f"{r['max_abs_diff']:11.3g}{snr}")
         else:  # decoder rows: seconds or frames/s, medians of two alternating rounds
-            print(f"{r['name']:66} {r['before']:8.2f} -> {r['after']:8.2f}  {r['speedup']:.2f}x")
+            diff = f"  max |diff| {r['max_abs_diff']:.3g}" if "max_abs_diff" in r else ""
+            print(f"{r['name']:66} {r['before']:8.2f} -> {r['after']:8.2f}  {r['speedup']:.2f}x{diff}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)

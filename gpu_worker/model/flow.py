@@ -7,6 +7,7 @@ Streaming, one `FlowCache` per stream:
     setup(prompt_tokens [1, Tp + 3] (3 x silence appended by the caller), prompt_mel [1, 2 Tp, 80],
           spk_raw [1, 192], noise [1, 80, N]) -> spk [1, 80], FlowCache in reference layout (estimator_att
           set: the voice's read-only cache)
+    setup_batch(lists of those, spk_raw [B, 192]) -> spk [B, 80], [FlowCache]: B voices in one solve
     encode_chunk(tokens [1, T], cache, last_chunk) -> mu [1, T', 80], FlowCache with new conformer caches
           (T' = 2 (T - 3), or 2 T for the last chunk)
     solve_chunk_batch(mu: list of [1, T'_i, 80], spk [B, 80], noise: list of [1, 80, N], caches: list of
@@ -156,14 +157,28 @@ class Flow(nn.Module):
         self, prompt_tokens: Tensor, prompt_mel: Tensor, spk_raw: Tensor, noise: Tensor
     ) -> tuple[Tensor, FlowCache]:
         """The setup solve of a voice: encode the prompt (+ lookahead) and solve it with cond = prompt mel."""
+        spk, (cache,) = self.setup_batch([prompt_tokens], [prompt_mel], spk_raw, [noise])
+        return spk, cache
+
+    def setup_batch(
+        self, prompt_tokens: list[Tensor], prompt_mel: list[Tensor], spk_raw: Tensor, noise: list[Tensor]
+    ) -> tuple[Tensor, list[FlowCache]]:
+        """The setup solves of B voices as one batched encoder pass and one masked solve: rows as `setup`'s
+        (tokens [1, Tp_i + 3], mel [1, 2 Tp_i, 80], noise [1, 80, N]), spk_raw [B, 192] -> spk [B, 80]."""
         look, up = self.args.encoder.pre_lookahead_len, self.args.encoder.up_stride
-        if (prompt_tokens.size(1) - look) * up != prompt_mel.size(1):
-            raise ValueError(f"prompt mel needs {up} frames per token, {look} lookahead tokens excluded: "
-                             f"got tokens {tuple(prompt_tokens.shape)}, mel {tuple(prompt_mel.shape)}")
+        for tokens, mel in zip(prompt_tokens, prompt_mel, strict=True):
+            if (tokens.size(1) - look) * up != mel.size(1):
+                raise ValueError(f"prompt mel needs {up} frames per token, {look} lookahead tokens excluded: "
+                                 f"got tokens {tuple(tokens.shape)}, mel {tuple(mel.shape)}")
         spk = self.project_speaker(spk_raw)
-        mu, cache = self.encode_chunk(prompt_tokens, FlowCache(), last_chunk=False)
-        _, (cache,) = self.solve_chunk_batch([mu], spk, [noise], [cache], cond=[prompt_mel])
-        return spk, cache.materialized()
+        b = len(prompt_tokens)
+        if b == 1:  # the single-row encoder: a voice installed alone keeps the bits it always had
+            mu0, cache0 = self.encode_chunk(prompt_tokens[0], FlowCache(), last_chunk=False)
+            mu, caches = [mu0], [cache0]
+        else:
+            mu, caches = self.encode_chunks(prompt_tokens, [FlowCache()] * b, [False] * b)
+        _, caches = self.solve_chunk_batch(mu, spk, noise, caches, cond=prompt_mel)
+        return spk, [cache.materialized() for cache in caches]
 
     def encode_chunks(self, tokens: list[Tensor], caches: list[FlowCache], last_chunks: list[bool]
                       ) -> tuple[list[Tensor], list[FlowCache]]:

@@ -124,7 +124,7 @@ def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thre
     path = linear.cpu_linear()
     assert speedups.main(["--rows", "2", "--reps", "1", "--threads", "1", "--decoder", "tiny", "--bf16",
                           "--vocoder-frames", "8",  # the full vocoder; bf16 without bf16 instructions is slow
-                          "--json", str(out)]) == 0
+                          "--setup-batch", "2", "--json", str(out)]) == 0
     assert linear.cpu_linear() == path  # the decoder part switches paths and puts the process's back
     rows = json.loads(out.read_text())["results"]
     parts = {" ".join(r["name"].split(" ")[:2]): r for r in rows}
@@ -155,6 +155,9 @@ def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thre
         assert len(samples["reference"]["fps_1_rows"]) == 2 and len(samples["reference"]["install_s"]) == 1
     for r in against_reference:
         assert _close(r["speedup"], r["after"] / r["before"])
+    (batch,) = [r for r in rows if r["name"].startswith("install 2 voices")]
+    assert len(batch["samples"]["one_by_one"]) == len(batch["samples"]["batched"]) == 2
+    assert _close(batch["speedup"], batch["before"] / batch["after"]) and batch["max_abs_diff"] < 1e-4
 
 
 def test_the_install_lane_is_refused_for_a_cuda_engine(capsys) -> None:

@@ -166,15 +166,15 @@ class Harness:
 def harness(*stored: str, micro_batch_size: int = 4, prep_wait_ms: float = 500, max_voices: int = 8,
             poisoned: frozenset[int] = frozenset(), installer=install, preparer: Any = None,
             prep_pool: Executor | None = None, install_lane: Executor | None = None,
-            admission_window_ms: float = 0) -> Harness:
+            admission_window_ms: float = 0, install_batch: int = 1, batch_installer=None) -> Harness:
     clock = FakeClock()
     decoder = FakeDecoder(poisoned)
     store = FakeStore(*stored)
     preparer = preparer or FakePreparer()
-    voices = VoiceCache(installer, device="cpu", max_voices=max_voices)
+    voices = VoiceCache(installer, device="cpu", max_voices=max_voices, batch_installer=batch_installer)
     engine = Engine(decoder, voices, features=store, preparer=preparer, micro_batch_size=micro_batch_size,
                     prep_wait_ms=prep_wait_ms, clock=clock, prep_pool=prep_pool, install_lane=install_lane,
-                    admission_window_ms=admission_window_ms)
+                    admission_window_ms=admission_window_ms, install_batch=install_batch)
     return Harness(engine, decoder, store, preparer, clock)
 
 

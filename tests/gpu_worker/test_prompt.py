@@ -22,6 +22,7 @@ from gpu_worker.prompt import (
     VoicePrompt,
     fit_prompt_mel,
     install_voice,
+    install_voices,
     seeded_noise,
     voice_seed,
 )
@@ -114,3 +115,19 @@ def test_prompt_mel_is_replicate_padded_or_cropped_to_twice_the_prompt_tokens() 
     assert padded.shape == (1, 5, 2) and torch.equal(padded[0, 3:], mel[0, 2:].expand(2, 2))
     assert torch.equal(fit_prompt_mel(mel, 2), mel[:, :2])
     assert torch.equal(fit_prompt_mel(mel, 3), mel)
+
+
+@torch.inference_mode()
+def test_voices_installed_in_one_batched_setup_solve_match_their_installs_alone(decoder) -> None:
+    speaker = StandInSpeaker()
+    hosts = [host_half(*load_reference((REPO / "app" / "samples" / name).read_bytes()))
+             for name in ("voice_a.wav", "voice_b.wav")]
+    together = install_voices(hosts, speaker=speaker, decoder=decoder)
+    for host, got in zip(hosts, together, strict=True):
+        alone = install_voice(host, speaker=speaker, decoder=decoder)
+        assert got.voice_id == host.voice_id and got.prompt_len == alone.prompt_len
+        for a, b in zip(got.tensors(), alone.tensors(), strict=True):
+            assert a.shape == b.shape and (a - b).abs().max() < 1e-5  # float rounding, not bit for bit
+    assert not torch.equal(together[0].estimator_att_cache, together[1].estimator_att_cache)
+    (one,) = install_voices(hosts[:1], speaker=speaker, decoder=decoder)  # one voice: the single path
+    assert_same_prompt(one, install_voice(hosts[0], speaker=speaker, decoder=decoder))

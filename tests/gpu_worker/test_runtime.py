@@ -1,4 +1,5 @@
-"""The worker's runtime builds its engine from the settings: linear path, vocoder dtype, install lane."""
+"""The worker's runtime builds its engine from the settings: linear path, vocoder dtype, install lane,
+admission window, batched installs."""
 
 from __future__ import annotations
 
@@ -57,3 +58,19 @@ def test_the_worker_runtime_gives_the_engine_its_admission_window() -> None:
     assert build_engine(Settings(model_preset="tiny"), Nothing(), Nothing()).admission_window_s == 0.5
     engine = build_engine(Settings(model_preset="tiny", admission_window_ms=0), Nothing(), Nothing())
     assert engine.admission_window_s == 0
+
+
+def test_the_worker_runtime_batches_installs_as_set_with_the_real_device_half() -> None:
+    from app.audio import load_reference
+    from app.features import host_half
+    from tests.conftest import REPO
+
+    assert build_engine(Settings(model_preset="tiny"), Nothing(), Nothing()).resolver.install_batch == 1
+    engine = build_engine(Settings(model_preset="tiny", install_batch=2), Nothing(), Nothing())
+    assert engine.resolver.install_batch == 2
+    hosts = [host_half(*load_reference((REPO / "app" / "samples" / name).read_bytes()))
+             for name in ("voice_a.wav", "voice_b.wav")]
+    entries = engine.voices.install_many(hosts)  # through the runtime's batch installer: one setup solve
+    assert [e.voice_id for e in entries] == [h.voice_id for h in hosts]
+    assert all(e.prompt.prompt_len == 300 and e.voice_id in engine.voices for e in entries)
+    assert entries[0].install_s == entries[1].install_s > 0  # one call for both
