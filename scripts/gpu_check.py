@@ -8,6 +8,11 @@ the first step waits on) and voices prepared inline (no features: the engine pre
 It reports whether the two runs are bit-identical, the largest difference to each job decoded alone,
 step and install timings, and allocated device memory after each of several repeated rounds. The
 speaker models are the dummy-mode stand-ins (no CAM++/S3 ONNX files are involved).
+
+With `--install-batch N` (default 4) it also times N new voices installed one by one against one batched
+setup solve (`install_voices`, the engine's WAVEFARM_INSTALL_BATCH) at `--install-preset` (default full
+on CUDA), synchronised, medians of `--rounds`: batching setups cannot gain on a CPU (measured 0.98x,
+docs/PERFORMANCE.md run 5), this is where it can.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import torch
 
 from app.audio import normalise_reference
 from app.features import PromptHostFeatures, host_half
+from gpu_worker.bench.workload import synthetic_voice
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.engine import Engine
 from gpu_worker.loading import load_dummy
 from gpu_worker.model.config import ModelArgs
-from gpu_worker.prompt import StandInSpeaker, install_voice
+from gpu_worker.prompt import StandInSpeaker, install_voice, install_voices
 from gpu_worker.streams import Audio, EngineJob, Failed, Finished
 from gpu_worker.voices import VoiceCache
 
@@ -71,7 +77,7 @@ def run_engine(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], ah
     if engine is None:
         engine, features = make_engine(decoder, hosts, ahead)
     else:
-        features = engine.features
+        features = engine.resolver.features
     audio: dict[str, list[torch.Tensor]] = {j.job_id: [] for j in jobs}
     for job in jobs:
         engine.add(job)
@@ -90,12 +96,46 @@ def run_engine(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], ah
             "counters": dict(engine.snapshot().get("prep_paths", {}))}
 
 
-def main() -> int:
+def install_batch_timing(device: torch.device, preset: str, voices: int, rounds: int) -> dict:
+    """Seconds for `voices` new voices' device halves one by one and in one batched setup solve."""
+    decoder = StreamingDecoder(load_dummy(ModelArgs.preset(preset), 0, device=device), device=device,
+                               dtype=torch.float32, micro_batch_size=voices)
+    speaker = StandInSpeaker(device)
+    hosts = [host_half(v.pcm, v.voice_id) for v in (synthetic_voice(i) for i in range(voices))]
+
+    def timed(fn) -> tuple[float, list]:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start, out
+
+    singles, batched, diff = [], [], 0.0
+    with torch.inference_mode():
+        for _ in range(rounds + 1):  # the first round warms up (kernels, allocator), not counted
+            s, alone = timed(lambda: [install_voice(h, speaker=speaker, decoder=decoder) for h in hosts])
+            b, together = timed(lambda: install_voices(hosts, speaker=speaker, decoder=decoder))
+            singles.append(s)
+            batched.append(b)
+            diff = max(diff, *(float((x - y).abs().max()) for a, c in zip(alone, together, strict=True)
+                               for x, y in zip(a.tensors(), c.tensors(), strict=True)))
+    one, many = float(np.median(singles[1:])), float(np.median(batched[1:]))
+    return {"preset": preset, "voices": voices, "one_by_one_s": one, "batched_s": many,
+            "speedup": one / many, "max_abs_diff": diff, "samples": {"one_by_one": singles[1:],
+                                                                      "batched": batched[1:]}}
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="gpu_check.json")
-    args = parser.parse_args()
+    parser.add_argument("--install-batch", type=int, default=4, help="voices per batched setup (0: skip)")
+    parser.add_argument("--install-preset", default=None, choices=["full", "tiny"],
+                        help="model size of the install timing (default: full on CUDA, tiny on a CPU)")
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.backends.cudnn.allow_tf32 = False  # batched and single rows must round alike
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -136,6 +176,9 @@ def main() -> int:
     report["ahead"] = {k: v for k, v in ahead.items() if k != "audio"}
     report["inline"] = {k: v for k, v in inline.items() if k != "audio"}
     report["allocated_bytes_after_rounds"] = memory
+    if args.install_batch > 1:
+        preset = args.install_preset or ("full" if device.type == "cuda" else "tiny")
+        report["install_batch"] = install_batch_timing(device, preset, args.install_batch, args.rounds)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))
