@@ -12,9 +12,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 import gpu_check  # noqa: E402
 
 
-def test_the_gpu_check_runs_to_its_report_on_a_cpu(tmp_path, capsys) -> None:
+def test_the_gpu_check_runs_to_its_report_on_a_cpu(tmp_path) -> None:
     out = tmp_path / "report.json"
-    assert gpu_check.main(["--device", "cpu", "--rounds", "2", "--install-batch", "2", "--out", str(out)]) == 0
+    args = ["--device", "cpu", "--rounds", "2", "--install-batch", "2", "--out", str(out)]
+    assert gpu_check.main(args) == 0
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and report["lengths_ok"]
     assert report["ahead_equals_inline_bit_for_bit"]  # on a CPU installs are bit-reproducible
