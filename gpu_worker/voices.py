@@ -5,13 +5,13 @@ setup caches), shared read-only by every stream of that voice. Each live job pin
 voices stay installed (another job with the same voice skips preparation) until the cache is over its
 capacity, when the least recently used unpinned ones are evicted and their device memory freed.
 
-On a CUDA device `install` (and `install_many`, several voices in one batched setup solve) runs the device
-half on a side stream and records an event; the first decode
-step that uses the voice makes the main stream wait on it (`wait_ready`), a device-side wait with no
-host sync. The published tensors are `record_stream`-ed on the main stream so the caching allocator
-does not hand their memory to the side stream while the main stream still reads them. On a CPU device
-installs run in the calling thread: the engine's, in order, or its install lane's (a side thread, the
-CPU's stand-in for the side stream), which builds the prompt with `build` and hands it to `adopt`.
+On a CUDA device `install` (and `install_many`, several voices in one batched setup solve) runs the
+device half on a side stream and records an event; the first decode step that uses the voice makes the
+main stream wait on it (`wait_ready`), a device-side wait with no host sync. The published tensors are
+`record_stream`-ed on the main stream so the caching allocator does not hand their memory to the side
+stream while the main stream still reads them. On a CPU device installs run in the calling thread: the
+engine's, in order, or its install lane's (a side thread, the CPU's stand-in for the side stream), which
+builds the prompt with `build` and hands it to `adopt`.
 
 This module does no preparation maths itself: the installer callable (`gpu_worker.prompt`) does.
 """
