@@ -9,7 +9,12 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
    message is nowhere in the broker (waiting, or delivered and unacknowledged) is sent again: the job
    would otherwise wait forever (a broker that lost its data, a worker that died while the database was
    away). A job that is running updates its row every `progress_interval_s`, so it is never stale;
-3. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed.
+3. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
+4. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
+   failed or cancelled) for `STALLED_CHAPTER_AFTER_S` without the chapter being assembled gets its
+   `book.chapter` sent again. Its trigger, the chord over the chapter's segment jobs, never fires when
+   one of them was sent again by part 2 (a re-sent message carries no chord), and `book.chapter` is
+   idempotent, so sending it again is always safe.
 It does not touch the GPU workers' installs (theirs to reclaim) and does not retry failed jobs.
 """
 
@@ -33,8 +38,11 @@ from app.settings import Settings
 from app.store import FeatureStore
 from app.submit import SYNTH_TASK, TaskSender, broker_priority, reclaim_abandoned_voice
 
+BOOK_CHAPTER_TASK = "book.chapter"
+
 log = logging.getLogger(__name__)
 
+STALLED_CHAPTER_AFTER_S = 60.0  # a chapter's chord fires within seconds of its last segment
 UNACKED_KEY = "unacked"  # kombu's Redis transport: delivered, not yet acknowledged messages
 PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: <queue>\x06\x16<priority> lists
 
@@ -44,6 +52,7 @@ class SweepReport:
     orphans_removed: list[str] = field(default_factory=list)  # root-relative paths
     jobs_requeued: list[str] = field(default_factory=list)
     voices_reclaimed: list[str] = field(default_factory=list)
+    chapters_resumed: list[str] = field(default_factory=list)  # "<book id>/<chapter index>"
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,6 +124,20 @@ def reclaim_voices(*, sessions: sessionmaker[Session], store: FeatureStore, repo
                 report.voices_reclaimed.append(voice_id)
 
 
+def resume_chapters(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
+                    report: SweepReport) -> None:
+    cutoff = utcnow() - timedelta(seconds=STALLED_CHAPTER_AFTER_S)
+    with session_scope(sessions) as session:
+        stalled = queries.list_stalled_chapters(session=session, settled_before=cutoff)
+    for book_id, index in stalled:
+        with session_scope(sessions) as session:
+            queries.touch_chapter(session=session, book_id=book_id, index=index)
+        sender.send_task(BOOK_CHAPTER_TASK, args=[book_id, index], queue=settings.queue_cpu)
+        log.warning("maintenance: book %s chapter %d had settled without being assembled; checked again",
+                    book_id, index)
+        report.chapters_resumed.append(f"{book_id}/{index}")
+
+
 def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: ArtifactStore,
           store: FeatureStore, broker: redis.Redis, sender: TaskSender,
           grace_s: float | None = None) -> SweepReport:
@@ -127,6 +150,8 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
         ("stuck jobs", lambda: requeue_stuck(settings=settings, sessions=sessions, broker=broker,
                                              sender=sender, report=report)),
         ("abandoned voices", lambda: reclaim_voices(sessions=sessions, store=store, report=report)),
+        ("stalled chapters", lambda: resume_chapters(settings=settings, sessions=sessions, sender=sender,
+                                                     report=report)),
     )
     for name, part in parts:
         try:
@@ -134,9 +159,9 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
         except Exception as exc:  # noqa: BLE001 - one failing part must not stop the others
             log.exception("maintenance: %s failed", name)
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-    log.info("maintenance: %d orphan files removed, %d jobs sent again, %d voices reclaimed, %d errors",
-             len(report.orphans_removed), len(report.jobs_requeued), len(report.voices_reclaimed),
-             len(report.errors))
+    log.info("maintenance: %d orphan files removed, %d jobs sent again, %d voices reclaimed, %d chapters "
+             "checked again, %d errors", len(report.orphans_removed), len(report.jobs_requeued),
+             len(report.voices_reclaimed), len(report.chapters_resumed), len(report.errors))
     return report
 
 

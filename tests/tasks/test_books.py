@@ -3,6 +3,8 @@ with audio files; chords go to a real broker on queues nobody consumes."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 
 import av
@@ -42,8 +44,6 @@ def celery(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cele
 
 
 def manifest_book(chapters: list[list[int]]) -> bytes:
-    import json
-
     return json.dumps({"title": "Tokens", "author": "T", "chapters": [
         {"title": f"Part {i + 1}", "segments": [{"tokens": [7 * n % 6561] * n} for n in sizes]}
         for i, sizes in enumerate(chapters)]}).encode()
@@ -163,3 +163,51 @@ def test_chapters_are_sent_in_a_window_so_a_long_book_never_floods_the_gpu_queue
     assert books.check_chapter(book_id, 3, res) == "assembled"
     assert books.assemble(book_id, res) == "succeeded"
     assert books.plan(book_id, res) == 0  # a redelivered book.plan of a finished book does nothing
+
+
+def test_a_chapter_whose_segments_settled_without_its_chord_is_checked_again_by_the_sweep(
+        res: Resources, celery: Celery) -> None:
+    """A segment job sent again by the sweep (its message was lost with a killed worker) carries no chord:
+    its chapter's book.chapter never fires. The sweep sends it once the chapter has settled for a while."""
+    from datetime import timedelta
+
+    import redis
+    from sqlalchemy import update
+
+    from app.db.models import BookChapter, Job, utcnow
+    from app.maintenance import STALLED_CHAPTER_AFTER_S, sweep
+
+    book_id = submit(res, celery, manifest_book([[30, 40], [25], [50]]))
+    assert books.plan(book_id, res) == 4
+    broker = redis.Redis.from_url(res.settings.broker_url)
+    try:
+        broker.delete(res.settings.queue_cpu)  # the chords' callbacks: lost, as after a re-sent segment
+        assert render_live_jobs(res, book_id) == 4
+
+        def run():
+            return sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts,
+                         store=res.store, broker=broker, sender=celery)
+
+        assert run().chapters_resumed == []  # settled just now: the chords may still fire
+        past = utcnow() - timedelta(seconds=STALLED_CHAPTER_AFTER_S + 5)
+        with res.sessions() as session:  # chapters 0 and 2 settled a while ago; chapter 1 just now
+            session.execute(update(BookChapter).values(scheduled_at=past))
+            session.execute(update(Job).values(finished_at=past))
+            one = queries.book_segment_states(session=session, book_id=book_id, chapter=1)[0]
+            session.execute(update(Job).where(Job.id == one.job_id).values(finished_at=utcnow()))
+            session.commit()
+        report = run()
+        assert report.chapters_resumed == [f"{book_id}/0", f"{book_id}/2"] and report.errors == []
+        sent = [json.loads(raw) for raw in broker.lrange(res.settings.queue_cpu, 0, -1)]
+        assert sorted((m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0]) for m in sent) == [
+            ("book.chapter", [book_id, 0]), ("book.chapter", [book_id, 2])]
+        assert run().chapters_resumed == []  # sent: not stalled again until it had time to run
+        assert [books.check_chapter(book_id, i, res) for i in (0, 2)] == ["assembled"] * 2
+        with res.sessions() as session:
+            session.execute(update(BookChapter).values(scheduled_at=past))
+            session.execute(update(Job).values(finished_at=past))
+            session.commit()
+        assert run().chapters_resumed == [f"{book_id}/1"]  # the assembled ones are done
+    finally:
+        broker.delete(res.settings.queue_cpu)
+        broker.close()

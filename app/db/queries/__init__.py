@@ -35,11 +35,13 @@ from app.db.queries.books import (
     link_segment_job,
     list_books,
     list_chapters,
+    list_stalled_chapters,
     mark_chapter_assembled,
     require_book,
     segment_renders,
     segment_state,
     set_book_status,
+    touch_chapter,
     unlink_segment_job,
 )
 from app.db.queries.installs import (
@@ -124,6 +126,8 @@ __all__ = [
     "claim_next_chapter",
     "count_rendering_segments",
     "mark_chapter_assembled",
+    "list_stalled_chapters",
+    "touch_chapter",
     "SegmentState",
     "book_segment_states",
     "segment_state",

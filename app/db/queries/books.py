@@ -132,6 +132,36 @@ def count_rendering_segments(*, session: Session, book_id: str) -> int:
     return int(session.execute(stmt).scalar_one())
 
 
+def list_stalled_chapters(*, session: Session, settled_before: Any) -> list[tuple[str, int]]:
+    """(book id, index) of the scheduled, unassembled chapters of rendering books whose every segment has
+    settled before `settled_before`: each has a job that is no longer live and finished by then, or an
+    error. Their `book.chapter` should have run already; its trigger (the chord of the chapter's
+    segments) is lost when a segment's message was sent again without it."""
+    unsettled = (
+        select(BookSegment.key)
+        .join(Segment, Segment.key == BookSegment.key)
+        .outerjoin(Job, Job.id == Segment.job_id)
+        .where(BookSegment.book_id == BookChapter.book_id, BookSegment.chapter == BookChapter.index,
+               (Job.status.in_(LIVE_JOB_STATUSES)) | (Job.finished_at >= settled_before)
+               | (Segment.job_id.is_(None) & Segment.error.is_(None)))
+    )
+    stmt = (
+        select(BookChapter.book_id, BookChapter.index)
+        .join(Book, Book.id == BookChapter.book_id)
+        .where(Book.status == BookStatus.RENDERING, BookChapter.scheduled_at < settled_before,
+               BookChapter.assembled_at.is_(None), ~unsettled.exists())
+        .order_by(BookChapter.book_id, BookChapter.index)
+    )
+    return [(str(book_id), int(index)) for book_id, index in session.execute(stmt)]
+
+
+def touch_chapter(*, session: Session, book_id: str, index: int) -> None:
+    """Stamp a chapter's scheduled_at again: its `book.chapter` was just sent anew, so it is not stalled
+    until it has had time to run (`list_stalled_chapters`)."""
+    session.execute(update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
+                    .values(scheduled_at=utcnow()))
+
+
 def mark_chapter_assembled(*, session: Session, book_id: str, index: int, seconds: float) -> None:
     session.execute(
         update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
