@@ -17,7 +17,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
       > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt
 
-# Editable install: migrations/ and app/samples/ are read from the source tree.
+# Editable install: migrations/ and app/dev/samples/ are read from the source tree.
 COPY . .
 RUN pip install --no-deps -e . \
  && useradd --system --uid 10001 --home-dir /srv/wavefarm wavefarm \

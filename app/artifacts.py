@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -24,17 +25,38 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.keys import check_job_id
+from app.speech import OutputFormat
 
 REFERENCES, TOKENS, OUTPUTS, TMP = "references", "tokens", "outputs", "tmp"
 # soundfile's format names -> our extensions
 REFERENCE_FORMATS = {"WAV": "wav", "FLAC": "flac", "OGG": "ogg", "MP3": "mp3"}
-OUTPUT_FORMATS = ("wav", "flac")
 
 _RELPATH = re.compile(
     r"references/[0-9a-f]{64}\.(wav|flac|ogg|mp3)"
     r"|tokens/[0-9a-f-]{36}\.json"
     r"|outputs/[0-9a-f-]{36}\.(wav|flac)"
 )
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside `path` to write; renamed into place on success, removed on failure (for
+    files outside the layout, e.g. a book's outputs, whose readers must see a whole file or none)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """UTF-8 text to `path`, atomically (`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 class ArtifactStore:
@@ -111,8 +133,8 @@ class ArtifactStore:
         return tokens
 
     def output_relpath(self, job_id: str, fmt: str) -> str:
-        if fmt not in OUTPUT_FORMATS:
-            raise ValueError(f"output format {fmt!r} is not one of {OUTPUT_FORMATS}")
+        if fmt not in tuple(OutputFormat):
+            raise ValueError(f"output format {fmt!r} is not one of {[f.value for f in OutputFormat]}")
         return f"{OUTPUTS}/{check_job_id(job_id)}.{fmt}"
 
     def output_path(self, job_id: str, fmt: str) -> Path:

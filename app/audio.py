@@ -6,6 +6,9 @@ supports it). The feature maths is in `app.features`; this module does no model 
 Refusals raise `BadAudio` with the reason, before any large allocation where possible: the decoder
 is told how many frames it may produce, so a lying header or a compression bomb cannot make us
 decode an hour of audio.
+
+torch (for torchaudio's resampler) is imported by `resample` when it first runs, not with this module:
+the API and the CLI import this module, and a client command must start without loading torch.
 """
 
 from __future__ import annotations
@@ -17,19 +20,19 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soundfile as sf
-import torch
-import torchaudio.functional as AF
 
 from app.errors import BadAudio
+from app.speech import PROMPT_SAMPLES, PROMPT_SECONDS, SAMPLE_RATE, OutputFormat
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
-PROMPT_SAMPLE_RATE = 24000
-PROMPT_SECONDS = 6.0
-PROMPT_SAMPLES = int(PROMPT_SAMPLE_RATE * PROMPT_SECONDS)
 MAX_CHANNELS = 8
 SILENCE_PEAK = 1e-4  # -80 dBFS: a reference quieter than this carries no voice
 
@@ -87,6 +90,9 @@ def _check_header(sample_rate: int, channels: int, limits: AudioLimits) -> None:
 
 def resample(pcm: np.ndarray | torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
     """Band-limited resampling (torchaudio's windowed sinc, its defaults); pcm: [..., T]."""
+    import torch
+    import torchaudio.functional as AF
+
     wave = torch.as_tensor(pcm, dtype=torch.float32)
     if orig_sr == new_sr:
         return wave
@@ -112,9 +118,9 @@ def normalise_reference(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, 
     mono = pcm.mean(axis=1)
     if float(np.abs(mono).max()) < SILENCE_PEAK:
         raise BadAudio("reference audio is silent")
-    wave = resample(mono, sample_rate, PROMPT_SAMPLE_RATE).numpy()
+    wave = resample(mono, sample_rate, SAMPLE_RATE).numpy()
     if wave.shape[0] > PROMPT_SAMPLES:
-        log.warning("reference is %.2f s; using its first %.1f s", wave.shape[0] / PROMPT_SAMPLE_RATE,
+        log.warning("reference is %.2f s; using its first %.1f s", wave.shape[0] / SAMPLE_RATE,
                     PROMPT_SECONDS)
         wave = wave[:PROMPT_SAMPLES]
     elif wave.shape[0] < PROMPT_SAMPLES:
@@ -125,7 +131,7 @@ def normalise_reference(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, 
 
 def voice_id_of(pcm24k: np.ndarray) -> str:
     digest = hashlib.sha256(np.ascontiguousarray(pcm24k, dtype="<f4").tobytes())
-    digest.update(str(PROMPT_SAMPLE_RATE).encode())
+    digest.update(str(SAMPLE_RATE).encode())
     return digest.hexdigest()
 
 
@@ -135,14 +141,15 @@ def load_reference(data: bytes, limits: AudioLimits = AudioLimits()) -> tuple[np
     return normalise_reference(decoded.pcm, decoded.sample_rate)
 
 
-OUTPUT_FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16")}
+# soundfile's container and subtype of each output format
+CONTAINERS = {OutputFormat.WAV: ("WAV", "PCM_16"), OutputFormat.FLAC: ("FLAC", "PCM_16")}
 
 
-def open_output(path: Path, fmt: str, sample_rate: int = PROMPT_SAMPLE_RATE) -> tuple[sf.SoundFile, Path]:
+def open_output(path: Path, fmt: str, sample_rate: int = SAMPLE_RATE) -> tuple[sf.SoundFile, Path]:
     """Open a temp file beside `path` for incremental writing; `commit_output` renames it in place."""
-    if fmt not in OUTPUT_FORMATS:
-        raise BadAudio(f"output format {fmt!r} is not one of {sorted(OUTPUT_FORMATS)}")
-    container, subtype = OUTPUT_FORMATS[fmt]
+    if fmt not in CONTAINERS:
+        raise BadAudio(f"output format {fmt!r} is not one of {[f.value for f in OutputFormat]}")
+    container, subtype = CONTAINERS[OutputFormat(fmt)]
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     os.close(fd)
@@ -156,7 +163,7 @@ def commit_output(handle: sf.SoundFile, tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_audio(path: Path, wave: np.ndarray, fmt: str, sample_rate: int = PROMPT_SAMPLE_RATE) -> None:
+def write_audio(path: Path, wave: np.ndarray, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
     """Write a whole waveform atomically (temp name, then rename)."""
     handle, tmp = open_output(path, fmt, sample_rate)
     try:

@@ -2,8 +2,8 @@
 
 `tasks.celery_app` (the CPU workers), `gpu_worker.worker` (the GPU worker) and the producers (API,
 CLI, demo) all build their Celery app here, so the wire contract is written once and neither worker
-package imports the other. JSON only; a task is acknowledged after it finishes and redelivered if its
-worker dies.
+package imports the other; the task names and priorities are `app.wire`'s. JSON only; a task is
+acknowledged after it finishes and redelivered if its worker dies.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from celery import Celery
 from kombu import Queue
 
 from app.settings import Settings
+from app.wire import PREPARE_TASK, PRIORITY_STEPS, SYNTH_TASK
 
 
 def make_celery(settings: Settings, include: Sequence[str] = (), name: str = "wavefarm") -> Celery:
@@ -41,14 +42,14 @@ def make_celery(settings: Settings, include: Sequence[str] = (), name: str = "wa
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 2)),
             "unacked_restore_throttle": 1,
             "unacked_mutex_expire": 30,
-            # Job priority: the Redis transport serves priority 0 first (app.submit.broker_priority).
+            # Job priority: the Redis transport serves priority 0 first (app.wire.broker_priority).
             "queue_order_strategy": "priority",
-            "priority_steps": list(range(10)),
+            "priority_steps": list(PRIORITY_STEPS),
         },
         broker_connection_retry_on_startup=True,
         task_queues=(Queue(settings.queue_cpu), Queue(settings.queue_gpu)),
         task_default_queue=settings.queue_cpu,
-        task_routes={"voice.prepare": {"queue": settings.queue_cpu}, "synth": {"queue": settings.queue_gpu}},
+        task_routes={PREPARE_TASK: {"queue": settings.queue_cpu}, SYNTH_TASK: {"queue": settings.queue_gpu}},
         result_expires=7 * 24 * 3600,
     )
     return app

@@ -4,7 +4,10 @@ WavefarmError
  +-- BadInput            the client sent something we refuse (HTTP 4xx)
  |    +-- BadAudio       unreadable, empty, non-finite, too many channels, too long ...
  |    +-- BadTokens      out of range, wrong type, empty, too many
- +-- NotFound            an id that does not exist
+ +-- NotFound            an id that does not exist (HTTP 404)
+ |    +-- Gone           it existed, but its file has been removed (HTTP 410)
+ +-- Conflict            the request does not fit the state it finds: a job that already finished,
+ |                       audio of a job that has not succeeded (HTTP 409)
  +-- FeaturesMissing     a voice's prepared features are not in the feature store
  +-- ModelLoadError      a model folder that cannot be loaded (names the file)
  +-- EngineFailure       the engine failed one job (the engine itself goes on)
@@ -29,6 +32,14 @@ class BadTokens(BadInput):
 
 class NotFound(WavefarmError):
     """No such job, voice or book."""
+
+
+class Gone(NotFound):
+    """The thing existed, but its file has been removed (an output after its retention)."""
+
+
+class Conflict(WavefarmError):
+    """The request is well formed but does not fit the current state; the message says what it found."""
 
 
 class FeaturesMissing(WavefarmError):

@@ -26,16 +26,14 @@ import torchaudio.compliance.kaldi as kaldi
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from app.audio import PROMPT_SAMPLE_RATE, resample
+from app.audio import resample
 from app.errors import FeaturesMissing
-
-FEATURE_VERSION = 1  # bump when any feature's maths changes: old store entries stop matching
-S3_SAMPLE_RATE = 16000
+from app.keys import FEATURE_VERSION
+from app.speech import MEL_BINS, S3_SAMPLE_RATE, SAMPLE_RATE, SAMPLES_PER_MEL
 
 # 24 kHz mel of the flow's conditioning (MODEL.md "Host half").
 MEL_N_FFT = 1920
-MEL_HOP = 480
-MEL_BINS = 80
+MEL_HOP = SAMPLES_PER_MEL
 MEL_FMAX = 8000.0
 
 
@@ -80,7 +78,7 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
 def host_half(pcm24k: np.ndarray, voice_id: str) -> PromptHostFeatures:
     """Normalised 24 kHz prompt -> its three host features."""
     wave24 = torch.as_tensor(np.asarray(pcm24k, dtype=np.float32))  # [T24]
-    wave16 = resample(wave24, PROMPT_SAMPLE_RATE, S3_SAMPLE_RATE)  # [T16]
+    wave16 = resample(wave24, SAMPLE_RATE, S3_SAMPLE_RATE)  # [T16]
     return PromptHostFeatures(
         voice_id=voice_id,
         logmel128=s3_log_mel(wave16),
@@ -123,7 +121,7 @@ def _slaney_mel_to_hz(mel: np.ndarray) -> np.ndarray:
 @lru_cache(maxsize=1)
 def _mel_basis() -> torch.Tensor:
     """[80, 961] triangular slaney filters, area-normalised, computed in float64 like librosa's."""
-    fft_hz = np.linspace(0.0, PROMPT_SAMPLE_RATE / 2, MEL_N_FFT // 2 + 1)
+    fft_hz = np.linspace(0.0, SAMPLE_RATE / 2, MEL_N_FFT // 2 + 1)
     edges_mel = np.linspace(_hz_to_slaney_mel(np.array([0.0]))[0],
                             _hz_to_slaney_mel(np.array([MEL_FMAX]))[0], MEL_BINS + 2)
     edges_hz = _slaney_mel_to_hz(edges_mel)
@@ -150,8 +148,3 @@ def prompt_mel(wave24k: torch.Tensor) -> torch.Tensor:
     magnitude = torch.sqrt(spec.real.pow(2) + spec.imag.pow(2) + 1e-9)
     mel = torch.log(torch.clamp(_mel_basis() @ magnitude, min=1e-5))  # [1, 80, frames]
     return mel[0].T.contiguous()
-
-
-def prompt_frames(seconds: float) -> int:
-    """Mel frames of a prompt of `seconds` at 24 kHz (300 for 6 s)."""
-    return math.floor(seconds * PROMPT_SAMPLE_RATE / MEL_HOP)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 import uuid
 
-from app.features import FEATURE_VERSION
-
 PREFIX = "wf"
+FEATURE_VERSION = 1  # of the stored host features (app.features): bump when any feature's maths changes,
+# and entries written by older builds are no longer read (their keys differ)
 
 _VOICE_ID = re.compile(r"[0-9a-f]{64}")
 

@@ -36,15 +36,12 @@ from app.db.models import utcnow
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import SYNTH_TASK, TaskSender, broker_priority, reclaim_abandoned_voice
-
-BOOK_CHAPTER_TASK = "book.chapter"
+from app.voices import reclaim_abandoned_voice
+from app.wire import BOOK_CHAPTER_TASK, UNACKED_KEY, TaskSender, priority_lists, send_synth
 
 log = logging.getLogger(__name__)
 
 STALLED_CHAPTER_AFTER_S = 60.0  # a chapter's chord fires within seconds of its last segment
-UNACKED_KEY = "unacked"  # kombu's Redis transport: delivered, not yet acknowledged messages
-PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: <queue>\x06\x16<priority> lists
 
 
 @dataclass
@@ -62,8 +59,7 @@ class SweepReport:
 def broker_task_ids(broker: redis.Redis, queue: str) -> set[str]:
     """Task ids with a message for `queue` in the broker: waiting (every priority) or unacked."""
     ids: set[str] = set()
-    lists = [queue] + [f"{queue}{PRIORITY_SEP}{n}" for n in range(1, 10)]
-    for key in lists:
+    for key in priority_lists(queue):
         for raw in broker.lrange(key, 0, -1):
             ids.update(_task_id(raw))
     for raw in broker.hvals(UNACKED_KEY):
@@ -111,8 +107,7 @@ def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker
             continue  # waiting its turn, or held by a worker (redelivered after the visibility timeout)
         with session_scope(sessions) as session:
             queries.touch_job(session=session, job_id=job_id)
-        sender.send_task(SYNTH_TASK, args=[job_id], queue=settings.queue_gpu, task_id=job_id,
-                         priority=broker_priority(priority))
+        send_synth(sender, settings, job_id, priority)
         log.warning("maintenance: job %s had no broker message; sent again", job_id)
         report.jobs_requeued.append(job_id)
 
@@ -156,7 +151,7 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
     for name, part in parts:
         try:
             part()
-        except Exception as exc:  # noqa: BLE001 - one failing part must not stop the others
+        except Exception as exc:  # one failing part must not stop the others
             log.exception("maintenance: %s failed", name)
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
     log.info("maintenance: %d orphan files removed, %d jobs sent again, %d voices reclaimed, %d chapters "

@@ -27,12 +27,11 @@ import torch
 from torch import Tensor
 
 from app.errors import BadAudio, ModelLoadError
+from app.speech import S3_SAMPLE_RATE, TOKEN_RATE, TOKENIZER_ONNX
 
 log = logging.getLogger(__name__)
 
-S3_MELS, S3_VOCAB = 128, 6561
-S3_SAMPLE_RATE = 16000
-TOKENIZER_ONNX = "speech_tokenizer_v2_25hz.onnx"  # the name in an official model folder
+S3_MELS = 128
 FRAMES_PER_TOKEN = 4  # 100 log-mel frames per second -> 25 tokens per second
 
 
@@ -107,7 +106,7 @@ class StandInTokenizer:
         # s3 log-mel lies in about [-1.5, 1.5] (floored at max - 8, then (x + 4) / 4): 9 levels per band
         levels = ((bands + 1.5) * 3).floor().clamp(0, 8).long()  # [4, n] in 0..8
         weights = torch.tensor([1, 9, 81, 729], dtype=torch.long)[:, None]
-        return (levels * weights).sum(dim=0)[None]  # [1, n], 9^4 = 6561 ids
+        return (levels * weights).sum(dim=0)[None]  # [1, n]: 9^4 ids, VOCAB_SIZE
 
 
 _LOCK = threading.Lock()
@@ -131,7 +130,7 @@ def speech_tokens(wave16k: np.ndarray | Tensor, tokenizer: Tokenizer) -> list[in
     import s3tokenizer
 
     wave = torch.as_tensor(np.asarray(wave16k, dtype=np.float32))
-    if wave.dim() != 1 or wave.numel() < S3_SAMPLE_RATE // 25 * 2:
+    if wave.dim() != 1 or wave.numel() < S3_SAMPLE_RATE // TOKEN_RATE * 2:
         raise BadAudio(f"speech of {wave.numel()} samples is too short to tokenize")
     logmel = s3tokenizer.log_mel_spectrogram(wave, n_mels=S3_MELS)
     return [int(t) for t in tokenizer(logmel)[0].tolist()]

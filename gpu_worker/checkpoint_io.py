@@ -27,17 +27,8 @@ import torch
 import torch.nn as nn
 from onnx import helper, numpy_helper
 
-from gpu_worker.loading import (
-    CAMPPLUS_ONNX,
-    FLOW_PT,
-    FLOW_YAML,
-    HIFT_PT,
-    TOKENIZER_ONNX,
-    Field,
-    Node,
-    flow_schema,
-    random_code2wav,
-)
+from app.speech import CAMPPLUS_ONNX, FLOW_PT, FLOW_YAML, HIFT_PT, TOKENIZER_ONNX
+from gpu_worker.loading import Field, Node, flow_schema, random_code2wav
 from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import FlowArgs, ModelArgs
 

@@ -86,25 +86,38 @@ class _Live:
     outcome: str | None = None  # finished | failed | aborted: released at the next finish phase
 
 
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's policy knobs (the worker's settings map onto them in `gpu_worker.runtime`)."""
+
+    micro_batch_size: int = 8  # rows per step
+    prep_wait_ms: float = 2000.0  # how long a job waits for its voice's CPU preparation
+    admission_window_ms: float = 0.0  # an idle engine gathers a burst this long (0: starts at once)
+    install_batch: int = 1  # stored voices found in one pump that share a setup solve
+
+
 class Engine:
     def __init__(self, decoder: StreamDecoder, voices: VoiceCache, *, features: FeatureSource,
-                 preparer: InlinePreparer, micro_batch_size: int, prep_wait_ms: float,
-                 clock: Callable[[], float] = time.monotonic, max_first_chunks: int | None = None,
-                 prep_pool: Executor | None = None, install_lane: Executor | None = None,
-                 admission_window_ms: float = 0.0, install_batch: int = 1) -> None:
+                 preparer: InlinePreparer, config: EngineConfig = EngineConfig(),
+                 clock: Callable[[], float] = time.monotonic, prep_pool: Executor | None = None,
+                 install_lane: Executor | None = None) -> None:
+        """`prep_pool`: where inline host halves run beside the decode (None: in the engine thread);
+        `install_lane`: a CPU worker's side thread for installs (None: installs run here, and on CUDA
+        on the side stream)."""
         self.decoder = decoder
         self.voices = voices
+        self.config = config
         self.resolver = VoiceResolver(voices, features=features, preparer=preparer, clock=clock,
                                       prep_pool=prep_pool, install_lane=install_lane,
-                                      install_batch=install_batch)
-        self.prep_wait_s = prep_wait_ms / 1000.0
-        self.admission_window_s = admission_window_ms / 1000.0  # 0: an idle engine starts at once
+                                      install_batch=config.install_batch)
+        self.prep_wait_s = config.prep_wait_ms / 1000.0
+        self.admission_window_s = config.admission_window_ms / 1000.0  # 0: an idle engine starts at once
         self.clock = clock
-        self.scheduler = Scheduler(micro_batch_size=micro_batch_size, max_first_chunks=max_first_chunks)
+        self.scheduler = Scheduler(micro_batch_size=config.micro_batch_size)
         self.counters: Counter[str] = Counter(dict.fromkeys(PREP_PATHS, 0))
         self.stats: Counter[str] = Counter()  # steps, batches, rows, mel frames; jobs finished/failed/aborted
         self._live: dict[str, _Live] = {}
-        self._inbox: deque[EngineJob] = deque()
+        self._inbox: deque[tuple[EngineJob, torch.Tensor]] = deque()  # with its checked tokens
         self._aborts: set[str] = set()
         self._known: set[str] = set()  # queued or live job ids (guarded by _cond)
         self._cond = threading.Condition()
@@ -113,12 +126,12 @@ class Engine:
     # -- called from any thread ----------------------------------------------------------------------
     def add(self, job: EngineJob) -> None:
         """Queue a job for admission at the next step; BadTokens at once if its tokens are unusable."""
-        validate_tokens(job.tokens)
+        tokens = validate_tokens(job.tokens)
         with self._cond:
             if job.job_id in self._known:
                 raise ValueError(f"job {job.job_id} is already in the engine")
             self._known.add(job.job_id)
-            self._inbox.append(job)
+            self._inbox.append((job, tokens))
             self._cond.notify_all()
 
     def abort(self, job_id: str) -> None:
@@ -177,10 +190,10 @@ class Engine:
             aborts = set(self._aborts)
             self._aborts.clear()
         now = self.clock()
-        for job in admitted:
-            self._live[job.job_id] = _Live(job=job, tokens=validate_tokens(job.tokens),
-                                           chunks=plan_chunks(len(job.tokens)), arrival=next(self._arrivals),
-                                           admitted=now, deadline=now + self.prep_wait_s)
+        for job, tokens in admitted:
+            self._live[job.job_id] = _Live(job=job, tokens=tokens, chunks=plan_chunks(tokens.numel()),
+                                           arrival=next(self._arrivals), admitted=now,
+                                           deadline=now + self.prep_wait_s)
         for job_id in aborts:
             live = self._live.get(job_id)
             if live is not None:
@@ -226,7 +239,7 @@ class Engine:
             live.times["install_s"] = entry.install_s
         try:
             live.stream = self.decoder.open_stream(entry.prompt, live.job.seed)
-        except Exception as exc:  # noqa: BLE001 - e.g. out of device memory for this stream's caches
+        except Exception as exc:  # e.g. out of device memory for this stream's caches
             self._fail(live, exc, events, path=path)
             return
         events.append(VoiceReady(job_id=live.job.job_id, voice_id=live.job.voice_id, prep_path=path,
@@ -261,7 +274,7 @@ class Engine:
             rows.append(ChunkRow(live.stream, live.tokens[chunk.start:chunk.stop], chunk.last))
         try:
             audios = self.decoder.step(rows)
-        except Exception as exc:  # noqa: BLE001 - isolate the failing row by decoding one by one
+        except Exception as exc:  # isolate the failing row by decoding one by one
             if len(batch) == 1:
                 self._fail(batch[0], exc, events)
                 return

@@ -29,6 +29,7 @@ import torch
 import yaml
 
 from app.errors import ModelLoadError
+from app.speech import FLOW_PT, FLOW_YAML, HIFT_PT
 from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import FlowArgs, HiftArgs, ModelArgs
 from gpu_worker.model.hift import HiFTGenerator
@@ -38,9 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FLOW_YAML, FLOW_PT, HIFT_PT = "flow.yaml", "flow.pt", "hift.pt"
-CAMPPLUS_ONNX, TOKENIZER_ONNX = "campplus.onnx", "speech_tokenizer_v2_25hz.onnx"
 NEW_TAG = "!new:"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # by setting name
 MAX_FLOW_YAML_BYTES = 64 * 1024  # the released file is about 1 KiB
 _ABSENT = object()  # the reference has no default: the field must be in the file
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from app.features import PromptHostFeatures
-from gpu_worker.model.config import LOOKAHEAD_TOKENS, MEL_PER_TOKEN, SILENCE_TOKEN
+from gpu_worker.model.config import LOOKAHEAD_TOKENS, MEL_PER_TOKEN, SILENCE_TOKEN, VOCAB_SIZE
 from gpu_worker.model.flow import FlowCache
 
 NOISE_SHAPE = (1, 80, 30000)  # the reference's fixed Gaussian buffer: 600 s of mel frames
@@ -51,7 +51,7 @@ class StandInSpeaker:
     def quantize_and_embed(self, logmel128: Tensor, fbank80: Tensor) -> tuple[Tensor, Tensor]:
         n = logmel128.size(1) // 4  # 25 tokens per second from 100 log-mel frames per second
         frames = logmel128[:, : 4 * n].reshape(logmel128.size(0), n, 4).mean(dim=(0, 2))  # [n]
-        tokens = (frames.abs() * 7919).long() % 6561
+        tokens = (frames.abs() * 7919).long() % VOCAB_SIZE
         embedding = torch.cat([fbank80.mean(dim=0), fbank80.std(dim=0), fbank80.amax(dim=0)[:32]])
         return tokens[None].to(self.device), embedding[None].float().to(self.device)
 

@@ -156,7 +156,7 @@ class VoiceResolver:
             owner = next((lv for lv in waiting if lv.job.job_id == prep.owner), waiting[0])
             try:
                 self._keep_prepared(prep.future.result(), voice_id, events)
-            except Exception as exc:  # noqa: BLE001 - the voice cannot be prepared: its jobs fail
+            except Exception as exc:  # the voice cannot be prepared: its jobs fail
                 if prep.stored:  # unusable stored features: prepare inline, as without a lane
                     log.warning("job %s: installing stored features of voice %s failed (%s); preparing "
                                 "inline", owner.job.job_id, voice_id, exc)
@@ -199,7 +199,7 @@ class VoiceResolver:
         """voice id -> its install, or why it failed: the group at once, else (several) one by one."""
         try:
             entries = self.voices.install_many(hosts)
-        except Exception as exc:  # noqa: BLE001 - which voice is bad is found one by one below
+        except Exception as exc:  # which voice is bad is found one by one below
             if len(hosts) == 1:
                 return {hosts[0].voice_id: exc}
             log.warning("batched install of %d voices failed (%s); installing them one by one",
@@ -212,14 +212,14 @@ class VoiceResolver:
         for host in hosts:
             try:
                 out[host.voice_id] = self._install(host, events)
-            except Exception as exc:  # noqa: BLE001 - this voice's features are unusable
+            except Exception as exc:  # this voice's features are unusable
                 out[host.voice_id] = exc
         return out
 
     def _fetch(self, voice_id: str) -> PromptHostFeatures | None | Exception:
         try:
             got = self.features.get(voice_id)
-        except Exception as exc:  # noqa: BLE001 - any store problem means "prepare inline", counted
+        except Exception as exc:  # any store problem means "prepare inline", counted
             log.warning("feature store read for voice %s failed: %s", voice_id, exc)
             return exc
         if got is not None and got.voice_id != voice_id:
@@ -238,7 +238,7 @@ class VoiceResolver:
             return None
         try:
             self._install(host, events)
-        except Exception as exc:  # noqa: BLE001 - bad stored features fall back to inline preparation
+        except Exception as exc:  # bad stored features fall back to inline preparation
             log.warning("job %s: installing stored features of voice %s failed (%s); preparing inline",
                         live.job.job_id, voice_id, exc)
             fetched[voice_id] = exc
@@ -259,7 +259,7 @@ class VoiceResolver:
         fresh = job.voice_id not in self.voices
         try:
             self._install_host(self.preparer.prepare(job), job.voice_id, events)
-        except Exception as exc:  # noqa: BLE001 - one job's preparation failing fails that job only
+        except Exception as exc:  # one job's preparation failing fails that job only
             return Fail(live, exc, path)
         return Start(live, path, installed=fresh)
 

@@ -11,14 +11,13 @@ The policy:
 3. within a priority, round robin: every stream holds a ticket; it gets one when first seen (in arrival
    order) and a fresh one each time it is served, and the lowest tickets go first. A new job therefore
    queues behind streams that have waited longer, and a stream that is not ready keeps its place;
-4. first chunks go beside continuing ones in the same step (no separate prefill phase), optionally
-   capped by `max_first_chunks` per step so a burst of arrivals cannot stall every live stream at once.
+4. first chunks go beside continuing ones in the same step (no separate prefill phase).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -37,13 +36,10 @@ class StreamView:
 class Scheduler:
     """Round robin within strict priority; remembers each stream's place between steps."""
 
-    def __init__(self, *, micro_batch_size: int, max_first_chunks: int | None = None) -> None:
+    def __init__(self, *, micro_batch_size: int) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        if max_first_chunks is not None and max_first_chunks < 1:
-            raise ValueError(f"max_first_chunks must be >= 1 or None, got {max_first_chunks}")
         self.micro_batch_size = micro_batch_size
-        self.max_first_chunks = max_first_chunks
         self._tickets: dict[str, int] = {}
         self._counter = itertools.count()
 
@@ -52,16 +48,7 @@ class Scheduler:
         self._issue_tickets(streams)
         ready = [s for s in streams if s.ready]
         ready.sort(key=lambda s: (-s.priority, self._tickets[s.job_id]))
-        chosen: list[StreamView] = []
-        first_chunks = 0
-        for view in ready:
-            if len(chosen) == self.micro_batch_size:
-                break
-            if view.chunk_index == 0:
-                if self.max_first_chunks is not None and first_chunks >= self.max_first_chunks:
-                    continue
-                first_chunks += 1
-            chosen.append(view)
+        chosen = ready[: self.micro_batch_size]
         for view in chosen:
             self._tickets[view.job_id] = next(self._counter)
         return chosen
@@ -69,12 +56,6 @@ class Scheduler:
     def forget(self, job_id: str) -> None:
         """Drop a finished, failed or aborted stream's place."""
         self._tickets.pop(job_id, None)
-
-    def retain(self, job_ids: Iterable[str]) -> None:
-        """Forget every stream not in `job_ids` (the engine's live set)."""
-        live = set(job_ids)
-        for job_id in [j for j in self._tickets if j not in live]:
-            del self._tickets[job_id]
 
     def _issue_tickets(self, streams: Sequence[StreamView]) -> None:
         seen: set[str] = set()

@@ -24,16 +24,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from app.errors import BadTokens
+from app.speech import check_tokens
 from gpu_worker.model.config import (
     CHUNK_TOKENS,
-    HIFT_SOURCE_CACHE,
     LOOKAHEAD_TOKENS,
     MEL_PER_TOKEN,
-    SAMPLES_PER_MEL,
 )
-
-VOCAB_SIZE = 6561  # speech token ids 0..6560
 
 
 @dataclass(frozen=True)
@@ -47,19 +43,9 @@ class EngineJob:
 
 
 def validate_tokens(tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """Speech tokens -> [N] int64 CPU tensor; BadTokens if empty or out of range."""
-    try:
-        tensor = torch.as_tensor(tokens).reshape(-1)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise BadTokens(f"speech tokens are not a list of integers: {exc}") from exc
-    if tensor.numel() == 0:
-        raise BadTokens("no speech tokens")
-    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
-        raise BadTokens(f"speech tokens must be integers, got {tensor.dtype}")
-    tensor = tensor.to(torch.int64)
-    if int(tensor.min()) < 0 or int(tensor.max()) >= VOCAB_SIZE:
-        raise BadTokens(f"speech tokens must be in 0..{VOCAB_SIZE - 1}")
-    return tensor
+    """Speech tokens -> [N] int64 CPU tensor; BadTokens if empty or out of range (`app.speech`)."""
+    values = tokens.reshape(-1).tolist() if isinstance(tokens, torch.Tensor) else tokens
+    return torch.tensor(check_tokens(values), dtype=torch.int64)
 
 
 class Chunk(NamedTuple):
@@ -93,17 +79,6 @@ def plan_chunks(n_tokens: int) -> list[Chunk]:
         start += CHUNK_TOKENS
     chunks.append(Chunk(start, n_tokens, True))
     return chunks
-
-
-def chunk_samples(chunks: list[Chunk]) -> list[int]:
-    """Samples each chunk emits (the vocoder tail moves 3840 samples from one chunk to the next)."""
-    out = []
-    held = 0
-    for chunk in chunks:
-        produced = chunk.mel_frames * SAMPLES_PER_MEL + held
-        held = 0 if chunk.last else HIFT_SOURCE_CACHE
-        out.append(produced - held)
-    return out
 
 
 # -- events: what one step hands out ---------------------------------------------------------------

@@ -64,7 +64,7 @@ class VoiceCache:
     """Installed voices of one device, keyed by voice id; not thread-safe (the engine thread owns it)."""
 
     def __init__(self, installer: Installer, *, device: torch.device | str = "cpu",
-                 max_voices: int = 64, max_bytes: int | None = None,
+                 max_voices: int = 64,
                  clock: Callable[[], float] | None = None,
                  batch_installer: BatchInstaller | None = None) -> None:
         if max_voices < 1:
@@ -73,7 +73,6 @@ class VoiceCache:
         self._batch_installer = batch_installer
         self.device = torch.device(device)
         self.max_voices = max_voices
-        self.max_bytes = max_bytes
         self._clock = clock or time.perf_counter
         self._voices: dict[str, InstalledVoice] = {}
         self._tick = 0
@@ -89,8 +88,9 @@ class VoiceCache:
     def get(self, voice_id: str) -> InstalledVoice | None:
         return self._voices.get(voice_id)
 
-    def ids(self) -> list[str]:
-        return list(self._voices)
+    def __iter__(self) -> Iterator[str]:
+        """The installed voice ids, in install order."""
+        return iter(list(self._voices))
 
     def nbytes(self) -> int:
         return sum(v.nbytes for v in self._voices.values())
@@ -195,9 +195,7 @@ class VoiceCache:
         return removed
 
     def _over_capacity(self) -> bool:
-        if len(self._voices) > self.max_voices:
-            return True
-        return self.max_bytes is not None and self.nbytes() > self.max_bytes
+        return len(self._voices) > self.max_voices
 
     @staticmethod
     def _settled(entry: InstalledVoice) -> bool:

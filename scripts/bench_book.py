@@ -9,7 +9,7 @@ workers answer, renders a small warm-up book in another voice, then two books of
 `--segments` token segments (`--tokens` each, 25 per second of audio; the manifest of
 tests/integration/test_book_render.py's token_manifest) over HTTP:
 
-1. "new voice": multipart upload of the book and of app/samples/voice_a.wav, a voice this service has
+1. "new voice": multipart upload of the book and of app/dev/samples/voice_a.wav, a voice this service has
    never prepared nor installed, so the book includes its preparation (CPU worker host half, the GPU
    worker's wait for it and its device-half install);
 2. "prepared voice": other tokens in the same voice (JSON manifest + voice_id): already installed.
@@ -53,8 +53,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-TOKENS_PER_SECOND = 25.0
-SAMPLES = REPO / "app" / "samples"
+from app.dev import SAMPLES  # noqa: E402
+from app.speech import TOKEN_RATE, VOCAB_SIZE  # noqa: E402
+
 PORT = 8766
 REDIS_DBS = (8, 9, 14)  # broker, results, features: not the tests' (10-13) nor bench_service's (5-7)
 DONE = ("succeeded", "failed", "cancelled")
@@ -64,7 +65,7 @@ def token_manifest(chapters: int, segments: int, tokens: int, salt: int) -> dict
     """The integration test's token book: distinct segments (no repeats), keys new for a new salt."""
     return {"title": f"Tokens {salt}", "chapters": [
         {"title": f"Part {c + 1}", "segments": [
-            {"tokens": [(salt * 7919 + c * 1009 + s * 31 + i) % 6561 for i in range(tokens)]}
+            {"tokens": [(salt * 7919 + c * 1009 + s * 31 + i) % VOCAB_SIZE for i in range(tokens)]}
             for s in range(segments)]} for c in range(chapters)]}
 
 
@@ -81,7 +82,7 @@ def build_report(record: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("the book rendered no segment jobs (every segment was already rendered?)")
     end = book["finished_at"]
     wall = end - t0
-    audio_s = sum(j["n_tokens"] for j in jobs) / TOKENS_PER_SECOND
+    audio_s = sum(j["n_tokens"] for j in jobs) / TOKEN_RATE
     first_claim = min(j["started_at"] for j in jobs)
     # The voice is ready on the GPU worker when the job it was installed for starts (claim + prep_wait_s,
     # which runs from the job's admission: the engine was idle, waiting for the voice, so admission

@@ -37,18 +37,20 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from app.dev import SAMPLES  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from app.speech import VOCAB_SIZE  # noqa: E402
 from app.store import FeatureStore  # noqa: E402
-from gpu_worker.runtime import StoreFeatures, build_engine  # noqa: E402
+from gpu_worker.adapters import StoreFeatures  # noqa: E402
+from gpu_worker.runtime import build_engine  # noqa: E402
 from gpu_worker.streams import Audio, EngineJob, Failed, Finished  # noqa: E402
 from scripts.service_stack import bench_settings, flush_redis, running_stack  # noqa: E402
 
-SAMPLES = REPO / "app" / "samples"
 PORT = 8765
 
 
 def job_tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return torch.randint(0, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def settings_for(root: Path, preset: str, slots: int, threads: int) -> Settings:

@@ -28,9 +28,10 @@ import torch
 
 from app.audio import normalise_reference
 from app.features import PromptHostFeatures, host_half
+from app.speech import VOCAB_SIZE
 from gpu_worker.bench.workload import synthetic_voice
 from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.engine import Engine
+from gpu_worker.engine import Engine, EngineConfig
 from gpu_worker.loading import load_dummy
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import StandInSpeaker, install_voice, install_voices
@@ -68,8 +69,8 @@ def make_engine(decoder: StreamingDecoder, hosts: dict, ahead: bool) -> tuple[En
     speaker = StandInSpeaker(decoder.device)
     voices = VoiceCache(partial(install_voice, speaker=speaker, decoder=decoder), device=decoder.device)
     features = Features(hosts, ahead)
-    return Engine(decoder, voices, features=features, preparer=features, micro_batch_size=8,
-                  prep_wait_ms=0), features
+    return Engine(decoder, voices, features=features, preparer=features,
+                  config=EngineConfig(micro_batch_size=8, prep_wait_ms=0)), features
 
 
 def run_engine(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], ahead: bool,
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         pcm24, voice_id = normalise_reference(pcm, sr)
         hosts[voice_id] = host_half(pcm24, voice_id)
     ids = list(hosts)
-    tokens = torch.randint(0, 6561, (120,), generator=torch.Generator().manual_seed(0)).tolist()
+    tokens = torch.randint(0, VOCAB_SIZE, (120,), generator=torch.Generator().manual_seed(0)).tolist()
     jobs = [EngineJob(f"j{i}", ids[i % 3], tokens[: 40 + 10 * i], seed=i) for i in range(6)]
     model = load_dummy(ModelArgs.tiny(), 0, device=device)
     decoder = StreamingDecoder(model, device=device, dtype=torch.float32, micro_batch_size=8)

@@ -6,7 +6,7 @@
         ...                                    # HTTP on 127.0.0.1:8765; every process stopped at the end
 
 Dummy weights (no model folder), SQLite under `root` unless a database URL is given, the local Redis.
-Processes are started with `wavefarm serve | cpu-worker | gpu-worker` (`app.services.start_cli`), so they
+Processes are started with `wavefarm serve | cpu-worker | gpu-worker` (`app.dev.services.start_cli`), so they
 read their settings from WAVEFARM_* variables exactly as a deployment does, and are stopped by process
 group. Used by scripts/bench_service.py and scripts/bench_book.py.
 """
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from app import services  # noqa: E402
+from app.dev import services  # noqa: E402
 from app.settings import Settings  # noqa: E402
 
 READY_TIMEOUT_S = 180.0  # model build and schema upgrade on a loaded 2-core machine

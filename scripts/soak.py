@@ -5,7 +5,7 @@
 Starts its own Redis servers (broker + results, and the feature store, optionally capped as an LRU cache;
 temp folder, own ports, no persistence) and a SQLite file, a real CPU worker
 (`tasks.celery_app`, solo pool) and a real GPU worker (`gpu_worker.worker`, thread pool, tiny preset,
-dummy weights, CPU device) as subprocesses, submits jobs through `app.submit`, cancels a fraction of them
+dummy weights, CPU device) as subprocesses, submits jobs through `app.jobs`, cancels a fraction of them
 at random stages (queued, preparing, running, after a random delay), SIGKILLs the GPU worker and the CPU
 worker once each mid-run and starts them again (as a supervisor would), then checks:
   completed + cancelled + failed == submitted; orphan files == 0; pins == 0; feature-store keys bounded
@@ -44,11 +44,13 @@ from app.celery_config import make_celery  # noqa: E402
 from app.db import queries, upgrade  # noqa: E402
 from app.db.models import DONE_JOB_STATUSES, JobStatus  # noqa: E402
 from app.db.session import make_engine, make_sessionmaker, session_scope  # noqa: E402
+from app.jobs import submit_job  # noqa: E402
 from app.keys import PREFIX  # noqa: E402
 from app.maintenance import run_sweep  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from app.speech import VOCAB_SIZE  # noqa: E402
 from app.store import FeatureStore  # noqa: E402
-from app.submit import reclaim_abandoned_voice, submit_job  # noqa: E402
+from app.voices import reclaim_abandoned_voice  # noqa: E402
 
 STAGES = ("queued", "preparing", "running", "delay")
 
@@ -178,7 +180,7 @@ class Soak:
             for i in range(self.args.jobs):
                 n = self.rng.randint(self.args.min_tokens, self.args.max_tokens)
                 with self.sessions() as session:
-                    tokens = [self.rng.randrange(6561) for _ in range(n)]
+                    tokens = [self.rng.randrange(VOCAB_SIZE) for _ in range(n)]
                     job_id = submit_job(settings=self.settings, session=session, sender=sender, store=store,
                                         artifacts=self.artifacts, tokens=tokens,
                                         reference_bytes=refs[i % len(refs)], seed=i)

@@ -2,10 +2,11 @@
 
     book.plan(book_id)             the segments without finished audio -> one chord per chapter:
                                      group(segment members) | book.chapter(book_id, index)
-                                   a member is `synth` (token segments: the job is made here) or
-                                   book.tokenize | synth (text and audio segments)
-    book.tokenize(book_id, key)    guide voice (text) or source audio -> S3 tokens -> a queued job; returns
-                                   its id, which the chained `synth` (GPU worker) renders
+                                   a member is `synth` (a segment whose token source is ready at planning:
+                                   its job is made here) or book.tokenize | synth (the others)
+    book.tokenize(book_id, key)    the segment's token source (`app.books.tokens`: text through the guide
+                                   voice, or source speech) -> a queued job; returns its id, which the
+                                   chained `synth` (GPU worker) renders
     book.chapter(book_id, index)   once every segment of the chapter has audio: the chapter file; when
                                    the last chapter is done, sends book.assemble. Checks the database, not
                                    the chord's results, so an early, late or repeated call is harmless;
@@ -16,12 +17,12 @@
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
 overtakes every queued segment); `synth` is sent by name on the gpu queue, so this module never imports
 the GPU worker. Flower shows every task by name; `book.chapter` sends `task-progress` events with the
-book's progress while it waits.
+book's progress while it waits. The work itself (plans, token sources, chapter files, progress) is
+`app.books`'s; this module schedules it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -29,12 +30,11 @@ from celery import Task, chain, chord, group
 from celery.canvas import Signature
 from sqlalchemy.orm import Session
 
-from app import submit
-from app.audio import PROMPT_SAMPLE_RATE
-from app.books import service
-from app.books.assemble import assemble_chapter, write_text
-from app.books.output import _describe, _sidecar, assemble_book, chapter_recipe
+from app import wire
+from app.books import files, service, status
+from app.books.output import assemble_book, render_chapter
 from app.books.plan import BookPlan, PlanSegment
+from app.books.tokens import BookContext, source_for
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
 from app.db.session import session_scope
@@ -71,21 +71,21 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment,
         return None
     if state.live:
         return None  # queued or rendering from an earlier submission: book.chapter waits for it
-    gpu: dict[str, Any] = {"queue": res.settings.queue_gpu, "priority": submit.broker_priority(book.priority)}
-    if segment.kind == "tokens":
-        assert segment.tokens is not None  # the plan says so
+    gpu: dict[str, Any] = {"queue": res.settings.queue_gpu, "priority": wire.broker_priority(book.priority)}
+    source = source_for(segment)
+    if source.ready_at_plan:  # the segment's own tokens: its job is made now
+        tokens = source.tokens(segment, BookContext())
         job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
-                                                   key=segment.key, tokens=list(segment.tokens),
-                                                   replacing=state.job_id)
+                                                   key=segment.key, tokens=tokens, replacing=state.job_id)
         session.commit()
-        return _sig(submit.SYNTH_TASK, job_id, task_id=job_id, **gpu) if created else None
+        return _sig(wire.SYNTH_TASK, job_id, task_id=job_id, **gpu) if created else None
     if state.job_id is not None or state.error is not None:  # failed or cancelled before: start afresh
         queries.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
         queries.fail_segment(session=session, key=segment.key, error=None)
         session.commit()
-    tokenize = _sig("book.tokenize", book.id, segment.key, queue=res.settings.queue_cpu,
-                    priority=submit.broker_priority(book.priority))
-    return chain(tokenize, celery_app.signature(submit.SYNTH_TASK, **gpu))
+    tokenize = _sig(wire.BOOK_TOKENIZE_TASK, book.id, segment.key, queue=res.settings.queue_cpu,
+                    priority=wire.broker_priority(book.priority))
+    return chain(tokenize, celery_app.signature(wire.SYNTH_TASK, **gpu))
 
 
 def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, seen: set[str]) -> int:
@@ -102,8 +102,8 @@ def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, s
             member = _member(res, session, book, segment, state)
             if member is not None:
                 members.append(member)
-    callback = _sig("book.chapter", book.id, index, queue=res.settings.queue_cpu)
-    callback.link_error(_sig("book.chapter_error", book.id, index, queue=res.settings.queue_cpu,
+    callback = _sig(wire.BOOK_CHAPTER_TASK, book.id, index, queue=res.settings.queue_cpu)
+    callback.link_error(_sig(wire.BOOK_CHAPTER_ERROR_TASK, book.id, index, queue=res.settings.queue_cpu,
                              immutable=False))
     if members:
         chord(group(members), callback).apply_async()
@@ -115,7 +115,7 @@ def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, s
 def schedule(book_id: str, res: Resources, seen: set[str] | None = None) -> int:
     """Send chapters, in order, while fewer than LOOKAHEAD_SEGMENTS of the book's segments are waiting
     to render: a long book never floods the gpu queue ahead of other jobs. Returns segments sent."""
-    book_plan = _plan(res, book_id)
+    book_plan = files.load_plan(res.artifacts, book_id)
     seen = set() if seen is None else seen
     sent = 0
     while True:
@@ -142,7 +142,7 @@ def plan(book_id: str, res: Resources) -> int:
         book = queries.require_book(session=session, book_id=book_id)
         pending = [c.index for c in queries.list_chapters(session=session, book_id=book_id)
                    if c.scheduled_at is not None and c.assembled_at is None]
-    book_plan = _plan(res, book_id)
+    book_plan = files.load_plan(res.artifacts, book_id)
     seen: set[str] = set()
     sent = sum(_send_chapter(res, book, book_plan, index, seen) for index in pending)  # redelivered
     sent += schedule(book_id, res, seen)
@@ -153,42 +153,8 @@ def plan(book_id: str, res: Resources) -> int:
 
 # book.tokenize -----------------------------------------------------------------------------------
 
-_plans: dict[str, BookPlan] = {}  # per process: a book's plan is read once, not once per segment
-
-
-def _plan(res: Resources, book_id: str) -> BookPlan:
-    if book_id not in _plans:
-        if len(_plans) > 32:
-            _plans.clear()
-        _plans[book_id] = service.load_plan(res.artifacts, book_id)
-    return _plans[book_id]
-
-
-def _speech_16k(res: Resources, book_id: str, book_plan: BookPlan, segment: PlanSegment) -> Any:
-    """The 16 kHz speech a segment's tokens are made from: the guide voice, or the source audio."""
-    from app.books.guide_voice import speak
-
-    if segment.kind == "text":
-        return speak(segment.text, service.guide_options(book_plan.language))
-    from pathlib import Path
-
-    import numpy as np
-    import soundfile as sf
-
-    from app.audio import resample
-    from app.s3 import S3_SAMPLE_RATE
-
-    base = service.load_meta(res.artifacts, book_id).get("base_dir")
-    if not base or segment.audio is None:
-        raise WavefarmError("an audio segment without its manifest's folder")
-    pcm, rate = sf.read(Path(base) / segment.audio, dtype="float32", always_2d=True)
-    return resample(np.ascontiguousarray(pcm.mean(axis=1)), rate, S3_SAMPLE_RATE).numpy()
-
-
 def tokenize(book_id: str, key: str, res: Resources) -> str:
     """Tokens for one segment -> its queued job (reusing one another render made meanwhile)."""
-    from app.s3 import speech_tokens, tokenizer_for
-
     with session_scope(res.sessions) as session:
         if queries.require_book(session=session, book_id=book_id).status not in LIVE_BOOK_STATUSES:
             raise BookStopped(f"book {book_id} was cancelled or failed; segment {key[:12]} is not rendered")
@@ -197,11 +163,12 @@ def tokenize(book_id: str, key: str, res: Resources) -> str:
             raise WavefarmError(f"segment {key[:12]} is not in book {book_id}")
         if state.job_id and (state.live or state.done):
             return state.job_id
-    book_plan = _plan(res, book_id)
+    book_plan = files.load_plan(res.artifacts, book_id)
     segment = next(s for _, s in book_plan.segments() if s.key == key)
+    context = BookContext(language=book_plan.language, base_dir=files.base_dir_of(res.artifacts, book_id),
+                          model_dir=res.settings.model_dir)
     try:
-        speech = _speech_16k(res, book_id, book_plan, segment)
-        tokens = speech_tokens(speech, tokenizer_for(res.settings.model_dir))
+        tokens = source_for(segment).tokens(segment, context)
     except (WavefarmError, OSError, RuntimeError) as exc:
         with session_scope(res.sessions) as session:
             queries.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
@@ -217,7 +184,7 @@ def tokenize(book_id: str, key: str, res: Resources) -> str:
 
 def _progress(res: Resources, book_id: str) -> dict[str, Any]:
     with session_scope(res.sessions) as session:
-        view = service.book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+        view = status.book_status(session=session, artifacts=res.artifacts, book_id=book_id)
     return {"book_id": book_id, "segments_done": view.segments_done, "segments_total": view.segments_total,
             "audio_seconds": round(view.audio_seconds, 2), "eta_s": view.eta_s}
 
@@ -240,12 +207,9 @@ def check_chapter(book_id: str, index: int, res: Resources) -> str:
             return "waiting"
         audio = {s.key: res.artifacts.path(s.output_path or "") for s in states}
         fmt, lufs = book.output_format, book.target_lufs
-    chapter = _plan(res, book_id).chapters[index]
-    out = service.output_dir(res.artifacts, book_id) / f"chapter-{index + 1:03d}.{fmt}"
-    recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=PROMPT_SAMPLE_RATE, target_lufs=lufs)
-    _sidecar(out).unlink(missing_ok=True)
-    done = assemble_chapter(chapter, audio, out, fmt=fmt, target_lufs=lufs)
-    write_text(_sidecar(out), json.dumps(_describe(done, recipe)))  # assemble_book reuses the file
+    chapter = files.load_plan(res.artifacts, book_id).chapters[index]
+    done = render_chapter(chapter, audio, files.output_dir(res.artifacts, book_id), fmt=fmt,
+                          target_lufs=lufs)  # book.assemble reuses the file
     with session_scope(res.sessions) as session:
         queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration)
         chapters = queries.list_chapters(session=session, book_id=book_id)
@@ -253,7 +217,7 @@ def check_chapter(book_id: str, index: int, res: Resources) -> str:
             session=session, book_id=book_id, status=BookStatus.ASSEMBLING,
             only_from=(BookStatus.RENDERING,))
     if last:
-        _sig("book.assemble", book_id, queue=res.settings.queue_cpu).apply_async()
+        _sig(wire.BOOK_ASSEMBLE_TASK, book_id, queue=res.settings.queue_cpu).apply_async()
     else:
         schedule(book_id, res)  # the window moved on
     return "assembled"
@@ -269,9 +233,10 @@ def assemble(book_id: str, res: Resources) -> str:
         audio = {s.key: res.artifacts.path(s.output_path or "")
                  for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
         fmt, lufs, m4b = book.output_format, book.target_lufs, book.m4b
-    cover, cover_type = service.load_cover(res.artifacts, book_id)
-    result = assemble_book(_plan(res, book_id), audio, service.output_dir(res.artifacts, book_id), fmt=fmt,
-                           target_lufs=lufs, m4b=m4b, cover=cover, cover_type=cover_type)
+    cover, cover_type = files.load_cover(res.artifacts, book_id)
+    out = files.output_dir(res.artifacts, book_id)
+    result = assemble_book(files.load_plan(res.artifacts, book_id), audio, out, fmt=fmt, target_lufs=lufs,
+                           m4b=m4b, cover=cover, cover_type=cover_type)
     with session_scope(res.sessions) as session:
         queries.set_book_status(session=session, book_id=book_id, status=BookStatus.SUCCEEDED,
                                 only_from=(BookStatus.ASSEMBLING,))
@@ -310,17 +275,17 @@ def _run(task: Task, book_id: str, body: Any) -> Any:
         raise
 
 
-@celery_app.task(name="book.plan", bind=True, max_retries=MAX_RETRIES)
+@celery_app.task(name=wire.BOOK_PLAN_TASK, bind=True, max_retries=MAX_RETRIES)
 def plan_task(self: Task, book_id: str) -> int:
     return int(_run(self, book_id, lambda res: plan(book_id, res)))
 
 
-@celery_app.task(name="book.tokenize", bind=True, max_retries=MAX_RETRIES)
+@celery_app.task(name=wire.BOOK_TOKENIZE_TASK, bind=True, max_retries=MAX_RETRIES)
 def tokenize_task(self: Task, book_id: str, key: str) -> str:
     return str(_run(self, book_id, lambda res: tokenize(book_id, key, res)))
 
 
-@celery_app.task(name="book.chapter", bind=True, max_retries=None)
+@celery_app.task(name=wire.BOOK_CHAPTER_TASK, bind=True, max_retries=None)
 def chapter_task(self: Task, book_id: str, index: int) -> str:
     outcome = str(_run(self, book_id, lambda res: check_chapter(book_id, index, res)))
     if outcome == "waiting":
@@ -329,7 +294,7 @@ def chapter_task(self: Task, book_id: str, index: int) -> str:
     return outcome
 
 
-@celery_app.task(name="book.chapter_error", bind=True)
+@celery_app.task(name=wire.BOOK_CHAPTER_ERROR_TASK, bind=True)
 def chapter_error_task(self: Task, task_id: str, book_id: str, index: int) -> str:
     """Errback of a chapter's chord (a segment task failed): look at the chapter as it stands."""
     log.warning("book %s chapter %d: a segment task failed (%s); checking the chapter", book_id, index,
@@ -338,6 +303,6 @@ def chapter_error_task(self: Task, task_id: str, book_id: str, index: int) -> st
     return book_id
 
 
-@celery_app.task(name="book.assemble", bind=True, max_retries=MAX_RETRIES)
+@celery_app.task(name=wire.BOOK_ASSEMBLE_TASK, bind=True, max_retries=MAX_RETRIES)
 def assemble_task(self: Task, book_id: str) -> str:
     return str(_run(self, book_id, lambda res: assemble(book_id, res)))

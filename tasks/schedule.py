@@ -23,10 +23,10 @@ from celery import bootsteps
 
 from app.settings import Settings, get_settings
 from app.store import FeatureStore
+from app.wire import SWEEP_TASK
 
 log = logging.getLogger(__name__)
 
-SWEEP_TASK = "maintenance.sweep"
 CLAIM_FRACTION = 0.9  # a claim expires before its owner's next tick, so that tick can claim again
 
 

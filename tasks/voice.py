@@ -23,16 +23,16 @@ from celery import Task
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import audio, features
+from app import preparation, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import VoiceStatus
 from app.db.session import make_engine, make_sessionmaker, session_scope
-from app.errors import BadAudio, WavefarmError
+from app.errors import WavefarmError
 from app.keys import COUNTER_PREPARE, check_voice_id
 from app.settings import Settings, get_settings
 from app.store import FeatureStore
-from app.submit import reclaim_abandoned_voice, reference_limits
+from app.voices import reclaim_abandoned_voice
 from tasks.celery_app import celery_app
 
 log = logging.getLogger(__name__)
@@ -103,20 +103,11 @@ def _count(res: Resources, outcome: str) -> None:
 
 
 def _release(res: Resources, voice_id: str) -> None:
-    """Best effort: an unreleased claim only expires later (app.submit.PREPARE_CLAIM_TTL_S)."""
+    """Best effort: an unreleased claim only expires later (app.voices.PREPARE_CLAIM_TTL_S)."""
     try:
         res.store.release_prepare(voice_id)
     except redis.RedisError as exc:
         log.warning("voice.prepare %s: could not release the claim: %s", voice_id, exc)
-
-
-def _host_features(voice_id: str, reference_path: str, res: Resources) -> bytes:
-    """Reference file -> safetensors bytes of its host features (BadAudio if it is not this voice)."""
-    data = res.artifacts.read_bytes(reference_path)
-    pcm24k, computed_id = audio.load_reference(data, reference_limits(res.settings))
-    if computed_id != voice_id:
-        raise BadAudio(f"stored reference normalises to voice {computed_id}, not {voice_id}")
-    return features.host_half(pcm24k, voice_id).to_bytes()
 
 
 def prepare_voice(voice_id: str, res: Resources) -> str:
@@ -127,7 +118,8 @@ def prepare_voice(voice_id: str, res: Resources) -> str:
         return outcome
     started = time.perf_counter()
     try:
-        blob = _host_features(voice_id, reference_path, res)
+        host = preparation.compute(settings=res.settings, artifacts=res.artifacts, voice_id=voice_id,
+                                   reference_path=reference_path)
     except TRANSIENT_ERRORS:
         raise
     except Exception as exc:  # boundary: any failure of the host half fails the voice, not the worker
@@ -136,23 +128,15 @@ def prepare_voice(voice_id: str, res: Resources) -> str:
         with session_scope(res.sessions) as session:
             _fail(session, res, voice_id, f"{type(exc).__name__}: {exc}")
         return "failed"
-    return _finish(voice_id, blob, (time.perf_counter() - started) * 1000.0, res)
-
-
-def _finish(voice_id: str, blob: bytes, prepare_ms: float, res: Resources) -> str:
-    """Publish the features, mark the voice ready, then reclaim it if its jobs were cancelled meanwhile."""
-    res.store.put(voice_id, blob, res.settings.feature_ttl_s)
-    with session_scope(res.sessions) as session:
-        queries.mark_voice_ready(
-            session=session, voice_id=voice_id, prepare_ms=prepare_ms, feature_nbytes=len(blob)
-        )
+    prepare_ms = (time.perf_counter() - started) * 1000.0
+    published = preparation.publish(sessions=res.sessions, store=res.store, host=host, prepare_ms=prepare_ms,
+                                    ttl_s=res.settings.feature_ttl_s)
     _release(res, voice_id)
     _count(res, "prepared")
-    log.info("voice.prepare %s: %d bytes in %.0f ms", voice_id, len(blob), prepare_ms)
-    with session_scope(res.sessions) as session:
-        if reclaim_abandoned_voice(session=session, store=res.store, voice_id=voice_id):
-            _count(res, "reclaimed")
-            return "reclaimed"
+    log.info("voice.prepare %s: %d bytes in %.0f ms", voice_id, published.nbytes, prepare_ms)
+    if published.reclaimed:
+        _count(res, "reclaimed")
+        return "reclaimed"
     return "prepared"
 
 
@@ -165,7 +149,7 @@ def _give_up(voice_id: str, res: Resources, exc: Exception) -> None:
         log.exception("voice.prepare %s: could not record the failure", voice_id)
 
 
-@celery_app.task(name="voice.prepare", bind=True, max_retries=MAX_RETRIES)
+@celery_app.task(name=wire.PREPARE_TASK, bind=True, max_retries=MAX_RETRIES)
 def prepare(self: Task, voice_id: str) -> str:
     """Celery adapter: voice id in, voice id out; outcomes are in the database and the counters."""
     try:

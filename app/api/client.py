@@ -1,11 +1,14 @@
-"""Clients the CLI uses: `HttpClient` (the API over httpx) and `LocalClient` (app.submit + database).
+"""The API's client for the CLI: `HttpClient` (httpx), the `Client` protocol it shares with
+`app.api.local.LocalClient` (the same operations on the services in this process, for `--local`), and
+`follow`, which polls a job with a progress bar.
 
-Both answer with the API's JSON shapes (`JobOut`, `VoiceOut` as dicts), so the CLI prints one
-thing whichever way it went. HTTP errors come back as the error tree (BadInput, NotFound, ...).
+Both clients answer with the API's JSON shapes (`JobOut`, `VoiceOut`, `BookOut` as dicts), so the CLI
+prints one thing whichever way it went. HTTP errors come back as the error tree (BadInput, NotFound, ...).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +35,11 @@ class Client(Protocol):
     def audio(self, job_id: str) -> bytes: ...
     def voices(self) -> list[dict[str, Any]]: ...
     def add_voice(self, data: bytes) -> dict[str, Any]: ...
+    def submit_book(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
+                    base_dir: Path) -> dict[str, Any]: ...
+    def book(self, book_id: str) -> dict[str, Any]: ...
+    def cancel_book(self, book_id: str) -> dict[str, Any]: ...
+    def book_file(self, book_id: str, name: str, dest: Path) -> None: ...
 
 
 class HttpClient:
@@ -58,7 +66,8 @@ class HttpClient:
                 form["seed"] = str(seed)
             if idempotency_key:
                 form["idempotency_key"] = idempotency_key
-            files = {"reference": ("reference", voice), "tokens": ("tokens.json", _json_bytes(tokens))}
+            files = {"reference": ("reference", voice),
+                     "tokens": ("tokens.json", json.dumps(list(tokens)).encode())}
             return self._call("POST", "/v1/jobs", data=form, files=files).json()
         body = {"voice_id": voice, "tokens": list(tokens), "seed": seed, "output_format": output_format,
                 "priority": priority, "idempotency_key": idempotency_key}
@@ -84,11 +93,24 @@ class HttpClient:
     def add_voice(self, data: bytes) -> dict[str, Any]:
         return self._call("POST", "/v1/voices", files={"file": ("reference", data)}).json()
 
+    def submit_book(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
+                    base_dir: Path) -> dict[str, Any]:
+        """A book file and its options (the form's fields); `base_dir` is the local client's only."""
+        files: dict[str, Any] = {"book": (filename, data)}
+        if isinstance(voice, bytes):
+            files["reference"] = ("reference", voice)
+        else:
+            form = {**form, "voice_id": voice}
+        return self._call("POST", "/v1/books", data=form, files=files).json()
 
-def _json_bytes(tokens: Sequence[Any]) -> bytes:
-    import json
+    def book(self, book_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/books/{book_id}").json()
 
-    return json.dumps(list(tokens)).encode()
+    def cancel_book(self, book_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/books/{book_id}/cancel").json()
+
+    def book_file(self, book_id: str, name: str, dest: Path) -> None:
+        dest.write_bytes(self._call("GET", f"/v1/books/{book_id}/files/{name}").content)
 
 
 def _error(response: httpx.Response) -> WavefarmError:
@@ -99,58 +121,6 @@ def _error(response: httpx.Response) -> WavefarmError:
         kind, reason = "", response.text[:500]
     cls = ERRORS.get(kind) or (BadInput if response.status_code in (400, 422) else ApiError)
     return cls(f"{reason} (HTTP {response.status_code})")
-
-
-class LocalClient:
-    """The same operations straight against the database, the feature store and the broker."""
-
-    def __init__(self, settings: Any) -> None:
-        from app.api.main import build_context
-
-        self.ctx = build_context(settings)
-
-    def submit(self, *, voice: str | bytes, tokens: Sequence[Any], seed: int | None, output_format: str,
-               priority: int, idempotency_key: str | None) -> dict[str, Any]:
-        from app.api.routes_jobs import _submit
-
-        fields = {"voice_id": None if isinstance(voice, bytes) else voice,
-                  "reference_bytes": voice if isinstance(voice, bytes) else None, "tokens": list(tokens),
-                  "seed": seed, "output_format": output_format, "priority": priority,
-                  "idempotency_key": idempotency_key}
-        return _submit(self.ctx, fields).model_dump(mode="json")
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        from app.api.routes_jobs import get_job
-
-        return get_job(job_id, self.ctx).model_dump(mode="json")
-
-    def jobs(self, *, status: str | None = None, voice_id: str | None = None,
-             limit: int = 100) -> list[dict[str, Any]]:
-        from app.api.routes_jobs import list_jobs
-
-        found = list_jobs(self.ctx, status, voice_id, limit)  # type: ignore[arg-type]
-        return [j.model_dump(mode="json") for j in found]
-
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        from app.api.routes_jobs import cancel_job
-
-        return cancel_job(job_id, self.ctx).model_dump(mode="json")
-
-    def audio(self, job_id: str) -> bytes:
-        from app.api.routes_jobs import get_audio
-
-        return Path(get_audio(job_id, self.ctx).path).read_bytes()
-
-    def voices(self) -> list[dict[str, Any]]:
-        from app.api.routes_voices import list_voices
-
-        return [v.model_dump(mode="json") for v in list_voices(self.ctx, 100)]
-
-    def add_voice(self, data: bytes) -> dict[str, Any]:
-        from app.api.routes_voices import _voice_out, register_voice
-
-        voice_id, _ = register_voice(self.ctx, data)
-        return _voice_out(self.ctx, voice_id).model_dump(mode="json")
 
 
 def follow(client: Client, job_id: str, *, timeout_s: float | None = None,

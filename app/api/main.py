@@ -1,8 +1,8 @@
 """The FastAPI app factory: `create_app(settings)`, and the error mapping every route relies on.
 
-Errors: BadInput -> 422 and NotFound -> 404 with the reason; request validation -> 422; an
-unreachable database or Redis -> 503; anything else is a bug: logged with a traceback, 500 without
-details. Every error body has the `Problem` shape ({"error", "reason"}).
+Errors: BadInput -> 422, NotFound -> 404 (Gone -> 410) and Conflict -> 409, with the reason; request
+validation -> 422; an unreachable database or Redis -> 503; anything else is a bug: logged with a
+traceback, 500 without details. Every error body has the `Problem` shape ({"error", "reason"}).
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api import reads
-from app.api.deps import ApiContext, session
+from app.api.deps import ApiContext
 from app.api.limits import BodyLimit
 from app.api.metrics import HttpMetrics, StateCollector, http_metrics
 from app.api.routes_books import router as books_router
@@ -31,13 +29,11 @@ from app.api.routes_jobs import router as jobs_router
 from app.api.routes_ops import router as ops_router
 from app.api.routes_voices import router as voices_router
 from app.api.schemas import problem
-from app.artifacts import ArtifactStore
-from app.books import DEFAULT_LIMITS
-from app.db.session import make_engine, make_sessionmaker
-from app.errors import BadInput, NotFound
+from app.books.source import DEFAULT_LIMITS
+from app.db import queries
+from app.errors import BadInput, Conflict, Gone, NotFound
 from app.settings import Settings, get_settings
-from app.store import FeatureStore
-from app.submit import TaskSender
+from app.wire import TaskSender
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +42,8 @@ UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, OperationalError, komb
 
 
 def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiContext:
-    """Clients for everything the API talks to; none of them connects before first use."""
-    owns_sender = sender is None
-    if sender is None:
-        from app.celery_config import make_celery  # the producer side only: same queues and options
-
-        sender = make_celery(settings)
-    engine = make_engine(settings.database_url)
-    ctx = ApiContext(
-        settings=settings, engine=engine, sessions=make_sessionmaker(engine),
-        broker=redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=2),
-        store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),
-        artifacts=ArtifactStore(settings.artifact_root), sender=sender, registry=CollectorRegistry(),
-        owns_sender=owns_sender)
+    """Clients for everything the API talks to (none connects before first use), and its metrics."""
+    ctx = ApiContext.build(settings, sender)
     ctx.registry.register(StateCollector(
         broker=ctx.broker, store=ctx.store, queues=[settings.queue_cpu, settings.queue_gpu],
         job_counts=lambda: _job_counts(ctx)))
@@ -66,8 +51,8 @@ def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiCo
 
 
 def _job_counts(ctx: ApiContext) -> dict[str, int]:
-    with session(ctx) as s:
-        return reads.count_jobs_by_status(session=s)
+    with ctx.session() as s:
+        return queries.count_jobs_by_status(session=s)
 
 
 def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastAPI:
@@ -111,6 +96,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(NotFound)
     async def not_found(_: Request, exc: NotFound) -> JSONResponse:
         return respond(404, "NotFound", str(exc))
+
+    @app.exception_handler(Gone)
+    async def gone(_: Request, exc: Gone) -> JSONResponse:
+        return respond(410, "Gone", str(exc))
+
+    @app.exception_handler(Conflict)
+    async def conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return respond(409, "Conflict", str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the API process, and the names every wavefarm process exports.
+"""Prometheus metrics of the API process.
 
 `/metrics` is served from a registry owned by one app instance (several apps in one process, as in
 the tests, never collide). State metrics are read at scrape time, not kept in this process:
@@ -7,9 +7,8 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
   wavefarm_voice_prepare_total{outcome} CPU-side preparations (feature-store counters)
   wavefarm_jobs{status}                jobs in the database by status
   wavefarm_source_up{source}           1 when that source answered this scrape
-plus request counts and latencies of the API itself. The GPU worker exports its engine metrics
-(steps, rows per step, frames/s, installs) from its own process: it calls `start_exporter(port)`
-once at start and uses the `WORKER_*` names below, so dashboards find one naming scheme.
+plus request counts and latencies of the API itself. The GPU worker exports its engine's metrics from
+its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
 """
 
 from __future__ import annotations
@@ -19,13 +18,14 @@ import time
 from collections.abc import Callable, Iterator
 
 import redis
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import keys
 from app.store import FeatureStore
+from app.wire import priority_lists
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +36,13 @@ JOBS = "wavefarm_jobs"
 SOURCE_UP = "wavefarm_source_up"
 HTTP_REQUESTS = "wavefarm_http_requests"
 HTTP_SECONDS = "wavefarm_http_request_seconds"
-# Exported by the GPU worker process (on its own port), named here so every process agrees.
-WORKER_STEPS = "wavefarm_worker_steps"
-WORKER_ROWS_PER_STEP = "wavefarm_worker_rows_per_step"
-WORKER_FRAMES = "wavefarm_worker_frames"
-WORKER_INSTALLS = "wavefarm_worker_voice_installs"
-WORKER_FIRST_AUDIO_SECONDS = "wavefarm_worker_first_audio_seconds"
-
-# kombu's Redis transport keeps one list per priority step: "<queue>" then "<queue>\x06\x16<n>".
-PRIORITY_SEP = "\x06\x16"
-PRIORITY_STEPS = range(1, 10)
 
 
 def broker_queue_depth(client: redis.Redis, queue: str) -> int:
+    """Messages waiting in a queue: the sum over its per-priority lists (`app.wire.priority_lists`)."""
     pipe = client.pipeline(transaction=False)
-    pipe.llen(queue)
-    for step in PRIORITY_STEPS:
-        pipe.llen(f"{queue}{PRIORITY_SEP}{step}")
+    for key in priority_lists(queue):
+        pipe.llen(key)
     return sum(int(n) for n in pipe.execute())
 
 
@@ -128,11 +118,3 @@ class HttpMetrics:
             route = getattr(scope.get("route"), "path", "<unmatched>")
             self.requests.labels(scope["method"], route, str(status)).inc()
             self.seconds.labels(scope["method"], route).observe(time.perf_counter() - start)
-
-
-def start_exporter(port: int, registry: CollectorRegistry | None = None, addr: str = "0.0.0.0") -> None:
-    """Serve `registry` (default: the process-global one) on `port`; for worker processes."""
-    if registry is None:
-        start_http_server(port, addr=addr)
-    else:
-        start_http_server(port, addr=addr, registry=registry)

@@ -1,4 +1,8 @@
-"""/v1/jobs: submit (JSON or multipart), follow, list, cancel, download the audio."""
+"""/v1/jobs: submit (JSON or multipart), follow, list, cancel, download the audio.
+
+Thin HTTP adapters over `app.jobs`: they parse and bound the request, call the service and shape the
+answer; what a job is, and when one is refused or may be cancelled, is the service's.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +15,18 @@ from fastapi.responses import FileResponse
 from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from app import submit
-from app.api import reads
-from app.api.deps import ApiContext, Ctx, authorize, session
+from app import jobs, wire
+from app.api.deps import ApiContext, Ctx, authorize
 from app.api.routes_voices import read_upload
-from app.api.schemas import JobOut, JobRequest, OutputFormat, Problem, parse_tokens
+from app.api.schemas import JobOut, JobRequest, Problem, parse_tokens
 from app.db import queries
 from app.db.models import JobStatus
-from app.errors import BadInput, BadTokens, NotFound
-from app.keys import check_job_id
+from app.errors import BadInput, BadTokens
+from app.speech import MEDIA_TYPES, OutputFormat
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})
 
-MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac"}
 FORM_FIELDS = ("voice_id", "reference", "tokens", "seed", "output_format", "priority", "idempotency_key")
 MULTIPART_SCHEMA = {
     "type": "object",
@@ -34,9 +36,9 @@ MULTIPART_SCHEMA = {
         "reference": {"type": "string", "format": "binary", "description": "reference audio file"},
         "tokens": {"type": "string", "format": "binary", "description": "JSON list of token ids"},
         "seed": {"type": "integer", "minimum": 0},
-        "output_format": {"type": "string", "enum": ["wav", "flac"], "default": "wav"},
-        "priority": {"type": "integer", "minimum": 0, "maximum": submit.MAX_PRIORITY, "default": 0},
-        "idempotency_key": {"type": "string", "maxLength": submit.IDEMPOTENCY_KEY_MAX},
+        "output_format": {"type": "string", "enum": list(OutputFormat), "default": OutputFormat.WAV},
+        "priority": {"type": "integer", "minimum": 0, "maximum": wire.MAX_PRIORITY, "default": 0},
+        "idempotency_key": {"type": "string", "maxLength": jobs.IDEMPOTENCY_KEY_MAX},
     },
 }
 SUBMIT_BODY = {"requestBody": {"required": True, "content": {
@@ -112,9 +114,9 @@ def _integer(value: Any, name: str) -> int | None:
 
 
 def _submit(ctx: ApiContext, fields: dict[str, Any]) -> JobOut:
-    with session(ctx) as s:
-        job_id = submit.submit_job(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                   artifacts=ctx.artifacts, **fields)
+    with ctx.session() as s:
+        job_id = jobs.submit_job(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                 artifacts=ctx.artifacts, **fields)
         return JobOut.of(queries.require_job(session=s, job_id=job_id))
 
 
@@ -143,51 +145,31 @@ async def create_job(
 def list_jobs(ctx: Ctx, status: JobStatus | None = None, voice_id: str | None = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[JobOut]:
     """Newest first."""
-    with session(ctx) as s:
-        jobs = reads.list_jobs(session=s, status=status, voice_id=voice_id, limit=limit)
-        return [JobOut.of(job) for job in jobs]
-
-
-def _job_id(job_id: str) -> str:
-    try:
-        return check_job_id(job_id)
-    except ValueError as exc:
-        raise NotFound(f"no job {job_id}") from exc
+    with ctx.session() as s:
+        return [JobOut.of(job) for job in queries.list_jobs(session=s, status=status, voice_id=voice_id,
+                                                               limit=limit)]
 
 
 @router.get("/{job_id}", response_model=JobOut, responses={404: {"model": Problem}})
 def get_job(job_id: str, ctx: Ctx) -> JobOut:
-    with session(ctx) as s:
-        return JobOut.of(queries.require_job(session=s, job_id=_job_id(job_id)))
+    with ctx.session() as s:
+        return JobOut.of(jobs.get_job(session=s, job_id=job_id))
 
 
 @router.get("/{job_id}/audio", response_class=FileResponse, responses={
     200: {"content": {t: {} for t in MEDIA_TYPES.values()}, "description": "the rendered audio"},
-    404: {"model": Problem}, 409: {"model": Problem, "description": "the job has not succeeded"}})
+    404: {"model": Problem}, 409: {"model": Problem, "description": "the job has not succeeded"},
+    410: {"model": Problem, "description": "the audio has been removed"}})
 def get_audio(job_id: str, ctx: Ctx) -> FileResponse:
-    with session(ctx) as s:
-        job = queries.require_job(session=s, job_id=_job_id(job_id))
-    if job.status != JobStatus.SUCCEEDED or job.output_path is None:
-        raise HTTPException(409, detail=f"job {job.id} is {job.status}; audio exists once it succeeded")
-    path = ctx.artifacts.path(job.output_path)
-    if not path.is_file():
-        raise HTTPException(410, detail=f"the audio of job {job.id} has been removed")
-    fmt: OutputFormat = "flac" if job.output_format == "flac" else "wav"
-    return FileResponse(path, media_type=MEDIA_TYPES[fmt], filename=f"{job.id}.{fmt}")
+    with ctx.session() as s:
+        path = jobs.audio_path(session=s, artifacts=ctx.artifacts, job_id=job_id)
+    fmt = OutputFormat(path.suffix.removeprefix("."))
+    return FileResponse(path, media_type=MEDIA_TYPES[fmt], filename=f"{job_id}.{fmt}")
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut,
              responses={404: {"model": Problem}, 409: {"model": Problem, "description": "already finished"}})
 def cancel_job(job_id: str, ctx: Ctx) -> JobOut:
     """Cancel a queued or running job (idempotent). A finished job cannot be cancelled: 409."""
-    with session(ctx) as s:
-        if queries.cancel_job(session=s, job_id=_job_id(job_id)):
-            job = queries.require_job(session=s, job_id=job_id)
-            # Preparation already under way for this voice must not leak if nobody else wants it.
-            submit.reclaim_abandoned_voice(session=s, store=ctx.store, voice_id=job.voice_id)
-        job = queries.require_job(session=s, job_id=job_id)
-    if job.status != JobStatus.CANCELLED:
-        raise HTTPException(409, detail=f"job {job.id} already {job.status}")
-    # After the commit: the GPU worker polls this flag between steps and drops the job's rows.
-    ctx.store.request_cancel(job.id, ttl_s=ctx.settings.visibility_timeout_s)
-    return JobOut.of(job)
+    with ctx.session() as s:
+        return JobOut.of(jobs.cancel_job(settings=ctx.settings, session=s, store=ctx.store, job_id=job_id))

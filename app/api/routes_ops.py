@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from app.api.deps import ApiContext, Ctx, session
+from app.api.deps import ApiContext, Ctx
 from app.api.schemas import Health
 
 router = APIRouter(tags=["operations"])
@@ -31,7 +31,7 @@ def _check(ctx: ApiContext) -> dict[str, str]:
 
 
 def _select_one(ctx: ApiContext) -> None:
-    with session(ctx) as s:
+    with ctx.session() as s:
         s.execute(text("SELECT 1"))
 
 

@@ -1,4 +1,6 @@
-"""/v1/voices: upload a reference voice (prepared ahead on a CPU worker), look voices up."""
+"""/v1/voices: upload a reference voice (prepared ahead on a CPU worker), look voices up.
+
+Thin HTTP adapters over `app.voices`."""
 
 from __future__ import annotations
 
@@ -8,13 +10,11 @@ from fastapi import APIRouter, Depends, File, Query, Response, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile as StarletteUpload
 
-from app import submit
-from app.api import reads
-from app.api.deps import ApiContext, Ctx, authorize, session
+from app import voices
+from app.api.deps import ApiContext, Ctx, authorize
 from app.api.schemas import Problem, VoiceOut
 from app.db import queries
-from app.errors import BadAudio, NotFound
-from app.keys import check_voice_id
+from app.errors import BadAudio
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}, 422: {"model": Problem}})
@@ -28,11 +28,12 @@ async def read_upload(upload: StarletteUpload, limit: int, what: str) -> bytes:
     return data
 
 
-def register_voice(ctx: ApiContext, data: bytes) -> tuple[str, bool]:
-    """Store a reference and queue its preparation; returns (voice id, created)."""
-    with session(ctx) as s:
-        return submit.register_voice(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                     artifacts=ctx.artifacts, reference_bytes=data)
+def _register(ctx: ApiContext, data: bytes) -> tuple[VoiceOut, bool]:
+    with ctx.session() as s:
+        voice_id, created = voices.register_voice(settings=ctx.settings, session=s, sender=ctx.sender,
+                                                  store=ctx.store, artifacts=ctx.artifacts,
+                                                  reference_bytes=data)
+        return VoiceOut.of(voices.get_voice(session=s, voice_id=voice_id)), created
 
 
 @router.post("", status_code=201, response_model=VoiceOut,
@@ -42,28 +43,20 @@ async def create_voice(response: Response, file: Annotated[UploadFile, File(desc
     """Upload reference audio (WAV, FLAC, OGG, MP3). Its id is the sha256 of the normalised audio, so
     the same voice uploaded twice is one voice; preparation starts on a CPU worker at once."""
     data = await read_upload(file, ctx.settings.max_reference_bytes, "reference audio")
-    voice_id, created = await run_in_threadpool(register_voice, ctx, data)
+    voice, created = await run_in_threadpool(_register, ctx, data)
     if not created:
         response.status_code = 200
-    response.headers["Location"] = f"/v1/voices/{voice_id}"
-    return await run_in_threadpool(_voice_out, ctx, voice_id)
+    response.headers["Location"] = f"/v1/voices/{voice.id}"
+    return voice
 
 
 @router.get("", response_model=list[VoiceOut])
 def list_voices(ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[VoiceOut]:
-    with session(ctx) as s:
-        return [VoiceOut.of(v) for v in reads.list_voices(session=s, limit=limit)]
+    with ctx.session() as s:
+        return [VoiceOut.of(v) for v in queries.list_voices(session=s, limit=limit)]
 
 
 @router.get("/{voice_id}", response_model=VoiceOut, responses={404: {"model": Problem}})
 def get_voice(voice_id: str, ctx: Ctx) -> VoiceOut:
-    return _voice_out(ctx, voice_id)
-
-
-def _voice_out(ctx: ApiContext, voice_id: str) -> VoiceOut:
-    try:
-        check_voice_id(voice_id)
-    except ValueError as exc:
-        raise NotFound(f"no voice {voice_id}") from exc
-    with session(ctx) as s:
-        return VoiceOut.of(queries.require_voice(session=s, voice_id=voice_id))
+    with ctx.session() as s:
+        return VoiceOut.of(voices.get_voice(session=s, voice_id=voice_id))

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
 from app.db.models import Job, Voice
 from app.errors import BadTokens
-from app.submit import MAX_PRIORITY
+from app.speech import OutputFormat
+from app.wire import MAX_PRIORITY
 
-OutputFormat = Literal["wav", "flac"]
+if TYPE_CHECKING:
+    from app.books.status import BookStatusView
+
 SEED_MAX = 2**63 - 1
+# The output format as a request field, its schema inline (an enum $ref would not resolve inside the
+# request bodies the routes publish by hand for their multipart alternative).
+OutputFormatField = Annotated[OutputFormat, WithJsonSchema({"type": "string", "enum": list(OutputFormat)})]
 
 
 class Problem(BaseModel):
@@ -55,7 +61,7 @@ class JobRequest(BaseModel):
     voice_id: str = Field(min_length=64, max_length=64, description="a voice from POST /v1/voices")
     tokens: list[StrictInt] = Field(min_length=1, description="speech token ids, 25 per second of audio")
     seed: StrictInt | None = Field(None, ge=0, le=SEED_MAX, description="random when omitted")
-    output_format: OutputFormat = "wav"
+    output_format: OutputFormatField = OutputFormat.WAV
     priority: StrictInt = Field(0, ge=0, le=MAX_PRIORITY, description="0..9, higher runs first")
     idempotency_key: str | None = Field(None, min_length=1, max_length=128,
                                         description="resubmitting with the same key returns the same job")
@@ -127,7 +133,7 @@ def _ms(start: datetime | None, end: datetime | None) -> float | None:
 def parse_tokens(data: bytes | str) -> list[Any]:
     """A tokens file or form field: a JSON list of ids, or an object with a "tokens" list.
 
-    Only the shape is checked here; ranges and types are app.submit.check_tokens' job."""
+    Only the shape is checked here; ranges and types are app.speech.check_tokens' job."""
     try:
         parsed = json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: [[[[...]]]]
@@ -141,3 +147,73 @@ def parse_tokens(data: bytes | str) -> list[Any]:
 
 def problem(error: str, reason: str) -> dict[str, Any]:
     return Problem(error=error, reason=reason).model_dump()
+
+
+# Books -------------------------------------------------------------------------------------------
+
+class BookRequest(BaseModel):
+    """POST /v1/books as JSON: a manifest of speech tokens inline. Text and EPUB books: multipart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voice_id: str = Field(min_length=64, max_length=64)
+    manifest: dict[str, Any] = Field(description='{"title", "chapters": [{"title", "segments": '
+                                                 '[{"tokens": [...]}]}]}')
+    output_format: OutputFormatField = OutputFormat.FLAC
+    m4b: bool = True
+    target_lufs: float | None = Field(None, ge=-70, le=-5)
+    seed: StrictInt = Field(0, ge=0, le=SEED_MAX,
+                            description="fixed by default, so rendering the book again resumes it")
+    priority: StrictInt = Field(0, ge=0, le=MAX_PRIORITY,
+                                description="of the segment jobs; 0 (default) yields to every other job")
+
+
+class ChapterOut(BaseModel):
+    index: int
+    title: str
+    segments_total: int
+    segments_done: int
+    audio_seconds: float = Field(description="speech rendered so far")
+    est_seconds: float = Field(description="planned speech (an estimate until rendered)")
+    eta_s: float | None
+    seconds: float | None = Field(description="length of the assembled chapter file")
+    file_url: str | None
+
+
+class BookOut(BaseModel):
+    id: str
+    voice_id: str
+    status: str = Field(description="queued | rendering | assembling | succeeded | failed | cancelled")
+    title: str
+    author: str
+    language: str
+    output_format: str
+    m4b: bool
+    priority: int
+    segments_total: int = Field(description="distinct segments (a repeated sentence renders once)")
+    segments_done: int
+    audio_seconds: float
+    est_seconds: float
+    eta_s: float | None
+    submitted_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    chapters: list[ChapterOut]
+    files: dict[str, str] = Field(description="file name -> download URL")
+
+    @classmethod
+    def of(cls, view: BookStatusView) -> BookOut:
+        b = view.book
+        base = f"/v1/books/{b.id}/files/"
+        chapters = [ChapterOut(index=c.index, title=c.title, segments_total=c.segments_total,
+                               segments_done=c.segments_done, audio_seconds=round(c.audio_seconds, 2),
+                               est_seconds=round(c.est_seconds, 2), eta_s=c.eta_s, seconds=c.seconds,
+                               file_url=base + c.file if c.file else None) for c in view.chapters]
+        return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
+                   language=b.language, output_format=b.output_format, m4b=b.m4b, priority=b.priority,
+                   segments_total=view.segments_total, segments_done=view.segments_done,
+                   audio_seconds=round(view.audio_seconds, 2), est_seconds=round(b.est_seconds, 2),
+                   eta_s=view.eta_s, submitted_at=b.submitted_at, started_at=b.started_at,
+                   finished_at=b.finished_at, error=b.error, chapters=chapters,
+                   files={name: base + name for name in view.files})

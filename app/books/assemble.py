@@ -14,10 +14,7 @@ whose inputs have not changed, is `app.books.output`.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -28,9 +25,11 @@ import numpy as np
 import pyloudnorm
 import soundfile as sf
 
-from app.audio import PROMPT_SAMPLE_RATE, resample, write_audio
+from app.artifacts import atomic_path
+from app.audio import resample, write_audio
 from app.books.plan import PlanChapter
 from app.errors import BadInput, NotFound
+from app.speech import SAMPLE_RATE
 
 if TYPE_CHECKING:
     from av.container.core import Chapter  # a TypedDict, only in PyAV's stubs
@@ -63,7 +62,7 @@ class ChapterAudio:
 
 
 def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path, *, fmt: str = "flac",
-                     sample_rate: int = PROMPT_SAMPLE_RATE, target_lufs: float | None = None) -> ChapterAudio:
+                     sample_rate: int = SAMPLE_RATE, target_lufs: float | None = None) -> ChapterAudio:
     """Concatenate a chapter's segments (audio[key] -> file) with their pauses into `out`."""
     pieces: list[np.ndarray] = []
     timings: list[SegmentTiming] = []
@@ -114,25 +113,6 @@ def normalise_loudness(wave: np.ndarray, sample_rate: int, target_lufs: float,
     return (wave * gain).astype(np.float32)
 
 
-@contextmanager
-def _atomic(path: Path):
-    """Yield a temp path beside `path`; rename it into place on success, remove it on failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text(path: Path, text: str) -> None:
-    with _atomic(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
-
 # --- M4B -----------------------------------------------------------------------------------------
 
 def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, title: str, author: str,
@@ -143,7 +123,7 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, title: str, author
     rate = chapters[0].sample_rate
     if any(c.sample_rate != rate for c in chapters):
         raise ValueError("chapters have different sample rates")
-    with _atomic(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"brand": "M4B "}) as box:
+    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"brand": "M4B "}) as box:
         for key, value in {"title": title, "album": title, "artist": author, "album_artist": author,
                            "genre": "Audiobook"}.items():
             if value:

@@ -20,9 +20,8 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from urllib.parse import unquote
 
-from app.books import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
-from app.books.parse import finish_book
 from app.books.safezip import SafeArchive
+from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, finish_book
 from app.errors import BadInput
 
 NS = {"c": "urn:oasis:names:tc:opendocument:xmlns:container", "opf": "http://www.idpf.org/2007/opf",

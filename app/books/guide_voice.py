@@ -1,7 +1,8 @@
 """The guide voice: espeak-ng speaks one segment's text as 16 kHz mono float32 PCM.
 
-This is the first half of the `text` token source; the GPU worker's S3 tokenizer turns the guide
-audio into speech tokens (not here). Two backends, the same voice data:
+This is the first half of the `text` token source (`app.books.tokens`); the S3 tokenizer turns the
+guide audio into speech tokens (not here). `options_for(language)` picks the voice that speaks a book's
+language. Two backends, the same voice data:
 1. the `espeakng-loader` wheel (libespeak-ng + its data, from PyPI: works offline, nothing to install
    on the machine), driven through ctypes - preferred;
 2. the Debian `espeak-ng` binary (`--stdout` WAV), when the wheel is missing or fails to load.
@@ -34,8 +35,9 @@ import soundfile as sf
 
 from app.audio import resample
 from app.errors import BadInput
+from app.speech import S3_SAMPLE_RATE
 
-GUIDE_SAMPLE_RATE = 16000
+GUIDE_SAMPLE_RATE = S3_SAMPLE_RATE  # what the S3 tokenizer reads
 MAX_CHARS = 4000  # a segment is a few hundred characters; this bounds one call's work
 _VOICE_RE = re.compile(r"[a-z]{2,3}(-[a-z0-9]{1,8}){0,3}(\+[a-z0-9]{1,16})?")  # never a path
 
@@ -148,6 +150,22 @@ def _binary_version() -> str:
 def identity(options: GuideOptions = GuideOptions()) -> dict[str, object]:
     """What decides the guide audio: goes into the plan's text keys (`plan_book(guide_options=...)`)."""
     return {"backend": backend(), **asdict(options)}
+
+
+@lru_cache(maxsize=64)
+def options_for(language: str) -> GuideOptions:
+    """The espeak-ng voice for a book's language: the tag itself, else its primary language ("en-gb" ->
+    "en", "pt-pt" -> "pt"); BadInput when espeak-ng speaks neither."""
+    first = GuideOptions.for_language(language)
+    candidates = dict.fromkeys([first.voice, language.split("-")[0]])
+    for voice in candidates:
+        options = GuideOptions(voice=voice, rate_wpm=first.rate_wpm, pitch=first.pitch)
+        try:
+            speak("a", options)
+        except BadInput:
+            continue
+        return options
+    raise BadInput(f"no guide voice speaks language {language!r} (espeak-ng has none of {list(candidates)})")
 
 
 def speak(text: str, options: GuideOptions = GuideOptions()) -> np.ndarray:

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.books.assemble import ChapterAudio, write_text
+from app.artifacts import write_text
+from app.books.assemble import ChapterAudio
 
 
 def chapter_index(chapters: Sequence[ChapterAudio], *, title: str, author: str) -> dict[str, Any]:

@@ -17,9 +17,17 @@ import json
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from app.books import DEFAULT_LIMITS, SPEECH_VOCAB, BookLimits, SourceBook, SourceChapter, SourceItem
-from app.books.parse import decode_text, finish_book
+from app.books.source import (
+    DEFAULT_LIMITS,
+    BookLimits,
+    SourceBook,
+    SourceChapter,
+    SourceItem,
+    decode_text,
+    finish_book,
+)
 from app.errors import BadInput, BadTokens
+from app.speech import check_tokens
 
 _BOOK_KEYS = {"title", "author", "language", "chapters", "format", "version"}
 _CHAPTER_KEYS = {"title", "segments"}
@@ -72,7 +80,8 @@ def _item(raw: Any, where: str, limits: BookLimits, base_dir: Path | None) -> So
     if ("tokens" in raw) == ("audio" in raw):
         raise BadInput(f"{where} needs exactly one of 'tokens' or 'audio'")
     if "tokens" in raw:
-        return SourceItem(tokens=check_tokens(raw["tokens"], where, limits))
+        return SourceItem(tokens=tuple(check_tokens(_token_list(raw["tokens"], where),
+                                                    max_tokens=limits.max_segment_tokens, where=where)))
     if base_dir is None:
         raise BadInput(f"{where} names an audio file; manifests sent over the API carry speech tokens "
                        "inline only ('tokens')")
@@ -80,16 +89,11 @@ def _item(raw: Any, where: str, limits: BookLimits, base_dir: Path | None) -> So
     return SourceItem(audio=path, audio_sha256=digest)
 
 
-def check_tokens(tokens: Any, where: str, limits: BookLimits) -> tuple[int, ...]:
-    """A JSON value -> a tuple of speech token ids; BadTokens says what is wrong."""
-    if not isinstance(tokens, list) or not tokens:
+def _token_list(value: Any, where: str) -> list[Any]:
+    """A JSON value that must be a list (a JSON object is iterable too, and is refused here)."""
+    if not isinstance(value, list):
         raise BadTokens(f"{where}: 'tokens' must be a non-empty list of integers")
-    if len(tokens) > limits.max_segment_tokens:
-        raise BadTokens(f"{where} has {len(tokens)} tokens; the limit is {limits.max_segment_tokens}")
-    for t in tokens:
-        if type(t) is not int or not 0 <= t < SPEECH_VOCAB:
-            raise BadTokens(f"{where}: token {t!r} is not an integer in 0..{SPEECH_VOCAB - 1}")
-    return tuple(tokens)
+    return value
 
 
 def _audio_file(value: Any, where: str, base_dir: Path, limits: BookLimits) -> tuple[str, str]:

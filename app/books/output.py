@@ -22,10 +22,12 @@ from typing import Any
 
 import soundfile as sf
 
-from app.audio import PROMPT_SAMPLE_RATE
-from app.books.assemble import ChapterAudio, SegmentTiming, assemble_chapter, write_m4b, write_text
+from app.artifacts import write_text
+from app.books.assemble import ChapterAudio, SegmentTiming, assemble_chapter, write_m4b
+from app.books.files import chapter_file_name
 from app.books.index import write_index
 from app.books.plan import BookPlan, PlanChapter, canonical_json
+from app.speech import SAMPLE_RATE
 
 _CHAPTER_FILE_RE = re.compile(r"chapter-\d{3,}\.(wav|flac)(\.json)?")
 
@@ -47,21 +49,31 @@ def chapter_recipe(chapter: PlanChapter, *, fmt: str, sample_rate: int, target_l
     })).hexdigest()
 
 
+def render_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out_dir: Path, *, fmt: str,
+                   sample_rate: int = SAMPLE_RATE, target_lufs: float | None = None) -> ChapterAudio:
+    """Assemble one chapter file from its rendered segments, with the sidecar that lets `assemble_book`
+    reuse it while its inputs stay the same."""
+    path = out_dir / chapter_file_name(chapter.index, fmt)
+    recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs)
+    _sidecar(path).unlink(missing_ok=True)
+    done = assemble_chapter(chapter, audio, path, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs)
+    write_text(_sidecar(path), json.dumps(_describe(done, recipe)))
+    return done
+
+
 def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = "flac",
-                  sample_rate: int = PROMPT_SAMPLE_RATE, target_lufs: float | None = None, m4b: bool = True,
+                  sample_rate: int = SAMPLE_RATE, target_lufs: float | None = None, m4b: bool = True,
                   cover: bytes | None = None, cover_type: str | None = None) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     chapters, reused = [], []
     for chapter in plan.chapters:
-        path = out_dir / f"chapter-{chapter.index + 1:03d}.{fmt}"
+        path = out_dir / chapter_file_name(chapter.index, fmt)
         recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs)
         done = _reuse_chapter(chapter, path, recipe)
         if done is None:
-            _sidecar(path).unlink(missing_ok=True)
-            done = assemble_chapter(chapter, audio, path, fmt=fmt, sample_rate=sample_rate,
-                                    target_lufs=target_lufs)
-            write_text(_sidecar(path), json.dumps(_describe(done, recipe)))
+            done = render_chapter(chapter, audio, out_dir, fmt=fmt, sample_rate=sample_rate,
+                                  target_lufs=target_lufs)
         else:
             reused.append(chapter.index)
         chapters.append(done)

@@ -2,7 +2,8 @@
 
 `parse_book` picks the reader by `fmt` or sniffs it; the readers refuse with `BadInput` and a reason:
 empty or binary input, non-UTF-8 text, over-size files or paragraphs, too many chapters, broken or
-bomb-like EPUBs (`app.books.epub`), malformed manifests (`app.books.manifest`).
+bomb-like EPUBs (`app.books.epub`), malformed manifests (`app.books.manifest`). What every reader shares
+(decoding text, the limits, finishing a book) is in `app.books.source`.
 
 - Plain text: paragraphs are separated by blank lines (or, in a file without any blank line, are
   single lines); a short paragraph such as "Chapter 3", "CHAPTER IV. The Storm", "Prologue" starts a
@@ -19,13 +20,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from app.books import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
+from app.books.epub import parse_epub
+from app.books.manifest import parse_manifest
+from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, decode_text, finish_book
 from app.errors import BadInput
 
 FORMATS = ("text", "markdown", "epub", "manifest")
-_BINARY_CONTROL_SHARE = 0.001  # more C0 control characters than this is not a text file
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0e-\x1f]")
-_LANGUAGE_RE = re.compile(r"[a-z]{2,3}(-[a-z0-9]{1,8}){0,3}")  # BCP 47, lower-cased
 
 
 def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = None, title: str | None = None,
@@ -34,10 +34,8 @@ def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = No
     """Any supported book file -> SourceBook. `base_dir` (CLI only) lets a manifest name audio files."""
     fmt = fmt or sniff_format(data, filename)
     if fmt == "epub":
-        from app.books.epub import parse_epub
         return parse_epub(data, title=title, author=author, language=language, limits=limits)
     if fmt == "manifest":
-        from app.books.manifest import parse_manifest
         return parse_manifest(data, limits=limits, base_dir=base_dir)
     if fmt == "markdown":
         return parse_markdown(data, title=title, author=author, language=language, limits=limits)
@@ -55,46 +53,6 @@ def sniff_format(data: bytes, filename: str | None = None) -> str:
     if suffix == ".json" or data.lstrip()[:1] == b"{":
         return "manifest"
     return "text"
-
-
-def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
-    """Bytes of a text file -> str, refusing empty, over-size, binary and non-UTF-8 input."""
-    if not data or not data.strip():
-        raise BadInput(f"the {what} is empty")
-    if len(data) > limits.max_text_bytes:
-        raise BadInput(f"the {what} is {len(data)} bytes; the limit is {limits.max_text_bytes}")
-    try:
-        if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-            text = data.decode("utf-16")
-        else:
-            text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise BadInput(f"the {what} is not UTF-8 text (byte {exc.start} is invalid); "
-                       "send UTF-8, Markdown or an EPUB") from exc
-    controls = len(_CONTROL_RE.findall(text))
-    if "\x00" in text or controls > _BINARY_CONTROL_SHARE * len(text):
-        raise BadInput(f"the {what} looks like binary data, not text ({controls} control characters)")
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def finish_book(chapters: list[SourceChapter], *, title: str, author: str, language: str,
-                limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None) -> SourceBook:
-    """Drop empty chapters and check the limits every text reader shares."""
-    kept = [c for c in chapters if c.paragraphs or c.items]
-    if not any(c.paragraphs or c.items for c in kept):
-        raise BadInput("the book has no text to read")
-    if len(kept) > limits.max_chapters:
-        raise BadInput(f"the book has {len(kept)} chapters; the limit is {limits.max_chapters}")
-    for ci, chapter in enumerate(kept):
-        for pi, paragraph in enumerate(chapter.paragraphs):
-            if len(paragraph) > limits.max_paragraph_chars:
-                raise BadInput(f"paragraph {pi + 1} of chapter {ci + 1} ({chapter.title!r}) is "
-                               f"{len(paragraph)} characters; the limit is {limits.max_paragraph_chars}")
-    language = (language or "en").strip().lower().replace("_", "-")
-    if not _LANGUAGE_RE.fullmatch(language):
-        raise BadInput(f"language {language[:40]!r} is not a language tag such as 'en' or 'pt-br'")
-    return SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
-                      chapters=tuple(kept), cover=cover, cover_type=cover_type)
 
 
 # --- plain text ----------------------------------------------------------------------------------

@@ -21,9 +21,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from app.books import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
+from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
 from app.books.text import DEFAULT_OPTIONS, SegmentOptions, segment_chapter
 from app.errors import BadInput
+from app.speech import TOKEN_RATE
 
 KEY_VERSION = 1  # bump when a change here or in normalisation should re-render every book
 Kind = Literal["text", "tokens", "audio"]
@@ -69,7 +70,7 @@ class BookPlan:
 
     @property
     def est_seconds(self) -> float:
-        return sum(s.est_tokens for _, s in self.segments()) / 25.0
+        return sum(s.est_tokens for _, s in self.segments()) / TOKEN_RATE
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

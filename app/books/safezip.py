@@ -13,7 +13,7 @@ import io
 import zipfile
 import zlib
 
-from app.books import BookLimits
+from app.books.source import BookLimits
 from app.errors import BadInput
 
 _RATIO_FLOOR = 1024 * 1024  # small entries may compress very well (a run of spaces) without harm

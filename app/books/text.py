@@ -22,15 +22,15 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from app.books import TOKENS_PER_SECOND
 from app.books import numbers as num
+from app.speech import TOKEN_RATE
 
 
 @dataclass(frozen=True)
 class SegmentOptions:
     max_tokens: int = 400  # about 16 s of speech per segment
     chars_per_second: float = 15.0
-    tokens_per_second: float = TOKENS_PER_SECOND
+    tokens_per_second: float = TOKEN_RATE
     clause_pause_ms: int = 120  # where a long sentence was cut
     sentence_pause_ms: int = 350
     paragraph_pause_ms: int = 900

@@ -29,6 +29,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.speech import OutputFormat
+
 # Named constraints: Alembic's batch mode on SQLite needs names to drop or alter them.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -84,11 +86,6 @@ DONE_JOB_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 class JobKind(enum.StrEnum):
     TOKENS = "tokens"
-
-
-class OutputFormat(enum.StrEnum):
-    WAV = "wav"
-    FLAC = "flac"
 
 
 class PrepPath(enum.StrEnum):

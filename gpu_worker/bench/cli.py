@@ -27,7 +27,8 @@ from gpu_worker.bench.machine import (
     machine_info,
     mem_available_bytes,
 )
-from gpu_worker.bench.workload import DTYPES, BenchSetup
+from gpu_worker.bench.workload import BenchSetup
+from gpu_worker.loading import DTYPES
 
 MEMORY_HEADROOM = 0.8  # of MemAvailable a run may plan to use
 

@@ -22,10 +22,11 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from gpu_worker.accel import onednn
 from gpu_worker.bench.decode import steady_rows
 from gpu_worker.bench.machine import sync
-from gpu_worker.bench.workload import DTYPES, BenchSetup
-from gpu_worker.model import linear
+from gpu_worker.bench.workload import BenchSetup
+from gpu_worker.loading import DTYPES
 from gpu_worker.model.config import SAMPLES_PER_MEL
 
 
@@ -41,13 +42,14 @@ SDPA_OPS = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
 def count_flops(setup: BenchSetup, streams: list[Any]) -> dict[str, Any]:
     """FLOPs of one steady-state step of `streams` (all of them as rows), per decoded mel frame."""
     mapping = dict.fromkeys(SDPA_OPS, _sdpa_flops)
-    before = linear.cpu_linear()
-    linear.set_cpu_linear("blas")  # FlopCounterMode counts aten's matmuls, not oneDNN's linear: same maths
+    model = setup.decoder.model
+    before = onednn.cpu_linear_of(model)
+    onednn.use_cpu_linear(model, "blas")  # FlopCounterMode counts aten's matmuls, not oneDNN's: same maths
     try:
         with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
             audios = setup.decoder.step(steady_rows(streams, step=900))
     finally:
-        linear.set_cpu_linear(before)
+        onednn.use_cpu_linear(model, before)
     frames = sum(a.numel() for a in audios) / SAMPLES_PER_MEL
     counts = counter.get_flop_counts()
     total = counter.get_total_flops()
@@ -83,16 +85,16 @@ def _best_s(fn: Any, device: torch.device, min_s: float) -> float:
 def _mm_rates(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, min_s: float
               ) -> dict[str, float]:
     """GFLOP/s of an [m, k] x [k, n] product by every path the model can take: `torch.mm` (the BLAS
-    on a CPU) and, on a CPU with oneDNN, the oneDNN linear `gpu_worker.model.linear` uses. On some CPUs
+    on a CPU) and, on a CPU with oneDNN, the oneDNN linear `gpu_worker.accel.onednn` uses. On some CPUs
     (AVX-512 EPYC) oneDNN is twice the BLAS: a limit from torch.mm alone would not be a limit."""
     a = torch.randn(m, k, device=device).to(dtype)
     b = torch.randn(k, n, device=device).to(dtype)
     flops = 2 * m * k * n
     out = {"blas": flops / _best_s(lambda: torch.mm(a, b), device, min_s) / 1e9}
-    if device.type == "cpu" and linear.onednn_available():
+    if device.type == "cpu" and onednn.onednn_available():
         w = b.t().contiguous()
         try:
-            out["onednn"] = flops / _best_s(lambda: linear.onednn_linear(a, w, None), device, min_s) / 1e9
+            out["onednn"] = flops / _best_s(lambda: onednn.onednn_linear(a, w, None), device, min_s) / 1e9
         except RuntimeError:  # no oneDNN kernel in this dtype here (bf16 on an AVX2-only CPU): BLAS only
             pass
     return out

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.speech import FLOW_PT, FLOW_YAML, HIFT_PT
 from gpu_worker.bench.decode import CHUNK_FRAMES, MEL_RATE, WARMUP_CHUNKS
 from gpu_worker.bench.machine import Timer, summarize
 from gpu_worker.bench.workload import BenchSetup, chunk_tokens
-from gpu_worker.loading import FLOW_PT, FLOW_YAML, HIFT_PT
 from gpu_worker.model.config import (
     ATT_CACHE_TAIL,
     CHUNK_TOKENS,

@@ -2,7 +2,7 @@
 
     rotation(preset, rows, rounds, bf16) -> [{name, before, after, speedup, samples}]
 
-A variant is a model dtype, a vocoder dtype, a linear path (`gpu_worker.model.linear`: the BLAS with the
+A variant is a model dtype, a vocoder dtype, a linear path (`gpu_worker.accel.onednn`: the BLAS with the
 GELU apart, or oneDNN with the GELU fused into fc1) and the solve's attention buffer (fresh each step,
 or the decoder's `Workspace`). Each round runs, for every variant, one voice install (the whole device
 half, stand-in speaker) and one steady-state step of 1 and of `rows` warm streams, then one chunk of the
@@ -27,11 +27,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from gpu_worker.accel.onednn import use_cpu_linear
 from gpu_worker.bench import reference
 from gpu_worker.bench.decode import CHUNK_FRAMES, decoder_sweep, warm_streams
 from gpu_worker.bench.reference import REFERENCE_WARMUP_CHUNKS
 from gpu_worker.bench.workload import BenchSetup
-from gpu_worker.model import linear
 from gpu_worker.model.config import SAMPLES_PER_MEL
 from gpu_worker.model.kvcache import Workspace
 
@@ -60,7 +60,7 @@ PAIRS = (("fp32 blas, fresh", "fp32 onednn, fresh", "BLAS -> oneDNN linears, GEL
 def _once(setup: BenchSetup, streams: list[Any], variant: Variant, workspace: Workspace | None, rows: int,
           into: dict[str, list[float]]) -> None:
     """One install and one step of 1 and of `rows` streams as `variant`."""
-    linear.set_cpu_linear(variant.path)
+    use_cpu_linear(setup.decoder.model, variant.path)
     setup.decoder.workspace = workspace if variant.workspace else None
     start = time.perf_counter()
     setup.installer(setup.host(0))
@@ -72,7 +72,6 @@ def _once(setup: BenchSetup, streams: list[Any], variant: Variant, workspace: Wo
 def rotation(preset: str, rows: int, rounds: int = 2, bf16: bool = False) -> list[dict[str, Any]]:
     variants = {**FP32, **(BF16 if bf16 else {})}
     setups: dict[str, BenchSetup] = {}
-    before = linear.cpu_linear()
     out: dict[str, dict[str, list[float]]] = {name: {} for name in [*variants, "reference"]}
     try:
         for key in dict.fromkeys(v.setup for v in variants.values()):
@@ -84,7 +83,6 @@ def rotation(preset: str, rows: int, rounds: int = 2, bf16: bool = False) -> lis
             streams = {key: warm_streams(setup, rows) for key, setup in setups.items()}
             _rounds(setups, streams, workspaces, variants, rows, rounds, out)
     finally:
-        linear.set_cpu_linear(before)
         for setup in setups.values():
             setup.close()
     return _results(preset, out)

@@ -9,9 +9,9 @@
                    inference Snake (after); the outputs must be the same bits
     hift bf16      the same forward in float32 against `prepare_hift(bf16)`, with the audio's SNR
     linear         a DiT linear ([2 x rows x 50, 512] x [512, 2048]): the BLAS (`F.linear`) against
-                   oneDNN (`gpu_worker.model.linear`)
+                   oneDNN (`gpu_worker.accel.onednn`)
     fc1 + gelu     the DiT MLP's first half, float32 and bf16: F.linear + F.gelu against one oneDNN
-                   linear with the GELU as a post-op (`linear.linear_gelu_tanh`)
+                   linear with the GELU as a post-op (`onednn.OneDnnLinearGelu`)
     decoder        (with --decoder PRESET) the whole thing where it counts, every variant and the fp32
                    reference in turn, `--rounds` times (`rotation.py`: the variants and their pairs)
     setup batch    (with --decoder PRESET --setup-batch N) N new voices' device halves one by one against
@@ -38,14 +38,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gpu_worker.accel import onednn
 from gpu_worker.bench.machine import git_info, machine_info
 from gpu_worker.bench.rotation import rotation
 from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.loading import fuse_weight_norm, prepare_hift
-from gpu_worker.model import linear
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.hift import HiFTGenerator, Snake
-from gpu_worker.model.linear import Linear
 from gpu_worker.prompt import install_voice, install_voices
 
 
@@ -155,34 +154,29 @@ def gelu_fused(rows: int, reps: int) -> list[dict[str, Any]]:
     """The DiT MLP's fc1 + tanh-GELU: F.linear then F.gelu against one oneDNN linear with the GELU fused."""
     out = []
     for dtype in (torch.float32, torch.bfloat16):
-        layer = Linear(512, 2048).requires_grad_(False).to(dtype)
+        layer = onednn.OneDnnLinearGelu(512, 2048).requires_grad_(False).to(dtype)
         x = torch.randn(2 * rows, 50, 512, generator=torch.Generator().manual_seed(4)).to(dtype)
         name = f"fc1 + gelu [{2 * rows}, 50, 512] {str(dtype).removeprefix('torch.')}: apart -> fused"
-        if not linear.fused_gelu_available(dtype):
+        if not onednn.fused_gelu_available(dtype):
             name += " (no fused kernel on this CPU: both apart)"
 
-        def apart(x: torch.Tensor = x, layer: Linear = layer) -> torch.Tensor:
+        def apart(x: torch.Tensor = x, layer: torch.nn.Linear = layer) -> torch.Tensor:
             return F.gelu(F.linear(x, layer.weight, layer.bias), approximate="tanh")
 
-        def fused(x: torch.Tensor = x, layer: Linear = layer) -> torch.Tensor:
-            return linear.linear_gelu_tanh(layer, x)
+        def fused(x: torch.Tensor = x, layer: torch.nn.Linear = layer) -> torch.Tensor:
+            return layer(x)
 
-        before = linear.cpu_linear()
-        linear.set_cpu_linear("onednn")
-        try:
-            out.append(_pair(name, apart, fused, reps))
-        finally:
-            linear.set_cpu_linear(before)
+        out.append(_pair(name, apart, fused, reps))
     return out
 
 
 def linear_layer(rows: int, reps: int) -> dict[str, Any]:
     dim, hidden = 512, 2048
-    layer = Linear(dim, hidden).requires_grad_(False)
+    layer = torch.nn.Linear(dim, hidden).requires_grad_(False)
     x = torch.randn(2 * rows * 50, dim, generator=torch.Generator().manual_seed(3))
     return _pair(f"DiT linear [{2 * rows * 50}, {dim}] x [{dim}, {hidden}]",
                  lambda: F.linear(x, layer.weight, layer.bias),
-                 lambda: linear.onednn_linear(x, layer.weight, layer.bias), reps)
+                 lambda: onednn.onednn_linear(x, layer.weight, layer.bias), reps)
 
 
 def setup_batch(preset: str, voices: int, rounds: int) -> dict[str, Any]:

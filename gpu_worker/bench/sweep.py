@@ -35,7 +35,7 @@ from typing import Any
 from app.features import PromptHostFeatures, host_half
 from gpu_worker.bench.machine import PeakRss, summarize
 from gpu_worker.bench.workload import BenchSetup, chunk_tokens
-from gpu_worker.engine import Engine
+from gpu_worker.engine import Engine, EngineConfig
 from gpu_worker.model.config import CHUNK_TOKENS, MEL_PER_TOKEN, SAMPLES_PER_MEL
 from gpu_worker.streams import Aborted, Audio, EngineJob, Failed, Finished, VoiceInstalled
 from gpu_worker.voices import VoiceCache
@@ -119,8 +119,8 @@ def _engine(setup: BenchSetup, mode: Mode, voices_used: list[int], micro_batch_s
         cache = VoiceCache(setup.installer, device=setup.device)
     features = {setup.voice(v).voice_id: setup.host(v) for v in voices_used} if mode.ahead else {}
     preparer = PcmPreparer(setup, by_id)
-    engine = Engine(setup.decoder, cache, features=MemoryFeatures(features), preparer=preparer,
-                    micro_batch_size=1 if mode.sequential else micro_batch_size, prep_wait_ms=0,
+    config = EngineConfig(micro_batch_size=1 if mode.sequential else micro_batch_size, prep_wait_ms=0)
+    engine = Engine(setup.decoder, cache, features=MemoryFeatures(features), preparer=preparer, config=config,
                     install_lane=lane if mode.ahead else None)
     return engine, preparer
 

@@ -2,8 +2,8 @@
 
     BenchSetup.build(preset=..., device=..., dtype=..., speaker=..., hift_dtype=...)   writes seeded
         random weights in the released layout (`checkpoint_io.write_official_layout`) to a temporary
-        folder and loads them the way the worker does (`load_model_folder`, `prepare_hift`), so the
-        reference can read the same files
+        folder and loads them the way the worker does (`load_model_folder`, `prepare_hift`, the DiT's
+        linears on `cpu_linear`), so the reference can read the same files
     setup.voice(i) -> Voice          6 s synthetic reference i, normalised by `app.audio` (id = sha256)
     setup.host(i) -> PromptHostFeatures   its host half, computed once and kept
     setup.install(i) -> VoicePrompt  its device half on the bench's decoder, computed once and kept
@@ -26,19 +26,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.audio import PROMPT_SAMPLE_RATE, PROMPT_SAMPLES, normalise_reference
+from app.audio import normalise_reference
 from app.features import PromptHostFeatures, host_half
+from app.speech import PROMPT_SAMPLES, SAMPLE_RATE, VOCAB_SIZE
+from gpu_worker.accel.onednn import use_cpu_linear
 from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.loading import load_model_folder, prepare_hift
+from gpu_worker.loading import DTYPES, load_model_folder, prepare_hift
 from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import Speaker, StandInSpeaker, VoicePrompt, install_voice
 from gpu_worker.speaker import SpeakerFrontend
 
 WEIGHT_SEED = 0
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-VOCAB = 6561
 
 
 @dataclass(frozen=True)
@@ -52,17 +52,17 @@ def synthetic_voice(index: int) -> Voice:
     """A 6 s harmonic tone with vibrato and breath noise, different per index, through the project's own
     normalisation (so its id is what an upload of the same samples would get)."""
     rng = np.random.default_rng(1000 + index)
-    t = np.arange(PROMPT_SAMPLES) / PROMPT_SAMPLE_RATE
+    t = np.arange(PROMPT_SAMPLES) / SAMPLE_RATE
     f0 = 100.0 + 23.0 * (index % 7) + 8.0 * np.sin(2 * math.pi * 0.7 * t)
-    phase = 2 * math.pi * np.cumsum(f0) / PROMPT_SAMPLE_RATE
+    phase = 2 * math.pi * np.cumsum(f0) / SAMPLE_RATE
     wave = sum(np.sin(h * phase) / h for h in range(1, 9)) * 0.1
     wave = wave * (0.6 + 0.4 * np.sin(2 * math.pi * 2.3 * t) ** 2) + 0.005 * rng.standard_normal(t.size)
-    pcm, voice_id = normalise_reference(wave.astype(np.float32), PROMPT_SAMPLE_RATE)
+    pcm, voice_id = normalise_reference(wave.astype(np.float32), SAMPLE_RATE)
     return Voice(index, pcm, voice_id)
 
 
 def chunk_tokens(n: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 @dataclass
@@ -83,7 +83,7 @@ class BenchSetup:
 
     @classmethod
     def build(cls, *, preset: str, device: str, dtype: str, speaker: str, micro_batch_size: int,
-              hift_dtype: str = "fp32") -> BenchSetup:
+              hift_dtype: str = "fp32", cpu_linear: str = "onednn") -> BenchSetup:
         args = ModelArgs.preset(preset)
         tmp = tempfile.TemporaryDirectory(prefix="wavefarm-bench-")
         folder = Path(tmp.name)
@@ -91,6 +91,7 @@ class BenchSetup:
         dev = torch.device(device)
         model = load_model_folder(folder, device=dev, dtype=DTYPES[dtype], args=args)
         prepare_hift(model.hift, DTYPES[hift_dtype])  # as the worker's runtime does
+        use_cpu_linear(model, cpu_linear)
         decoder = StreamingDecoder(model, device=dev, dtype=DTYPES[dtype], micro_batch_size=micro_batch_size)
         front: Speaker = (SpeakerFrontend.from_folder(folder, device=dev) if speaker == "s3"
                           else StandInSpeaker(dev))

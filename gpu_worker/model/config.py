@@ -3,11 +3,28 @@
 `full()` is the released Step-Audio 2 token2wav configuration (MODEL.md); `tiny()` keeps every
 data-facing size (vocabulary, mel bins, speaker dim, rates, streaming constants) and shrinks only the
 widths and depths, so tests exercise the same code paths in milliseconds.
+
+The data-facing facts (vocabulary, rates, the silence token) are the service's shared ones, read from
+`app.speech` (plain constants, no imports): the model's only import outside torch and math.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from app.speech import (
+    MEL_BINS,
+    MEL_PER_TOKEN,
+    SAMPLE_RATE,
+    SAMPLES_PER_MEL,
+    SILENCE_TOKEN,
+    TOKEN_RATE,
+    VOCAB_SIZE,
+)
+
+__all__ = ["MEL_PER_TOKEN", "SAMPLE_RATE", "SAMPLES_PER_MEL", "SILENCE_TOKEN", "TOKEN_RATE", "VOCAB_SIZE",
+           "CHUNK_TOKENS", "LOOKAHEAD_TOKENS", "ATT_CACHE_TAIL", "HIFT_MEL_CACHE", "HIFT_SOURCE_CACHE",
+           "EncoderArgs", "DiTArgs", "FlowArgs", "HiftArgs", "ModelArgs"]
 
 
 @dataclass(frozen=True)
@@ -39,8 +56,8 @@ class DiTArgs:
 
 @dataclass(frozen=True)
 class FlowArgs:
-    vocab_size: int = 6561
-    output_size: int = 80  # mel bins
+    vocab_size: int = VOCAB_SIZE
+    output_size: int = MEL_BINS
     spk_embed_dim: int = 192
     encoder: EncoderArgs = field(default_factory=EncoderArgs)
     dit: DiTArgs = field(default_factory=DiTArgs)
@@ -51,10 +68,10 @@ class FlowArgs:
 
 @dataclass(frozen=True)
 class HiftArgs:
-    in_channels: int = 80
+    in_channels: int = MEL_BINS
     base_channels: int = 512
     nb_harmonics: int = 8
-    sampling_rate: int = 24000
+    sampling_rate: int = SAMPLE_RATE
     nsf_alpha: float = 0.1
     nsf_sigma: float = 0.003
     nsf_voiced_threshold: float = 10.0
@@ -97,12 +114,6 @@ class ModelArgs:
 
 
 # Streaming constants (MODEL.md "Streaming"); data-facing, identical in every preset.
-TOKEN_RATE = 25
-MEL_PER_TOKEN = 2
-SAMPLES_PER_MEL = 480
-SAMPLES_PER_TOKEN = MEL_PER_TOKEN * SAMPLES_PER_MEL  # 960
-SAMPLE_RATE = 24000
-SILENCE_TOKEN = 4218
 CHUNK_TOKENS = 25
 LOOKAHEAD_TOKENS = 3
 ATT_CACHE_TAIL = 100  # frames kept after the prompt when trimming attention caches

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpu_worker.model.config import DiTArgs
-from gpu_worker.model.linear import Linear, linear_gelu_tanh
 
 BLOCK_NORM_EPS = 1e-6  # affine-free LayerNorms before each modulated branch
 CONV_CACHE = 2  # causal conv kernel 3 -> 2 frames of context
@@ -48,7 +47,7 @@ class TimestepEmbedder(nn.Module):
     def __init__(self, hidden: int, freq_dim: int):
         super().__init__()
         self.freq_dim = freq_dim
-        self.mlp = nn.Sequential(Linear(freq_dim, hidden), nn.SiLU(), Linear(hidden, hidden))
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
 
     def forward(self, t: Tensor) -> Tensor:
         # t: [N] float32 in [0, 1] -> [N, hidden]; sinusoid of t * 1000 (cos half first) in float32
@@ -64,12 +63,12 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head, self.head_dim = n_head, head_dim
         inner = n_head * head_dim
-        self.to_q = Linear(dim, inner)
-        self.to_k = Linear(dim, inner)
-        self.to_v = Linear(dim, inner)
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(dim, inner)
+        self.to_v = nn.Linear(dim, inner)
         self.q_norm = nn.LayerNorm(head_dim)
         self.k_norm = nn.LayerNorm(head_dim)
-        self.proj = Linear(inner, dim)
+        self.proj = nn.Linear(inner, dim)
 
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(x.size(0), x.size(1), self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, D]
@@ -88,11 +87,12 @@ class Attention(nn.Module):
 class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.fc1 = Linear(dim, hidden)
-        self.fc2 = Linear(hidden, dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act: nn.Module = nn.GELU(approximate="tanh")  # fused into fc1 on a CPU (accel.onednn)
+        self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(linear_gelu_tanh(self.fc1, x))  # tanh-GELU, fused into fc1 on a CPU
+        return self.fc2(self.act(self.fc1(x)))
 
 
 def causal_conv(conv: nn.Module, x: Tensor, cache: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
@@ -125,7 +125,7 @@ class DiTBlock(nn.Module):
         self.attn = Attention(dim, args.num_heads, args.head_dim)
         self.mlp = Mlp(dim, int(dim * args.mlp_ratio))
         self.conv = CausalConvBlock(dim)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(dim, 9 * dim))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 9 * dim))
 
     def forward(
         self, x: Tensor, c: Tensor, conv_cache: Tensor, kv: Tensor, key_mask: Tensor | None, last: Tensor
@@ -143,8 +143,8 @@ class DiTBlock(nn.Module):
 class FinalLayer(nn.Module):
     def __init__(self, dim: int, out_channels: int):
         super().__init__()
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(dim, 2 * dim))
-        self.linear = Linear(dim, out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        self.linear = nn.Linear(dim, out_channels)
 
     def forward(self, x: Tensor, c: Tensor) -> Tensor:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
@@ -156,7 +156,7 @@ class DiT(nn.Module):
         super().__init__()
         self.args = args
         self.t_embedder = TimestepEmbedder(args.hidden_size, args.freq_embed_size)
-        self.in_proj = Linear(args.in_channels, args.hidden_size)
+        self.in_proj = nn.Linear(args.in_channels, args.hidden_size)
         self.blocks = nn.ModuleList(DiTBlock(args) for _ in range(args.depth))
         self.final_layer = FinalLayer(args.hidden_size, args.out_channels)
 

@@ -11,7 +11,6 @@ import json
 import os
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +22,6 @@ import torch
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app import services
 from app.api.client import ApiError, HttpClient, follow
 from app.api.main import create_app
 from app.api.metrics import broker_queue_depth
@@ -31,13 +29,13 @@ from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import JobStatus, PrepPath
 from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.dev import SAMPLES, services
 from app.keys import COUNTER_PREP_PATH, cancel_key
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.conftest import SESSION_TAG, settings_env
 from tests.conftest import _wait_ready as wait_ready
 
-SAMPLES = Path(__file__).resolve().parents[2] / "app" / "samples"
 TOKENS = [1, 2, 3, 4, 5, 6560, 0, 42]
 
 

@@ -22,15 +22,16 @@ import redis
 import soundfile as sf
 from sqlalchemy import inspect
 
-from app import cli, demo, services
+from app import cli
 from app.artifacts import ArtifactStore
+from app.cli import services as service_commands
 from app.db import queries, upgrade
 from app.db.models import JobStatus
 from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.dev import SAMPLES, demo, services
 from app.settings import Settings, get_settings
 from tests.conftest import REPO, SESSION_TAG, make_test_settings, settings_env
 
-SAMPLES = REPO / "app" / "samples"
 TOKEN = "cli-test-token"
 
 
@@ -148,13 +149,13 @@ def test_bench_hands_every_argument_to_the_benchmark(tmp_path: Path) -> None:
 
 def test_worker_command_lines_follow_the_settings() -> None:
     settings = Settings(queue_cpu="cpu-x", queue_gpu="gpu-x", worker_slots=12)
-    gpu = cli.worker_argv("gpu", settings)
+    gpu = service_commands.worker_argv("gpu", settings)
     assert gpu[:2] == ["-A", "gpu_worker.worker"] and gpu[gpu.index("-Q") + 1] == "gpu-x"
     assert gpu[gpu.index("-P") + 1] == "threads" and gpu[gpu.index("-c") + 1] == "12"
-    cpu = cli.worker_argv("cpu", settings, concurrency=3)
+    cpu = service_commands.worker_argv("cpu", settings, concurrency=3)
     assert cpu[:2] == ["-A", "tasks.celery_app"] and cpu[cpu.index("-Q") + 1] == "cpu-x"
     assert cpu[cpu.index("-c") + 1] == "3" and "threads" not in cpu
-    flower = cli.flower_argv(address="0.0.0.0", port=5555)
+    flower = service_commands.flower_argv(address="0.0.0.0", port=5555)
     assert "flower" in flower and not any("auth" in a for a in flower)
 
 
@@ -177,7 +178,7 @@ def test_services_bring_the_schema_up_to_date_on_start(command: list[str], tmp_p
     monkeypatch.setenv("WAVEFARM_DATABASE_URL", url)
     get_settings.cache_clear()
     started: list[str] = []
-    monkeypatch.setattr(cli, "_exec_celery", lambda argv: started.append("celery") or 0)
+    monkeypatch.setattr(service_commands, "_exec", lambda module, argv: started.append(module) or 0)
     import uvicorn
 
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.append("uvicorn"))

@@ -25,9 +25,9 @@ from schemathesis.checks import not_a_server_error
 
 from app import cli
 from app.api.main import create_app
+from app.dev import SAMPLES
 from app.settings import Settings
 
-SAMPLES = Path(__file__).resolve().parents[2] / "app" / "samples"
 EXAMPLES = 25  # per operation and mode; the whole module stays well under a minute on two shared cores
 
 

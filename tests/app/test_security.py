@@ -15,10 +15,10 @@ from pydantic import SecretStr
 
 from app.api.main import create_app
 from app.artifacts import ArtifactStore
+from app.dev import SAMPLES
 from app.keys import cancel_key, check_job_id, check_voice_id, feature_key
 from app.settings import Settings
 
-SAMPLES = Path(__file__).resolve().parents[2] / "app" / "samples"
 TRAVERSALS = ["../../etc/passwd", "..%2F..%2Fetc%2Fpasswd", "%2e%2e%2f%2e%2e%2fetc%2fpasswd", "/etc/passwd",
               "..\\..\\windows\\win.ini", "outputs/../../x", "a" * 64 + "/../../x", "%00", "....//....//x"]
 

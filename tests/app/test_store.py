@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save
 
 from app import keys
-from app.features import FEATURE_VERSION
+from app.keys import FEATURE_VERSION
 from app.store import FeatureStore, check_safetensors
 
 VOICE = hashlib.sha256(b"voice").hexdigest()

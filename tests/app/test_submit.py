@@ -18,9 +18,10 @@ from app.artifacts import ArtifactStore
 from app.db import queries as q
 from app.db.models import Job, Voice, VoiceStatus
 from app.errors import BadAudio, BadInput, BadTokens, NotFound
+from app.jobs import INLINE_TOKENS_MAX, job_tokens, submit_job
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import INLINE_TOKENS_MAX, job_tokens, reclaim_abandoned_voice, register_voice, submit_job
+from app.voices import reclaim_abandoned_voice, register_voice
 from tasks.celery_app import make_celery
 
 

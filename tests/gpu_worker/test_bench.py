@@ -118,14 +118,11 @@ def test_bf16_run_is_held_to_the_fp32_reference_and_reports_its_deviation(tmp_pa
 
 def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thread) -> None:
     from gpu_worker.bench import rotation, speedups
-    from gpu_worker.model import linear
 
     out = tmp_path / "speedups.json"
-    path = linear.cpu_linear()
     assert speedups.main(["--rows", "2", "--reps", "1", "--threads", "1", "--decoder", "tiny", "--bf16",
                           "--vocoder-frames", "8",  # the full vocoder; bf16 without bf16 instructions is slow
                           "--setup-batch", "2", "--json", str(out)]) == 0
-    assert linear.cpu_linear() == path  # the decoder part switches paths and puts the process's back
     rows = json.loads(out.read_text())["results"]
     parts = {" ".join(r["name"].split(" ")[:2]): r for r in rows}
     assert {"hift forward,", "hift 2", "DiT linear", "DiT causal"} <= set(parts)

@@ -11,10 +11,16 @@ from app.features import PromptHostFeatures
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.loading import random_code2wav
 from gpu_worker.model import Code2Wav
-from gpu_worker.model.config import LOOKAHEAD_TOKENS, SILENCE_TOKEN, ModelArgs
+from gpu_worker.model.config import (
+    HIFT_SOURCE_CACHE,
+    LOOKAHEAD_TOKENS,
+    SAMPLES_PER_MEL,
+    SILENCE_TOKEN,
+    ModelArgs,
+)
 from gpu_worker.model.hift import draw_source_noise
 from gpu_worker.prompt import VoicePrompt, fit_prompt_mel, install_voice
-from gpu_worker.streams import ChunkRow, chunk_samples, plan_chunks
+from gpu_worker.streams import Chunk, ChunkRow, plan_chunks
 
 ARGS = ModelArgs.tiny()
 BATCH_TOL = 1e-4  # float reduction order may change with the batch; the noise and masks do not
@@ -73,6 +79,16 @@ def voices(decoder: StreamingDecoder) -> list[VoicePrompt]:
 
 
 # -- chunking and lengths ---------------------------------------------------------------------------
+def chunk_samples(chunks: list[Chunk]) -> list[int]:
+    """Samples each chunk emits: the vocoder holds 3840 samples back for the cross-fade until the last."""
+    out, held = [], 0
+    for chunk in chunks:
+        produced = chunk.mel_frames * SAMPLES_PER_MEL + held
+        held = 0 if chunk.last else HIFT_SOURCE_CACHE
+        out.append(produced - held)
+    return out
+
+
 def test_chunk_plan_feeds_25_new_plus_3_lookahead_tokens() -> None:
     assert [tuple(c) for c in plan_chunks(90)] == [(0, 28, False), (25, 53, False), (50, 78, False),
                                                    (75, 90, True)]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from app.errors import BadTokens
 from app.features import PromptHostFeatures
-from gpu_worker.engine import PREP_PATHS, Engine
+from gpu_worker.engine import PREP_PATHS, Engine, EngineConfig
 from gpu_worker.streams import (
     Aborted,
     Audio,
@@ -172,9 +172,10 @@ def harness(*stored: str, micro_batch_size: int = 4, prep_wait_ms: float = 500, 
     store = FakeStore(*stored)
     preparer = preparer or FakePreparer()
     voices = VoiceCache(installer, device="cpu", max_voices=max_voices, batch_installer=batch_installer)
-    engine = Engine(decoder, voices, features=store, preparer=preparer, micro_batch_size=micro_batch_size,
-                    prep_wait_ms=prep_wait_ms, clock=clock, prep_pool=prep_pool, install_lane=install_lane,
-                    admission_window_ms=admission_window_ms, install_batch=install_batch)
+    config = EngineConfig(micro_batch_size=micro_batch_size, prep_wait_ms=prep_wait_ms,
+                          admission_window_ms=admission_window_ms, install_batch=install_batch)
+    engine = Engine(decoder, voices, features=store, preparer=preparer, config=config, clock=clock,
+                    prep_pool=prep_pool, install_lane=install_lane)
     return Harness(engine, decoder, store, preparer, clock)
 
 
@@ -645,7 +646,7 @@ def test_abort_midway_reclaims_an_install_no_job_finished_with() -> None:
     h.engine.abort("cancelled")
     h.step()
     assert [e.voice_id for e in h.of(VoiceEvicted)] == ["alice"]
-    assert h.engine.voices.ids() == ["bob"]
+    assert list(h.engine.voices) == ["bob"]
 
 
 def test_abort_in_the_same_step_as_add_never_installs() -> None:
@@ -676,7 +677,7 @@ def test_least_recently_used_unpinned_voices_are_evicted_over_capacity() -> None
     h.engine.add(job("j4", "v3", tokens=TOKENS[:10]))
     h.run()
     assert [e.voice_id for e in h.of(VoiceEvicted)] == ["v2"]
-    assert sorted(h.engine.voices.ids()) == ["v1", "v3"]
+    assert sorted(h.engine.voices) == ["v1", "v3"]
 
 
 def test_pinned_voices_are_not_evicted() -> None:
@@ -684,7 +685,7 @@ def test_pinned_voices_are_not_evicted() -> None:
     h.engine.add(job("a", "v1"))
     h.engine.add(job("b", "v2"))
     h.step()
-    assert sorted(h.engine.voices.ids()) == ["v1", "v2"]
+    assert sorted(h.engine.voices) == ["v1", "v2"]
     h.run()
     assert len(h.engine.voices) == 1
 
@@ -745,8 +746,8 @@ def test_engine_output_equals_the_decoder_alone_with_installs_beside_the_decode(
     store = FakeStore()
     store.entries = dict(hosts)
     voices = VoiceCache(lambda host: install_voice(host, speaker=speaker, decoder=decoder), device=device)
-    engine = Engine(decoder, voices, features=store, preparer=FakePreparer(), micro_batch_size=4,
-                    prep_wait_ms=0)
+    engine = Engine(decoder, voices, features=store, preparer=FakePreparer(),
+                    config=EngineConfig(micro_batch_size=4, prep_wait_ms=0))
     jobs = [EngineJob(job_id=f"j{i}", voice_id=list(hosts)[i % 2], tokens=TOKENS[: 30 + 10 * i], seed=i)
             for i in range(3)]
     for j in jobs:
@@ -827,7 +828,7 @@ def _check_ends(h: Harness, added: dict[str, tuple[str, int, list[int]]], max_vo
         if isinstance(e, Finished):
             voice, seed, tokens = added[e.job_id]
             assert torch.equal(h.audio(e.job_id), expected_audio(voice, seed, tokens))
-    assert all(h.engine.voices.get(v).pins == 0 for v in h.engine.voices.ids())
+    assert all(h.engine.voices.get(v).pins == 0 for v in h.engine.voices)
     assert len(h.engine.voices) <= max_voices
     ready = sum(1 for e in h.events if isinstance(e, VoiceReady))
     assert sum(h.engine.counters.values()) == ready + h.engine.counters["abandoned"]

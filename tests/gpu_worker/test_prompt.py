@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from app.audio import load_reference, resample
+from app.dev import SAMPLES
 from app.features import PromptHostFeatures, host_half, prompt_mel, s3_log_mel, speaker_fbank
+from app.speech import CAMPPLUS_ONNX, TOKENIZER_ONNX
 from gpu_worker.checkpoint_io import write_campplus_onnx, write_s3_tokenizer_onnx
 from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.loading import CAMPPLUS_ONNX, TOKENIZER_ONNX
 from gpu_worker.model.config import SILENCE_TOKEN
 from gpu_worker.prompt import (
     StandInSpeaker,
@@ -27,10 +28,9 @@ from gpu_worker.prompt import (
     voice_seed,
 )
 from gpu_worker.speaker import SpeakerFrontend
-from tests.conftest import REPO
 from tests.gpu_worker.test_decoder import tiny_model
 
-REFERENCE = (REPO / "app" / "samples" / "voice_a.wav").read_bytes()
+REFERENCE = (SAMPLES / "voice_a.wav").read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_prompt_mel_is_replicate_padded_or_cropped_to_twice_the_prompt_tokens() 
 @torch.inference_mode()
 def test_voices_installed_in_one_batched_setup_solve_match_their_installs_alone(decoder) -> None:
     speaker = StandInSpeaker()
-    hosts = [host_half(*load_reference((REPO / "app" / "samples" / name).read_bytes()))
+    hosts = [host_half(*load_reference((SAMPLES / name).read_bytes()))
              for name in ("voice_a.wav", "voice_b.wav")]
     together = install_voices(hosts, speaker=speaker, decoder=decoder)
     for host, got in zip(hosts, together, strict=True):

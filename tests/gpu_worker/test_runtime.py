@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
 
+from app.dev import SAMPLES
 from app.settings import Settings
-from gpu_worker.model import linear
+from gpu_worker.accel.onednn import cpu_linear_of
 from gpu_worker.runtime import build_engine
-
-
-@pytest.fixture
-def restore_path():
-    before = linear.cpu_linear()
-    yield
-    linear.set_cpu_linear(before)
 
 
 class Nothing:
@@ -30,10 +23,10 @@ class Nothing:
         raise AssertionError("not called")
 
 
-def test_the_worker_runtime_follows_the_setting(restore_path) -> None:
+def test_the_worker_runtime_follows_the_setting() -> None:
     for kind in ("blas", "onednn"):
-        build_engine(Settings(model_preset="tiny", cpu_linear=kind), Nothing(), Nothing())
-        assert linear.cpu_linear() == kind
+        engine = build_engine(Settings(model_preset="tiny", cpu_linear=kind), Nothing(), Nothing())
+        assert cpu_linear_of(engine.decoder.model) == kind
 
 
 def test_the_worker_runtime_builds_the_vocoder_in_its_setting() -> None:
@@ -63,12 +56,11 @@ def test_the_worker_runtime_gives_the_engine_its_admission_window() -> None:
 def test_the_worker_runtime_batches_installs_as_set_with_the_real_device_half() -> None:
     from app.audio import load_reference
     from app.features import host_half
-    from tests.conftest import REPO
 
     assert build_engine(Settings(model_preset="tiny"), Nothing(), Nothing()).resolver.install_batch == 1
     engine = build_engine(Settings(model_preset="tiny", install_batch=2), Nothing(), Nothing())
     assert engine.resolver.install_batch == 2
-    hosts = [host_half(*load_reference((REPO / "app" / "samples" / name).read_bytes()))
+    hosts = [host_half(*load_reference((SAMPLES / name).read_bytes()))
              for name in ("voice_a.wav", "voice_b.wav")]
     entries = engine.voices.install_many(hosts)  # through the runtime's batch installer: one setup solve
     assert [e.voice_id for e in entries] == [h.voice_id for h in hosts]

@@ -83,22 +83,15 @@ def test_first_chunks_go_beside_continuing_rows() -> None:
     assert ids(picked) == ["cont", "fresh"]
 
 
-def test_first_chunk_cap_leaves_room_for_continuing_rows() -> None:
-    sched = Scheduler(micro_batch_size=4, max_first_chunks=1)
-    streams = [view(f"new{i}", chunk=0, arrival=i) for i in range(3)] + [view("cont", arrival=9)]
-    assert ids(sched.pick(streams)) == ["new0", "cont"]
-
-
 def test_arrival_orders_streams_first_seen_together() -> None:
     sched = Scheduler(micro_batch_size=1)
     assert ids(sched.pick([view("late", arrival=2.0), view("early", arrival=1.0)])) == ["early"]
 
 
-def test_forget_and_retain_drop_finished_streams() -> None:
+def test_forget_drops_a_finished_stream() -> None:
     sched = Scheduler(micro_batch_size=1)
     sched.pick([view("a", arrival=0), view("b", arrival=1)])
     sched.forget("a")
-    sched.retain(["b"])
     assert sched._tickets.keys() == {"b"}
     # a job id seen again after forget starts at the back of the queue
     assert ids(sched.pick([view("a", arrival=0), view("b", arrival=1)])) == ["b"]
@@ -107,8 +100,6 @@ def test_forget_and_retain_drop_finished_streams() -> None:
 def test_rejects_bad_sizes_and_duplicate_streams() -> None:
     with pytest.raises(ValueError):
         Scheduler(micro_batch_size=0)
-    with pytest.raises(ValueError):
-        Scheduler(micro_batch_size=1, max_first_chunks=0)
     with pytest.raises(ValueError):
         Scheduler(micro_batch_size=2).pick([view("a"), view("a")])
 

@@ -17,8 +17,9 @@ import torch
 
 from app.errors import ModelLoadError
 from app.features import host_half
+from app.speech import CAMPPLUS_ONNX, TOKENIZER_ONNX
+from gpu_worker.accel.tensorrt import on_tensorrt
 from gpu_worker.checkpoint_io import write_campplus_onnx, write_s3_tokenizer_onnx
-from gpu_worker.loading import CAMPPLUS_ONNX, TOKENIZER_ONNX
 from gpu_worker.speaker import CampPlus, S3Quantizer, SpeakerFrontend, quantize_and_embed
 
 
@@ -44,7 +45,7 @@ def _wave(seconds: float, sr: int, seed: int = 0) -> torch.Tensor:
 
 def test_campplus_maps_any_length_fbank_to_one_192_dim_embedding(folder):
     campplus = CampPlus(folder / CAMPPLUS_ONNX, intra_op_threads=2)
-    assert campplus.trt is None
+    assert on_tensorrt(campplus) is campplus  # a CPU device: onnxruntime it stays
     short, long = torch.randn(50, 80), torch.randn(1, 598, 80)
     a, b = campplus(short), campplus(long)
     assert a.shape == b.shape == (1, 192) and a.dtype == torch.float32

@@ -13,7 +13,7 @@ import torch
 from app.audio import normalise_reference
 from app.features import PromptHostFeatures, host_half
 from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.engine import Engine
+from gpu_worker.engine import Engine, EngineConfig
 from gpu_worker.loading import load_dummy
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import StandInSpeaker, install_voice
@@ -52,7 +52,8 @@ def test_capacity_one_evicts_the_lru_voice_and_frees_its_tensors() -> None:
     decoder = StreamingDecoder(load_dummy(ModelArgs.tiny(), 0), device="cpu", dtype=torch.float32,
                                micro_batch_size=4)
     cache = VoiceCache(partial(install_voice, speaker=StandInSpeaker("cpu"), decoder=decoder), max_voices=1)
-    engine = Engine(decoder, cache, features=features, preparer=features, micro_batch_size=4, prep_wait_ms=0)
+    engine = Engine(decoder, cache, features=features, preparer=features,
+                    config=EngineConfig(micro_batch_size=4, prep_wait_ms=0))
     tokens = list(range(100, 140))
     installed, evicted, refs = [], [], {}
     with torch.inference_mode():
@@ -66,7 +67,7 @@ def test_capacity_one_evicts_the_lru_voice_and_frees_its_tensors() -> None:
     ids = [v.voice_id for v in voices]
     assert installed == ids  # the shared voice was installed once for its two jobs
     assert evicted == ids[:2]
-    assert cache.ids() == [ids[2]] and cache.nbytes() == cache.get(ids[2]).nbytes
+    assert list(cache) == [ids[2]] and cache.nbytes() == cache.get(ids[2]).nbytes
     del entry, events
     gc.collect()
     assert refs[ids[0]]() is None and refs[ids[1]]() is None  # evicted voices' tensors are freed

@@ -23,19 +23,21 @@ from app.audio import load_reference
 from app.db import queries
 from app.db.models import JobStatus
 from app.db.session import make_engine, make_sessionmaker
+from app.dev import SAMPLES
 from app.errors import EngineFailure
 from app.features import PromptHostFeatures, host_half
+from app.jobs import submit_job
 from app.keys import COUNTER_PREP_PATH, feature_key
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import submit_job
+from gpu_worker.adapters import StoreFeatures
 from gpu_worker.checkpoint_io import write_official_layout
+from gpu_worker.job import JobRun
 from gpu_worker.model.config import ModelArgs
-from gpu_worker.runtime import Runtime, StoreFeatures, build_runtime
-from gpu_worker.worker import JobRun, make_gpu_celery
-from tests.conftest import REPO, make_test_settings, running_gpu_worker
+from gpu_worker.runtime import Runtime, build_runtime
+from gpu_worker.worker import make_gpu_celery
+from tests.conftest import make_test_settings, running_gpu_worker
 
-SAMPLES = REPO / "app" / "samples"
 VOICE_A, VOICE_B = (SAMPLES / "voice_a.wav").read_bytes(), (SAMPLES / "voice_b.wav").read_bytes()
 
 
@@ -153,15 +155,12 @@ def test_a_worker_on_a_model_folder_uses_its_checkpoints_and_speaker_models(make
 
 
 def test_engine_metrics_are_exported_from_the_worker_process(make_runtime, sessions, monkeypatch) -> None:
-    from prometheus_client import REGISTRY, generate_latest
-
-    import gpu_worker.runtime as runtime_module
+    from prometheus_client import generate_latest
 
     rt = make_runtime()
-    monkeypatch.setattr(runtime_module, "_runtime", rt)
     prepare_ahead(rt, VOICE_A)
     JobRun(rt, RecordingTask(), submit(rt, sessions, VOICE_A, n_tokens=30)).run()
-    text = generate_latest(REGISTRY).decode()
+    text = generate_latest(rt.metrics.registry).decode()
     assert "wavefarm_worker_frames_total 60.0" in text
     assert 'wavefarm_worker_voice_installs_total{event="installed"} 1.0' in text
     for name in ("wavefarm_worker_steps_total", "wavefarm_worker_rows_per_step_bucket",
@@ -260,7 +259,7 @@ def test_cancel_while_running_stops_the_job_and_removes_its_temp_file(make_runti
     assert not list((rt.artifacts.root / "outputs").iterdir())
     assert rt.loop.engine.live_jobs() == []
     assert rt.store.get(job_row(sessions, job_id).voice_id) is None  # its only job was cancelled
-    assert rt.loop.engine.voices.ids() == []  # and no job finished with the install
+    assert list(rt.loop.engine.voices) == []  # and no job finished with the install
 
 
 def test_cancel_while_waiting_for_the_voice_abandons_it_without_installing(make_runtime, sessions) -> None:
@@ -278,7 +277,7 @@ def test_cancel_while_waiting_for_the_voice_abandons_it_without_installing(make_
     runner.join(30)
     assert result["status"] == "cancelled" and result["prep_path"] == "abandoned"
     assert rt.store.count(COUNTER_PREP_PATH, "abandoned") == 1
-    assert rt.loop.engine.voices.ids() == [] and rt.loop.engine.counters["abandoned"] == 1
+    assert list(rt.loop.engine.voices) == [] and rt.loop.engine.counters["abandoned"] == 1
     with sessions() as session:
         assert queries.require_voice(session=session, voice_id=job_row(sessions, job_id).voice_id).status \
             == "pending"  # ready to be prepared again by a later job

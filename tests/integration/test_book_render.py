@@ -27,21 +27,24 @@ from celery import Celery
 
 from app.artifacts import ArtifactStore
 from app.audio import load_reference
-from app.books.service import BookOptions, book_status, output_dir, submit_book
+from app.books.files import output_dir
+from app.books.service import BookOptions, submit_book
+from app.books.status import book_status
 from app.celery_config import make_celery
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
+from app.dev import SAMPLES
+from app.jobs import submit_job
 from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 from app.maintenance import run_sweep
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import submit_job
 from tests.app.books.conftest import MARKDOWN_BOOK, make_epub, tiny_png
 from tests.conftest import REPO, SESSION_TAG, WorkerProcess, settings_env, start_gpu_worker
 
 pytestmark = pytest.mark.integration
 
-REFERENCE = (REPO / "app" / "samples" / "voice_a.wav").read_bytes()
+REFERENCE = (SAMPLES / "voice_a.wav").read_bytes()
 SLOTS = 4
 
 
@@ -233,7 +236,7 @@ def test_cli_renders_a_manifest_with_tokens_and_source_audio_into_the_out_folder
     settings, _, _ = env
     folder = tmp_path / "book"
     (folder / "one").mkdir(parents=True)
-    (folder / "one" / "speech.wav").write_bytes((REPO / "app" / "samples" / "voice_b.wav").read_bytes())
+    (folder / "one" / "speech.wav").write_bytes((SAMPLES / "voice_b.wav").read_bytes())
     (folder / "book.json").write_text(json.dumps({"title": "Mixed", "author": "A", "chapters": [
         {"title": "Tokens", "segments": [{"tokens": [11 * i % 6561 for i in range(60)]}]},
         {"title": "Re-voiced", "segments": [{"audio": "one/speech.wav"}]}]}))

@@ -17,14 +17,13 @@ from typing import Any
 import pytest
 
 import app.features
-import gpu_worker.runtime
-import gpu_worker.worker
+import gpu_worker.job
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
 from app.keys import COUNTER_PREP_PATH
-from app.submit import reclaim_abandoned_voice
+from app.voices import reclaim_abandoned_voice
+from gpu_worker.job import JobRun
 from gpu_worker.runtime import Runtime
-from gpu_worker.worker import JobRun
 from tasks.voice import Resources, prepare_voice
 from tests.gpu_worker.test_worker import (
     VOICE_A,
@@ -54,7 +53,7 @@ def run_in_thread(rt: Runtime, job_id: str) -> tuple[threading.Thread, dict[str,
     def body() -> None:
         try:
             result.update(JobRun(rt, RecordingTask(), job_id).run())
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
+        except Exception as exc:  # the test inspects it
             result["error"] = exc
 
     thread = threading.Thread(target=body)
@@ -89,8 +88,8 @@ def assert_nothing_leaked(rt: Runtime, sessions, *, keep_voice: str | None = Non
     wait_for(lambda: not rt.loop.engine.live_jobs())
     time.sleep(0.3)  # two more engine steps: reclaimed installs are collected in the finish phase
     engine = rt.loop.engine
-    assert all((engine.voices.get(v).pins == 0) for v in engine.voices.ids())
-    installed = set(engine.voices.ids())
+    assert all((engine.voices.get(v).pins == 0) for v in engine.voices)
+    installed = set(engine.voices)
     assert installed == ({keep_voice} & installed if keep_voice else set()), installed
     rt.book.drain()
     with sessions() as session:
@@ -161,7 +160,7 @@ def test_a_shared_voice_is_kept_for_the_job_that_was_not_cancelled(make_runtime,
     assert gone_result["status"] == "cancelled" and kept_result["status"] == "succeeded"
     assert kept_result["prep_path"] == "late" and rt.store.exists(voice_id)
     assert_nothing_leaked(rt, sessions, keep_voice=voice_id)
-    assert voice_id in rt.loop.engine.voices.ids()  # a job finished with it: a normal LRU entry
+    assert voice_id in rt.loop.engine.voices  # a job finished with it: a normal LRU entry
 
 
 def test_cancelled_after_preparation_finished_but_before_install(make_runtime, sessions) -> None:
@@ -196,8 +195,8 @@ def test_cancelled_after_a_failed_preparation_nothing_is_left(make_runtime, sess
 def test_cancelled_while_the_worker_prepares_inline_nothing_is_installed_or_kept(
         make_runtime, sessions, monkeypatch) -> None:
     rt = make_runtime(prep_wait_ms=0)  # straight to inline preparation, in the engine's pool
-    gate = Gate(gpu_worker.runtime.host_half)
-    monkeypatch.setattr(gpu_worker.runtime, "host_half", gate)
+    gate = Gate(app.features.host_half)
+    monkeypatch.setattr(app.features, "host_half", gate)
     job_id = submit(rt, sessions, VOICE_B, n_tokens=30)
     gpu, result = run_in_thread(rt, job_id)
     assert gate.entered.wait(30)
@@ -247,13 +246,13 @@ def test_cancelled_while_finishing_the_job_stays_cancelled_and_leaves_no_file(
     rt = make_runtime()
     prepare_ahead(rt, VOICE_A)
     job_id = submit(rt, sessions, VOICE_A, n_tokens=30)
-    real_commit = gpu_worker.worker.commit_output
+    real_commit = gpu_worker.job.commit_output
 
     def cancel_then_commit(*args: Any) -> None:  # the cancel lands between the last audio and the commit
         cancel(rt, sessions, job_id)
         real_commit(*args)
 
-    monkeypatch.setattr(gpu_worker.worker, "commit_output", cancel_then_commit)
+    monkeypatch.setattr(gpu_worker.job, "commit_output", cancel_then_commit)
     result = JobRun(rt, RecordingTask(), job_id).run()
     row = job_row(sessions, job_id)
     assert row.status == JobStatus.CANCELLED and row.output_path is None

@@ -31,11 +31,11 @@ from app.celery_config import make_celery
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
 from app.db.session import make_engine, make_sessionmaker
+from app.jobs import submit_job
 from app.keys import feature_key
 from app.maintenance import run_sweep
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import submit_job
 from tests.conftest import make_test_settings, start_gpu_worker, start_worker
 from tests.gpu_worker.test_worker import VOICE_A, VOICE_B, prepare_ahead
 
@@ -48,7 +48,7 @@ GPU_MAIN = """
 import os, signal, sys
 poison = os.environ.get("WF_TEST_POISON")
 if poison:
-    import gpu_worker.worker as w
+    import gpu_worker.job as w
     real = w.JobRun._stream
     def _stream(self, *a, **k):
         if self.job_id == poison:
@@ -265,8 +265,8 @@ def test_a_cpu_worker_killed_mid_preparation_the_voice_is_prepared_again(
 
 # -- a hung engine step -------------------------------------------------------------------------------
 def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, sessions) -> None:
+    from gpu_worker.job import JobRun
     from gpu_worker.watchdog import Watchdog
-    from gpu_worker.worker import JobRun
     from tests.gpu_worker.test_worker import RecordingTask
     from tests.gpu_worker.test_worker import submit as submit_in_process
 
@@ -497,7 +497,7 @@ def test_postgresql_briefly_unavailable_the_gpu_worker_finishes_its_jobs(
 # -- features that expire or are evicted ----------------------------------------------------------------
 def test_feature_ttl_is_refreshed_on_use_and_evicted_features_are_prepared_again(make_runtime,
                                                                                   sessions) -> None:
-    from gpu_worker.worker import JobRun
+    from gpu_worker.job import JobRun
     from tests.gpu_worker.test_worker import RecordingTask
     from tests.gpu_worker.test_worker import submit as submit_in_process
 

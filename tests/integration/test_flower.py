@@ -24,13 +24,14 @@ import httpx
 import pytest
 import torch
 
-from app import services
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import JobStatus
+from app.dev import SAMPLES, services
+from app.jobs import submit_job
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import SYNTH_TASK, submit_job
+from app.wire import SYNTH_TASK
 from gpu_worker.worker import make_gpu_celery
 from tests.conftest import REPO, SESSION_TAG, WorkerProcess, running_gpu_worker, settings_env
 
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "flower-test", f"pw-{uuid.uuid4().hex[:12]}"
 AUTH = (USER, PASSWORD)
-REFERENCE = (REPO / "app" / "samples" / "voice_a.wav").read_bytes()
+REFERENCE = (SAMPLES / "voice_a.wav").read_bytes()
 # The console script `pip install -e .` puts beside this interpreter: what an operator runs.
 WAVEFARM = Path(sys.executable).with_name("wavefarm")
 

@@ -20,22 +20,22 @@ from app.artifacts import ArtifactStore
 from app.audio import load_reference
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
+from app.dev import SAMPLES
 from app.features import PromptHostFeatures
+from app.jobs import submit_job
 from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import submit_job
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.loading import load_dummy
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import StandInSpeaker, install_voice
 from gpu_worker.runtime import DUMMY_SEED
 from gpu_worker.worker import make_gpu_celery
-from tests.conftest import REPO, SESSION_TAG, running_gpu_worker
+from tests.conftest import SESSION_TAG, running_gpu_worker
 
 pytestmark = pytest.mark.integration
 
-SAMPLES = REPO / "app" / "samples"
 # 8 jobs over 3 voices: (voice index, tokens, seed)
 JOBS = [(0, 60, 1), (1, 45, 2), (2, 30, 3), (0, 25, 4), (1, 80, 5), (2, 51, 6), (0, 38, 7), (1, 27, 8)]
 

@@ -16,7 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import tasks.books as books
 from app.artifacts import ArtifactStore
-from app.books.service import BookOptions, book_status, submit_book
+from app.books.files import output_dir
+from app.books.service import BookOptions, submit_book
+from app.books.status import book_status
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
 from app.settings import Settings
@@ -38,7 +40,6 @@ def celery(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cele
     """The tasks' Celery app on this test's broker and queues (nobody consumes them)."""
     app = make_celery(settings, include=())
     monkeypatch.setattr(books, "celery_app", app)
-    books._plans.clear()
     yield app
     app.close()
 
@@ -89,7 +90,7 @@ def test_a_token_book_renders_chapters_assembles_an_m4b_and_resumes_with_nothing
     # (each chapter counts its own distinct segments: the repeated 30 counts in two chapters)
     assert view.audio_seconds == pytest.approx((30 + 40 + 25 + 50 + 30) / 25)
     assert {"book.m4b", "chapters.json", "chapters.vtt", "chapter-001.wav"} <= set(view.files)
-    with av.open(str(books.service.output_dir(res.artifacts, book_id) / "book.m4b")) as box:
+    with av.open(str(output_dir(res.artifacts, book_id) / "book.m4b")) as box:
         assert [c["metadata"]["title"] for c in box.chapters()] == ["Part 1", "Part 2", "Part 3"]
 
     again = submit(res, celery, data, options=BookOptions(output_format="wav"))

@@ -20,10 +20,10 @@ from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobStatus, VoiceStatus, utcnow
 from app.features import host_half
+from app.jobs import submit_job
 from app.maintenance import broker_task_ids, sweep
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import submit_job
 from tasks.celery_app import make_celery
 from tests.app.test_submit import wav_bytes
 from tests.conftest import settings_env

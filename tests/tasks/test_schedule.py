@@ -14,10 +14,10 @@ from sqlalchemy import update
 
 from app.db import queries
 from app.db.models import Job, utcnow
+from app.jobs import submit_job
 from app.maintenance import broker_task_ids
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import submit_job
 from tasks.celery_app import make_celery
 from tasks.schedule import SWEEP_TASK, PeriodicSweep, tick
 from tests.app.test_submit import wav_bytes

@@ -11,10 +11,10 @@ from app.artifacts import ArtifactStore
 from app.db import queries as q
 from app.db.models import VoiceStatus
 from app.features import PromptHostFeatures
+from app.jobs import submit_job
 from app.keys import COUNTER_PREPARE
 from app.settings import Settings
 from app.store import FeatureStore
-from app.submit import submit_job
 from tasks.celery_app import make_celery
 from tasks.voice import Resources, prepare_voice
 from tests.app.test_submit import wav_bytes
@@ -197,13 +197,13 @@ def test_a_job_cancelled_while_its_voice_prepares_leaves_no_features(
     import tasks.voice
 
     job_id, voice_id = submitted_job(res, celery)
-    real = tasks.voice._host_features
+    real = tasks.voice.preparation.compute
 
     def cancelled_meanwhile(*args, **kwargs):
         cancel(res, job_id)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tasks.voice, "_host_features", cancelled_meanwhile)
+    monkeypatch.setattr(tasks.voice.preparation, "compute", cancelled_meanwhile)
     assert prepare_voice(voice_id, res) == "reclaimed"
     assert not res.store.exists(voice_id) and voice_row(res, voice_id).status == VoiceStatus.PENDING
     assert res.store.claim_prepare(voice_id, 10)
@@ -216,13 +216,13 @@ def test_a_voice_shared_with_a_live_job_is_kept_when_one_job_is_cancelled(
 
     job_a, voice_id = submitted_job(res, celery)
     submitted_job(res, celery)
-    real = tasks.voice._host_features
+    real = tasks.voice.preparation.compute
 
     def one_cancelled_meanwhile(*args, **kwargs):
         cancel(res, job_a)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tasks.voice, "_host_features", one_cancelled_meanwhile)
+    monkeypatch.setattr(tasks.voice.preparation, "compute", one_cancelled_meanwhile)
     assert prepare_voice(voice_id, res) == "prepared"
     assert res.store.exists(voice_id) and voice_row(res, voice_id).status == VoiceStatus.READY
 

@@ -55,6 +55,7 @@ from app.db.queries.installs import (
 from app.db.queries.jobs import (
     cancel_job,
     claim_job_attempt,
+    count_jobs_by_status,
     create_job,
     finish_job,
     get_job,
@@ -71,6 +72,7 @@ from app.db.queries.voices import (
     get_or_create_voice,
     get_voice,
     is_voice_abandoned,
+    list_voices,
     mark_voice_failed,
     mark_voice_pending,
     mark_voice_preparing,
@@ -85,6 +87,7 @@ __all__ = [
     "get_voice",
     "require_voice",
     "get_or_create_voice",
+    "list_voices",
     "add_voice_use",
     "mark_voice_pending",
     "mark_voice_preparing",
@@ -104,6 +107,7 @@ __all__ = [
     "finish_job",
     "cancel_job",
     "list_jobs",
+    "count_jobs_by_status",
     # worker installs
     "get_worker_voice",
     "record_install",

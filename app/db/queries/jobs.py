@@ -177,8 +177,17 @@ def cancel_job(*, session: Session, job_id: str) -> bool:
     return finish_job(session=session, job_id=job_id, status=JobStatus.CANCELLED, error="cancelled")
 
 
-def list_jobs(*, session: Session, status: JobStatus | None = None, limit: int = 100) -> list[Job]:
-    stmt = select(Job).order_by(Job.submitted_at.desc()).limit(limit)
+def list_jobs(*, session: Session, status: str | None = None, voice_id: str | None = None,
+              limit: int = 100) -> list[Job]:
+    """Newest first, optionally of one status and one voice."""
+    stmt = select(Job).order_by(Job.submitted_at.desc(), Job.id).limit(limit)
     if status is not None:
         stmt = stmt.where(Job.status == status)
+    if voice_id is not None:
+        stmt = stmt.where(Job.voice_id == voice_id)
     return list(session.scalars(stmt))
+
+
+def count_jobs_by_status(*, session: Session) -> dict[str, int]:
+    rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
+    return {str(status): int(count) for status, count in rows}

@@ -43,6 +43,11 @@ def get_or_create_voice(*, session: Session, voice_id: str, reference_path: str)
     return require_voice(session=session, voice_id=voice_id), created
 
 
+def list_voices(*, session: Session, limit: int = 100) -> list[Voice]:
+    """Newest first."""
+    return list(session.scalars(select(Voice).order_by(Voice.created_at.desc(), Voice.id).limit(limit)))
+
+
 def add_voice_use(*, session: Session, voice_id: str, delta: int = 1) -> None:
     session.execute(
         update(Voice).where(Voice.id == voice_id).values(uses=Voice.uses + delta, updated_at=utcnow())

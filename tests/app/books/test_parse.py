@@ -6,11 +6,11 @@ import zipfile
 
 import pytest
 
-from app.books import BookLimits
 from app.books.epub import parse_epub
 from app.books.manifest import parse_manifest
 from app.books.parse import parse_book, parse_markdown, parse_text, sniff_format
 from app.books.safezip import SafeArchive
+from app.books.source import BookLimits
 from app.errors import BadInput, BadTokens
 from tests.app.books.conftest import make_epub, tiny_png
 

@@ -132,7 +132,7 @@ def test_bad_voice_id_is_refused(markdown_book):
 
 
 def test_too_many_segments_is_refused(markdown_book):
-    from app.books import BookLimits
+    from app.books.source import BookLimits
 
     with pytest.raises(BadInput, match="more than 5 segments"):
         plan_book(parse_markdown(markdown_book), voice_id=VOICE, limits=BookLimits(max_segments=5))

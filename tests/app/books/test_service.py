@@ -13,7 +13,9 @@ from sqlalchemy import func, select
 
 from app.api.main import create_app
 from app.artifacts import ArtifactStore
-from app.books.service import BookOptions, book_status, cancel_book, load_plan, make_segment_job, submit_book
+from app.books.files import load_plan
+from app.books.service import BookOptions, cancel_book, make_segment_job, submit_book
+from app.books.status import book_status
 from app.db import queries
 from app.db.models import Book, BookStatus, JobStatus, Segment
 from app.errors import BadInput

@@ -1,6 +1,6 @@
 """Regenerate the bundled demo samples (run by hand; the outputs are committed).
 
-`python -m app.samples.generate` writes two reference voices and two token files next to this
+`python -m app.dev.samples.generate` writes two reference voices and two token files next to this
 file. The voices are espeak-ng speech when the binary exists (voice-like enough for the speaker
 models), else a harmonic synthetic voice; the tokens are random S3 ids in 0..6560, seeded.
 """
@@ -17,9 +17,9 @@ import numpy as np
 import soundfile as sf
 
 from app.audio import resample
+from app.speech import VOCAB_SIZE
 
 HERE = Path(__file__).resolve().parent
-SPEECH_TOKENS = 6561
 # (file, espeak voice, pitch, text, sample rate, seconds)
 VOICES = [
     ("voice_a.wav", "en-us", 45, "Hello there. This is the first sample voice of the wavefarm demo, "
@@ -61,7 +61,7 @@ def main() -> None:
             pcm = resample(said[0], said[1], sr).numpy()[: int(seconds * sr)]
         sf.write(HERE / name, pcm, sr, subtype="PCM_16")
     for name, n, seed in TOKENS:
-        ids = np.random.default_rng(seed).integers(0, SPEECH_TOKENS, size=n).tolist()
+        ids = np.random.default_rng(seed).integers(0, VOCAB_SIZE, size=n).tolist()
         (HERE / name).write_text(json.dumps(ids) + "\n")
 
 

@@ -1,7 +1,7 @@
 """`wavefarm demo`: the whole service on one machine, in one command, and tidied away afterwards.
 
 SQLite and artifacts under ./var, a Redis on localhost (ours if none listens), a CPU worker and a
-GPU worker as child processes, the bundled sample voices and tokens submitted through `app.submit`,
+GPU worker as child processes, the bundled sample voices and tokens submitted through `app.jobs`,
 progress bars, then where the audio is and how each voice was prepared. Everything started here is
 stopped on the way out, also on Ctrl-C or failure. Dummy weights (noise) unless WAVEFARM_MODEL_DIR
 is set, with the tiny preset unless WAVEFARM_MODEL_PRESET says otherwise, so it fits in minutes on a
@@ -21,10 +21,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from app import services
+from app.dev import SAMPLES, services
 from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 
-SAMPLES = Path(__file__).resolve().parent / "samples"
 SAMPLE_JOBS = [("voice_a.wav", "tokens_a.json"), ("voice_b.wav", "tokens_b.json")]
 FINAL = ("succeeded", "failed", "cancelled")
 POLL_S = 0.5
@@ -164,8 +163,8 @@ def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str]) -> d
     from app.artifacts import ArtifactStore
     from app.celery_config import make_celery
     from app.db.session import make_engine, make_sessionmaker, session_scope
+    from app.jobs import submit_job
     from app.store import FeatureStore
-    from app.submit import submit_job
 
     sender = make_celery(settings)
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)

@@ -1,0 +1,102 @@
+"""`LocalClient`: the API's operations on the services in this process (`app.jobs`, `app.voices`,
+`app.books`), for the CLI's `--local` commands. It answers with the API's JSON shapes, as `HttpClient`
+does (`app.api.client.Client`), so the CLI prints one thing whichever way it went.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from app.api.schemas import BookOut, JobOut, VoiceOut
+from app.books.service import BookOptions, cancel, submit_book
+from app.books.status import book_status, output_file
+from app.context import Context
+from app.db import queries
+from app.jobs import audio_path, cancel_job, get_job, submit_job
+from app.settings import Settings
+from app.voices import get_voice, register_voice
+
+
+class LocalClient:
+    """The same operations straight against the database, the feature store and the broker."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.ctx = Context.build(settings)
+
+    def submit(self, *, voice: str | bytes, tokens: Sequence[Any], seed: int | None, output_format: str,
+               priority: int, idempotency_key: str | None) -> dict[str, Any]:
+        ctx = self.ctx
+        with ctx.session() as s:
+            job_id = submit_job(
+                settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store, artifacts=ctx.artifacts,
+                tokens=list(tokens), voice_id=None if isinstance(voice, bytes) else voice,
+                reference_bytes=voice if isinstance(voice, bytes) else None, seed=seed,
+                output_format=output_format, priority=priority, idempotency_key=idempotency_key)
+            return _job_out(get_job(session=s, job_id=job_id))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        with self.ctx.session() as s:
+            return _job_out(get_job(session=s, job_id=job_id))
+
+    def jobs(self, *, status: str | None = None, voice_id: str | None = None,
+             limit: int = 100) -> list[dict[str, Any]]:
+        with self.ctx.session() as s:
+            return [_job_out(j) for j in queries.list_jobs(session=s, status=status, voice_id=voice_id,
+                                                           limit=limit)]
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        ctx = self.ctx
+        with ctx.session() as s:
+            return _job_out(cancel_job(settings=ctx.settings, session=s, store=ctx.store, job_id=job_id))
+
+    def audio(self, job_id: str) -> bytes:
+        with self.ctx.session() as s:
+            return audio_path(session=s, artifacts=self.ctx.artifacts, job_id=job_id).read_bytes()
+
+    def voices(self) -> list[dict[str, Any]]:
+        with self.ctx.session() as s:
+            return [VoiceOut.of(v).model_dump(mode="json") for v in queries.list_voices(session=s, limit=100)]
+
+    def add_voice(self, data: bytes) -> dict[str, Any]:
+        ctx = self.ctx
+        with ctx.session() as s:
+            voice_id, _ = register_voice(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                         artifacts=ctx.artifacts, reference_bytes=data)
+            return VoiceOut.of(get_voice(session=s, voice_id=voice_id)).model_dump(mode="json")
+
+    def submit_book(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
+                    base_dir: Path) -> dict[str, Any]:
+        ctx = self.ctx
+        options = BookOptions(output_format=form["output_format"], m4b=form["m4b"] == "true",
+                              target_lufs=float(form["target_lufs"]) if "target_lufs" in form else None,
+                              seed=int(form["seed"]), priority=int(form["priority"]))
+        with ctx.session() as s:
+            book_id = submit_book(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                  artifacts=ctx.artifacts, data=data, filename=filename, options=options,
+                                  base_dir=base_dir, voice_id=voice if isinstance(voice, str) else None,
+                                  reference_bytes=voice if isinstance(voice, bytes) else None,
+                                  title=form.get("title"), author=form.get("author"),
+                                  language=form.get("language"))
+        return self.book(book_id)
+
+    def book(self, book_id: str) -> dict[str, Any]:
+        with self.ctx.session() as s:
+            view = book_status(session=s, artifacts=self.ctx.artifacts, book_id=book_id)
+            return BookOut.of(view).model_dump(mode="json")
+
+    def cancel_book(self, book_id: str) -> dict[str, Any]:
+        with self.ctx.session() as s:
+            cancel(settings=self.ctx.settings, session=s, store=self.ctx.store, book_id=book_id)
+        return self.book(book_id)
+
+    def book_file(self, book_id: str, name: str, dest: Path) -> None:
+        with self.ctx.session() as s:
+            path = output_file(session=s, artifacts=self.ctx.artifacts, book_id=book_id, name=name)
+        shutil.copyfile(path, dest)
+
+
+def _job_out(job: Any) -> dict[str, Any]:
+    return JobOut.of(job).model_dump(mode="json")

@@ -1,0 +1,89 @@
+"""A book's files under the artifact root, named by us, never by a client:
+
+    books/<book id>/plan.json   the plan (`app.books.plan.BookPlan`), written once at submission
+                    meta.json   cover type, the manifest's folder (CLI books with source audio)
+                    cover       the cover image, when the book has one
+                    out/        chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt (+ sidecars)
+
+A book's plan never changes once written, so `load_plan` keeps the last plans it read (a book's
+thousand segment tasks read it once per process, not a thousand times).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from app.artifacts import ArtifactStore, write_text
+from app.books.plan import BookPlan
+from app.books.source import SourceBook
+
+BOOKS_DIR = "books"
+OUTPUT_NAMES = ("book.m4b", "chapters.json", "chapters.vtt")  # besides the chapter files
+
+
+def book_dir(artifacts: ArtifactStore, book_id: str) -> Path:
+    return artifacts.root / BOOKS_DIR / str(uuid.UUID(book_id))
+
+
+def output_dir(artifacts: ArtifactStore, book_id: str) -> Path:
+    return book_dir(artifacts, book_id) / "out"
+
+
+def store_files(artifacts: ArtifactStore, book_id: str, plan: BookPlan, source: SourceBook,
+                base_dir: Path | None) -> None:
+    folder = book_dir(artifacts, book_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text(folder / "plan.json", json.dumps(plan.to_dict(), ensure_ascii=False))
+    if source.cover:
+        (folder / "cover").write_bytes(source.cover)
+    meta = {"cover_type": source.cover_type if source.cover else None,
+            "base_dir": str(base_dir.resolve()) if base_dir is not None else None}
+    write_text(folder / "meta.json", json.dumps(meta))
+
+
+def load_plan(artifacts: ArtifactStore, book_id: str) -> BookPlan:
+    return _read_plan(str(artifacts.root), book_id)
+
+
+@lru_cache(maxsize=32)
+def _read_plan(root: str, book_id: str) -> BookPlan:
+    data = json.loads((book_dir(ArtifactStore(root), book_id) / "plan.json").read_text(encoding="utf-8"))
+    return BookPlan.from_dict(data)
+
+
+def load_meta(artifacts: ArtifactStore, book_id: str) -> dict[str, Any]:
+    return dict(json.loads((book_dir(artifacts, book_id) / "meta.json").read_text(encoding="utf-8")))
+
+
+def base_dir_of(artifacts: ArtifactStore, book_id: str) -> Path | None:
+    """The folder a CLI manifest's audio segments are read from, if the book has one."""
+    base = load_meta(artifacts, book_id).get("base_dir")
+    return Path(base) if base else None
+
+
+def load_cover(artifacts: ArtifactStore, book_id: str) -> tuple[bytes | None, str | None]:
+    meta = load_meta(artifacts, book_id)
+    path = book_dir(artifacts, book_id) / "cover"
+    if not meta.get("cover_type") or not path.is_file():
+        return None, None
+    return path.read_bytes(), meta["cover_type"]
+
+
+def chapter_file_name(index: int, fmt: str) -> str:
+    """The output file of chapter `index` (0-based): chapter-001.flac ..."""
+    return f"chapter-{index + 1:03d}.{fmt}"
+
+
+def is_output(name: str) -> bool:
+    """A finished output's name: the M4B, the index, a chapter file (not sidecars or temp files)."""
+    return name in OUTPUT_NAMES or (
+        name.startswith("chapter-") and name.endswith((".wav", ".flac")) and "/" not in name)
+
+
+def list_outputs(artifacts: ArtifactStore, book_id: str) -> list[str]:
+    out = output_dir(artifacts, book_id)
+    return sorted(p.name for p in out.iterdir() if is_output(p.name)) if out.is_dir() else []

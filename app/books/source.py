@@ -1,0 +1,105 @@
+"""What every book reader produces and shares: `SourceBook`, the limits on client input, and the two
+steps each reader ends with (decoding a text file, finishing a book: empty chapters dropped, limits and
+language checked).
+
+The readers (`parse` for text and Markdown, `epub`, `manifest`) import this module and nothing of each
+other; `parse.parse_book` picks one by format.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.errors import BadInput
+from app.speech import TOKEN_RATE
+
+_BINARY_CONTROL_SHARE = 0.001  # more C0 control characters than this is not a text file
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0e-\x1f]")
+_LANGUAGE_RE = re.compile(r"[a-z]{2,3}(-[a-z0-9]{1,8}){0,3}")  # BCP 47, lower-cased
+
+
+@dataclass(frozen=True)
+class BookLimits:
+    """What a client may send; the service passes values from its settings."""
+
+    max_text_bytes: int = 16 * 1024 * 1024  # plain text, Markdown and manifests (War and Peace is 3.3 MB)
+    max_epub_bytes: int = 64 * 1024 * 1024
+    max_paragraph_chars: int = 100_000
+    max_chapters: int = 2_000
+    max_segments: int = 200_000
+    max_segment_tokens: int = TOKEN_RATE * 600  # a manifest item of at most 10 minutes
+    max_audio_bytes: int = 200 * 1024 * 1024  # a manifest's source audio file (CLI only)
+    epub_max_entries: int = 10_000
+    epub_max_unpacked: int = 256 * 1024 * 1024  # all entries together, uncompressed
+    epub_max_entry: int = 32 * 1024 * 1024
+    epub_max_ratio: int = 100  # uncompressed / compressed, for entries over 1 MiB
+
+
+DEFAULT_LIMITS = BookLimits()
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One manifest segment: speech tokens inline, or a source audio file to re-voice."""
+
+    tokens: tuple[int, ...] | None = None
+    audio: str | None = None  # path relative to the manifest, resolved inside its folder (CLI only)
+    audio_sha256: str | None = None  # content of that file, so the plan key follows the audio
+
+
+@dataclass(frozen=True)
+class SourceChapter:
+    title: str
+    paragraphs: tuple[str, ...] = ()  # text books: raw paragraphs, not yet normalised
+    items: tuple[SourceItem, ...] = ()  # manifests
+
+
+@dataclass(frozen=True)
+class SourceBook:
+    title: str
+    author: str
+    language: str  # BCP 47 tag, lower case: "en", "en-gb", "de", "pt-br" ...
+    chapters: tuple[SourceChapter, ...]
+    cover: bytes | None = None
+    cover_type: str | None = None  # "image/jpeg" or "image/png"
+
+
+def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
+    """Bytes of a text file -> str, refusing empty, over-size, binary and non-UTF-8 input."""
+    if not data or not data.strip():
+        raise BadInput(f"the {what} is empty")
+    if len(data) > limits.max_text_bytes:
+        raise BadInput(f"the {what} is {len(data)} bytes; the limit is {limits.max_text_bytes}")
+    try:
+        if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            text = data.decode("utf-16")
+        else:
+            text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"the {what} is not UTF-8 text (byte {exc.start} is invalid); "
+                       "send UTF-8, Markdown or an EPUB") from exc
+    controls = len(_CONTROL_RE.findall(text))
+    if "\x00" in text or controls > _BINARY_CONTROL_SHARE * len(text):
+        raise BadInput(f"the {what} looks like binary data, not text ({controls} control characters)")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def finish_book(chapters: list[SourceChapter], *, title: str, author: str, language: str,
+                limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None) -> SourceBook:
+    """Drop empty chapters and check the limits every text reader shares."""
+    kept = [c for c in chapters if c.paragraphs or c.items]
+    if not any(c.paragraphs or c.items for c in kept):
+        raise BadInput("the book has no text to read")
+    if len(kept) > limits.max_chapters:
+        raise BadInput(f"the book has {len(kept)} chapters; the limit is {limits.max_chapters}")
+    for ci, chapter in enumerate(kept):
+        for pi, paragraph in enumerate(chapter.paragraphs):
+            if len(paragraph) > limits.max_paragraph_chars:
+                raise BadInput(f"paragraph {pi + 1} of chapter {ci + 1} ({chapter.title!r}) is "
+                               f"{len(paragraph)} characters; the limit is {limits.max_paragraph_chars}")
+    language = (language or "en").strip().lower().replace("_", "-")
+    if not _LANGUAGE_RE.fullmatch(language):
+        raise BadInput(f"language {language[:40]!r} is not a language tag such as 'en' or 'pt-br'")
+    return SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
+                      chapters=tuple(kept), cover=cover, cover_type=cover_type)

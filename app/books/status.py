@@ -1,0 +1,100 @@
+"""A book's progress, from the database (the only record of it): segments done and in total, audio
+seconds rendered, an ETA from the rate so far, per book and per chapter, and its finished files.
+
+    book_status(session=, artifacts=, book_id=) -> BookStatusView     (NotFound for an unknown id)
+    output_file(session=, artifacts=, book_id=, name=) -> Path         a finished output, by name
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from app.artifacts import ArtifactStore
+from app.books.files import chapter_file_name, is_output, list_outputs, output_dir
+from app.db import queries
+from app.db.models import LIVE_BOOK_STATUSES, Book, utcnow
+from app.errors import NotFound
+from app.keys import check_job_id
+from app.speech import TOKEN_RATE
+
+
+@dataclass(frozen=True)
+class ChapterStatus:
+    index: int
+    title: str
+    segments_total: int
+    segments_done: int
+    audio_seconds: float
+    est_seconds: float
+    eta_s: float | None
+    seconds: float | None  # length of the assembled chapter file
+    file: str | None  # its name in the output folder, once assembled
+
+
+@dataclass(frozen=True)
+class BookStatusView:
+    book: Book
+    chapters: list[ChapterStatus]
+    segments_total: int
+    segments_done: int
+    audio_seconds: float
+    eta_s: float | None
+    files: list[str]
+
+
+def require_book(*, session: Session, book_id: str) -> Book:
+    """The book with this id; NotFound for an unknown or malformed one (book ids are job-shaped UUIDs)."""
+    try:
+        check_job_id(book_id)
+    except ValueError as exc:
+        raise NotFound(f"no book {book_id}") from exc
+    return queries.require_book(session=session, book_id=book_id)
+
+
+def _rate(book: Book, audio_seconds: float, now: datetime) -> float | None:
+    """Audio seconds rendered per wall second since the book started."""
+    if book.started_at is None or audio_seconds <= 0:
+        return None
+    elapsed = (now - book.started_at).total_seconds()
+    return audio_seconds / elapsed if elapsed > 0 else None
+
+
+def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> BookStatusView:
+    book = require_book(session=session, book_id=book_id)
+    progress = {p.index: p for p in queries.book_progress(session=session, book_id=book_id)}
+    rows = queries.list_chapters(session=session, book_id=book_id)
+    done_s = sum(p.tokens_done for p in progress.values()) / TOKEN_RATE
+    rate = _rate(book, done_s, utcnow())
+    live = book.status in LIVE_BOOK_STATUSES
+    out = output_dir(artifacts, book_id)
+    chapters = []
+    for row in rows:
+        p = progress.get(row.index)
+        total, done = (p.segments_total, p.segments_done) if p else (0, 0)
+        audio_s = (p.tokens_done if p else 0) / TOKEN_RATE
+        left = max(row.est_seconds - audio_s, 0.0) if done < total else 0.0
+        file = chapter_file_name(row.index, book.output_format)
+        chapters.append(ChapterStatus(
+            index=row.index, title=row.title, segments_total=total, segments_done=done, audio_seconds=audio_s,
+            est_seconds=row.est_seconds, eta_s=round(left / rate, 1) if live and rate else None,
+            seconds=row.seconds, file=file if row.assembled_at and (out / file).is_file() else None))
+    left = sum(max(c.est_seconds - c.audio_seconds, 0.0) for c in chapters
+               if c.segments_done < c.segments_total)
+    return BookStatusView(book=book, chapters=chapters,
+                          segments_total=sum(c.segments_total for c in chapters),
+                          segments_done=sum(c.segments_done for c in chapters), audio_seconds=done_s,
+                          eta_s=round(left / rate, 1) if live and rate else (0.0 if not live else None),
+                          files=list_outputs(artifacts, book_id))
+
+
+def output_file(*, session: Session, artifacts: ArtifactStore, book_id: str, name: str) -> Path:
+    """A finished output file of a book by its name in the output folder; NotFound otherwise."""
+    require_book(session=session, book_id=book_id)
+    path = output_dir(artifacts, book_id) / name
+    if not is_output(name) or not path.is_file():
+        raise NotFound(f"book {book_id} has no file {name!r} (yet)")
+    return path

@@ -1,0 +1,112 @@
+"""Book commands: render (submit; with --wait follow it and download its files), status, cancel.
+
+They speak HTTP to the API, or with `--local` run the book services in this process (`app.api.client`),
+where a manifest may also name source audio files beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from app.cli.common import add_client_options, client, voice_argument
+from app.errors import BadInput
+
+
+def add_commands(sub: Any) -> None:
+    book = sub.add_parser("book", help="render a book (text, Markdown, EPUB, manifest): chapters and an M4B")
+    book_sub = book.add_subparsers(dest="book_command", required=True, metavar="ACTION")
+
+    def action(name: str, help_: str, handler: Any) -> argparse.ArgumentParser:
+        p = book_sub.add_parser(name, help=help_)
+        add_client_options(p)
+        p.set_defaults(handler=handler)
+        return p
+
+    render = action("render", "submit a book; --wait follows it and writes its files to --out",
+                    cmd_book_render)
+    render.add_argument("book", type=Path, help="a .txt, .md, .epub or .json manifest file")
+    render.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
+    render.add_argument("--out", type=Path, help="folder for the chapter files, book.m4b and the index")
+    render.add_argument("--format", dest="book_output", choices=("m4b", "flac", "wav"), default="m4b",
+                        help="m4b: FLAC chapters and an M4B (default); flac or wav: chapter files only")
+    render.add_argument("--wait", action="store_true", help="show progress until done, then download")
+    render.add_argument("--title")
+    render.add_argument("--author")
+    render.add_argument("--language", help="BCP 47 tag (default: from the book, else en)")
+    render.add_argument("--priority", type=int, default=0, help="segment job priority (0 yields to all)")
+    render.add_argument("--target-lufs", type=float, help="normalise each chapter's loudness")
+    render.add_argument("--seed", type=int, default=0)
+    action("status", "show a book's progress", cmd_book_status).add_argument("book_id")
+    action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument("book_id")
+
+
+def _form(args: argparse.Namespace) -> dict[str, str]:
+    """The book's options as the API's form fields."""
+    form = {"output_format": "flac" if args.book_output == "m4b" else args.book_output,
+            "m4b": "true" if args.book_output == "m4b" else "false", "seed": str(args.seed),
+            "priority": str(args.priority)}
+    form.update({k: str(v) for k, v in (("title", args.title), ("author", args.author),
+                                        ("language", args.language), ("target_lufs", args.target_lufs))
+                 if v is not None})
+    return form
+
+
+def cmd_book_render(args: argparse.Namespace) -> int:
+    voice = voice_argument(args.voice)
+    if not args.book.is_file():
+        raise BadInput(f"no book file {args.book}")
+    api = client(args)
+    book = api.submit_book(args.book.read_bytes(), args.book.name, voice, _form(args),
+                           args.book.resolve().parent)
+    print(book["id"])
+    if not (args.wait or args.out):
+        return 0
+    book = follow_book(api, book["id"])
+    print(f"book {book['id']}: {book['status']}" + (f" ({book['error']})" if book.get("error") else ""))
+    if book["status"] != "succeeded":
+        return 1
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name in book["files"]:
+            api.book_file(book["id"], name, args.out / name)
+        print(f"{len(book['files'])} files written to {args.out}")
+    return 0
+
+
+def follow_book(api: Any, book_id: str, poll_s: float = 1.0) -> dict[str, Any]:
+    """Poll a book until it finishes, with a tqdm bar over its segments; returns the last state."""
+    from tqdm import tqdm
+
+    book = api.book(book_id)
+    with tqdm(total=book["segments_total"] or None, unit="seg", desc=book["title"][:24]) as bar:
+        while True:
+            bar.total = book["segments_total"] or bar.total
+            eta = f", ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
+            bar.set_postfix_str(f"{book['status']}, {book['audio_seconds']:.0f} s audio{eta}")
+            bar.update(book["segments_done"] - bar.n)
+            if book["status"] in ("succeeded", "failed", "cancelled"):
+                return book
+            time.sleep(poll_s)
+            book = api.book(book_id)
+
+
+def cmd_book_status(args: argparse.Namespace) -> int:
+    book = client(args).book(args.book_id)
+    eta = f"  ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
+    print(f"{book['id']}  {book['status']}  {book['segments_done']}/{book['segments_total']} segments  "
+          f"{book['audio_seconds']:.1f} s audio{eta}  {book['title']}")
+    for c in book["chapters"]:
+        print(f"  {c['index'] + 1:>3}. {c['segments_done']:>4}/{c['segments_total']:<4} "
+              f"{c['audio_seconds']:>7.1f} s  {c['title']}")
+    if book.get("error"):
+        print(f"  error: {book['error']}")
+    return 0
+
+
+def cmd_book_cancel(args: argparse.Namespace) -> int:
+    book = client(args).cancel_book(args.book_id)
+    print(f"book {book['id']}: {book['status']}")
+    return 0

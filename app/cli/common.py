@@ -1,0 +1,49 @@
+"""What the command groups share: the process's settings, a voice argument, the client choice, JSON out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from app.errors import BadInput
+
+DEFAULT_API = "http://127.0.0.1:8000"
+
+
+def settings() -> Any:
+    from app.settings import get_settings
+
+    return get_settings()
+
+
+def add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api", default=DEFAULT_API, help=f"API base URL (default {DEFAULT_API})")
+    parser.add_argument("--local", action="store_true", help="use the database directly, not the API")
+
+
+def client(args: argparse.Namespace) -> Any:
+    """The API over HTTP, or with --local the same operations in this process (`app.api.client`)."""
+    if args.local:
+        from app.api.local import LocalClient
+
+        return LocalClient(settings())
+    from app.api.client import HttpClient
+
+    token = settings().api_token
+    return HttpClient(args.api, token=token.get_secret_value() if token else None)
+
+
+def voice_argument(value: str) -> str | bytes:
+    """--voice: a reference audio file (its bytes) or a voice id."""
+    if Path(value).is_file():
+        return Path(value).read_bytes()
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise BadInput(f"--voice {value!r} is neither a reference audio file nor a voice id (sha256)")
+    return value
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))

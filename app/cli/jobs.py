@@ -1,0 +1,89 @@
+"""Client commands for jobs and voices: submit, status, cancel, jobs, voices.
+
+They speak HTTP to the API, or with `--local` run the same services in this process (`app.api.client`);
+either way they print the API's JSON shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from app.cli.common import add_client_options, client, print_json, voice_argument
+
+
+def add_commands(sub: Any) -> None:
+    def command(name: str, help_: str, handler: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        add_client_options(p)
+        p.set_defaults(handler=handler)
+        return p
+
+    submit = command("submit", "submit a job: a voice (id or reference file) and speech tokens", cmd_submit)
+    submit.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
+    submit.add_argument("--tokens", required=True, type=Path, help="JSON file: [ids] or {\"tokens\": [ids]}")
+    submit.add_argument("-o", "--output", type=Path, help="where to write the audio (implies --wait)")
+    submit.add_argument("--seed", type=int)
+    submit.add_argument("--format", dest="output_format", choices=("wav", "flac"), default="wav")
+    submit.add_argument("--priority", type=int, default=0)
+    submit.add_argument("--idempotency-key")
+    submit.add_argument("--wait", action="store_true", help="follow progress until the job finishes")
+    command("status", "show a job", cmd_status).add_argument("job_id")
+    command("cancel", "cancel a job", cmd_cancel).add_argument("job_id")
+    jobs = command("jobs", "list recent jobs", cmd_jobs)
+    jobs.add_argument("--status")
+    jobs.add_argument("--voice-id")
+    jobs.add_argument("--limit", type=int, default=20)
+    voices = command("voices", "list voices, or upload one with --add", cmd_voices)
+    voices.add_argument("--add", type=Path, metavar="FILE", help="upload a reference audio file")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from app.api.client import follow
+    from app.api.schemas import parse_tokens
+
+    api = client(args)
+    tokens = parse_tokens(args.tokens.read_bytes())
+    job = api.submit(voice=voice_argument(args.voice), tokens=tokens, seed=args.seed,
+                     output_format=args.output_format, priority=args.priority,
+                     idempotency_key=args.idempotency_key)
+    print(job["id"])
+    if not (args.wait or args.output):
+        return 0
+    job = follow(api, job["id"])
+    print(f"job {job['id']}: {job['status']}" + (f" ({job['error']})" if job.get("error") else ""))
+    if job["status"] != "succeeded":
+        return 1
+    if args.output:
+        args.output.write_bytes(api.audio(job["id"]))
+        print(f"audio written to {args.output}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    print_json(client(args).job(args.job_id))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = client(args).cancel(args.job_id)
+    print(f"job {job['id']}: {job['status']}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    for job in client(args).jobs(status=args.status, voice_id=args.voice_id, limit=args.limit):
+        done, total = job["progress"]["frames_done"], job["progress"]["frames_total"]
+        print(f"{job['id']}  {job['status']:<10} {done:>7}/{total:<7} voice {job['voice_id'][:12]}")
+    return 0
+
+
+def cmd_voices(args: argparse.Namespace) -> int:
+    api = client(args)
+    if args.add:
+        print_json(api.add_voice(args.add.read_bytes()))
+        return 0
+    for voice in api.voices():
+        print(f"{voice['id']}  {voice['status']:<9} uses {voice['uses']}")
+    return 0

@@ -1,0 +1,166 @@
+"""Service commands: serve, cpu-worker, gpu-worker, flower, bench, db upgrade, maintenance, demo.
+
+Each builds the real server's command line and replaces this process with it (`os.execv`), so signals
+reach the server directly; a GPU worker with a metrics port runs Celery in this process instead, to keep
+the exporter alive beside it. Services bring the database schema up to date before they start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.cli.common import print_json, settings
+
+log = logging.getLogger("wavefarm")
+
+CELERY_CPU_APP = "tasks.celery_app"
+CELERY_GPU_APP = "gpu_worker.worker"
+
+
+def add_commands(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(handler=cmd_serve)
+    for name, what in (("cpu-worker", "voice preparation and maintenance tasks (celery -Q cpu)"),
+                       ("gpu-worker", "the synthesis worker (celery -Q gpu, thread pool of worker_slots)")):
+        worker = sub.add_parser(name, help=what)
+        worker.add_argument("--loglevel", default="info")
+        worker.add_argument("--hostname", help="celery node name (default: <kind>@%%h)")
+        if name == "cpu-worker":
+            worker.add_argument("--concurrency", type=int, help="processes (default: one per core)")
+        else:
+            worker.add_argument("--metrics-port", type=int,
+                                help="serve Prometheus metrics (engine, installs) on this port")
+        worker.set_defaults(handler=cmd_worker, kind=name.split("-")[0])
+    flower = sub.add_parser("flower", help="Celery's monitoring UI (basic auth from FLOWER_BASIC_AUTH)")
+    flower.add_argument("--address", default="127.0.0.1")
+    flower.add_argument("--port", type=int, default=5555)
+    flower.set_defaults(handler=cmd_flower)
+    bench = sub.add_parser("bench", add_help=False,
+                           help="the engine benchmark (python -m gpu_worker.bench; `wavefarm bench --help`)")
+    bench.set_defaults(handler=cmd_bench, bench_args=[])
+    db = sub.add_parser("db", help="database maintenance")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_sub.add_parser("upgrade", help="apply the Alembic migrations (idempotent)").set_defaults(
+        handler=cmd_db_upgrade)
+    maint = sub.add_parser("maintenance", help="one sweep: orphan files, jobs without a broker message, "
+                           "abandoned voices, stalled chapters (what the maintenance.sweep task does)")
+    maint.add_argument("--grace-s", type=float, help="remove orphan files older than this "
+                       "(default: WAVEFARM_ORPHAN_GRACE_S)")
+    maint.set_defaults(handler=cmd_maintenance)
+    demo = sub.add_parser("demo", help="one-command embedded run: local Redis, SQLite, workers, samples")
+    demo.add_argument("--jobs-per-voice", type=int, default=2, help="sample jobs per sample voice")
+    demo.add_argument("--var", type=Path, default=Path("var"), help="folder for the database, files, logs")
+    demo.add_argument("--timeout", type=float, default=270.0, help="seconds to wait for the jobs")
+    demo.set_defaults(handler=cmd_demo)
+
+
+def _upgrade_schema() -> None:
+    """Services bring the database schema up to date on start (concurrent starts upgrade once)."""
+    from app.db import upgrade
+
+    upgrade(settings().database_url)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    _upgrade_schema()
+    uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
+                log_level=args.log_level)
+    return 0
+
+
+def worker_argv(kind: str, settings: Any, *, loglevel: str = "info", hostname: str | None = None,
+                concurrency: int | None = None) -> list[str]:
+    """The celery command line of a CPU or GPU worker."""
+    if kind == "gpu":
+        # Threads: every slot is a synth task waiting on the one engine thread that owns the device.
+        argv = ["-A", CELERY_GPU_APP, "worker", "-Q", settings.queue_gpu, "-P", "threads",
+                "-c", str(settings.worker_slots)]
+    else:
+        argv = ["-A", CELERY_CPU_APP, "worker", "-Q", settings.queue_cpu]
+        if concurrency:
+            argv += ["-c", str(concurrency)]
+    return argv + ["-n", hostname or f"{kind}@%h", "--loglevel", loglevel]
+
+
+def flower_argv(*, address: str, port: int) -> list[str]:
+    # Basic auth is read by Flower from FLOWER_BASIC_AUTH itself: credentials stay out of argv (ps).
+    return ["-A", CELERY_CPU_APP, "flower", f"--address={address}", f"--port={port}"]
+
+
+def _exec(module: str, argv: list[str]) -> int:
+    log.info("exec: %s %s", module, " ".join(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
+    return 0  # not reached
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    _upgrade_schema()
+    argv = worker_argv(args.kind, settings(), loglevel=args.loglevel, hostname=args.hostname,
+                       concurrency=getattr(args, "concurrency", None))
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        return _exec("celery", argv)
+    # The GPU worker's pool is threads: one process, so an exporter started here serves the
+    # metrics its engine registers in prometheus_client's default registry.
+    from prometheus_client import start_http_server
+
+    start_http_server(port)
+    log.info("worker metrics on :%d/metrics", port)
+    from celery.__main__ import main as celery_main
+
+    sys.argv = ["celery", *argv]
+    celery_main()  # exits
+    return 0
+
+
+def cmd_flower(args: argparse.Namespace) -> int:
+    if not os.environ.get("FLOWER_BASIC_AUTH"):
+        log.warning("FLOWER_BASIC_AUTH is not set: Flower runs WITHOUT authentication")
+    return _exec("celery", flower_argv(address=args.address, port=args.port))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    # Its own process and parser: the benchmark belongs to the GPU side, which app never imports.
+    return _exec("gpu_worker.bench", list(args.bench_args))
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from sqlalchemy import make_url
+
+    from app.db import upgrade
+
+    url = settings().database_url
+    upgrade(url)
+    print(f"database at {make_url(url).render_as_string(hide_password=True)} is up to date")
+    return 0
+
+
+def cmd_maintenance(args: argparse.Namespace) -> int:
+    from app.celery_config import make_celery
+    from app.maintenance import run_sweep
+
+    sender = make_celery(settings(), include=())
+    try:
+        report = run_sweep(settings(), sender, grace_s=args.grace_s)
+    finally:
+        sender.close()
+    print_json(report.as_dict())
+    return 1 if report.errors else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from app.dev.demo import run_demo
+
+    return run_demo(var=args.var, jobs_per_voice=args.jobs_per_voice, timeout_s=args.timeout)

@@ -1,0 +1,164 @@
+"""Jobs as a service: submit, look up, cancel, and a job's tokens. Used by the API's routes, the CLI,
+the book pipeline and the GPU worker, so every interface accepts, refuses and cancels a job the same way.
+
+`submit_job` checks the request, stores the reference audio under its content hash, writes the voice
+and job rows, commits, and only then queues `voice.prepare` (cpu queue; skipped when the voice's
+features are in the store already) and `synth` (gpu queue). If the broker refuses, the job is taken
+back out, so the client can simply retry. Tasks are sent by name (`app.wire`): nothing here imports
+task code.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from app import voices, wire
+from app.artifacts import ArtifactStore
+from app.db import queries
+from app.db.models import Job, JobStatus
+from app.errors import BadInput, Conflict, Gone, NotFound
+from app.keys import check_job_id
+from app.settings import Settings
+from app.speech import OutputFormat, check_tokens
+from app.store import FeatureStore
+
+log = logging.getLogger(__name__)
+
+INLINE_TOKENS_MAX = 4096  # longer token lists go to the artifact store instead of the jobs row
+MAX_SEED = 2**63 - 1
+IDEMPOTENCY_KEY_MAX = 128
+
+
+def check_options(*, seed: int | None, output_format: str, priority: int) -> int:
+    """Refuse options outside their ranges (BadInput); returns the seed to use (random when None)."""
+    if output_format not in tuple(OutputFormat):
+        raise BadInput(f"output format {output_format!r} is not one of {[f.value for f in OutputFormat]}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= wire.MAX_PRIORITY:
+        raise BadInput(f"priority must be an integer 0..{wire.MAX_PRIORITY}")
+    if seed is None:
+        return secrets.randbelow(2**31)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise BadInput("seed must be an integer 0..2**63-1")
+    return seed
+
+
+def _check_idempotency_key(key: str | None) -> None:
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= IDEMPOTENCY_KEY_MAX):
+        raise BadInput(f"idempotency key must be a string of 1..{IDEMPOTENCY_KEY_MAX} characters")
+
+
+def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, tokens: list[int], seed: int,
+            output_format: str, priority: int, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Insert a queued job for checked `tokens` (a long list goes to the artifact store); flushes.
+
+    Returns (job, created); with an idempotency key another submission used first, that job and False."""
+    job_id = str(uuid.uuid4())
+    inline = len(tokens) <= INLINE_TOKENS_MAX
+    tokens_path = None if inline else artifacts.put_tokens(job_id, tokens)
+    job, created = queries.create_job(
+        session=session, job_id=job_id, voice_id=voice_id, tokens=tokens if inline else None,
+        n_tokens=len(tokens), seed=seed, output_format=output_format, priority=priority,
+        idempotency_key=idempotency_key, tokens_path=tokens_path)
+    if not created and tokens_path:
+        artifacts.remove(tokens_path)
+    return job, created
+
+
+def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
+               artifacts: ArtifactStore, tokens: Iterable[int], reference_bytes: bytes | None = None,
+               voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
+               priority: int = 0, idempotency_key: str | None = None) -> str:
+    """Accept one job and return its id; the same idempotency key returns the same id.
+
+    Commits `session` (workers must see the rows before the tasks arrive). Raises BadTokens, BadAudio,
+    BadInput or NotFound before anything is stored."""
+    token_list = check_tokens(tokens, max_tokens=settings.max_tokens)
+    seed = check_options(seed=seed, output_format=output_format, priority=priority)
+    _check_idempotency_key(idempotency_key)
+    if idempotency_key is not None:
+        existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
+        if existing is not None:
+            return existing.id
+    voice = voices.resolve_voice(settings=settings, session=session, artifacts=artifacts,
+                                 reference_bytes=reference_bytes, voice_id=voice_id)
+    job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
+                           seed=seed, output_format=output_format, priority=priority,
+                           idempotency_key=idempotency_key)
+    if not created:  # a concurrent submission with the same key won
+        session.commit()
+        return job.id
+    queries.add_voice_use(session=session, voice_id=voice.id)
+    try:
+        voices.queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice,
+                                 priority=priority)  # commits the rows first
+        wire.send_synth(sender, settings, job.id, priority)
+    except Exception:
+        log.exception("job %s: could not enqueue; withdrawing it", job.id)
+        _withdraw(session=session, artifacts=artifacts, job=job)
+        raise
+    return job.id
+
+
+def _withdraw(*, session: Session, artifacts: ArtifactStore, job: Job) -> None:
+    """Take a committed job back out (the broker refused it), so that the client's retry starts afresh."""
+    session.delete(job)
+    queries.add_voice_use(session=session, voice_id=job.voice_id, delta=-1)
+    session.commit()
+    if job.tokens_path:
+        artifacts.remove(job.tokens_path)
+
+
+def get_job(*, session: Session, job_id: str) -> Job:
+    """The job with this id; NotFound for an unknown or malformed one."""
+    try:
+        check_job_id(job_id)
+    except ValueError as exc:
+        raise NotFound(f"no job {job_id}") from exc
+    return queries.require_job(session=session, job_id=job_id)
+
+
+def list_jobs(*, session: Session, status: str | None = None, voice_id: str | None = None,
+              limit: int = 100) -> list[Job]:
+    """Newest first."""
+    return queries.list_jobs(session=session, status=status, voice_id=voice_id, limit=limit)
+
+
+def cancel_job(*, settings: Settings, session: Session, store: FeatureStore, job_id: str) -> Job:
+    """Cancel a queued or running job (idempotent); commits. Conflict if it had already finished.
+
+    A preparation already under way for its voice is reclaimed if no other job wants the voice, and the
+    GPU worker is told through the cancel flag, which it polls between steps."""
+    job = get_job(session=session, job_id=job_id)
+    if queries.cancel_job(session=session, job_id=job.id):
+        voices.reclaim_abandoned_voice(session=session, store=store, voice_id=job.voice_id)
+    job = queries.require_job(session=session, job_id=job.id)
+    session.commit()
+    if job.status != JobStatus.CANCELLED:
+        raise Conflict(f"job {job.id} already {job.status}")
+    store.request_cancel(job.id, ttl_s=settings.visibility_timeout_s)  # after the commit
+    return job
+
+
+def audio_path(*, session: Session, artifacts: ArtifactStore, job_id: str) -> Path:
+    """A succeeded job's audio file: Conflict until the job succeeded, Gone once its file was removed."""
+    job = get_job(session=session, job_id=job_id)
+    if job.status != JobStatus.SUCCEEDED or job.output_path is None:
+        raise Conflict(f"job {job.id} is {job.status}; audio exists once it succeeded")
+    path = artifacts.path(job.output_path)
+    if not path.is_file():
+        raise Gone(f"the audio of job {job.id} has been removed")
+    return path
+
+
+def job_tokens(*, job: Job, artifacts: ArtifactStore) -> list[int]:
+    """A job's tokens, wherever they are kept (inline in the row or in the artifact store)."""
+    if job.tokens is not None:
+        return list(job.tokens)
+    assert job.tokens_path is not None, f"job {job.id} has no tokens"
+    return artifacts.read_tokens(job.tokens_path)

@@ -1,0 +1,123 @@
+"""Voices as a service: store a reference once, queue its preparation once, reclaim what cancelled jobs
+leave behind. Used by every interface that takes a voice (jobs, books, `POST /v1/voices`, the CLI) and by
+the tasks and the GPU worker once a preparation settles.
+
+A voice is the sha256 of its normalised reference (`app.audio`); its row (`app.db`) says where the
+reference file is and how far its preparation got; its prepared host features live in the feature store
+(`app.store`) under a TTL. A claim in the store (`PREPARE_CLAIM_TTL_S`) makes N submissions of one voice
+queue one `voice.prepare`. Not in here: the preparation itself (`app.preparation`), GPU installs.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from app import audio, wire
+from app.artifacts import ArtifactStore
+from app.db import queries
+from app.db.models import Voice, VoiceStatus
+from app.errors import BadInput, NotFound
+from app.keys import check_voice_id
+from app.settings import Settings
+from app.store import FeatureStore
+
+PREPARE_CLAIM_TTL_S = 600  # N submissions of one voice within this window queue one preparation
+
+
+def reference_limits(settings: Settings) -> audio.AudioLimits:
+    return audio.AudioLimits(max_bytes=settings.max_reference_bytes,
+                             max_seconds=settings.max_reference_seconds)
+
+
+def store_reference(*, settings: Settings, session: Session, artifacts: ArtifactStore,
+                    reference_bytes: bytes) -> tuple[Voice, bool]:
+    """Decode and normalise an upload (BadAudio if unusable) and store it once per voice; flushes.
+
+    Returns (voice, created)."""
+    decoded = audio.decode_audio(reference_bytes, reference_limits(settings))
+    _, voice_id = audio.normalise_reference(decoded.pcm, decoded.sample_rate)
+    voice = queries.get_voice(session=session, voice_id=voice_id)
+    if voice is not None and voice.reference_path and artifacts.path(voice.reference_path).exists():
+        return voice, False
+    relpath = artifacts.put_reference(reference_bytes, decoded.format)
+    voice, created = queries.get_or_create_voice(session=session, voice_id=voice_id, reference_path=relpath)
+    if not created and voice.reference_path != relpath:  # the stored file had gone missing
+        voice.reference_path = relpath
+        session.flush()
+    return voice, created
+
+
+def get_voice(*, session: Session, voice_id: str) -> Voice:
+    """The voice with this id; NotFound for an unknown or malformed one."""
+    try:
+        check_voice_id(voice_id)
+    except ValueError as exc:
+        raise NotFound(f"no voice {voice_id}") from exc
+    return queries.require_voice(session=session, voice_id=voice_id)
+
+
+def resolve_voice(*, settings: Settings, session: Session, artifacts: ArtifactStore,
+                  reference_bytes: bytes | None, voice_id: str | None) -> Voice:
+    """The voice of a request that names one (an id) or uploads one (reference bytes), not both."""
+    if (reference_bytes is None) == (voice_id is None):
+        raise BadInput("give exactly one of reference audio or a voice id")
+    if reference_bytes is not None:
+        return store_reference(settings=settings, session=session, artifacts=artifacts,
+                               reference_bytes=reference_bytes)[0]
+    try:
+        check_voice_id(voice_id or "")
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    return queries.require_voice(session=session, voice_id=voice_id or "")
+
+
+def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> bool:
+    """Whether to queue `voice.prepare` now (this caller holds the claim then); re-arms a voice whose
+    features are gone or whose last preparation failed."""
+    if voice.status == VoiceStatus.READY and store.exists(voice.id):
+        return False
+    if voice.status in (VoiceStatus.READY, VoiceStatus.FAILED):
+        queries.mark_voice_pending(session=session, voice_id=voice.id)
+        store.release_prepare(voice.id)
+    # A preparation already queued for this voice serves this caller too.
+    return store.claim_prepare(voice.id, PREPARE_CLAIM_TTL_S)
+
+
+def queue_preparation(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
+                      voice: Voice, priority: int = 0) -> bool:
+    """Commit `session` (the worker must find the rows), then queue the voice's preparation if it needs
+    one; returns whether it was queued. If the broker refuses, the claim is released, so the next upload
+    or job queues it again, and the error is raised."""
+    prepare = needs_prepare(session=session, store=store, voice=voice)
+    voice_id = voice.id
+    session.commit()
+    if prepare:
+        try:
+            wire.send_prepare(sender, settings, voice_id, priority)
+        except Exception:
+            store.release_prepare(voice_id)
+            raise
+    return prepare
+
+
+def register_voice(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
+                   artifacts: ArtifactStore, reference_bytes: bytes) -> tuple[str, bool]:
+    """Store a reference voice on its own and queue its preparation; returns (voice id, created).
+    Commits `session`. The voice is stored, deduplicated and prepared exactly as one sent with a job."""
+    voice, created = store_reference(settings=settings, session=session, artifacts=artifacts,
+                                     reference_bytes=reference_bytes)
+    queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice)
+    return voice.id, created
+
+
+def reclaim_abandoned_voice(*, session: Session, store: FeatureStore, voice_id: str) -> bool:
+    """Drop a voice's prepared features if every job that wanted it was cancelled; the caller commits.
+
+    Call after cancelling a job, and once a preparation settles. The voice goes back to pending, so a
+    later job prepares it again. GPU installs are the GPU worker's to reclaim."""
+    if not queries.is_voice_abandoned(session=session, voice_id=voice_id):
+        return False
+    store.delete(voice_id)
+    store.release_prepare(voice_id)
+    queries.mark_voice_pending(session=session, voice_id=voice_id)
+    return True

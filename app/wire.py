@@ -1,0 +1,61 @@
+"""The wire contract between the producers and the workers: task names, priorities, how tasks are sent.
+
+Tasks are sent by name (`TaskSender.send_task`, which a Celery app is), so no producer imports task code
+and `tasks` and `gpu_worker` never import each other. Arguments are JSON: ids in, ids out. The Celery
+app itself (serialisation, acknowledgement, queues) is built in `app.celery_config`; this module imports
+neither Celery nor anything heavy, so the API's and the CLI's imports stay light.
+
+Priorities: a job's priority is 0..9, larger first. kombu's Redis transport serves priority 0 first and
+keeps one list per priority step, "<queue>" for 0 and "<queue>\\x06\\x16<n>" for the others; delivered but
+unacknowledged messages wait in the hash "unacked". The metrics and the maintenance sweep read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from app.settings import Settings
+
+PREPARE_TASK = "voice.prepare"  # cpu queue: the host half of a voice (tasks/voice.py)
+SYNTH_TASK = "synth"  # gpu queue: one job (gpu_worker/worker.py); its task id is the job id
+SWEEP_TASK = "maintenance.sweep"  # cpu queue (tasks/maintenance.py)
+BOOK_PLAN_TASK = "book.plan"  # cpu queue, tasks/books.py: start or resume a book
+BOOK_TOKENIZE_TASK = "book.tokenize"
+BOOK_CHAPTER_TASK = "book.chapter"
+BOOK_CHAPTER_ERROR_TASK = "book.chapter_error"
+BOOK_ASSEMBLE_TASK = "book.assemble"
+
+MAX_PRIORITY = 9  # job priority 0..9, larger goes first
+
+# kombu's Redis transport (module docstring).
+PRIORITY_SEP = "\x06\x16"
+PRIORITY_STEPS = tuple(range(MAX_PRIORITY + 1))
+UNACKED_KEY = "unacked"
+
+
+class TaskSender(Protocol):
+    """What a producer needs from Celery (`Celery.send_task`)."""
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> Any: ...
+
+
+def broker_priority(priority: int) -> int:
+    """Job priority (larger first) -> the Redis transport's priority (0 is served first)."""
+    return MAX_PRIORITY - priority
+
+
+def priority_lists(queue: str) -> list[str]:
+    """The broker's lists of one queue, one per priority step."""
+    return [queue] + [f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS[1:]]
+
+
+def send_prepare(sender: TaskSender, settings: Settings, voice_id: str, priority: int = 0) -> None:
+    """Queue the host half of a voice on a CPU worker."""
+    sender.send_task(PREPARE_TASK, args=[voice_id], queue=settings.queue_cpu,
+                     priority=broker_priority(priority))
+
+
+def send_synth(sender: TaskSender, settings: Settings, job_id: str, priority: int) -> None:
+    """Queue a job on the GPU workers; the task id is the job id (Flower and revocation address it)."""
+    sender.send_task(SYNTH_TASK, args=[job_id], queue=settings.queue_gpu, task_id=job_id,
+                     priority=broker_priority(priority))
