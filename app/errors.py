@@ -52,3 +52,9 @@ class ModelLoadError(WavefarmError):
 
 class EngineFailure(WavefarmError):
     """The engine failed one job; other jobs go on."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message, its first line only (a library's error can run to pages), or its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

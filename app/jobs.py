@@ -22,8 +22,8 @@ from app import voices, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobStatus
-from app.errors import BadInput, Conflict, Gone, NotFound
-from app.keys import check_job_id
+from app.errors import BadInput, Conflict, Gone
+from app.keys import check_job_id, known_id
 from app.settings import Settings
 from app.speech import OutputFormat, check_tokens
 from app.store import FeatureStore
@@ -116,11 +116,7 @@ def _withdraw(*, session: Session, artifacts: ArtifactStore, job: Job) -> None:
 
 def get_job(*, session: Session, job_id: str) -> Job:
     """The job with this id; NotFound for an unknown or malformed one."""
-    try:
-        check_job_id(job_id)
-    except ValueError as exc:
-        raise NotFound(f"no job {job_id}") from exc
-    return queries.require_job(session=session, job_id=job_id)
+    return queries.require_job(session=session, job_id=known_id(job_id, check_job_id, "job"))
 
 
 def list_jobs(*, session: Session, status: str | None = None, voice_id: str | None = None,

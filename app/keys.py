@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
+
+from app.errors import NotFound
 
 PREFIX = "wf"
 FEATURE_VERSION = 1  # of the stored host features (app.features): bump when any feature's maths changes,
@@ -32,6 +35,15 @@ def check_job_id(job_id: str) -> str:
     if canonical != job_id:
         raise ValueError(f"not a canonical job id: {job_id!r}")
     return job_id
+
+
+def known_id(value: str, check: Callable[[str], str], what: str) -> str:
+    """`value` if `check` accepts it; NotFound ("no <what> <value>") otherwise: a malformed id names
+    nothing, so to a client it is an unknown one."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise NotFound(f"no {what} {value}") from exc
 
 
 def feature_key(voice_id: str) -> str:

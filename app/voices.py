@@ -16,8 +16,8 @@ from app import audio, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Voice, VoiceStatus
-from app.errors import BadInput, NotFound
-from app.keys import check_voice_id
+from app.errors import BadInput
+from app.keys import check_voice_id, known_id
 from app.settings import Settings
 from app.store import FeatureStore
 
@@ -49,11 +49,7 @@ def store_reference(*, settings: Settings, session: Session, artifacts: Artifact
 
 def get_voice(*, session: Session, voice_id: str) -> Voice:
     """The voice with this id; NotFound for an unknown or malformed one."""
-    try:
-        check_voice_id(voice_id)
-    except ValueError as exc:
-        raise NotFound(f"no voice {voice_id}") from exc
-    return queries.require_voice(session=session, voice_id=voice_id)
+    return queries.require_voice(session=session, voice_id=known_id(voice_id, check_voice_id, "voice"))
 
 
 def resolve_voice(*, settings: Settings, session: Session, artifacts: ArtifactStore,

@@ -28,7 +28,8 @@ import torch.nn as nn
 from onnx import helper, numpy_helper
 
 from app.speech import CAMPPLUS_ONNX, FLOW_PT, FLOW_YAML, HIFT_PT, TOKENIZER_ONNX
-from gpu_worker.loading import Field, Node, flow_schema, random_code2wav
+from gpu_worker.flow_yaml import Field, Node, flow_schema
+from gpu_worker.loading import random_code2wav
 from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import FlowArgs, ModelArgs
 

@@ -2,36 +2,28 @@
 
 `add(job)` and `abort(job_id)` may be called from any thread; `step()` is called by the one thread that
 owns the device and does, in order:
-1. pump: apply aborts, admit new jobs, resolve each waiting job's voice (`gpu_worker.resolver`:
-   installed -> pin; features in the store -> install; not ready -> keep waiting up to `prep_wait_ms`
-   while other rows decode, then prepare inline: the host half in `prep_pool` if one is given, so other
-   rows still decode, then the install here). With an `install_lane` (a CPU worker's side thread) every
-   install, and an inline preparation's host half before it, runs in the lane while other rows decode;
-   the job starts at the first pump after it is done. With `install_batch` > 1 the voices whose stored
-   features this pump found are installed together at its end, up to that many per setup solve. A job
-   whose voice is ready gets its stream;
-2. schedule: the scheduler picks up to `micro_batch_size` rows (one chunk per stream). An idle engine
-   (no stream past its first chunk) first gathers: with `admission_window_ms` > 0 it waits, while the
-   batch is not full, until no job has arrived for half the window or the window since the first
-   ready job has passed, so that a burst of jobs submitted one by one starts in one step instead of the
-   first starting alone and every later step mixing chunk offsets;
+1. pump: apply aborts, admit new jobs, and let the resolver (`gpu_worker.resolver`) make each waiting
+   job's voice ready: installed, installed from the feature store, or prepared inline once the prep wait
+   ran out (in a pool or the CPU install lane, so other rows keep decoding). A job whose voice is ready
+   gets its stream;
+2. schedule: the scheduler (`gpu_worker.scheduler`) picks up to `micro_batch_size` rows, one chunk per
+   stream. An idle engine first gathers a burst of arrivals for up to `admission_window_ms`, so jobs
+   submitted one by one start in one step;
 3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
-4. finish: release finished, failed and aborted jobs (unpin, forget), reclaim abandoned installs and
-   evict least-recently-used unpinned voices over capacity.
+4. finish: release finished, failed and aborted jobs, reclaim abandoned installs, evict least-recently-used
+   unpinned voices over capacity.
 
-Every way a job's voice became ready is counted (`PREP_PATHS`) and recorded on the job. A failure in one
-job (bad features, a decode error confined to its row) fails that job with an `EngineFailure`; the engine
-goes on. Transport (Celery, Redis, the database) stays outside: features come through `FeatureSource`,
-inline preparation through `InlinePreparer`, and results leave as events.
+Every way a job's voice became ready is counted (`PREP_PATHS`). A failure in one job fails that job with
+an `EngineFailure`; the engine goes on. Transport (Celery, Redis, the database) stays outside: features
+come through `FeatureSource`, inline preparation through `InlinePreparer`, results leave as events.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -40,9 +32,10 @@ from typing import Any, Protocol
 import torch
 
 from app.errors import EngineFailure
+from gpu_worker.inbox import Inbox
 from gpu_worker.model.config import SAMPLE_RATE
 from gpu_worker.resolver import PREP_PATHS, Fail, FeatureSource, InlinePreparer, Outcome, Start, VoiceResolver
-from gpu_worker.scheduler import Scheduler, StreamView
+from gpu_worker.scheduler import Scheduler, StreamView, gather_until
 from gpu_worker.streams import (
     Aborted,
     Audio,
@@ -117,36 +110,22 @@ class Engine:
         self.counters: Counter[str] = Counter(dict.fromkeys(PREP_PATHS, 0))
         self.stats: Counter[str] = Counter()  # steps, batches, rows, mel frames; jobs finished/failed/aborted
         self._live: dict[str, _Live] = {}
-        self._inbox: deque[tuple[EngineJob, torch.Tensor]] = deque()  # with its checked tokens
-        self._aborts: set[str] = set()
-        self._known: set[str] = set()  # queued or live job ids (guarded by _cond)
-        self._cond = threading.Condition()
+        self._inbox = Inbox()
         self._arrivals = itertools.count()
 
     # -- called from any thread ----------------------------------------------------------------------
     def add(self, job: EngineJob) -> None:
         """Queue a job for admission at the next step; BadTokens at once if its tokens are unusable."""
-        tokens = validate_tokens(job.tokens)
-        with self._cond:
-            if job.job_id in self._known:
-                raise ValueError(f"job {job.job_id} is already in the engine")
-            self._known.add(job.job_id)
-            self._inbox.append((job, tokens))
-            self._cond.notify_all()
+        self._inbox.add(job, validate_tokens(job.tokens))
 
     def abort(self, job_id: str) -> None:
         """Drop a job at the next step (frees its slot and its voice pin); unknown ids are ignored."""
-        with self._cond:
-            if job_id in self._known:
-                self._aborts.add(job_id)
-                self._cond.notify_all()
+        self._inbox.abort(job_id)
 
     def wait_for_work(self, timeout: float | None = None) -> bool:
         """Block until a job or an abort is queued, a job is live or a preparation is in the pool."""
-        with self._cond:
-            # resolver.preparing: a preparation whose jobs went away is still collected once it settles
-            return self._cond.wait_for(
-                lambda: bool(self._inbox or self._aborts or self._live or self.resolver.preparing), timeout)
+        # resolver.preparing: a preparation whose jobs went away is still collected once it settles
+        return self._inbox.wait(lambda: bool(self._live or self.resolver.preparing), timeout)
 
     def live_jobs(self) -> list[str]:
         return list(self._live)
@@ -184,11 +163,7 @@ class Engine:
 
     # 1. pump -----------------------------------------------------------------------------------------
     def _pump(self, events: list[EngineEvent]) -> None:
-        with self._cond:
-            admitted = list(self._inbox)
-            self._inbox.clear()
-            aborts = set(self._aborts)
-            self._aborts.clear()
+        admitted, aborts = self._inbox.drain()
         now = self.clock()
         for job, tokens in admitted:
             self._live[job.job_id] = _Live(job=job, tokens=tokens, chunks=plan_chunks(tokens.numel()),
@@ -247,17 +222,13 @@ class Engine:
 
     # 2. schedule -------------------------------------------------------------------------------------
     def _gather_until(self) -> float | None:
-        """When an idle engine's first step may start (module docstring, step 2); None: now."""
-        if self.admission_window_s <= 0:
-            return None
+        """When an idle engine's first step may start (`scheduler.gather_until`); None: now."""
         live = [lv for lv in self._live.values() if lv.outcome is None]
         ready = [lv for lv in live if lv.stream is not None]
-        if (not ready or len(ready) >= self.scheduler.micro_batch_size
-                or any(lv.next_chunk > 0 for lv in ready)):
-            return None
-        until = min(min(lv.admitted for lv in ready) + self.admission_window_s,
-                    max(lv.admitted for lv in live) + self.admission_window_s / 2)
-        return until if self.clock() < until else None
+        return gather_until(
+            window_s=self.admission_window_s, micro_batch_size=self.scheduler.micro_batch_size,
+            ready=[lv.admitted for lv in ready], arrived=[lv.admitted for lv in live],
+            started=any(lv.next_chunk > 0 for lv in ready), now=self.clock())
 
     def _views(self) -> list[StreamView]:
         return [StreamView(job_id=lv.job.job_id, voice_id=lv.job.voice_id,
@@ -328,9 +299,7 @@ class Engine:
                     self.voices.reclaim_if_unused(live.job.voice_id)
             if live.outcome == "aborted":
                 self.stats["aborted"] += 1
-        if done:
-            with self._cond:
-                self._known.difference_update(lv.job.job_id for lv in done)
+        self._inbox.forget(lv.job.job_id for lv in done)
         for voice_id in self.voices.collect():
             self.stats["evictions"] += 1
             events.append(VoiceEvicted(voice_id=voice_id))

@@ -11,7 +11,11 @@ The policy:
 3. within a priority, round robin: every stream holds a ticket; it gets one when first seen (in arrival
    order) and a fresh one each time it is served, and the lowest tickets go first. A new job therefore
    queues behind streams that have waited longer, and a stream that is not ready keeps its place;
-4. first chunks go beside continuing ones in the same step (no separate prefill phase).
+4. first chunks go beside continuing ones in the same step (no separate prefill phase);
+5. an idle engine (no stream past its first chunk) with a batch that is not full may gather before its
+   first step (`gather_until`): until no job has arrived for half the admission window, or the window
+   since the first ready job has passed, so that a burst of jobs submitted one by one starts in one step
+   instead of the first starting alone and every later step mixing chunk offsets.
 """
 
 from __future__ import annotations
@@ -31,6 +35,17 @@ class StreamView:
     chunk_index: int  # the chunk the next row would decode (0 = the stream's first)
     priority: int = 0  # larger goes first
     arrival: float = 0.0  # admission time or sequence number; orders streams first seen together
+
+
+def gather_until(*, window_s: float, micro_batch_size: int, ready: Sequence[float],
+                 arrived: Sequence[float], started: bool, now: float) -> float | None:
+    """When an idle engine's first step may start, or None for now (policy 5). `ready` and `arrived` are
+    the admission times of the ready streams and of every live one; `started`: a stream is past its
+    first chunk."""
+    if window_s <= 0 or not ready or len(ready) >= micro_batch_size or started:
+        return None
+    until = min(min(ready) + window_s, max(arrived) + window_s / 2)
+    return until if now < until else None
 
 
 class Scheduler:

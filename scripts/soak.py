@@ -109,7 +109,7 @@ class Stack:
                     "-c", str(self.settings.worker_slots)]
         else:
             argv = ["-A", "tasks.celery_app", "worker", "-Q", self.settings.queue_cpu, "-P", "solo"]
-        log = open(self.work / f"{kind}{self.starts[kind]}.log", "wb")  # noqa: SIM115 - lives with the process
+        log = open(self.work / f"{kind}{self.starts[kind]}.log", "wb")  # open while the process lives
         proc = subprocess.Popen([sys.executable, "-m", "celery", *argv, "-n", name, "-l", "INFO",
                                  "--without-gossip", "--without-mingle", "--without-heartbeat"],
                                 cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT)

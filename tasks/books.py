@@ -31,8 +31,7 @@ from celery.canvas import Signature
 from sqlalchemy.orm import Session
 
 from app import wire
-from app.books import files, service, status
-from app.books.output import assemble_book, render_chapter
+from app.books import files, render, service, status
 from app.books.plan import BookPlan, PlanSegment
 from app.books.tokens import BookContext, source_for
 from app.db import queries
@@ -190,59 +189,21 @@ def _progress(res: Resources, book_id: str) -> dict[str, Any]:
 
 
 def check_chapter(book_id: str, index: int, res: Resources) -> str:
-    """'waiting' (segments still rendering), 'failed', 'stopped' (book not live) or 'assembled'."""
-    with session_scope(res.sessions) as session:
-        book = queries.require_book(session=session, book_id=book_id)
-        if book.status not in LIVE_BOOK_STATUSES:
-            return "stopped"
-        states = queries.book_segment_states(session=session, book_id=book_id, chapter=index)
-        failed = [s for s in states if not s.done and not s.live and (s.job_id or s.error)]
-        if failed:
-            bad = failed[0]
-            reason = f"chapter {index + 1}: segment {bad.key[:12]} failed: {bad.error or bad.job_status}"
-            queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=reason)
-            log.error("book %s: %s", book_id, reason)
-            return "failed"
-        if not all(s.done for s in states):
-            return "waiting"
-        audio = {s.key: res.artifacts.path(s.output_path or "") for s in states}
-        fmt, lufs = book.output_format, book.target_lufs
-    chapter = files.load_plan(res.artifacts, book_id).chapters[index]
-    done = render_chapter(chapter, audio, files.output_dir(res.artifacts, book_id), fmt=fmt,
-                          target_lufs=lufs)  # book.assemble reuses the file
-    with session_scope(res.sessions) as session:
-        queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration)
-        chapters = queries.list_chapters(session=session, book_id=book_id)
-        last = all(c.assembled_at is not None for c in chapters) and queries.set_book_status(
-            session=session, book_id=book_id, status=BookStatus.ASSEMBLING,
-            only_from=(BookStatus.RENDERING,))
+    """'waiting' (segments still rendering), 'failed', 'stopped' (book not live) or 'assembled'; after the
+    book's last chapter, book.assemble is sent, else the window of chapters moves on."""
+    outcome, last = render.settle_chapter(sessions=res.sessions, artifacts=res.artifacts, book_id=book_id,
+                                          index=index)
     if last:
         _sig(wire.BOOK_ASSEMBLE_TASK, book_id, queue=res.settings.queue_cpu).apply_async()
-    else:
-        schedule(book_id, res)  # the window moved on
-    return "assembled"
+    elif outcome == "assembled":
+        schedule(book_id, res)
+    return outcome
 
 
 # book.assemble -----------------------------------------------------------------------------------
 
 def assemble(book_id: str, res: Resources) -> str:
-    with session_scope(res.sessions) as session:
-        book = queries.require_book(session=session, book_id=book_id)
-        if book.status != BookStatus.ASSEMBLING:
-            return str(book.status)
-        audio = {s.key: res.artifacts.path(s.output_path or "")
-                 for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
-        fmt, lufs, m4b = book.output_format, book.target_lufs, book.m4b
-    cover, cover_type = files.load_cover(res.artifacts, book_id)
-    out = files.output_dir(res.artifacts, book_id)
-    result = assemble_book(files.load_plan(res.artifacts, book_id), audio, out, fmt=fmt, target_lufs=lufs,
-                           m4b=m4b, cover=cover, cover_type=cover_type)
-    with session_scope(res.sessions) as session:
-        queries.set_book_status(session=session, book_id=book_id, status=BookStatus.SUCCEEDED,
-                                only_from=(BookStatus.ASSEMBLING,))
-    log.info("book %s assembled: %d chapters, %.1f s", book_id, len(result.chapters),
-             sum(c.duration for c in result.chapters))
-    return "succeeded"
+    return render.assemble(sessions=res.sessions, artifacts=res.artifacts, book_id=book_id)
 
 
 def _fail_book(book_id: str, res: Resources, error: str) -> None:

@@ -40,7 +40,7 @@ def test_every_cli_command_in_the_readme_exists():
     from app.cli import build_parser
 
     parser = build_parser()
-    subcommands = set(parser._subparsers._group_actions[0].choices)  # noqa: SLF001
+    subcommands = set(parser._subparsers._group_actions[0].choices)
     used = set(re.findall(r"^\./run ([a-z-]+)", README, re.M))
     used |= set(re.findall(r"\| +\./run ([a-z-]+)", README))
     assert used - {"test", "demo"} <= subcommands, used - subcommands

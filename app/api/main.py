@@ -85,25 +85,27 @@ def app_from_environment() -> FastAPI:
     return create_app(get_settings())
 
 
+# Refusals the services raise: (status, the Problem's error name; None: the class's own name).
+REFUSALS: tuple[tuple[type[Exception], int, str | None], ...] = (
+    (BadInput, 422, None), (Gone, 410, "Gone"), (NotFound, 404, "NotFound"), (Conflict, 409, "Conflict"))
+HTTP_NAMES = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict", 410: "Gone",
+              413: "TooLarge", 415: "UnsupportedMediaType"}
+
+
+def _respond(status: int, error: str, reason: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(status_code=status, content={**problem(error, reason), **extra})
+
+
+def _refusal(status: int, name: str | None) -> Any:
+    async def handler(_: Request, exc: Exception) -> JSONResponse:
+        return _respond(status, name or type(exc).__name__, str(exc))
+
+    return handler
+
+
 def _install_error_handlers(app: FastAPI) -> None:
-    def respond(status: int, error: str, reason: str, **extra: Any) -> JSONResponse:
-        return JSONResponse(status_code=status, content={**problem(error, reason), **extra})
-
-    @app.exception_handler(BadInput)
-    async def bad_input(_: Request, exc: BadInput) -> JSONResponse:
-        return respond(422, type(exc).__name__, str(exc))
-
-    @app.exception_handler(NotFound)
-    async def not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return respond(404, "NotFound", str(exc))
-
-    @app.exception_handler(Gone)
-    async def gone(_: Request, exc: Gone) -> JSONResponse:
-        return respond(410, "Gone", str(exc))
-
-    @app.exception_handler(Conflict)
-    async def conflict(_: Request, exc: Conflict) -> JSONResponse:
-        return respond(409, "Conflict", str(exc))
+    for kind, status, name in REFUSALS:  # FastAPI picks the most specific class: Gone before NotFound
+        app.add_exception_handler(kind, _refusal(status, name))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -111,22 +113,21 @@ def _install_error_handlers(app: FastAPI) -> None:
         errors = jsonable_encoder([{k: v for k, v in e.items() if k in ("type", "loc", "msg")}
                                    for e in exc.errors()])
         reason = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in errors)
-        return respond(422, "ValidationError", reason or "invalid request", detail=errors)
+        return _respond(422, "ValidationError", reason or "invalid request", detail=errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        names = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
-                 410: "Gone", 413: "TooLarge", 415: "UnsupportedMediaType"}
         return JSONResponse(status_code=exc.status_code, headers=exc.headers,
-                            content=problem(names.get(exc.status_code, "HTTPError"), str(exc.detail)))
+                            content=problem(HTTP_NAMES.get(exc.status_code, "HTTPError"), str(exc.detail)))
+
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s: dependency unavailable: %s", request.method, request.url.path, exc)
+        return _respond(503, "Unavailable", f"a backing service is unavailable ({type(exc).__name__})")
 
     for kind in UNAVAILABLE:
-        @app.exception_handler(kind)
-        async def unavailable(request: Request, exc: Exception) -> JSONResponse:
-            log.error("%s %s: dependency unavailable: %s", request.method, request.url.path, exc)
-            return respond(503, "Unavailable", f"a backing service is unavailable ({type(exc).__name__})")
+        app.add_exception_handler(kind, unavailable)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s: unhandled error", request.method, request.url.path)
-        return respond(500, "InternalError", "internal error; the server log has the details")
+        return _respond(500, "InternalError", "internal error; the server log has the details")

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
 from app.api.deps import ApiContext, Ctx, authorize
-from app.api.routes_voices import read_upload
+from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import BookOut, BookRequest, Problem
 from app.books import service, status
 from app.books.source import DEFAULT_LIMITS
@@ -83,36 +83,18 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     reference = form.get("reference")
     if reference is not None and not isinstance(reference, UploadFile):
         raise BadInput("reference must be an uploaded file")
-    text = {name: _text(form.get(name), name) for name in
+    text = {name: text_field(form.get(name), name) for name in
             ("voice_id", "book_format", "output_format", "title", "author", "language", "m4b")}
     options = service.BookOptions(output_format=text["output_format"] or "flac",
                           m4b=(text["m4b"] or "true").lower() not in ("false", "0", "no"),
-                          target_lufs=_number(form.get("target_lufs"), "target_lufs", float),
-                          seed=_number(form.get("seed"), "seed", int) or 0,
-                          priority=_number(form.get("priority"), "priority", int) or 0)
+                          target_lufs=number_field(form.get("target_lufs"), "target_lufs", float),
+                          seed=number_field(form.get("seed"), "seed", int) or 0,
+                          priority=number_field(form.get("priority"), "priority", int) or 0)
     return {"data": data, "filename": book.filename, "book_format": text["book_format"],
             "voice_id": text["voice_id"], "title": text["title"], "author": text["author"],
             "language": text["language"], "options": options,
             "reference_bytes": (await read_upload(reference, ctx.settings.max_reference_bytes,
                                                   "reference audio")) if reference else None}
-
-
-def _text(value: Any, name: str) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise BadInput(f"{name} must be a text field")
-    return value
-
-
-def _number(value: Any, name: str, kind: type) -> Any:
-    text = _text(value, name)
-    if text is None:
-        return None
-    try:
-        return kind(text)
-    except ValueError as exc:
-        raise BadInput(f"{name} must be a number, not {text!r}") from exc
 
 
 @router.post("", status_code=202, response_model=BookOut,

@@ -17,7 +17,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from app import jobs, wire
 from app.api.deps import ApiContext, Ctx, authorize
-from app.api.routes_voices import read_upload
+from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import JobOut, JobRequest, Problem, parse_tokens
 from app.db import queries
 from app.db.models import JobStatus
@@ -75,7 +75,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     unknown = set(form.keys()) - set(FORM_FIELDS)
     if unknown:
         raise BadInput(f"unknown form fields: {sorted(unknown)}")
-    fields: dict[str, Any] = {"voice_id": _text(form.get("voice_id"), "voice_id")}
+    fields: dict[str, Any] = {"voice_id": text_field(form.get("voice_id"), "voice_id")}
     reference = form.get("reference")
     if reference is not None and not isinstance(reference, UploadFile):
         raise BadInput("reference must be an uploaded file")
@@ -88,29 +88,11 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     if len(raw) > _tokens_limit(ctx):
         raise BadTokens("tokens file is larger than the token limit allows")
     fields["tokens"] = parse_tokens(raw)
-    fields["seed"] = _integer(form.get("seed"), "seed")
-    fields["priority"] = _integer(form.get("priority"), "priority") or 0
-    fields["output_format"] = _text(form.get("output_format"), "output_format") or "wav"
-    fields["idempotency_key"] = _text(form.get("idempotency_key"), "idempotency_key")
+    fields["seed"] = number_field(form.get("seed"), "seed")
+    fields["priority"] = number_field(form.get("priority"), "priority") or 0
+    fields["output_format"] = text_field(form.get("output_format"), "output_format") or "wav"
+    fields["idempotency_key"] = text_field(form.get("idempotency_key"), "idempotency_key")
     return fields
-
-
-def _text(value: Any, name: str) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise BadInput(f"{name} must be a text field")
-    return value
-
-
-def _integer(value: Any, name: str) -> int | None:
-    text = _text(value, name)
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError as exc:
-        raise BadInput(f"{name} must be an integer, not {text!r}") from exc
 
 
 def _submit(ctx: ApiContext, fields: dict[str, Any]) -> JobOut:

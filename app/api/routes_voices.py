@@ -8,24 +8,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Query, Response, UploadFile
 from fastapi.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile as StarletteUpload
 
 from app import voices
 from app.api.deps import ApiContext, Ctx, authorize
+from app.api.forms import read_upload
 from app.api.schemas import Problem, VoiceOut
 from app.db import queries
-from app.errors import BadAudio
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}, 422: {"model": Problem}})
-
-
-async def read_upload(upload: StarletteUpload, limit: int, what: str) -> bytes:
-    """The upload's bytes, refusing more than `limit` without reading them all into memory."""
-    data = await upload.read(limit + 1)
-    if len(data) > limit:
-        raise BadAudio(f"{what} is larger than the {limit} byte limit")
-    return data
 
 
 def _register(ctx: ApiContext, data: bytes) -> tuple[VoiceOut, bool]:

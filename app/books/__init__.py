@@ -15,6 +15,7 @@
       output       `assemble_book`: all of it in one folder, reusing chapters whose inputs are unchanged
     files        a book's files under the artifact root (plan, meta, cover, outputs)
     service      submit, cancel, segment jobs: what the API, the CLI and `tasks.books` call
+    render       a chapter's file once its segments are done, and the whole book's at the end
     status       progress per book and chapter, from the database
 
 Languages: English text is normalised (numbers, ordinals, years, decimals, currency, common

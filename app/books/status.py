@@ -18,7 +18,7 @@ from app.books.files import chapter_file_name, is_output, list_outputs, output_d
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, utcnow
 from app.errors import NotFound
-from app.keys import check_job_id
+from app.keys import check_job_id, known_id
 from app.speech import TOKEN_RATE
 
 
@@ -48,11 +48,7 @@ class BookStatusView:
 
 def require_book(*, session: Session, book_id: str) -> Book:
     """The book with this id; NotFound for an unknown or malformed one (book ids are job-shaped UUIDs)."""
-    try:
-        check_job_id(book_id)
-    except ValueError as exc:
-        raise NotFound(f"no book {book_id}") from exc
-    return queries.require_book(session=session, book_id=book_id)
+    return queries.require_book(session=session, book_id=known_id(book_id, check_job_id, "book"))
 
 
 def _rate(book: Book, audio_seconds: float, now: datetime) -> float | None:

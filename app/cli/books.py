@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.cli.common import add_client_options, client, voice_argument
+from app.cli.common import add_client_options, client, finished_well, voice_argument
 from app.errors import BadInput
 
 
@@ -65,8 +65,7 @@ def cmd_book_render(args: argparse.Namespace) -> int:
     if not (args.wait or args.out):
         return 0
     book = follow_book(api, book["id"])
-    print(f"book {book['id']}: {book['status']}" + (f" ({book['error']})" if book.get("error") else ""))
-    if book["status"] != "succeeded":
+    if not finished_well("book", book):
         return 1
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -45,5 +45,12 @@ def voice_argument(value: str) -> str | bytes:
     return value
 
 
+def finished_well(kind: str, state: dict[str, Any]) -> bool:
+    """Print how a followed job or book ended ("job <id>: failed (why)"); True if it succeeded."""
+    error = f" ({state['error']})" if state.get("error") else ""
+    print(f"{kind} {state['id']}: {state['status']}{error}")
+    return state["status"] == "succeeded"
+
+
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=True, default=str))

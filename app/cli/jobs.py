@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from app.cli.common import add_client_options, client, print_json, voice_argument
+from app.cli.common import add_client_options, client, finished_well, print_json, voice_argument
 
 
 def add_commands(sub: Any) -> None:
@@ -52,8 +52,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not (args.wait or args.output):
         return 0
     job = follow(api, job["id"])
-    print(f"job {job['id']}: {job['status']}" + (f" ({job['error']})" if job.get("error") else ""))
-    if job["status"] != "succeeded":
+    if not finished_well("job", job):
         return 1
     if args.output:
         args.output.write_bytes(api.audio(job["id"]))

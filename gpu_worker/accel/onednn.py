@@ -1,7 +1,7 @@
 """The DiT's float32 linears on a CPU through oneDNN instead of the BLAS.
 
 PyTorch sends a float32 `F.linear` on a CPU to its BLAS (MKL in the PyPI wheels); bf16 already goes to
-oneDNN. Where measured, oneDNN ran the DiT's shapes about twice as fast as MKL's sgemm in the same process
+oneDNN. On the CPUs measured oneDNN ran the DiT's shapes faster than MKL's sgemm in the same process
 (docs/PERFORMANCE.md; `python -m gpu_worker.bench.speedups` measures both), and the DiT's linears are most
 of a decode step's FLOPs. So `use_cpu_linear(model, "onednn")` re-dispatches them to
 `torch.ops.mkldnn._linear_pointwise` (the kernel TorchInductor's CPU backend emits): still IEEE float32

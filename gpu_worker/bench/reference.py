@@ -40,8 +40,8 @@ from gpu_worker.model.config import (
     LOOKAHEAD_TOKENS,
     SAMPLES_PER_MEL,
     SILENCE_TOKEN,
+    FlowArgs,
     HiftArgs,
-    ModelArgs,
 )
 from gpu_worker.prompt import fit_prompt_mel, seeded_noise
 
@@ -60,13 +60,15 @@ class Reference:
     dtype: torch.dtype = torch.float32  # the flow's
 
 
-def _fit_buffers(flow: Any, args: ModelArgs) -> None:
-    d = args.flow.dit
+def fit_buffers(flow: Any, args: FlowArgs, *, steps: int = REF_STEPS, frames: int = REF_FRAMES) -> None:
+    """Size a reference flow's working buffers (built on meta) to `args`' model: `steps` Euler steps of
+    `frames` cached frames (the reference hard-codes the full model's)."""
+    d = args.dit
     cnn = (d.depth, 2, 2 * d.hidden_size, 2)
-    att = (d.depth, 2, d.num_heads, REF_FRAMES, 2 * d.head_dim)
+    att = (d.depth, 2, d.num_heads, frames, 2 * d.head_dim)
     cfm, estimator = flow.decoder, flow.decoder.estimator
-    cfm.cnn_cache_buffer = torch.zeros(REF_STEPS, *cnn, device="meta")
-    cfm.att_cache_buffer = torch.zeros(REF_STEPS, *att, device="meta")
+    cfm.cnn_cache_buffer = torch.zeros(steps, *cnn, device="meta")
+    cfm.att_cache_buffer = torch.zeros(steps, *att, device="meta")
     estimator.cnn_cache_buffer = torch.zeros(cnn, device="meta")
     estimator.att_cache_buffer = torch.zeros(att, device="meta")
 
@@ -77,7 +79,7 @@ def _build_flow(setup: BenchSetup, dtype: torch.dtype) -> Any:
     token2wav._setup_cosyvoice2_alias()
     with open(setup.folder / FLOW_YAML, encoding="utf-8") as f, torch.device("meta"):
         flow = token2wav.load_hyperpyyaml(f)["flow"]
-    _fit_buffers(flow, setup.args)
+    fit_buffers(flow, setup.args.flow)
     flow.to_empty(device=setup.device)
     state = torch.load(setup.folder / FLOW_PT, map_location="cpu", weights_only=True)
     flow.load_state_dict(state, strict=True)

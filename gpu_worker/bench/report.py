@@ -150,6 +150,21 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     tmp.replace(path)
 
 
+def _decorate(axes: Any, ref: float | None, ceiling: float | None, dtype: str, formatter: Any) -> None:
+    """The reference's and the limit's lines on the two throughput panels; log2 C axes, grid, legends."""
+    for ax in axes[:2]:
+        if ref:
+            ax.axhline(ref, color="grey", linestyle="--", label=f"reference batch 1 ({ref:.0f})")
+        if ceiling:
+            ax.axhline(ceiling, color="red", linestyle=":", label=f"limit {dtype} ({ceiling:.0f})")
+        ax.set_ylim(bottom=0)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(formatter)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+
+
 def plot(report: dict[str, Any], directory: str | Path) -> list[str]:
     """One PNG with three panels: decoder frames/s by batch, engine frames/s and first-audio p95 by C."""
     try:
@@ -178,17 +193,7 @@ def plot(report: dict[str, Any], directory: str | Path) -> list[str]:
             axes[2].plot(xs, [r["first_audio_s"]["p95"] for r in runs], "o-", label=f"{key}: {title}")
     axes[1].set(title="Engine: mel frames/s served", xlabel="concurrent streams C", ylabel="mel frames/s")
     axes[2].set(title="Engine: first-audio latency p95", xlabel="concurrent streams C", ylabel="seconds")
-    for ax in axes[:2]:
-        if ref:
-            ax.axhline(ref, color="grey", linestyle="--", label=f"reference batch 1 ({ref:.0f})")
-        if ceiling:
-            ax.axhline(ceiling, color="red", linestyle=":", label=f"limit {c['dtype']} ({ceiling:.0f})")
-        ax.set_ylim(bottom=0)
-    for ax in axes:
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _decorate(axes, ref, ceiling, c["dtype"], matplotlib.ticker.FormatStrFormatter("%g"))
     m = report["machine"]
     fig.suptitle(f"wavefarm bench: {c['preset']} preset, {m['device']} {c['dtype']}, {m['cpu_model']}, "
                  f"{m['torch_threads']} threads, git {str(report['git'].get('revision'))[:10]}", fontsize=9)

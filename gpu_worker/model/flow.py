@@ -25,13 +25,10 @@ so a row's mel does not depend on the other rows (up to float rounding, about 1e
 row is its own buffer sliced at [offset, offset + T'), offset = its estimator attention cache length
 before the chunk. Call everything under `torch.inference_mode()`.
 
-The estimator attention cache (about 0.5 GB fp32 per stream at full size) is never copied whole: a
-stream's cache refers to its voice's setup cache (shared, read-only, never written) and owns a slot
-buffer for its generated frames, which a solve writes in place into slots free in the cache it starts
-from; trimming is bookkeeping (`kvcache.py`). So a voice's setup cache is shared by all its streams, a
-failed step can be retried from the caches it started from, and a stream must continue from its latest
-cache (an older one, or a fork, is refused once its slots were reused). `FlowCache.reference_estimator_att()`
-gives the reference's tensor (tests, export).
+The estimator attention cache is never copied whole: a stream's cache refers to its voice's setup cache
+(shared, read-only) and owns a slot buffer for its generated frames; trimming is bookkeeping
+(`kvcache.py`, which says why a failed step can be retried and a stale cache is refused).
+`FlowCache.reference_estimator_att()` gives the reference's tensor (tests, export).
 
 FlowCache layouts (H heads, steps N, L cached frames):
     conformer_cnn [1, C_enc, 6], conformer_att [blocks + up_blocks, 1, H, 2 L1, 2 d_k]   (encoder.py)

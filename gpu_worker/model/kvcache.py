@@ -46,11 +46,10 @@ _versions = itertools.count(1)
 class Workspace:
     """Memory for `BatchKV`'s one-step buffer, reused by every solve of one caller.
 
-    The buffer of a full-size 8-row step is about 0.47 GB in fp32. A new one per step is, on a CPU, fresh
-    pages from the kernel (glibc serves blocks over 32 MB with mmap and returns them on free): their page
-    faults and zero-fill took 0.5-0.8 s of a 8-16 s step (docs/PERFORMANCE.md, run 3). It grows to the
-    largest step seen and is never shrunk. One caller at a time: a solve on another CUDA stream (a
-    side-stream install) must not share it.
+    A new buffer per step is, on a CPU, fresh pages from the kernel (glibc serves blocks over 32 MB with
+    mmap and returns them on free), whose page faults and zero-fill cost a measurable part of a step
+    (docs/PERFORMANCE.md). It grows to the largest step seen and is never shrunk. One caller at a time: a
+    solve on another CUDA stream (a side-stream install) must not share it.
     """
 
     def __init__(self) -> None:

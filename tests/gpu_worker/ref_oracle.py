@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from gpu_worker.bench.reference import fit_buffers
 from gpu_worker.model.config import (
     ATT_CACHE_TAIL,
     CHUNK_TOKENS,
@@ -74,22 +75,11 @@ def random_state_dict(module: nn.Module, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _fit_buffers(flow: nn.Module, args: FlowArgs, cache_frames: int) -> None:
-    dit, steps = args.dit, args.n_timesteps
-    cnn = (dit.depth, 2, 2 * dit.hidden_size, 2)
-    att = (dit.depth, 2, dit.num_heads, cache_frames, 2 * dit.head_dim)
-    cfm, estimator = flow.decoder, flow.decoder.estimator
-    cfm.cnn_cache_buffer = torch.zeros(steps, *cnn, device="meta")
-    cfm.att_cache_buffer = torch.zeros(steps, *att, device="meta")
-    estimator.cnn_cache_buffer = torch.zeros(cnn, device="meta")
-    estimator.att_cache_buffer = torch.zeros(att, device="meta")
-
-
 def reference_flow(args: FlowArgs, weights: dict[str, torch.Tensor], noise: torch.Tensor,
                    cache_frames: int = 1000) -> nn.Module:
     """A CPU reference flow in eval mode with `weights` and `noise` [1, 80, N] as its noise buffer."""
     flow = reference_on_meta(args)
-    _fit_buffers(flow, args, cache_frames)
+    fit_buffers(flow, args, steps=args.n_timesteps, frames=cache_frames)
     flow.to_empty(device="cpu")
     flow.load_state_dict(weights, strict=True)
     for name, buf in flow.named_buffers():

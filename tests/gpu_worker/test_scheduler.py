@@ -132,3 +132,20 @@ def test_picks_are_ready_work_conserving_and_priority_ordered(specs, batch: int)
         if picked:
             left = [s for s in ready if s not in picked]
             assert all(s.priority <= min(p.priority for p in picked) for s in left)
+
+
+def test_an_idle_engine_gathers_half_a_window_after_the_last_arrival_at_most_a_window() -> None:
+    from gpu_worker.scheduler import gather_until
+
+    def until(**kw):
+        base = {"window_s": 0.5, "micro_batch_size": 8, "ready": [10.0], "arrived": [10.0], "started": False,
+                "now": 10.1}
+        return gather_until(**{**base, **kw})
+
+    assert until() == 10.25  # half a window after the only arrival
+    assert until(ready=[10.0, 10.2], arrived=[10.0, 10.2, 10.4], now=10.45) == 10.5  # the window has the say
+    assert until(now=10.3) is None  # its time has come
+    assert until(window_s=0) is None  # no window: start at once
+    assert until(ready=[10.0] * 8, arrived=[10.0] * 8) is None  # a full batch does not wait
+    assert until(started=True) is None  # a busy engine does not wait
+    assert until(ready=[]) is None  # nothing to start

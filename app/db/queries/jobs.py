@@ -19,6 +19,7 @@ from app.db.models import (
 )
 from app.db.queries._common import _clip, _insert, _rowcount
 from app.errors import NotFound
+from app.speech import MEL_PER_TOKEN
 
 
 def get_job(*, session: Session, job_id: str) -> Job | None:
@@ -55,22 +56,10 @@ def create_job(
     Returns (job, created)."""
     now = utcnow()
     stmt = _insert(session, Job).values(
-        id=job_id,
-        voice_id=voice_id,
-        status=JobStatus.QUEUED,
-        kind=kind,
-        tokens=list(tokens) if tokens is not None else None,
-        tokens_path=tokens_path,
-        n_tokens=n_tokens,
-        seed=seed,
-        output_format=output_format,
-        priority=priority,
-        idempotency_key=idempotency_key,
-        frames_done=0,
-        frames_total=2 * n_tokens,
-        submitted_at=now,
-        attempts=0,
-        updated_at=now,
+        id=job_id, voice_id=voice_id, status=JobStatus.QUEUED, kind=kind,
+        tokens=list(tokens) if tokens is not None else None, tokens_path=tokens_path, n_tokens=n_tokens,
+        seed=seed, output_format=output_format, priority=priority, idempotency_key=idempotency_key,
+        frames_done=0, frames_total=MEL_PER_TOKEN * n_tokens, submitted_at=now, attempts=0, updated_at=now,
     )
     if idempotency_key is not None:
         stmt = stmt.on_conflict_do_nothing(index_elements=["idempotency_key"])

@@ -1,0 +1,75 @@
+"""The work of a book's last two steps, from the database and the book's files; the `book.chapter` and
+`book.assemble` tasks (`tasks.books`) adapt it.
+
+    settle_chapter(...) -> (outcome, last)  'waiting' while segments render, 'failed' (the book fails with
+                                            the segment's reason), 'stopped' (the book is no longer live)
+                                            or 'assembled' (the chapter file is written); `last`: it was
+                                            the book's last chapter and the book is now assembling
+    assemble(...)       -> the book's status: every chapter file (reused), the M4B and the index, then
+                           succeeded
+
+Both look at the database, not at what triggered them, so an early, late or repeated call is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.artifacts import ArtifactStore
+from app.books import files
+from app.books.output import assemble_book, render_chapter
+from app.db import queries
+from app.db.models import LIVE_BOOK_STATUSES, BookStatus
+from app.db.session import session_scope
+
+log = logging.getLogger(__name__)
+
+
+def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_id: str,
+                   index: int) -> tuple[str, bool]:
+    with session_scope(sessions) as session:
+        book = queries.require_book(session=session, book_id=book_id)
+        if book.status not in LIVE_BOOK_STATUSES:
+            return "stopped", False
+        states = queries.book_segment_states(session=session, book_id=book_id, chapter=index)
+        failed = [s for s in states if not s.done and not s.live and (s.job_id or s.error)]
+        if failed:
+            bad = failed[0]
+            reason = f"chapter {index + 1}: segment {bad.key[:12]} failed: {bad.error or bad.job_status}"
+            queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=reason)
+            log.error("book %s: %s", book_id, reason)
+            return "failed", False
+        if not all(s.done for s in states):
+            return "waiting", False
+        audio = {s.key: artifacts.path(s.output_path or "") for s in states}
+        fmt, lufs = book.output_format, book.target_lufs
+    chapter = files.load_plan(artifacts, book_id).chapters[index]
+    done = render_chapter(chapter, audio, files.output_dir(artifacts, book_id), fmt=fmt,
+                          target_lufs=lufs)  # assemble() reuses the file
+    with session_scope(sessions) as session:
+        queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration)
+        chapters = queries.list_chapters(session=session, book_id=book_id)
+        last = all(c.assembled_at is not None for c in chapters) and queries.set_book_status(
+            session=session, book_id=book_id, status=BookStatus.ASSEMBLING, only_from=(BookStatus.RENDERING,))
+    return "assembled", last
+
+
+def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_id: str) -> str:
+    with session_scope(sessions) as session:
+        book = queries.require_book(session=session, book_id=book_id)
+        if book.status != BookStatus.ASSEMBLING:
+            return str(book.status)
+        audio = {s.key: artifacts.path(s.output_path or "")
+                 for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
+        fmt, lufs, m4b = book.output_format, book.target_lufs, book.m4b
+    cover, cover_type = files.load_cover(artifacts, book_id)
+    result = assemble_book(files.load_plan(artifacts, book_id), audio, files.output_dir(artifacts, book_id),
+                           fmt=fmt, target_lufs=lufs, m4b=m4b, cover=cover, cover_type=cover_type)
+    with session_scope(sessions) as session:
+        queries.set_book_status(session=session, book_id=book_id, status=BookStatus.SUCCEEDED,
+                                only_from=(BookStatus.ASSEMBLING,))
+    log.info("book %s assembled: %d chapters, %.1f s", book_id, len(result.chapters),
+             sum(c.duration for c in result.chapters))
+    return "succeeded"
