@@ -10,22 +10,18 @@ Isolation from other test runs on the same machine:
 - Queues are named per session (`cpu-t<pid>`, `gpu-t<pid>`), so a worker only
   sees this session's tasks.
 
-Worker subprocesses: `cpu_worker` is the session's CPU worker; `start_gpu_worker` /
-`running_gpu_worker` start a GPU worker on a test's settings (`start_worker` any Celery worker).
+Real worker processes (the session's CPU worker, GPU workers started by a test) are the integration
+tests' (tests/integration/conftest.py); GPU worker runtimes in this process come from the plugin
+`tests.support.runtime`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +34,8 @@ from app.db import upgrade
 from app.db.session import make_engine, make_sessionmaker
 from app.settings import Settings
 from app.store import FeatureStore
+
+pytest_plugins = ["tests.support.runtime"]
 
 REPO = Path(__file__).resolve().parents[1]
 REDIS = os.environ.get("WAVEFARM_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -233,170 +231,24 @@ def settings(db_url: str, artifacts: ArtifactStore, redis_session_lock: None) ->
     )
 
 
-# A real Celery CPU worker -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def worker_settings(
-    pg_url: str, tmp_path_factory: pytest.TempPathFactory, redis_session_lock: None
-) -> Settings:
-    """Settings shared by the session's CPU worker and the tests that talk to it (PostgreSQL)."""
-    root = tmp_path_factory.mktemp("worker") / "artifacts"
-    ArtifactStore(root).ensure_layout()
-    return make_test_settings(database_url=pg_url, artifact_root=root)
 
 
-def _wait_ready(settings: Settings, nodename: str, proc: subprocess.Popen[bytes], log: Path, *,
-                exited_ok: bool = False) -> None:
-    """Ping `nodename` until it answers (120 s). A process that exits first is an error, unless
-    `exited_ok` (a worker a test expects to die early, e.g. on a poison job waiting in its queue)."""
-    from tasks.celery_app import make_celery
-
-    app = make_celery(settings, include=())
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                if exited_ok:
-                    return
-                raise RuntimeError(f"celery worker exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            if app.control.ping(destination=[nodename], timeout=1.0):
-                return
-        raise RuntimeError(f"celery worker not ready in 120 s:\n{log.read_text()[-4000:]}")
-    finally:
-        app.close()
 
 
-@pytest.fixture(scope="session")
-def cpu_worker(worker_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`celery -A tasks.celery_app worker` on this session's cpu queue; yields its node name."""
-    nodename = f"cpu-{SESSION_TAG}@{os.uname().nodename}"
-    log = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    env = {**os.environ, **settings_env(worker_settings), "PYTHONPATH": str(REPO)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "tasks.celery_app",
-        "worker",
-        "-Q",
-        worker_settings.queue_cpu,
-        "-n",
-        nodename,
-        "-P",
-        "solo",
-        "-l",
-        "INFO",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_ready(worker_settings, nodename, proc, log)
-        yield nodename
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # warm shutdown
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
-@pytest.fixture
-def worker_sessions(worker_settings: Settings) -> Iterator[sessionmaker[Session]]:
-    """Sessions on the worker's database, emptied after the test."""
-    yield from _sessions(worker_settings.database_url)
-    empty_tables(worker_settings.database_url)
 
 
-# Worker subprocesses (the GPU worker above all) ---------------------------------------------------
-
-CELERY_MAIN = (sys.executable, "-m", "celery")
 
 
-@dataclass
-class WorkerProcess:
-    """A Celery worker subprocess: its Popen, its node name and the file its output goes to."""
-
-    proc: subprocess.Popen[bytes]
-    nodename: str
-    log: Path
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        """Send `sig` (SIGTERM: Celery's warm shutdown) unless it has exited, SIGKILL it if it is still
-        running after `timeout`; returns its exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
-def start_worker(settings: Settings, name: str, log_dir: Path, celery_args: Sequence[str], *,
-                 launcher: Sequence[str] = CELERY_MAIN, extra_env: Mapping[str, str] | None = None,
-                 wait: bool = True, exited_ok: bool = False) -> WorkerProcess:
-    """`<launcher> <celery_args> -n <name>@<host>` with `settings` in its environment (one torch thread),
-    output appended to `<log_dir>/<name>.log`; with `wait`, returns once the node answers a ping.
-    `launcher` is `python -m celery` unless a test runs Celery from a script of its own (`python -c`)."""
-    nodename = f"{name}@{os.uname().nodename}"
-    log = log_dir / f"{name}.log"
-    env = {**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           **(extra_env or {})}
-    cmd = [*launcher, *celery_args, "-n", nodename, "-l", "INFO", "--without-gossip", "--without-mingle",
-           "--without-heartbeat"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    worker = WorkerProcess(proc, nodename, log)
-    if wait:
-        try:
-            _wait_ready(settings, nodename, proc, log, exited_ok=exited_ok)
-        except BaseException:
-            worker.stop()
-            raise
-    return worker
 
 
-def gpu_worker_args(settings: Settings, *, concurrency: int | None = None, events: bool = True) -> list[str]:
-    """The GPU worker's celery arguments: the synth queue, a thread pool of `worker_slots` (or
-    `concurrency`) slots, task events on (`-E`) unless `events` is false."""
-    args = ["-A", "gpu_worker.worker", "worker", "-Q", settings.queue_gpu, "-P", "threads",
-            "-c", str(concurrency or settings.worker_slots)]
-    return args + (["-E"] if events else [])
 
 
-def start_gpu_worker(settings: Settings, name: str, log_dir: Path, *, concurrency: int | None = None,
-                     extra_env: Mapping[str, str] | None = None, launcher: Sequence[str] = CELERY_MAIN,
-                     events: bool = True, wait: bool = True, exited_ok: bool = False) -> WorkerProcess:
-    """A GPU worker subprocess (`celery -A gpu_worker.worker worker -Q <gpu queue> -P threads`) on
-    `settings`; the caller stops it (`WorkerProcess.stop`). See `start_worker` for the rest."""
-    args = gpu_worker_args(settings, concurrency=concurrency, events=events)
-    return start_worker(settings, name, log_dir, args, launcher=launcher, extra_env=extra_env, wait=wait,
-                        exited_ok=exited_ok)
 
 
-@contextlib.contextmanager
-def running_gpu_worker(settings: Settings, name: str, log_dir: Path, *, concurrency: int | None = None,
-                       extra_env: Mapping[str, str] | None = None,
-                       launcher: Sequence[str] = CELERY_MAIN) -> Iterator[WorkerProcess]:
-    """A GPU worker that answers pings for the duration of the block, stopped (SIGTERM, then SIGKILL
-    after 30 s) when it ends."""
-    worker = start_gpu_worker(settings, name, log_dir, concurrency=concurrency, extra_env=extra_env,
-                              launcher=launcher)
-    try:
-        yield worker
-    finally:
-        worker.stop()
+

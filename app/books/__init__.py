@@ -23,6 +23,8 @@ abbreviations, punctuation). Text in any other language passes through unnormali
 whitespace clean-up only) and is split on sentence punctuation; the guide voice speaks it with the
 espeak-ng voice named by the book's language.
 
-Nothing here talks to Redis, the database, Celery or the GPU: `tasks/` adapts these functions.
-Refusals of client input raise `app.errors.BadInput` with the reason.
+Nothing here imports Celery or the GPU worker: `tasks/books.py` schedules this work, and tasks are sent by
+name. Reading a book, planning it and assembling audio touch no database or Redis; `service`, `render`
+and `status` keep a book's state in the database. Refusals of client input raise `app.errors.BadInput`
+with the reason.
 """

@@ -7,47 +7,27 @@ import numpy as np
 import pytest
 import torch
 
-from app.features import PromptHostFeatures
 from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.loading import random_code2wav
-from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import (
     HIFT_SOURCE_CACHE,
     LOOKAHEAD_TOKENS,
     SAMPLES_PER_MEL,
     SILENCE_TOKEN,
-    ModelArgs,
 )
 from gpu_worker.model.hift import draw_source_noise
 from gpu_worker.prompt import VoicePrompt, fit_prompt_mel, install_voice
 from gpu_worker.streams import Chunk, ChunkRow, plan_chunks
+from tests.support.fakes import ARGS, FakeSpeaker, host_features, tiny_model
 
-ARGS = ModelArgs.tiny()
 BATCH_TOL = 1e-4  # float reduction order may change with the batch; the noise and masks do not
 PARITY_TOL = 1e-4
 
 
-# -- shared helpers (also used by test_prompt and test_engine's decoder checks) ---------------------
-def tiny_model(seed: int = 0) -> Code2Wav:
-    """Seeded random weights (the loader's dummy model): speech-like F0, non-zero velocities."""
-    return random_code2wav(ARGS, seed)
 
 
-class FakeSpeaker:
-    """Deterministic stand-in for S3 + CAM++: tokens and embedding are functions of the features."""
-
-    def quantize_and_embed(self, logmel128: torch.Tensor, fbank80: torch.Tensor):
-        frames = logmel128[:, : logmel128.size(1) // 4 * 4].reshape(128, -1, 4).mean(dim=(0, 2))  # [T16 / 4]
-        tokens = (frames.abs() * 7919).long() % 6561
-        m = fbank80.mean(dim=0)
-        return tokens[None], torch.cat([m, m, m[:32]])[None] * 3.0
 
 
-def host_features(voice_id: str, seed: int, mel_frames: int = 300) -> PromptHostFeatures:
-    gen = torch.Generator().manual_seed(seed)
-    return PromptHostFeatures(voice_id=voice_id, logmel128=torch.randn(128, 600, generator=gen),
-                              fbank80=torch.randn(598, 80, generator=gen),
-                              mel80=torch.randn(mel_frames, 80, generator=gen) - 5.0)
+
 
 
 def voice(decoder: StreamingDecoder, index: int, seed: int | None = None) -> VoicePrompt:
@@ -222,7 +202,7 @@ def _reference_vocode(monkeypatch, ref, mel, cache_source, noise):
 
 def _reference_audio(monkeypatch, model, host, tokens, seed) -> list[torch.Tensor]:
     """Token2wav's streaming math with the reference modules: setup, chunks, trimming, HiFT tail, fade."""
-    oracle = pytest.importorskip("tests.gpu_worker.ref_oracle")
+    oracle = pytest.importorskip("tests.gpu_worker.model.ref_oracle")
     gen = torch.Generator().manual_seed(seed)
     buffer = torch.randn(1, 80, 30000, generator=gen)  # the stream's noise; its HiFT draws follow
     flow = oracle.reference_flow(ARGS.flow, model.flow.state_dict(), buffer)

@@ -28,7 +28,7 @@ from gpu_worker.prompt import (
     voice_seed,
 )
 from gpu_worker.speaker import SpeakerFrontend
-from tests.gpu_worker.test_decoder import tiny_model
+from tests.support.fakes import tiny_model
 
 REFERENCE = (SAMPLES / "voice_a.wav").read_bytes()
 

@@ -40,9 +40,8 @@ from app.maintenance import run_sweep
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK, make_epub, tiny_png
-from tests.conftest import REPO, SESSION_TAG, WorkerProcess, settings_env, start_gpu_worker
-
-pytestmark = pytest.mark.integration
+from tests.conftest import REPO, SESSION_TAG, settings_env
+from tests.integration.conftest import WorkerProcess, start_gpu_worker
 
 REFERENCE = (SAMPLES / "voice_a.wav").read_bytes()
 SLOTS = 4
@@ -62,10 +61,12 @@ def start_book_gpu_worker(settings: Settings, logs: Path, n: int) -> WorkerProce
     return start_gpu_worker(settings, f"gpu-book-{n}-{SESSION_TAG}", logs)
 
 
-@pytest.fixture
-def gpu(gpu_settings: Settings, cpu_worker: str, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
-    """A running GPU worker (the list grows when a test restarts it); all are stopped at the end."""
-    workers = [start_book_gpu_worker(gpu_settings, tmp_path, 0)]
+@pytest.fixture(scope="module")
+def gpu(gpu_settings: Settings, cpu_worker: str,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
+    """A running GPU worker shared by the module's tests (starting one takes seconds); the list grows when
+    a test kills it and starts another. All are stopped at the end."""
+    workers = [start_book_gpu_worker(gpu_settings, tmp_path_factory.mktemp("gpu-book"), 0)]
     yield workers
     for worker in workers:
         worker.stop()

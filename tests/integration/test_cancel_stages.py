@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 import app.features
 import gpu_worker.job
@@ -25,7 +26,7 @@ from app.voices import reclaim_abandoned_voice
 from gpu_worker.job import JobRun
 from gpu_worker.runtime import Runtime
 from tasks.voice import Resources, prepare_voice
-from tests.gpu_worker.test_worker import (
+from tests.support.runtime import (
     VOICE_A,
     VOICE_B,
     RecordingTask,
@@ -33,6 +34,12 @@ from tests.gpu_worker.test_worker import (
     prepare_ahead,
     submit,
 )
+
+
+@pytest.fixture
+def sessions(sqlite_sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    """The SQLite file `make_runtime`'s runtimes use (the root's `sessions` covers both databases)."""
+    return sqlite_sessions
 
 pytestmark = pytest.mark.timeout(120)
 

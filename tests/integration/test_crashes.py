@@ -36,8 +36,16 @@ from app.keys import feature_key
 from app.maintenance import run_sweep
 from app.settings import Settings
 from app.store import FeatureStore
-from tests.conftest import make_test_settings, start_gpu_worker, start_worker
-from tests.gpu_worker.test_worker import VOICE_A, VOICE_B, prepare_ahead
+from tests.conftest import make_test_settings
+from tests.integration.conftest import start_gpu_worker, start_worker
+from tests.support.net import free_port
+from tests.support.runtime import VOICE_A, VOICE_B, prepare_ahead
+
+
+@pytest.fixture
+def sessions(sqlite_sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    """The SQLite file `make_runtime`'s runtimes use (the root's `sessions` covers both databases)."""
+    return sqlite_sessions
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -267,8 +275,8 @@ def test_a_cpu_worker_killed_mid_preparation_the_voice_is_prepared_again(
 def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, sessions) -> None:
     from gpu_worker.job import JobRun
     from gpu_worker.watchdog import Watchdog
-    from tests.gpu_worker.test_worker import RecordingTask
-    from tests.gpu_worker.test_worker import submit as submit_in_process
+    from tests.support.runtime import RecordingTask
+    from tests.support.runtime import submit as submit_in_process
 
     rt = make_runtime()
     prepare_ahead(rt, VOICE_A)
@@ -345,10 +353,6 @@ class OwnRedis:
             self.proc.wait(10)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sweep_until_done(settings: Settings, db, jobs: list[str], workers: Workers, timeout: float) -> None:
@@ -498,8 +502,8 @@ def test_postgresql_briefly_unavailable_the_gpu_worker_finishes_its_jobs(
 def test_feature_ttl_is_refreshed_on_use_and_evicted_features_are_prepared_again(make_runtime,
                                                                                   sessions) -> None:
     from gpu_worker.job import JobRun
-    from tests.gpu_worker.test_worker import RecordingTask
-    from tests.gpu_worker.test_worker import submit as submit_in_process
+    from tests.support.runtime import RecordingTask
+    from tests.support.runtime import submit as submit_in_process
 
     rt = make_runtime(prep_wait_ms=100)
     voice_id = prepare_ahead(rt, VOICE_B)

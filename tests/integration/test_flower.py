@@ -10,7 +10,6 @@ answers, lists the GPU worker and has received a marker event published by the t
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,9 +32,9 @@ from app.settings import Settings
 from app.store import FeatureStore
 from app.wire import SYNTH_TASK
 from gpu_worker.worker import make_gpu_celery
-from tests.conftest import REPO, SESSION_TAG, WorkerProcess, running_gpu_worker, settings_env
-
-pytestmark = pytest.mark.integration
+from tests.conftest import REPO, SESSION_TAG, settings_env
+from tests.integration.conftest import WorkerProcess, running_gpu_worker
+from tests.support.net import free_port
 
 USER, PASSWORD = "flower-test", f"pw-{uuid.uuid4().hex[:12]}"
 AUTH = (USER, PASSWORD)
@@ -57,10 +56,6 @@ class Flower:
         return httpx.get(f"{self.url}{path}", auth=auth, timeout=10)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def poll(check: Callable[[], Any], timeout: float, what: str, flower: Flower, interval: float = 0.5) -> Any:

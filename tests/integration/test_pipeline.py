@@ -32,9 +32,8 @@ from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import StandInSpeaker, install_voice
 from gpu_worker.runtime import DUMMY_SEED
 from gpu_worker.worker import make_gpu_celery
-from tests.conftest import SESSION_TAG, running_gpu_worker
-
-pytestmark = pytest.mark.integration
+from tests.conftest import SESSION_TAG
+from tests.integration.conftest import running_gpu_worker
 
 # 8 jobs over 3 voices: (voice index, tokens, seed)
 JOBS = [(0, 60, 1), (1, 45, 2), (2, 30, 3), (0, 25, 4), (1, 80, 5), (2, 51, 6), (0, 38, 7), (1, 27, 8)]
@@ -95,8 +94,9 @@ def test_eight_jobs_three_voices_prepared_once_each_equal_to_decoding_alone(
     prepared_before = store.counters(COUNTER_PREPARE).get("prepared", 0)
     paths_before = store.counters(COUNTER_PREP_PATH)
     voice_ids = [load_reference(ref)[1] for ref in REFERENCES]
-    for voice_id in voice_ids:  # nothing left over from an earlier run
-        store.delete(voice_id)
+    for voice_id in voice_ids:  # nothing left over from an earlier run (features, or a claim an earlier
+        store.delete(voice_id)  # test took for a preparation it sent to queues nobody consumes)
+        store.release_prepare(voice_id)
     submitted = []
     try:
         for voice, n, seed in JOBS:

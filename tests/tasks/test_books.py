@@ -26,7 +26,7 @@ from app.store import FeatureStore
 from tasks.celery_app import make_celery
 from tasks.voice import Resources
 from tests.app.books.conftest import MARKDOWN_BOOK
-from tests.app.test_submit import wav_bytes
+from tests.support.audio import wav_bytes
 
 
 @pytest.fixture

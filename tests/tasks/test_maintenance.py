@@ -25,8 +25,8 @@ from app.maintenance import broker_task_ids, sweep
 from app.settings import Settings
 from app.store import FeatureStore
 from tasks.celery_app import make_celery
-from tests.app.test_submit import wav_bytes
 from tests.conftest import settings_env
+from tests.support.audio import wav_bytes
 
 
 @pytest.fixture

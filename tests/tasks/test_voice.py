@@ -1,6 +1,7 @@
-"""`voice.prepare`: in process on both databases, and through a real Celery CPU worker."""
+"""`voice.prepare` in process (`tasks.voice.prepare_voice`) on both databases and the real feature store:
+the features and the voice row, no-ops and failures counted, cancelled jobs leaving nothing behind, a
+store that cannot be reached."""
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +18,7 @@ from app.settings import Settings
 from app.store import FeatureStore
 from tasks.celery_app import make_celery
 from tasks.voice import Resources, prepare_voice
-from tests.app.test_submit import wav_bytes
+from tests.support.audio import wav_bytes
 
 
 @pytest.fixture
@@ -110,57 +111,6 @@ def test_a_voice_whose_attempts_keep_dying_is_given_up(res: Resources, celery: C
     assert voice.status == VoiceStatus.FAILED and "unfinished attempts" in (voice.error or "")
 
 
-# Through a real worker (PostgreSQL, broker db 10, this session's cpu queue) ----------------------
-
-
-def wait_for(predicate, timeout: float = 60.0, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not true within {timeout} s")
-
-
-@pytest.mark.integration
-def test_a_real_cpu_worker_prepares_a_submitted_voice(
-    cpu_worker: str, worker_settings: Settings, worker_sessions: sessionmaker[Session], feature_redis
-):
-    store = FeatureStore(feature_redis, ttl_s=worker_settings.feature_ttl_s)
-    artifacts = ArtifactStore(worker_settings.artifact_root)
-    celery = make_celery(worker_settings, include=())
-    try:
-        with worker_sessions() as session:
-            job_id = submit_job(
-                settings=worker_settings,
-                session=session,
-                sender=celery,
-                store=store,
-                artifacts=artifacts,
-                tokens=[1, 2, 3],
-                reference_bytes=wav_bytes(freq=440.0),
-            )
-            voice_id = q.require_job(session=session, job_id=job_id).voice_id
-
-        def ready() -> bool:
-            with worker_sessions() as session:
-                return q.require_voice(session=session, voice_id=voice_id).status == VoiceStatus.READY
-
-        wait_for(ready)
-        blob = store.get(voice_id)
-        assert blob is not None and PromptHostFeatures.from_bytes(blob).voice_id == voice_id
-        # Sent again by name (as a redelivery would be): a counted no-op, same id back.
-        result = celery.send_task("voice.prepare", args=[voice_id], queue=worker_settings.queue_cpu)
-        assert result.get(timeout=60) == voice_id
-        assert store.counters(COUNTER_PREPARE) == {"prepared": 1, "noop": 1}
-    finally:
-        celery.close()
-
-
-# Cancelled jobs must not leak their voice's preparation --------------------------------------------
-
-
 def submitted_job(res: Resources, celery: Celery, reference: bytes | None = None) -> tuple[str, str]:
     with res.sessions() as session:
         job_id = submit_job(
@@ -233,30 +183,6 @@ def test_a_failed_preparation_of_a_cancelled_job_leaves_nothing_behind(res: Reso
     assert prepare_voice(voice_id, res) == "failed"
     cancel(res, job_id)
     assert not res.store.exists(voice_id) and res.store.claim_prepare(voice_id, 10)
-
-
-@pytest.mark.integration
-def test_the_real_worker_refuses_pickled_messages(
-    cpu_worker: str, worker_settings: Settings, worker_sessions: sessionmaker[Session], feature_redis
-):
-    store = FeatureStore(feature_redis, ttl_s=worker_settings.feature_ttl_s)
-    celery = make_celery(worker_settings, include=())
-    try:
-        with worker_sessions() as session:
-            q.get_or_create_voice(session=session, voice_id="ab" * 32, reference_path="references/none.wav")
-            session.commit()
-        celery.send_task(
-            "voice.prepare", args=["ab" * 32], queue=worker_settings.queue_cpu, serializer="pickle"
-        )
-        # A JSON message sent after it is handled, so the pickled one has been seen (and refused) by then.
-        ok = celery.send_task("voice.prepare", args=["cd" * 32], queue=worker_settings.queue_cpu)
-        assert ok.get(timeout=60) == "cd" * 32
-        with worker_sessions() as session:
-            assert q.require_voice(session=session, voice_id="ab" * 32).status == VoiceStatus.PENDING
-        assert store.counters(COUNTER_PREPARE) == {"failed": 1}  # only the JSON one ran (no such voice)
-        assert celery.control.ping(destination=[cpu_worker], timeout=5)
-    finally:
-        celery.close()
 
 
 def test_an_unreachable_store_is_retried_a_bounded_number_of_times_then_fails_the_voice(

@@ -22,7 +22,7 @@ from app.errors import BadInput
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
-from tests.app.test_submit import wav_bytes
+from tests.support.audio import wav_bytes
 
 
 class RecordingSender:

@@ -13,7 +13,7 @@ import torch
 from gpu_worker.model.config import ATT_CACHE_TAIL
 from gpu_worker.model.flow import CHUNK_FRAMES, FlowCache, trim_cache
 from gpu_worker.model.kvcache import BatchKV, EstimatorKV, Workspace
-from tests.gpu_worker.ref_oracle import make_prompt, random_tokens, seeded_noise, split_chunks
+from tests.gpu_worker.model.ref_oracle import make_prompt, random_tokens, seeded_noise, split_chunks
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 

@@ -14,7 +14,7 @@ import torch
 
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.flow import Flow, FlowCache, trim_cache
-from tests.gpu_worker.ref_oracle import (
+from tests.gpu_worker.model.ref_oracle import (
     CACHE_KEYS,
     make_prompt,
     random_tokens,

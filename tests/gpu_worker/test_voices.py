@@ -1,5 +1,7 @@
-"""Capacity 1, three voices in turn, through the real engine and tiny model: the least recently used
-unpinned voice is evicted and its tensors are freed; two jobs of one voice install it once."""
+"""The installed-voice cache (`gpu_worker.voices`): least recently used unpinned voices are evicted over
+capacity, pinned ones never; through the engine with fakes, and with capacity 1, three voices in turn,
+through the real engine and tiny model (the evicted voice's tensors are freed; two jobs of one voice
+install it once)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,11 @@ from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import StandInSpeaker, install_voice
 from gpu_worker.streams import EngineJob, Finished, VoiceEvicted, VoiceInstalled
 from gpu_worker.voices import VoiceCache
+from tests.support.fakes import (
+    TOKENS,
+    harness,
+    job,
+)
 
 
 def voice(f0: float) -> PromptHostFeatures:
@@ -77,3 +84,26 @@ def test_capacity_one_evicts_the_lru_voice_and_frees_its_tensors() -> None:
 def run_to_end_after_add(engine: Engine, job: EngineJob) -> list:
     engine.add(job)
     return run_to_end(engine, job.job_id)
+
+
+def test_least_recently_used_unpinned_voices_are_evicted_over_capacity() -> None:
+    h = harness("v1", "v2", "v3", max_voices=2)
+    for i, voice in enumerate(["v1", "v2"]):
+        h.engine.add(job(f"j{i}", voice, tokens=TOKENS[:10]))
+    h.run()
+    h.engine.add(job("j3", "v1", tokens=TOKENS[:10]))  # v1 becomes the most recently used
+    h.run()
+    h.engine.add(job("j4", "v3", tokens=TOKENS[:10]))
+    h.run()
+    assert [e.voice_id for e in h.of(VoiceEvicted)] == ["v2"]
+    assert sorted(h.engine.voices) == ["v1", "v3"]
+
+
+def test_pinned_voices_are_not_evicted() -> None:
+    h = harness("v1", "v2", max_voices=1)
+    h.engine.add(job("a", "v1"))
+    h.engine.add(job("b", "v2"))
+    h.step()
+    assert sorted(h.engine.voices) == ["v1", "v2"]
+    h.run()
+    assert len(h.engine.voices) == 1

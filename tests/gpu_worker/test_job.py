@@ -1,115 +1,31 @@
-"""The GPU worker: `synth` jobs through the real engine (tiny preset, dummy weights) on real Redis and
-SQLite, in process (a recording stand-in for the Celery task object) and through a real Celery worker."""
+"""A `synth` job's body (`gpu_worker.job.JobRun`) through the real engine (tiny preset, dummy weights) on real
+Redis and SQLite, in process, with a recording stand-in for the Celery task object."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 from celery.exceptions import Reject
-from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
 from app.audio import load_reference
 from app.db import queries
 from app.db.models import JobStatus
-from app.db.session import make_engine, make_sessionmaker
-from app.dev import SAMPLES
 from app.errors import EngineFailure
-from app.features import PromptHostFeatures, host_half
-from app.jobs import submit_job
+from app.features import PromptHostFeatures
 from app.keys import COUNTER_PREP_PATH, feature_key
-from app.settings import Settings
 from app.store import FeatureStore
 from gpu_worker.adapters import StoreFeatures
 from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.job import JobRun
 from gpu_worker.model.config import ModelArgs
-from gpu_worker.runtime import Runtime, build_runtime
-from gpu_worker.worker import make_gpu_celery
-from tests.conftest import make_test_settings, running_gpu_worker
-
-VOICE_A, VOICE_B = (SAMPLES / "voice_a.wav").read_bytes(), (SAMPLES / "voice_b.wav").read_bytes()
+from tests.support.runtime import VOICE_A, VOICE_B, RecordingTask, job_row, prepare_ahead, submit
 
 
-class RecordingSender:
-    """Celery's send_task at the submission boundary: records what would be enqueued."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
-        self.sent.append((name, args))
-
-
-class RecordingTask:
-    """The bound Celery task as JobRun uses it: events and state are recorded."""
-
-    def __init__(self) -> None:
-        self.request = SimpleNamespace(id=None, hostname="gpu-test@host")
-        self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def send_event(self, kind: str, **fields: Any) -> None:
-        self.events.append((kind, fields))
-
-
-@pytest.fixture
-def sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(sqlite_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
-
-
-def settings_for(sqlite_url: str, artifacts: ArtifactStore, **extra: Any) -> Settings:
-    base = {"model_preset": "tiny", "prep_wait_ms": 100, "progress_interval_s": 0.05, "micro_batch_size": 4,
-            "worker_slots": 4, "voice_cache_capacity": 2}
-    return make_test_settings(database_url=sqlite_url, artifact_root=artifacts.root,
-                              tag=f"t{os.getpid()}-{uuid.uuid4().hex[:6]}", **{**base, **extra})
-
-
-@pytest.fixture
-def make_runtime(sqlite_url, artifacts, store) -> Iterator:
-    built: list[Runtime] = []
-
-    def make(**extra: Any) -> Runtime:
-        rt = build_runtime(settings_for(sqlite_url, artifacts, **extra), f"gpu-{len(built)}@test")
-        built.append(rt)
-        return rt
-
-    torch.set_num_threads(1)  # tiny ops on a shared machine
-    yield make
-    for rt in built:
-        rt.close()
-
-
-def submit(rt: Runtime, sessions, reference: bytes, n_tokens: int, seed: int = 7) -> str:
-    tokens = torch.randint(0, 6561, (n_tokens,), generator=torch.Generator().manual_seed(n_tokens)).tolist()
-    with sessions() as session:
-        return submit_job(settings=rt.settings, session=session, sender=RecordingSender(), store=rt.store,
-                          artifacts=rt.artifacts, tokens=tokens, reference_bytes=reference, seed=seed)
-
-
-def prepare_ahead(rt: Runtime, reference: bytes) -> str:
-    pcm, voice_id = load_reference(reference)
-    rt.store.put(voice_id, host_half(pcm, voice_id).to_bytes())
-    return voice_id
-
-
-def job_row(sessions, job_id: str):
-    with sessions() as session:
-        return queries.require_job(session=session, job_id=job_id)
-
-
-# -- in process -------------------------------------------------------------------------------------
 def test_a_prepared_ahead_job_streams_into_its_output_file(make_runtime, sessions) -> None:
     rt = make_runtime()
     voice_id = prepare_ahead(rt, VOICE_A)
@@ -301,50 +217,3 @@ def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
     assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "succeeded"
     assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "skipped"  # a redelivered message
     assert JobRun(rt, RecordingTask(), str(uuid.uuid4())).run()["status"] == "skipped"  # not ours
-
-
-# -- a real Celery worker ---------------------------------------------------------------------------
-@pytest.fixture
-def gpu_worker(sqlite_url, artifacts, redis_session_lock, tmp_path) -> Iterator[Settings]:
-    settings = settings_for(sqlite_url, artifacts, prep_wait_ms=200)
-    with running_gpu_worker(settings, f"gpu-{settings.queue_gpu}", tmp_path) as worker:
-        try:
-            yield settings
-        finally:
-            worker.stop()
-            print(worker.tail(2000))
-
-
-@pytest.mark.timeout(300)
-def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sessions) -> None:
-    settings = gpu_worker
-    app = make_gpu_celery(settings)
-    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
-    artifacts = ArtifactStore(settings.artifact_root)
-    jobs = []
-    for reference, n in ((VOICE_A, 40), (VOICE_B, 30), (VOICE_A, 55), (VOICE_B, 20)):
-        tokens = torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-        with sessions() as session:
-            job_id = submit_job(settings=settings, session=session, sender=app, store=store,
-                                artifacts=artifacts, tokens=tokens, reference_bytes=reference, seed=n)
-        jobs.append((job_id, n))
-    try:
-        results = {job_id: app.AsyncResult(job_id).get(timeout=240) for job_id, _ in jobs}
-    finally:
-        app.close()
-        store.close()
-    for job_id, n in jobs:
-        assert results[job_id]["status"] == "succeeded"
-        audio, rate = sf.read(artifacts.path(results[job_id]["output_path"]), dtype="float32")
-        assert rate == 24000 and audio.shape == (n * 960,)
-        assert job_row(sessions, job_id).status == JobStatus.SUCCEEDED
-    paths = sorted(r["prep_path"] for r in results.values())
-    assert "inline" in paths or "late" in paths  # no CPU worker prepared ahead in this test
-    with sessions() as session:
-        rows = queries.list_worker_voices(session=session, worker_id=_node(results))
-    installed = {w.voice_id for w in rows}
-    assert installed == {job_row(sessions, j).voice_id for j, _ in jobs}
-
-
-def _node(results: dict[str, dict]) -> str:
-    return next(iter(results.values()))["worker"]

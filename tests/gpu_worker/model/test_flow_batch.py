@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from gpu_worker.model.flow import Flow, FlowCache, trim_cache
-from tests.gpu_worker.ref_oracle import Prompt, make_prompt, random_tokens, seeded_noise, split_chunks
+from tests.gpu_worker.model.ref_oracle import Prompt, make_prompt, random_tokens, seeded_noise, split_chunks
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 

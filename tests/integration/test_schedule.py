@@ -20,8 +20,8 @@ from app.settings import Settings
 from app.store import FeatureStore
 from tasks.celery_app import make_celery
 from tasks.schedule import SWEEP_TASK, PeriodicSweep, tick
-from tests.app.test_submit import wav_bytes
-from tests.conftest import start_worker
+from tests.integration.conftest import start_worker
+from tests.support.audio import wav_bytes
 
 
 class Sender:

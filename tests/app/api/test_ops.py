@@ -1,0 +1,87 @@
+"""Auth, /healthz, /metrics and the error mapping: what the API answers when a backing service is down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from app.api.main import create_app
+from app.api.metrics import broker_queue_depth
+from app.db.models import JobStatus, PrepPath
+from app.keys import COUNTER_PREP_PATH
+from app.settings import Settings
+from app.store import FeatureStore
+from tests.app.api.helpers import finish, make_client, submit, upload_voice
+
+
+def test_bearer_token_is_required_when_configured(settings: Settings) -> None:
+    for client in make_client(settings.model_copy(update={"api_token": SecretStr("s3cret")})):
+        assert client.get("/v1/jobs").status_code == 401
+        wrong = client.get("/v1/jobs", headers={"Authorization": "Bearer s3cre"})
+        assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+        assert client.get("/v1/jobs", headers={"Authorization": "Basic s3cret"}).status_code == 401
+        assert client.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.get("/healthz").status_code == 200  # probes stay open
+        assert client.get("/openapi.json").status_code == 200
+
+
+def test_no_token_configured_means_an_open_api(client: TestClient) -> None:
+    assert client.get("/v1/jobs").status_code == 200
+    assert client.get("/v1/jobs", headers={"Authorization": "Bearer anything"}).status_code == 200
+
+
+def test_healthz_checks_database_and_both_redis(client: TestClient, settings: Settings) -> None:
+    ok = client.get("/healthz")
+    assert ok.status_code == 200
+    assert ok.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok", "feature_store": "ok"}}
+    down = settings.model_copy(update={"feature_store_url": "redis://127.0.0.1:1/0"})
+    for other in make_client(down):
+        response = other.get("/healthz")
+        assert response.status_code == 503
+        checks = response.json()["checks"]
+        assert checks["database"] == "ok" and checks["feature_store"].startswith("ConnectionError")
+
+
+def test_metrics_report_queues_prep_paths_and_job_counts(client: TestClient, settings: Settings,
+                                                         reference: bytes, broker: redis.Redis) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    job_ids = [submit(client, voice_id).json()["id"] for _ in range(3)]
+    finish(settings, job_ids[0], JobStatus.CANCELLED)
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=60)
+    store.incr(COUNTER_PREP_PATH, PrepPath.PREPARED_AHEAD, 5)
+    store.incr(COUNTER_PREP_PATH, PrepPath.INLINE)
+    store.close()
+    assert broker_queue_depth(broker, settings.queue_gpu) == 3
+    text = client.get("/metrics").text
+    assert f'wavefarm_queue_depth{{queue="{settings.queue_gpu}"}} 3.0' in text
+    assert f'wavefarm_queue_depth{{queue="{settings.queue_cpu}"}} 1.0' in text
+    assert 'wavefarm_prep_path_total{path="prepared_ahead"} 5.0' in text
+    assert 'wavefarm_prep_path_total{path="inline"} 1.0' in text
+    assert 'wavefarm_jobs{status="queued"} 2.0' in text and 'wavefarm_jobs{status="cancelled"} 1.0' in text
+    assert 'wavefarm_source_up{source="broker"} 1.0' in text
+    assert 'wavefarm_http_requests_total{method="POST",route="/v1/jobs",status="202"} 3.0' in text
+
+
+class BrokenSender:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> Any:
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, status", [(redis.ConnectionError("broker gone"), 503),
+                                         (RuntimeError("a bug"), 500)])
+def test_server_side_failures_are_5xx_without_details(settings: Settings, reference: bytes,
+                                                      exc: Exception, status: int) -> None:
+    app = create_app(settings, sender=BrokenSender(exc))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.post("/v1/jobs", files={"reference": ("r.wav", reference, "audio/wav"),
+                                                  "tokens": ("t.json", b"[1, 2, 3]", "application/json")})
+        assert response.status_code == status
+        assert str(exc) not in response.text
+        assert client.get("/v1/jobs").json() == []  # the job was withdrawn: the client may retry

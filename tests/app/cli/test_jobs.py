@@ -1,0 +1,100 @@
+"""The client commands (`app.cli.jobs`) against a real uvicorn server with a bearer token, and with
+`--local` against the services in process."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import soundfile as sf
+
+from app.db import queries
+from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.dev import SAMPLES
+from app.settings import Settings
+from tests.app.cli.helpers import TOKEN, finish_later, run
+from tests.support.net import free_port
+
+
+def test_submit_wait_downloads_the_audio_over_http(server: str, cli_settings: Settings, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.wav"
+    assert run("voices", "--api", server, "--add", str(SAMPLES / "voice_a.wav")) == 0
+    voice_id = json.loads(capsys.readouterr().out)["id"]
+    finish_next_job(cli_settings)
+    code = run("submit", "--api", server, "--voice", voice_id, "--tokens", str(SAMPLES / "tokens_a.json"),
+               "-o", str(out), "--seed", "5")
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "succeeded" in printed and out.read_bytes() == (SAMPLES / "voice_b.wav").read_bytes()
+    job_id = printed.splitlines()[0]
+    assert run("status", "--api", server, job_id) == 0
+    assert json.loads(capsys.readouterr().out)["seed"] == 5
+    assert run("jobs", "--api", server, "--voice-id", voice_id) == 0
+    assert job_id in capsys.readouterr().out
+    assert run("voices", "--api", server) == 0
+    assert voice_id in capsys.readouterr().out
+
+
+def finish_next_job(settings: Settings) -> None:
+    """In a thread: wait for a job that is not in the database yet, then finish it like a worker."""
+    engine = make_engine(settings.database_url)
+    with session_scope(make_sessionmaker(engine)) as s:
+        known = {job.id for job in queries.list_jobs(session=s, limit=1000)}
+
+    def wait_and_finish() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with session_scope(make_sessionmaker(engine)) as s:
+                new = [job.id for job in queries.list_jobs(session=s, limit=1000) if job.id not in known]
+            if new:
+                finish_later(settings, new[0], delay=0.2).join()
+                break
+            time.sleep(0.2)
+        engine.dispose()
+
+    threading.Thread(target=wait_and_finish, daemon=True).start()
+
+
+def test_submit_with_a_reference_file_then_cancel(server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("submit", "--api", server, "--voice", str(SAMPLES / "voice_b.wav"),
+               "--tokens", str(SAMPLES / "tokens_b.json"), "--format", "flac") == 0
+    job_id = capsys.readouterr().out.strip()
+    assert run("cancel", "--api", server, job_id) == 0
+    assert "cancelled" in capsys.readouterr().out
+
+
+def test_client_errors_are_messages_not_tracebacks(server: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("status", "--api", server, str(uuid.uuid4())) == 2
+    assert "NotFound" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 99999]")
+    assert run("submit", "--api", server, "--voice", str(SAMPLES / "voice_a.wav"), "--tokens", str(bad)) == 2
+    assert "0..6560" in capsys.readouterr().err
+    assert run("submit", "--api", server, "--voice", "nope.wav", "--tokens", str(bad)) == 2
+    assert "neither a reference audio file nor a voice id" in capsys.readouterr().err
+    assert run("jobs", "--api", f"http://127.0.0.1:{free_port()}") == 2
+    assert "wavefarm serve" in capsys.readouterr().err
+
+
+def test_the_server_refuses_a_wrong_token(server: str) -> None:
+    assert httpx.get(f"{server}/v1/jobs").status_code == 401
+    assert httpx.get(f"{server}/v1/jobs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_local_submit_and_wait_without_the_api(cli_env: dict[str, str], cli_settings: Settings,
+                                               tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "local.wav"
+    finish_next_job(cli_settings)
+    assert run("submit", "--local", "--voice", str(SAMPLES / "voice_a.wav"), "--tokens",
+               str(SAMPLES / "tokens_a.json"), "-o", str(out)) == 0
+    assert sf.info(str(out)).frames > 0
+    capsys.readouterr()
+    assert run("voices", "--local") == 0
+    assert "uses" in capsys.readouterr().out

@@ -1,0 +1,89 @@
+"""The service commands (`app.cli.services`): every command parses, `bench` hands on its arguments, the
+workers' command lines follow the settings, `db upgrade`, and services upgrade the schema on start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+
+from app import cli
+from app.cli import services as service_commands
+from app.db.session import make_engine
+from app.settings import Settings, get_settings
+from tests.conftest import REPO
+
+
+def test_every_command_parses() -> None:
+    parser = cli.build_parser()
+    for argv in (["serve", "--host", "0.0.0.0", "--port", "9000"], ["cpu-worker", "--concurrency", "2"],
+                 ["gpu-worker"], ["flower", "--port", "5556"], ["status", "x"], ["cancel", "x"],
+                 ["voices", "--add", "f.wav"], ["jobs", "--status", "queued"], ["db", "upgrade"], ["demo"],
+                 ["submit", "--voice", "v", "--tokens", "t.json", "-o", "o.wav", "--seed", "1", "--format",
+                  "flac", "--wait", "--local"]):
+        assert callable(parser.parse_args(argv).handler), argv
+    with pytest.raises(SystemExit):
+        parser.parse_args(["no-such-command"])
+
+
+def test_bench_hands_every_argument_to_the_benchmark(tmp_path: Path) -> None:
+    """`wavefarm bench ARGS` is `python -m gpu_worker.bench ARGS`, options first included."""
+    cmd = [sys.executable, "-m", "app.cli", "bench"]
+    shown = subprocess.run([*cmd, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "--concurrency" in shown.stdout and "--dtype" in shown.stdout
+    rendered = subprocess.run([*cmd, "--render", str(REPO / "docs/bench/full_cpu_fp32.json")], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "reference" in rendered.stdout and "preset full" in rendered.stdout
+    refused = subprocess.run([*cmd, "--dtype", "fp8"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "fp8" in refused.stderr
+
+
+def test_worker_command_lines_follow_the_settings() -> None:
+    settings = Settings(queue_cpu="cpu-x", queue_gpu="gpu-x", worker_slots=12)
+    gpu = service_commands.worker_argv("gpu", settings)
+    assert gpu[:2] == ["-A", "gpu_worker.worker"] and gpu[gpu.index("-Q") + 1] == "gpu-x"
+    assert gpu[gpu.index("-P") + 1] == "threads" and gpu[gpu.index("-c") + 1] == "12"
+    cpu = service_commands.worker_argv("cpu", settings, concurrency=3)
+    assert cpu[:2] == ["-A", "tasks.celery_app"] and cpu[cpu.index("-Q") + 1] == "cpu-x"
+    assert cpu[cpu.index("-c") + 1] == "3" and "threads" not in cpu
+    flower = service_commands.flower_argv(address="0.0.0.0", port=5555)
+    assert "flower" in flower and not any("auth" in a for a in flower)
+
+
+def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    env = {**os.environ, "WAVEFARM_DATABASE_URL": url}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "up to date" in done.stdout
+    engine = make_engine(url)
+    assert {"voices", "jobs", "worker_voices"} <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+@pytest.mark.parametrize("command", [["serve"], ["cpu-worker"], ["gpu-worker"]])
+def test_services_bring_the_schema_up_to_date_on_start(command: list[str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    monkeypatch.setenv("WAVEFARM_DATABASE_URL", url)
+    get_settings.cache_clear()
+    started: list[str] = []
+    monkeypatch.setattr(service_commands, "_exec", lambda module, argv: started.append(module) or 0)
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.append("uvicorn"))
+    try:
+        assert cli.main(command) == 0
+    finally:
+        get_settings.cache_clear()
+    assert started
+    engine = make_engine(url)
+    assert {"voices", "jobs", "worker_voices"} <= set(inspect(engine).get_table_names())
+    engine.dispose()

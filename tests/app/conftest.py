@@ -1,0 +1,64 @@
+"""Fixtures of the service tests: a Celery producer on the test's broker and queues (nobody consumes them),
+`submit`, a job submitted through `app.jobs` with the test's settings, and the CLI and demo tests'
+module-wide settings (`cli_settings`, `cli_env`: one database and queue pair, a bearer token)."""
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy.orm import Session
+
+from app.artifacts import ArtifactStore
+from app.db import upgrade
+from app.jobs import submit_job
+from app.settings import Settings, get_settings
+from app.store import FeatureStore
+from tasks.celery_app import make_celery
+from tests.app.cli.helpers import TOKEN
+from tests.conftest import SESSION_TAG, make_test_settings, settings_env
+from tests.support.audio import wav_bytes
+
+
+@pytest.fixture
+def celery(settings: Settings) -> Iterator[Celery]:
+    app = make_celery(settings, include=())
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def submit(
+    settings: Settings, session: Session, celery: Celery, store: FeatureStore, artifacts: ArtifactStore
+):
+    def _submit(**kwargs: Any) -> str:
+        kwargs.setdefault("tokens", [1, 2, 3])
+        if "voice_id" not in kwargs:
+            kwargs.setdefault("reference_bytes", wav_bytes())
+        return submit_job(
+            settings=settings, session=session, sender=celery, store=store, artifacts=artifacts, **kwargs
+        )
+
+    return _submit
+
+
+@pytest.fixture(scope="module")
+def cli_settings(tmp_path_factory: pytest.TempPathFactory, redis_session_lock: None) -> Settings:
+    """One database and queue pair for the module: the server it starts is shared (startup is slow)."""
+    root = tmp_path_factory.mktemp("cli")
+    url = f"sqlite:///{root / 'wavefarm.sqlite'}"
+    upgrade(url)
+    return make_test_settings(database_url=url, artifact_root=root / "artifacts",
+                              tag=f"{SESSION_TAG}-{uuid.uuid4().hex[:8]}", api_token=TOKEN)
+
+
+@pytest.fixture
+def cli_env(cli_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """This module's settings as WAVEFARM_* variables, in this process (for in-process CLI calls) too."""
+    env = settings_env(cli_settings)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    yield env
+    get_settings.cache_clear()

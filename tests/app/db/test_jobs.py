@@ -1,0 +1,113 @@
+"""Job queries on both databases: idempotent creation, exclusive claims, progress, the first finisher wins."""
+
+import uuid
+from datetime import UTC
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import queries as q
+from app.db.models import JobStatus, PrepPath
+from app.db.session import session_scope
+from app.errors import NotFound
+from tests.app.db.helpers import new_job
+
+
+def test_job_round_trips_tokens_and_defaults(session: Session, voice: str):
+    job, created = new_job(session, voice, tokens=[0, 4218, 6560])
+    session.commit()
+    got = q.require_job(session=session, job_id=job.id)
+    assert created and got.tokens == [0, 4218, 6560] and got.n_tokens == 3 and got.frames_total == 6
+    assert (got.status, got.attempts, got.priority, got.kind) == (JobStatus.QUEUED, 0, 0, "tokens")
+    assert got.submitted_at.tzinfo is UTC
+    with pytest.raises(NotFound):
+        q.require_job(session=session, job_id=str(uuid.uuid4()))
+
+
+def test_same_idempotency_key_gives_the_same_job(session: Session, voice: str):
+    first, created = new_job(session, voice, key="k-1")
+    second, created_again = new_job(session, voice, key="k-1")
+    other, _ = new_job(session, voice, key="k-2")
+    session.commit()
+    assert created and not created_again and second.id == first.id and other.id != first.id
+
+
+def test_claims_are_exclusive_and_bounded_by_max_attempts(sessions: sessionmaker[Session], voice: str):
+    with session_scope(sessions) as s:
+        job_id = new_job(s, voice)[0].id
+    with session_scope(sessions) as s:
+        claimed = q.claim_job_attempt(session=s, job_id=job_id, worker="w1", max_attempts=2)
+        assert claimed is not None and claimed.attempts == 1 and claimed.status == JobStatus.PREPARING
+    with session_scope(sessions) as s:  # redelivered after w1 died
+        again = q.claim_job_attempt(session=s, job_id=job_id, worker="w2", max_attempts=2)
+        assert again is not None and (again.attempts, again.worker) == (2, "w2")
+    with session_scope(sessions) as s:
+        assert q.claim_job_attempt(session=s, job_id=job_id, worker="w3", max_attempts=2) is None
+    with session_scope(sessions) as s:
+        job = q.require_job(session=s, job_id=job_id)
+        assert job.status == JobStatus.FAILED and "gave up after 2 attempts" in (job.error or "")
+
+
+def test_progress_stamps_first_audio_once_and_stops_after_cancel(session: Session, voice: str):
+    job_id = new_job(session, voice)[0].id
+    q.claim_job_attempt(session=session, job_id=job_id, worker="w", max_attempts=3)
+    assert q.mark_job_running(session=session, job_id=job_id, prep_path=PrepPath.PREPARED_AHEAD)
+    assert q.update_progress(session=session, job_id=job_id, frames_done=0)
+    assert q.require_job(session=session, job_id=job_id).first_audio_at is None
+    assert q.update_progress(session=session, job_id=job_id, frames_done=2)
+    first = q.require_job(session=session, job_id=job_id).first_audio_at
+    assert q.update_progress(session=session, job_id=job_id, frames_done=4, frames_total=6)
+    job = q.require_job(session=session, job_id=job_id)
+    assert first is not None and job.first_audio_at == first and (job.frames_done, job.frames_total) == (4, 6)
+    assert job.prep_path == "prepared_ahead" and job.status == JobStatus.RUNNING
+    assert q.cancel_job(session=session, job_id=job_id)
+    assert not q.update_progress(session=session, job_id=job_id, frames_done=6)
+    assert not q.cancel_job(session=session, job_id=job_id)
+    assert q.require_job(session=session, job_id=job_id).status == JobStatus.CANCELLED
+
+
+def test_first_finisher_wins(session: Session, voice: str):
+    job_id = new_job(session, voice)[0].id
+    done = q.finish_job(
+        session=session, job_id=job_id, status=JobStatus.SUCCEEDED, output_path="outputs/a.wav"
+    )
+    late = q.finish_job(session=session, job_id=job_id, status=JobStatus.FAILED, error="late")
+    session.commit()
+    job = q.require_job(session=session, job_id=job_id)
+    assert done and not late and job.status == JobStatus.SUCCEEDED and job.error is None
+    assert job.finished_at is not None and job.frames_done == job.frames_total
+    assert q.claim_job_attempt(session=session, job_id=job_id, worker="w", max_attempts=3) is None
+
+
+def test_live_jobs_of_a_voice_are_counted(session: Session, voice: str):
+    a = new_job(session, voice)[0].id
+    b = new_job(session, voice)[0].id
+    q.cancel_job(session=session, job_id=b)
+    assert q.count_live_jobs(session=session, voice_id=voice) == 1
+    assert q.count_live_jobs(session=session, voice_id=voice, exclude_job_id=a) == 0
+
+
+def test_two_workers_claiming_the_same_attempt_never_both_win(sessions: sessionmaker[Session], voice: str):
+    import threading
+    import time
+
+    with session_scope(sessions) as s:
+        job_id = new_job(s, voice)[0].id
+    first = sessions()
+    assert q.claim_job_attempt(session=first, job_id=job_id, worker="w1", max_attempts=3) is not None
+    second: list[object] = []
+
+    def claim() -> None:  # reads attempts=0, then its UPDATE waits for the first claim's lock
+        with session_scope(sessions) as s:
+            second.append(q.claim_job_attempt(session=s, job_id=job_id, worker="w2", max_attempts=3))
+
+    thread = threading.Thread(target=claim)
+    thread.start()
+    time.sleep(0.5)
+    first.commit()
+    first.close()
+    thread.join(timeout=60)
+    assert second == [None]
+    with session_scope(sessions) as s:
+        job = q.require_job(session=s, job_id=job_id)
+        assert (job.attempts, job.worker) == (1, "w1")

@@ -1,0 +1,130 @@
+"""`app.jobs`: submission (rows, the stored reference, both tasks queued after the commit), idempotency,
+refusals before anything is stored, long token lists, a broker that refuses."""
+
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.artifacts import ArtifactStore
+from app.db import queries as q
+from app.db.models import Job, Voice, VoiceStatus
+from app.errors import BadAudio, BadInput, BadTokens, NotFound
+from app.jobs import INLINE_TOKENS_MAX, job_tokens, submit_job
+from app.settings import Settings
+from app.store import FeatureStore
+from tests.app.helpers import count, queued
+from tests.support.audio import wav_bytes
+
+
+def test_submission_creates_rows_stores_the_reference_and_enqueues_both_tasks(
+    submit, session: Session, settings: Settings, broker_redis: redis.Redis, artifacts: ArtifactStore
+):
+    job_id = submit(tokens=[0, 4218, 6560], seed=5, output_format="flac", priority=7)
+    job = q.require_job(session=session, job_id=job_id)
+    voice = q.require_voice(session=session, voice_id=job.voice_id)
+    assert (job.status, job.tokens, job.seed, job.output_format, job.priority) == (
+        "queued",
+        [0, 4218, 6560],
+        5,
+        "flac",
+        7,
+    )
+    assert voice.status == VoiceStatus.PENDING and voice.uses == 1
+    assert voice.reference_path and artifacts.read_bytes(voice.reference_path) == wav_bytes()
+    prepare, synth = queued(broker_redis, settings.queue_cpu), queued(broker_redis, settings.queue_gpu)
+    assert [(m["task"], m["args"]) for m in prepare] == [("voice.prepare", [voice.id])]
+    assert [(m["task"], m["args"], m["id"]) for m in synth] == [("synth", [job_id], job_id)]
+    assert synth[0]["priority"] == 2  # job priority 7 of 9 -> broker priority 2 (0 is served first)
+
+
+def test_the_same_idempotency_key_returns_the_same_job_and_enqueues_once(
+    submit, session: Session, settings: Settings, broker_redis: redis.Redis
+):
+    first = submit(idempotency_key="client-42")
+    second = submit(idempotency_key="client-42", tokens=[9, 9])
+    assert first == second and count(session, Job) == 1
+    assert len(queued(broker_redis, settings.queue_gpu)) == 1
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [[], [-1], [6561], [1, 2, 99999], ["1"], [1.0], [True], [None], "123", b"\x01", 5, None],
+)
+def test_bad_tokens_are_refused_before_anything_is_stored(
+    submit, session: Session, tokens, artifacts: ArtifactStore
+):
+    with pytest.raises(BadTokens):
+        submit(tokens=tokens)
+    assert count(session, Job) == 0 and count(session, Voice) == 0
+    assert list((artifacts.root / "references").iterdir()) == []
+
+
+def test_more_tokens_than_the_limit_are_refused(submit, settings: Settings):
+    with pytest.raises(BadTokens, match="at most"):
+        submit(tokens=[1] * (settings.max_tokens + 1))
+
+
+def test_long_token_lists_live_in_the_artifact_store(submit, session: Session, artifacts: ArtifactStore):
+    tokens = list(range(INLINE_TOKENS_MAX + 1))
+    job = q.require_job(session=session, job_id=submit(tokens=tokens))
+    assert job.tokens is None and job.tokens_path == f"tokens/{job.id}.json" and job.n_tokens == len(tokens)
+    assert job_tokens(job=job, artifacts=artifacts) == tokens
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"output_format": "mp3"},
+        {"priority": 10},
+        {"priority": -1},
+        {"seed": -1},
+        {"idempotency_key": ""},
+        {"idempotency_key": "k" * 129},
+        {"voice_id": "0" * 64, "reference_bytes": b"x"},
+        {"voice_id": "../x"},
+    ],
+)
+def test_bad_options_are_refused(submit, kwargs):
+    with pytest.raises(BadInput):
+        submit(**kwargs)
+
+
+def test_an_unknown_voice_id_is_not_found(submit):
+    with pytest.raises(NotFound):
+        submit(voice_id="0" * 64)
+
+
+def test_unusable_audio_is_refused_and_nothing_is_stored(
+    submit, session: Session, artifacts: ArtifactStore, settings: Settings
+):
+    for data in (b"not audio", wav_bytes(seconds=0.1), b"\0" * (settings.max_reference_bytes + 1)):
+        with pytest.raises(BadAudio):
+            submit(reference_bytes=data)
+    assert count(session, Voice) == 0 and list((artifacts.root / "references").iterdir()) == []
+
+
+class BrokenBroker:
+    def send_task(self, name: str, args: Any = None, **options: Any) -> Any:
+        raise ConnectionError("broker down")
+
+
+def test_a_job_the_broker_refused_is_withdrawn(
+    settings: Settings, session: Session, store: FeatureStore, artifacts: ArtifactStore
+):
+    with pytest.raises(ConnectionError):
+        submit_job(
+            settings=settings,
+            session=session,
+            sender=BrokenBroker(),
+            store=store,
+            artifacts=artifacts,
+            tokens=[1],
+            reference_bytes=wav_bytes(),
+            idempotency_key="retry-me",
+        )
+    assert count(session, Job) == 0
+    voice = session.scalars(select(Voice)).one()
+    assert voice.uses == 0 and store.claim_prepare(voice.id, 10)  # the claim was released
