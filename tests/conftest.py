@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -34,6 +35,7 @@ from app.db import upgrade
 from app.db.session import make_engine, make_sessionmaker
 from app.settings import Settings
 from app.store import FeatureStore
+from app.wire import priority_lists
 
 pytest_plugins = ["tests.support.runtime"]
 
@@ -231,24 +233,25 @@ def settings(db_url: str, artifacts: ArtifactStore, redis_session_lock: None) ->
     )
 
 
+# The broker and a producer on a test's queues ------------------------------------------------------
 
 
+@pytest.fixture
+def celery(settings: Settings) -> Iterator[Celery]:
+    """A Celery producer on the test's broker and queues (nobody consumes them)."""
+    from tasks.celery_app import make_celery
+
+    app = make_celery(settings, include=())
+    yield app
+    app.close()
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+@pytest.fixture
+def broker(settings: Settings) -> Iterator[redis.Redis]:
+    """The test's broker database; the test's queues (every priority list) are emptied afterwards."""
+    client = redis.Redis.from_url(settings.broker_url)
+    yield client
+    for queue in (settings.queue_cpu, settings.queue_gpu):
+        client.delete(*priority_lists(queue))
+    client.close()
 

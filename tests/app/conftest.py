@@ -1,6 +1,6 @@
-"""Fixtures of the service tests: a Celery producer on the test's broker and queues (nobody consumes them),
-`submit`, a job submitted through `app.jobs` with the test's settings, and the CLI and demo tests'
-module-wide settings (`cli_settings`, `cli_env`: one database and queue pair, a bearer token)."""
+"""Fixtures of the service tests: `submit`, a job submitted through `app.jobs` with the test's settings (and
+the root's `celery` producer), and the CLI and demo tests' module-wide settings (`cli_settings`,
+`cli_env`: one database and queue pair, a bearer token)."""
 
 import uuid
 from collections.abc import Iterator
@@ -15,17 +15,9 @@ from app.db import upgrade
 from app.jobs import submit_job
 from app.settings import Settings, get_settings
 from app.store import FeatureStore
-from tasks.celery_app import make_celery
 from tests.app.cli.helpers import TOKEN
 from tests.conftest import SESSION_TAG, make_test_settings, settings_env
 from tests.support.audio import wav_bytes
-
-
-@pytest.fixture
-def celery(settings: Settings) -> Iterator[Celery]:
-    app = make_celery(settings, include=())
-    yield app
-    app.close()
 
 
 @pytest.fixture

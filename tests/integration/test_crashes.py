@@ -41,12 +41,6 @@ from tests.integration.conftest import start_gpu_worker, start_worker
 from tests.support.net import free_port
 from tests.support.runtime import VOICE_A, VOICE_B, prepare_ahead
 
-
-@pytest.fixture
-def sessions(sqlite_sessions: sessionmaker[Session]) -> sessionmaker[Session]:
-    """The SQLite file `make_runtime`'s runtimes use (the root's `sessions` covers both databases)."""
-    return sqlite_sessions
-
 pytestmark = pytest.mark.timeout(240)
 
 # Runs the GPU worker; with WF_TEST_POISON=<job id> the process SIGKILLs itself when that job starts
@@ -272,7 +266,7 @@ def test_a_cpu_worker_killed_mid_preparation_the_voice_is_prepared_again(
 
 
 # -- a hung engine step -------------------------------------------------------------------------------
-def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, sessions) -> None:
+def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, sqlite_sessions) -> None:
     from gpu_worker.job import JobRun
     from gpu_worker.watchdog import Watchdog
     from tests.support.runtime import RecordingTask
@@ -291,7 +285,7 @@ def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, ses
     exits: list[int] = []
     dog = Watchdog(rt.loop, deadline_s=0.5, on_hang=exits.append, interval_s=0.05)
     dog.start()
-    job_id = submit_in_process(rt, sessions, VOICE_A, n_tokens=30)
+    job_id = submit_in_process(rt, sqlite_sessions, VOICE_A, n_tokens=30)
     runner = threading.Thread(target=lambda: JobRun(rt, RecordingTask(), job_id).run(), daemon=True)
     runner.start()
     deadline = time.monotonic() + 20
@@ -500,7 +494,7 @@ def test_postgresql_briefly_unavailable_the_gpu_worker_finishes_its_jobs(
 
 # -- features that expire or are evicted ----------------------------------------------------------------
 def test_feature_ttl_is_refreshed_on_use_and_evicted_features_are_prepared_again(make_runtime,
-                                                                                  sessions) -> None:
+                                                                                  sqlite_sessions) -> None:
     from gpu_worker.job import JobRun
     from tests.support.runtime import RecordingTask
     from tests.support.runtime import submit as submit_in_process
@@ -511,7 +505,7 @@ def test_feature_ttl_is_refreshed_on_use_and_evicted_features_are_prepared_again
     rt.store.client.expire(feature_key(voice_id), 5)
     assert rt.store.get(voice_id) is not None and (rt.store.ttl(voice_id) or 0) > 5  # a read refreshes it
     rt.store.delete(voice_id)  # evicted (LRU) or lost with a Redis restart
-    job_id = submit_in_process(rt, sessions, VOICE_B, n_tokens=30)
+    job_id = submit_in_process(rt, sqlite_sessions, VOICE_B, n_tokens=30)
     result = JobRun(rt, RecordingTask(), job_id).run()
     assert result["status"] == "succeeded" and result["prep_path"] == "inline"  # prepared again
     assert rt.store.exists(voice_id) and 0 < (rt.store.ttl(voice_id) or 0) <= rt.store.ttl_s

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import pytest
 import soundfile as sf
 import torch
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
 from app.db import queries
@@ -27,12 +26,6 @@ from tests.support.runtime import (
 
 
 @pytest.fixture
-def sessions(sqlite_sessions: sessionmaker[Session]) -> sessionmaker[Session]:
-    """The SQLite file `make_runtime`'s runtimes use (the root's `sessions` covers both databases)."""
-    return sqlite_sessions
-
-
-@pytest.fixture
 def gpu_worker(sqlite_url, artifacts, redis_session_lock, tmp_path) -> Iterator[Settings]:
     settings = settings_for(sqlite_url, artifacts, prep_wait_ms=200)
     with running_gpu_worker(settings, f"gpu-{settings.queue_gpu}", tmp_path) as worker:
@@ -44,7 +37,7 @@ def gpu_worker(sqlite_url, artifacts, redis_session_lock, tmp_path) -> Iterator[
 
 
 @pytest.mark.timeout(300)
-def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sessions) -> None:
+def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sqlite_sessions) -> None:
     settings = gpu_worker
     app = make_gpu_celery(settings)
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
@@ -52,7 +45,7 @@ def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sessions
     jobs = []
     for reference, n in ((VOICE_A, 40), (VOICE_B, 30), (VOICE_A, 55), (VOICE_B, 20)):
         tokens = torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-        with sessions() as session:
+        with sqlite_sessions() as session:
             job_id = submit_job(settings=settings, session=session, sender=app, store=store,
                                 artifacts=artifacts, tokens=tokens, reference_bytes=reference, seed=n)
         jobs.append((job_id, n))
@@ -65,13 +58,13 @@ def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sessions
         assert results[job_id]["status"] == "succeeded"
         audio, rate = sf.read(artifacts.path(results[job_id]["output_path"]), dtype="float32")
         assert rate == 24000 and audio.shape == (n * 960,)
-        assert job_row(sessions, job_id).status == JobStatus.SUCCEEDED
+        assert job_row(sqlite_sessions, job_id).status == JobStatus.SUCCEEDED
     paths = sorted(r["prep_path"] for r in results.values())
     assert "inline" in paths or "late" in paths  # no CPU worker prepared ahead in this test
-    with sessions() as session:
+    with sqlite_sessions() as session:
         rows = queries.list_worker_voices(session=session, worker_id=_node(results))
     installed = {w.voice_id for w in rows}
-    assert installed == {job_row(sessions, j).voice_id for j, _ in jobs}
+    assert installed == {job_row(sqlite_sessions, j).voice_id for j, _ in jobs}
 
 
 def _node(results: dict[str, dict]) -> str:

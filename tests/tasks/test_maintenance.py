@@ -6,13 +6,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 
 import numpy as np
-import pytest
-import redis
-from celery import Celery
 from sqlalchemy import update
 
 from app import cli
@@ -24,25 +20,8 @@ from app.jobs import submit_job
 from app.maintenance import broker_task_ids, sweep
 from app.settings import Settings
 from app.store import FeatureStore
-from tasks.celery_app import make_celery
 from tests.conftest import settings_env
 from tests.support.audio import wav_bytes
-
-
-@pytest.fixture
-def celery(settings: Settings) -> Iterator[Celery]:
-    app = make_celery(settings, include=())
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def broker(settings: Settings) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.broker_url)
-    yield client
-    for queue in (settings.queue_cpu, settings.queue_gpu):
-        client.delete(queue, *[f"{queue}\x06\x16{n}" for n in range(1, 10)])
-    client.close()
 
 
 def run(settings, sessions, artifacts, store, broker, celery, **kw):

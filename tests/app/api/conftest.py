@@ -25,10 +25,3 @@ def client(settings: Settings, feature_redis: redis.Redis) -> Iterator[TestClien
     yield from make_client(settings)
 
 
-@pytest.fixture
-def broker(settings: Settings) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.broker_url)
-    yield client
-    for queue in (settings.queue_cpu, settings.queue_gpu):
-        client.delete(queue, *[f"{queue}\x06\x16{n}" for n in range(1, 10)])
-    client.close()

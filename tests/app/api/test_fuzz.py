@@ -27,16 +27,11 @@ from app import cli
 from app.api.main import create_app
 from app.dev import SAMPLES
 from app.settings import Settings
+from tests.support.runtime import RecordingSender
 
 EXAMPLES = 25  # per operation and mode; the whole module stays well under a minute on two shared cores
 
 
-class RecordingSender:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
-        self.sent.append((name, args))
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -18,17 +17,12 @@ from app.artifacts import ArtifactStore
 from app.dev import SAMPLES
 from app.keys import cancel_key, check_job_id, check_voice_id, feature_key
 from app.settings import Settings
+from tests.support.runtime import RecordingSender
 
 TRAVERSALS = ["../../etc/passwd", "..%2F..%2Fetc%2Fpasswd", "%2e%2e%2f%2e%2e%2fetc%2fpasswd", "/etc/passwd",
               "..\\..\\windows\\win.ini", "outputs/../../x", "a" * 64 + "/../../x", "%00", "....//....//x"]
 
 
-class RecordingSender:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
-        self.sent.append((name, args))
 
 
 @pytest.fixture
