@@ -6,9 +6,12 @@ its `#fragment` names inside a file. Spine documents without an entry continue t
 them (front matter before the first entry becomes chapters titled by the document's `<title>`).
 Cover image (JPEG/PNG) and dc:title, dc:creator, dc:language are read from the package document.
 
-Only the stdlib: the zip through `app.books.safezip` (zip bombs refused before inflating),
-xml.etree for the package/NCX files (DTD entity declarations refused, so no entity expansion),
-html.parser for XHTML (lenient, knows HTML entities).
+The zip goes through `app.books.safezip` (zip bombs refused before inflating). The XML files (container,
+package document, NCX, encryption.xml) are parsed by `defusedxml` after expat has decoded them, so in any
+encoding and anywhere in the file: an entity declaration, an external reference or a DTD internal subset
+is refused (nothing is ever expanded); a bare `<!DOCTYPE ncx PUBLIC ...>`, which EPUB 2 NCX files carry,
+is accepted and its DTD never loaded. XHTML goes through html.parser (lenient, knows only HTML's own
+named entities, never a declared one).
 Not supported: DRM-encrypted books, fixed-layout text in images, reading text from SVG.
 """
 
@@ -19,6 +22,9 @@ import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from urllib.parse import unquote
+
+import defusedxml
+import defusedxml.ElementTree as SafeET
 
 from app.books.safezip import SafeArchive
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, finish_book
@@ -58,11 +64,29 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
                        limits=limits, cover=cover, cover_type=cover_type)
 
 
+class _NoDtdParser(SafeET.DefusedXMLParser):
+    """defusedxml's parser (no entity declarations, no external references), refusing a DTD internal
+    subset too: a DOCTYPE may name its DTD (EPUB 2 NCX files do) but never declare anything."""
+
+    def __init__(self) -> None:
+        super().__init__(target=ET.TreeBuilder())
+        self.parser.StartDoctypeDeclHandler = self._refuse_subset
+
+    @staticmethod
+    def _refuse_subset(name: str, sysid: str | None, pubid: str | None, has_internal_subset: bool) -> None:
+        if has_internal_subset:
+            raise defusedxml.DTDForbidden(name, sysid, pubid)
+
+
 def _xml(content: bytes, name: str) -> ET.Element:
-    if re.search(rb"<!ENTITY", content[:65536], re.IGNORECASE):
-        raise BadInput(f"EPUB file {name!r} declares XML entities; refused")
+    parser = _NoDtdParser()
     try:
-        return ET.fromstring(content)
+        parser.feed(content)
+        root: ET.Element = parser.close()
+        return root
+    except defusedxml.DefusedXmlException as exc:
+        raise BadInput(f"EPUB file {name!r} declares XML entities or a DTD ({type(exc).__name__}); "
+                       "refused") from exc
     except ET.ParseError as exc:
         raise BadInput(f"not a valid EPUB: {name!r} is not well-formed XML ({exc})") from exc
 

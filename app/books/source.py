@@ -26,6 +26,8 @@ class BookLimits:
     max_text_bytes: int = 16 * 1024 * 1024  # plain text, Markdown and manifests (War and Peace is 3.3 MB)
     max_epub_bytes: int = 64 * 1024 * 1024
     max_paragraph_chars: int = 100_000
+    max_title_chars: int = 500  # a book's or a chapter's title (they are stored, shown and spoken)
+    max_author_chars: int = 500
     max_chapters: int = 2_000
     max_segments: int = 200_000
     max_segment_tokens: int = TOKEN_RATE * 600  # a manifest item of at most 10 minutes
@@ -87,13 +89,16 @@ def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
 
 def finish_book(chapters: list[SourceChapter], *, title: str, author: str, language: str,
                 limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None) -> SourceBook:
-    """Drop empty chapters and check the limits every text reader shares."""
+    """Drop empty chapters and check the limits every reader shares."""
     kept = [c for c in chapters if c.paragraphs or c.items]
     if not any(c.paragraphs or c.items for c in kept):
         raise BadInput("the book has no text to read")
     if len(kept) > limits.max_chapters:
         raise BadInput(f"the book has {len(kept)} chapters; the limit is {limits.max_chapters}")
+    _check_length("the book's title", title, limits.max_title_chars)
+    _check_length("the book's author", author, limits.max_author_chars)
     for ci, chapter in enumerate(kept):
+        _check_length(f"the title of chapter {ci + 1}", chapter.title, limits.max_title_chars)
         for pi, paragraph in enumerate(chapter.paragraphs):
             if len(paragraph) > limits.max_paragraph_chars:
                 raise BadInput(f"paragraph {pi + 1} of chapter {ci + 1} ({chapter.title!r}) is "
@@ -103,3 +108,10 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
         raise BadInput(f"language {language[:40]!r} is not a language tag such as 'en' or 'pt-br'")
     return SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
                       chapters=tuple(kept), cover=cover, cover_type=cover_type)
+
+
+def _check_length(what: str, text: str, limit: int) -> None:
+    """Refuse an over-long title or author, quoting only its start (it may be megabytes)."""
+    text = text.strip()
+    if len(text) > limit:
+        raise BadInput(f"{what} is {len(text)} characters ({text[:40]!r}...); the limit is {limit}")

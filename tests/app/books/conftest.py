@@ -149,6 +149,20 @@ def make_epub(
     return buf.getvalue()
 
 
+def replace_entry(epub: bytes, name: str, data: bytes) -> bytes:
+    """The EPUB with one entry's bytes replaced."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(epub)) as src, zipfile.ZipFile(buf, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, data if info.filename == name else src.read(info))
+    return buf.getvalue()
+
+
+def read_entry(epub: bytes, name: str) -> bytes:
+    with zipfile.ZipFile(io.BytesIO(epub)) as z:
+        return z.read(name)
+
+
 @pytest.fixture
 def markdown_book() -> bytes:
     return MARKDOWN_BOOK.encode()

@@ -12,7 +12,7 @@ from app.books.parse import parse_book, parse_markdown, parse_text, sniff_format
 from app.books.safezip import SafeArchive
 from app.books.source import BookLimits
 from app.errors import BadInput, BadTokens
-from tests.app.books.conftest import make_epub, tiny_png
+from tests.app.books.conftest import make_epub, replace_entry, tiny_png
 
 
 def test_markdown_book_has_three_chapters_in_order_with_heading_titles(markdown_book):
@@ -198,14 +198,6 @@ def test_epub_zip_bomb_is_refused_before_inflating():
         parse_epub(bomb)
     with pytest.raises(BadInput, match="unpacks to .* bytes; the limit is 1000000 .*zip bomb"):
         parse_epub(bomb, limits=BookLimits(epub_max_unpacked=1_000_000))
-
-
-def replace_entry(epub: bytes, name: str, data: bytes) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(epub)) as src, zipfile.ZipFile(buf, "w") as dst:
-        for info in src.infolist():
-            dst.writestr(info, data if info.filename == name else src.read(info))
-    return buf.getvalue()
 
 
 def test_epub_xml_entity_declarations_are_refused():
