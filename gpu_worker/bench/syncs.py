@@ -1,7 +1,8 @@
 """Host syncs of a decoder step, counted on any device: `python -m gpu_worker.bench.syncs`.
 
 On CUDA a step stalls its host thread wherever the host needs a value the device computed: a tensor read
-as a Python number or bool (`item()`, `int()`, `bool()`, `tolist()`: all `aten._local_scalar_dense`), an
+as a Python number or bool (`item()`, `int()`, `bool()`, `tolist()`: `aten._local_scalar_dense`, or
+`aten.item` under `torch.inference_mode()`), an
 op whose output shape depends on the data (`nonzero`, `masked_select`, `unique`, boolean indexing), or
 a copy from the device to the host. `count_syncs` records the first two kinds with a
 `TorchDispatchMode`, so a CPU run counts exactly the points that would sync on a GPU; device-to-host
@@ -28,7 +29,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
-SYNC_OPS = frozenset({aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+# item: under torch.inference_mode() a scalar read reaches the mode as `item`, not `_local_scalar_dense`
+SYNC_OPS = frozenset({aten._local_scalar_dense.default, aten.item.default, aten.nonzero.default,
+                      aten.masked_select.default,
                       aten._unique2.default, aten.unique_consecutive.default, aten.unique_dim.default,
                       aten.index.Tensor})  # index.Tensor: only with a boolean index (checked below)
 COPY_OPS = frozenset({aten._to_copy.default, aten.copy_.default})

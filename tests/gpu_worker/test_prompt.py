@@ -131,3 +131,13 @@ def test_voices_installed_in_one_batched_setup_solve_match_their_installs_alone(
     assert not torch.equal(together[0].estimator_att_cache, together[1].estimator_att_cache)
     (one,) = install_voices(hosts[:1], speaker=speaker, decoder=decoder)  # one voice: the single path
     assert_same_prompt(one, install_voice(hosts[0], speaker=speaker, decoder=decoder))
+
+
+def test_an_install_with_the_real_speaker_models_needs_no_host_sync(speaker, decoder) -> None:
+    """S3 quantize, CAM++ and the setup solve: every shape is known on the host, nothing is read back."""
+    from gpu_worker.bench.syncs import count_syncs
+
+    pcm, voice_id = load_reference(REFERENCE)
+    host = host_half(pcm, voice_id)
+    prompt, count = count_syncs(lambda: install_voice(host, speaker=speaker, decoder=decoder))
+    assert prompt.prompt_len == 300 and count.total == 0, count.by_op

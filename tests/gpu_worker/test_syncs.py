@@ -43,3 +43,12 @@ def test_a_mixed_decoder_step_needs_no_host_sync() -> None:
         setup.close()
     assert [a.numel() > 0 for a in audio] == [True, True, True]
     assert count.total == 0, count.by_op
+
+
+def test_the_counter_sees_scalar_reads_under_inference_mode_too() -> None:
+    """The decoder runs under `torch.inference_mode()`, where a scalar read reaches a dispatch mode as
+    `aten.item` rather than `_local_scalar_dense`: it must count as well."""
+    with torch.inference_mode():
+        x = torch.arange(6.0)
+        _, count = count_syncs(lambda: int(x[1]) + float(x.sum()))
+    assert count.total == 2, count.by_op
