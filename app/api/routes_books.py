@@ -37,6 +37,8 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
 
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "target_lufs", "seed",
                "priority", "title", "author", "language")
+# A JSON book is a manifest at its size limit and a few small fields around it.
+JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
                ".json": "application/json", ".vtt": "text/vtt"}
 
@@ -54,8 +56,20 @@ def _submit(ctx: ApiContext, fields: dict[str, Any]) -> BookOut:
 
 
 async def _json_fields(request: Request) -> dict[str, Any]:
+    """Read the body up to its limit as it streams (413 past it, before anything is parsed), then parse
+    it in a worker thread: a large manifest never holds up the event loop, so other requests go on."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > JSON_BODY_MAX:
+            raise HTTPException(413, detail=f"the JSON body is larger than {JSON_BODY_MAX} bytes (a manifest "
+                                            f"may have {DEFAULT_LIMITS.max_text_bytes}); stopped reading")
+    return await run_in_threadpool(_parse_json, bytes(body))
+
+
+def _parse_json(body: bytes) -> dict[str, Any]:
     try:
-        req = BookRequest.model_validate_json(await request.body())
+        req = BookRequest.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
     options = service.BookOptions(output_format=req.output_format, m4b=req.m4b, target_lufs=req.target_lufs,
@@ -98,7 +112,8 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
 
 
 @router.post("", status_code=202, response_model=BookOut,
-             responses={404: {"model": Problem}, 415: {"model": Problem}, 422: {"model": Problem}})
+             responses={404: {"model": Problem}, 413: {"model": Problem}, 415: {"model": Problem},
+                        422: {"model": Problem}})
 async def create_book(request: Request, response: Response, ctx: Ctx) -> BookOut:
     """Submit a book. Multipart: `book` file + `voice_id` or `reference`; JSON: an inline token manifest.
     Returns at once (202); follow GET /v1/books/{id}."""

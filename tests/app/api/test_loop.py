@@ -1,0 +1,101 @@
+"""No handler holds up the event loop: a real uvicorn server (in a thread, on a free port) keeps answering
+/healthz while it refuses a large upload sent by a concurrent client."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from app.api.main import create_app
+from app.artifacts import ArtifactStore
+from app.settings import Settings
+from tests.conftest import make_test_settings
+from tests.support.net import free_port
+from tests.support.runtime import RecordingSender
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture
+def sqlite_settings(sqlite_url: str, artifacts: ArtifactStore, redis_session_lock: None) -> Settings:
+    return make_test_settings(database_url=sqlite_url, artifact_root=artifacts.root)
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[str]:
+    """The app under uvicorn in a thread; yields its base URL once /healthz answers."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, sender=RecordingSender()), host="127.0.0.1",
+                                           port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def _healthz_seconds(client: httpx.Client) -> float:
+    start = time.perf_counter()
+    assert client.get("/healthz").status_code == 200
+    return time.perf_counter() - start
+
+
+def _manifest_body(target_bytes: int) -> bytes:
+    """A JSON book of many small token lists (what is slow to parse), about `target_bytes` long."""
+    segment = b'{"tokens": [' + b", ".join([b"1234"] * 200) + b"]}"
+    count = target_bytes // (len(segment) + 2)
+    return (b'{"voice_id": "' + b"0" * 64 + b'", "manifest": {"chapters": [{"title": "One", "segments": ['
+            + b", ".join([segment] * count) + b"]}]}}")
+
+
+def test_healthz_answers_while_a_40_mb_json_book_is_refused(sqlite_settings: Settings) -> None:
+    body = _manifest_body(40 * 1024 * 1024)
+    with serving(sqlite_settings) as url, httpx.Client(base_url=url, timeout=60) as probe:
+        baseline = [_healthz_seconds(probe) for _ in range(10)]
+        refused: dict[str, Any] = {}
+
+        def upload() -> None:
+            with httpx.Client(base_url=url, timeout=120) as client:
+                start = time.perf_counter()
+                response = client.post("/v1/books", content=body, headers=JSON)
+                refused.update(status=response.status_code, body=response.json(),
+                               seconds=time.perf_counter() - start)
+
+        uploader = threading.Thread(target=upload)
+        uploader.start()
+        during = []
+        while uploader.is_alive():
+            during.append(_healthz_seconds(probe))
+        uploader.join()
+    assert during, "no /healthz request ran while the upload was being refused"
+    # Against this run's own quiet latency (the machine is shared): a stalled loop shows as a /healthz
+    # that waits as long as the parse, seconds for 40 MB; a free one as a few quiet round trips.
+    bound = max(0.5, 5 * max(baseline))
+    print(f"/healthz quiet median {statistics.median(baseline) * 1000:.1f} ms, "
+          f"max {max(baseline) * 1000:.1f} ms; during the refused upload ({refused['seconds']:.2f} s) "
+          f"{len(during)} requests, max "
+          f"{max(during) * 1000:.1f} ms (bound {bound * 1000:.0f} ms)")
+    assert max(during) < bound, (max(during), baseline)
+    assert refused["status"] == 413, refused
+    assert refused["body"]["error"] == "TooLarge" and "stopped reading" in refused["body"]["reason"]
+
+
+def test_a_json_book_under_the_limit_is_still_read(sqlite_settings: Settings) -> None:
+    with serving(sqlite_settings) as url, httpx.Client(base_url=url, timeout=60) as client:
+        response = client.post("/v1/books", content=_manifest_body(100_000), headers=JSON)
+    assert response.status_code == 404 and "voice" in response.json()["reason"], response.text
