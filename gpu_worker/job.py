@@ -3,14 +3,17 @@
 1. claim the job's next attempt in the database (nothing to do when it finished, was cancelled or another
    worker holds it); 2. open its output's temp file; 3. hand it to the engine (`EngineLoop.submit`);
 4. write its audio as it arrives, report progress (database, throttled; Celery `task-progress` events and
-task state for Flower), and rename the file into place at the end. A job no longer live (cancelled, or
-finished elsewhere) is aborted at the next report. The database, the broker or Redis being away sends the
-job back to the queue (a new, counted attempt), not to failure.
+task state for Flower), and rename the file into place at the end. Audio with a NaN or infinite sample, or
+one value throughout (a broken voice or model: a constant -1.0 is what NaN features decode to), is never
+recorded as a success: the job fails with the reason and its file is discarded. A job no longer live
+(cancelled, or finished elsewhere) is aborted at the next report. The database, the broker or Redis being
+away sends the job back to the queue (a new, counted attempt), not to failure.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import time
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import kombu.exceptions
+import numpy as np
 import redis
 from celery import Task
 from celery.exceptions import Reject
@@ -53,16 +57,32 @@ FINISH_RETRY_S = 30.0  # how long a decoded job waits for the database to record
 
 
 class _Output:
-    """The job's audio file, written incrementally beside its final name and renamed into place."""
+    """The job's audio file, written incrementally beside its final name and renamed into place; it
+    watches what it writes (finite? the lowest and highest sample) so that garbage is not committed."""
 
     def __init__(self, artifacts: ArtifactStore, job_id: str, fmt: str) -> None:
         self.relpath = artifacts.output_relpath(job_id, fmt)
         self.path: Path = artifacts.path(self.relpath)
         _drop_partials(artifacts, job_id)  # a killed earlier attempt's
         self.handle, self.tmp = open_output(self.path, fmt)
+        self.samples, self.finite, self.low, self.high = 0, True, math.inf, -math.inf
 
     def write(self, samples: Any) -> None:
-        self.handle.write(samples.numpy())
+        pcm = samples.numpy()
+        if pcm.size:
+            self.samples += pcm.size
+            self.finite = self.finite and bool(np.isfinite(pcm).all())
+            if self.finite:
+                self.low, self.high = min(self.low, float(pcm.min())), max(self.high, float(pcm.max()))
+        self.handle.write(pcm)
+
+    def defect(self) -> str | None:
+        """Why this audio must not be reported as a success; None when it may be."""
+        if not self.samples or not self.finite or self.low == self.high:
+            what = ("no samples" if not self.samples else "NaN or infinite samples" if not self.finite
+                    else f"the constant {self.low:g} in all {self.samples} samples")
+            return f"the decoded audio has {what} (the voice's prompt or the model is broken)"
+        return None
 
     def commit(self) -> None:
         commit_output(self.handle, self.tmp, self.path)
@@ -171,6 +191,7 @@ class JobRun:
             output.write(event.samples)
             progress.frames_done += progress.frames_per_chunk[event.chunk_index]
         elif isinstance(event, Finished):
+            self._refuse_garbage(output)
             output.commit()  # on disk first: nothing is reported done that is not there
             if not self._finish_decoded(output.relpath):
                 return self._not_recorded(output, progress.voice_id, event.prep_path)
@@ -188,6 +209,15 @@ class JobRun:
             return {"job_id": self.job_id, "status": "cancelled", "prep_path": event.prep_path,
                     "worker": self.rt.worker_id}
         return None
+
+    def _refuse_garbage(self, output: _Output) -> None:
+        """Audio that is not audio is never a success: the job fails with the reason, its file goes."""
+        defect = output.defect()
+        if defect is not None:
+            output.discard()
+            self._finish(JobStatus.FAILED, error=defect)
+            log.error("synth %s: %s", self.job_id, defect)
+            raise EngineFailure(defect)
 
     def _not_recorded(self, output: _Output, voice_id: str, prep_path: str) -> dict[str, Any]:
         """The job stopped being live while it finished: cancelled (its file goes), or recorded by

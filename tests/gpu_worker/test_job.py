@@ -10,6 +10,7 @@ import uuid
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 from celery.exceptions import Reject
 
 from app.audio import load_reference
@@ -217,3 +218,21 @@ def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
     assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "succeeded"
     assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "skipped"  # a redelivered message
     assert JobRun(rt, RecordingTask(), str(uuid.uuid4())).run()["status"] == "skipped"  # not ours
+
+
+@pytest.mark.parametrize("garbage, reason", [(-1.0, "the constant -1 in all 28800 samples"),
+                                             (float("nan"), "NaN or infinite samples")])
+def test_audio_that_is_not_audio_fails_the_job_instead_of_succeeding(make_runtime, sessions, monkeypatch,
+                                                                     garbage: float, reason: str) -> None:
+    """What a voice with NaN features decoded to (a constant -1.0) was recorded as a success."""
+    rt = make_runtime()
+    prepare_ahead(rt, VOICE_A)
+    decoder = rt.loop.engine.decoder
+    step = decoder.step
+    monkeypatch.setattr(decoder, "step", lambda rows: [torch.full_like(a, garbage) for a in step(rows)])
+    job_id = submit(rt, sessions, VOICE_A, n_tokens=30)
+    with pytest.raises(EngineFailure, match=reason):
+        JobRun(rt, RecordingTask(), job_id).run()
+    row = job_row(sessions, job_id)
+    assert row.status == JobStatus.FAILED and reason in (row.error or "") and row.output_path is None
+    assert not list((rt.artifacts.root / "outputs").iterdir())
