@@ -4,22 +4,51 @@
 CLI, demo) all build their Celery app here, so the wire contract is written once and neither worker
 package imports the other; the task names and priorities are `app.wire`'s. JSON only; a task is
 acknowledged after it finishes and redelivered if its worker dies.
+
+Two brokers: kombu's Redis transport (`redis://`, the embedded default) and RabbitMQ (`amqp://`).
+On Redis, redelivery of a dead worker's messages rests on the visibility timeout and its restore scan;
+priorities are kombu's lists (0 first). On RabbitMQ, queues are durable with `x-max-priority`, publishes
+are confirmed by the broker, a dead consumer's messages are requeued as soon as its connection closes,
+and the broker priorities are turned into RabbitMQ's order as they are published (`app.wire`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from celery import Celery
+from celery.app.amqp import AMQP
 from kombu import Queue
+from kombu.utils.objects import cached_property
 
+from app.broker import is_amqp
 from app.settings import Settings
-from app.wire import PREPARE_TASK, PRIORITY_STEPS, SYNTH_TASK
+from app.wire import MAX_PRIORITY, PREPARE_TASK, PRIORITY_STEPS, SYNTH_TASK, amqp_priority
+
+
+class RabbitPriorities(AMQP):
+    """Celery's publishing, with each task's broker priority (0 first) turned into RabbitMQ's (9 first)."""
+
+    @cached_property
+    def send_task_message(self) -> Callable[..., Any]:
+        send = self._create_task_sender()
+
+        def publish(producer: Any, name: str, message: Any, *args: Any, **options: Any) -> Any:
+            headers = message[0]
+            # A retry copies the priority RabbitMQ delivered its message with: already in RabbitMQ's order.
+            if not headers.get("retries"):
+                options["priority"] = amqp_priority(options.get("priority"))
+            return send(producer, name, message, *args, **options)
+
+        return publish
 
 
 def make_celery(settings: Settings, include: Sequence[str] = (), name: str = "wavefarm") -> Celery:
     """A Celery app speaking wavefarm's wire contract; `include` names the task modules it runs."""
-    app = Celery(name, broker=settings.broker_url, backend=settings.result_backend, include=list(include))
+    amqp = is_amqp(settings.broker_url)
+    app = Celery(name, broker=settings.broker_url, backend=settings.result_backend, include=list(include),
+                 amqp=RabbitPriorities if amqp else None)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -33,24 +62,35 @@ def make_celery(settings: Settings, include: Sequence[str] = (), name: str = "wa
         worker_send_task_events=True,
         task_send_sent_event=True,
         task_track_started=True,
-        broker_transport_options={
-            # Longer than the longest job, or a running job is handed to a second worker.
-            "visibility_timeout": settings.visibility_timeout_s,
-            # A dead worker's unacknowledged messages are restored by the scan of a live one: scan every
-            # few seconds (kombu's default is about every 100 s), and let the scan's lock expire soon
-            # (a worker SIGKILLed while holding it would block redelivery for kombu's 300 s).
-            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 2)),
-            "unacked_restore_throttle": 1,
-            "unacked_mutex_expire": 30,
-            # Job priority: the Redis transport serves priority 0 first (app.wire.broker_priority).
-            "queue_order_strategy": "priority",
-            "priority_steps": list(PRIORITY_STEPS),
-        },
+        broker_transport_options=amqp_options() if amqp else redis_options(settings),
         broker_connection_retry_on_startup=True,
         task_queues=(Queue(settings.queue_cpu), Queue(settings.queue_gpu)),
         task_default_queue=settings.queue_cpu,
         task_routes={PREPARE_TASK: {"queue": settings.queue_cpu}, SYNTH_TASK: {"queue": settings.queue_gpu}},
         result_expires=7 * 24 * 3600,
     )
+    if amqp:  # every queue Celery declares (both task queues) gets RabbitMQ's priority levels 0..9
+        app.conf.task_queue_max_priority = MAX_PRIORITY
     return app
 
+
+def redis_options(settings: Settings) -> dict[str, Any]:
+    """kombu's Redis transport: redelivery after the visibility timeout, priority lists."""
+    return {
+        # Longer than the longest job, or a running job is handed to a second worker.
+        "visibility_timeout": settings.visibility_timeout_s,
+        # A dead worker's unacknowledged messages are restored by the scan of a live one: scan every
+        # few seconds (kombu's default is about every 100 s), and let the scan's lock expire soon
+        # (a worker SIGKILLed while holding it would block redelivery for kombu's 300 s).
+        "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 2)),
+        "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": 30,
+        # Job priority: the Redis transport serves priority 0 first (app.wire.broker_priority).
+        "queue_order_strategy": "priority",
+        "priority_steps": list(PRIORITY_STEPS),
+    }
+
+
+def amqp_options() -> dict[str, Any]:
+    """RabbitMQ: a publish returns once the broker has the message (a sent job is never only in flight)."""
+    return {"confirm_publish": True}

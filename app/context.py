@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Self
 
-import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
+from app.broker import Broker, open_broker
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
 from app.store import FeatureStore
@@ -29,7 +29,7 @@ class Context:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
-    broker: redis.Redis  # for health and queue depths; tasks go through `sender`
+    broker: Broker  # for health and queue depths (Redis or RabbitMQ); tasks go through `sender`
     store: FeatureStore
     artifacts: ArtifactStore
     sender: TaskSender
@@ -43,7 +43,7 @@ class Context:
 
             sender = make_celery(settings)
         engine = make_engine(settings.database_url)
-        broker = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=2)
+        broker = open_broker(settings.broker_url, timeout_s=5)
         return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine), broker=broker,
                    store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),
                    artifacts=ArtifactStore(settings.artifact_root), sender=sender, owns_sender=owns_sender)

@@ -5,24 +5,30 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
 1. orphan files: files under the artifact root that no database row refers to (partial outputs of a
    killed worker, temp files, references whose rows never committed), older than `orphan_grace_s`, are
    removed (the age guard keeps a file whose row is still being committed, or one being written);
-2. stuck jobs: a live job (queued, preparing, running) not updated for `stuck_job_after_s` whose `synth`
-   message is nowhere in the broker (waiting, or delivered and unacknowledged) is sent again: the job
-   would otherwise wait forever (a broker that lost its data, a worker that died while the database was
-   away). A job that is running updates its row every `progress_interval_s`, so it is never stale;
-3. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
-4. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
+2. orphaned jobs: a job claimed by a GPU worker that is gone (stopped, no heartbeat for `WORKER_GONE_S`,
+   or started again since the claim: `queries.list_orphaned_jobs`) goes back to `queued` and gets its
+   message back (`resume_orphans`). On Redis the killed worker's message sits in kombu's `unacked` hash
+   until the visibility timeout (6 h by default): it is put back in the queue now, or sent again when
+   the kill lost it. RabbitMQ requeues a dead consumer's messages by itself, so there a job is sent
+   again only when it also stayed quiet for `stuck_job_after_s` (the broker lost it). A restarted GPU
+   worker runs the same part for the jobs its previous process held, as it starts (`gpu_worker.worker`);
+3. stuck jobs: a live job not updated for `stuck_job_after_s` whose `synth` message is nowhere in the
+   broker (waiting, or delivered and unacknowledged) is sent again: the job would otherwise wait forever
+   (a broker that lost its data, a message a killed worker had just popped). A job that is running
+   updates its row every `progress_interval_s`, so it is never stale. Redis only: RabbitMQ cannot list a
+   queue's messages, and it loses none of a dead consumer's (part 2 covers the jobs of gone workers);
+4. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
+5. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
    failed or cancelled) for `STALLED_CHAPTER_AFTER_S` without the chapter being assembled gets its
    `book.chapter` sent again. Its trigger, the chord over the chapter's segment jobs, never fires when
-   one of them was sent again by part 2 (a re-sent message carries no chord), and `book.chapter` is
+   one of them was sent again by parts 2 or 3 (a re-sent message carries no chord), and `book.chapter` is
    idempotent, so sending it again is always safe.
 It does not touch the GPU workers' installs (theirs to reclaim) and does not retry failed jobs.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -31,23 +37,26 @@ import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
+from app.broker import Broker, RedisBroker, as_broker, open_broker
 from app.db import queries
-from app.db.models import utcnow
+from app.db.models import JobStatus, utcnow
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
 from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice
-from app.wire import BOOK_CHAPTER_TASK, UNACKED_KEY, TaskSender, priority_lists, send_synth
+from app.wire import BOOK_CHAPTER_TASK, TaskSender, send_synth
 
 log = logging.getLogger(__name__)
 
 STALLED_CHAPTER_AFTER_S = 60.0  # a chapter's chord fires within seconds of its last segment
+WORKER_GONE_S = 60.0  # a GPU worker beats every gpu_worker.runtime.HEARTBEAT_S (10 s): six missed beats
 
 
 @dataclass
 class SweepReport:
     orphans_removed: list[str] = field(default_factory=list)  # root-relative paths
-    jobs_requeued: list[str] = field(default_factory=list)
+    jobs_resumed: list[str] = field(default_factory=list)  # orphaned: their worker is gone
+    jobs_requeued: list[str] = field(default_factory=list)  # stuck: no message anywhere
     voices_reclaimed: list[str] = field(default_factory=list)
     chapters_resumed: list[str] = field(default_factory=list)  # "<book id>/<chapter index>"
     errors: list[str] = field(default_factory=list)
@@ -56,27 +65,9 @@ class SweepReport:
         return asdict(self)
 
 
-def broker_task_ids(broker: redis.Redis, queue: str) -> set[str]:
-    """Task ids with a message for `queue` in the broker: waiting (every priority) or unacked."""
-    ids: set[str] = set()
-    for key in priority_lists(queue):
-        for raw in broker.lrange(key, 0, -1):
-            ids.update(_task_id(raw))
-    for raw in broker.hvals(UNACKED_KEY):
-        ids.update(_task_id(raw, wrapped=True))
-    return ids
-
-
-def _task_id(raw: bytes | str, wrapped: bool = False) -> Iterator[str]:
-    try:
-        message = json.loads(raw)
-        if wrapped:  # unacked entries are [message, exchange, routing_key]
-            message = message[0]
-        task_id = message["headers"]["id"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        return
-    if isinstance(task_id, str):
-        yield task_id
+def broker_task_ids(broker: Broker | redis.Redis, queue: str) -> set[str]:
+    """Task ids with a message for `queue` in a Redis broker: waiting (every priority) or unacked."""
+    return as_broker(broker).task_ids(queue) or set()
 
 
 def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float,
@@ -93,20 +84,69 @@ def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float
         report.orphans_removed.append(str(path.relative_to(artifacts.root)))
 
 
-def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker: redis.Redis,
+def resume_orphans(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
+                   sender: TaskSender, report: SweepReport, worker: str | None = None) -> None:
+    """Part 2 (module docstring): the jobs of gone workers (only `worker`'s, when given) are queued again."""
+    broker = as_broker(broker)
+    now = utcnow()
+    quiet = now - timedelta(seconds=settings.stuck_job_after_s) if broker.redelivers_dead_consumers else None
+    with session_scope(sessions) as session:
+        orphans = [(job.id, job.priority, job.attempts) for job in queries.list_orphaned_jobs(
+            session=session, silent_before=now - timedelta(seconds=WORKER_GONE_S), worker=worker,
+            quiet_before=quiet)]
+    if not orphans:
+        return
+    put_back = _PutBack(settings, broker, sender)
+    for job_id, priority, attempts in orphans:
+        if put_back.waiting(job_id):
+            continue  # its message is in the queue: the next delivery claims it (its worker is gone)
+        with session_scope(sessions) as session:
+            if not queries.release_job(session=session, job_id=job_id, attempts=attempts):
+                continue  # claimed again, finished or cancelled meanwhile
+        put_back.message(job_id, priority)
+        log.warning("maintenance: job %s was held by a worker that is gone; queued again", job_id)
+        report.jobs_resumed.append(job_id)
+
+
+class _PutBack:
+    """An orphaned job's message, back in the gpu queue: the one a dead worker left in kombu's `unacked`
+    hash (Redis), or a new one when there is none (a kill that lost it; RabbitMQ: a broker that lost it)."""
+
+    def __init__(self, settings: Settings, broker: Broker, sender: TaskSender) -> None:
+        self.settings, self.sender = settings, sender
+        self.redis = broker if isinstance(broker, RedisBroker) else None
+        queue = settings.queue_gpu
+        self.queued = self.redis.waiting_ids(queue) if self.redis else set()
+        self.unacked = self.redis.unacked(queue) if self.redis else {}
+
+    def waiting(self, job_id: str) -> bool:
+        return job_id in self.queued
+
+    def message(self, job_id: str, priority: int) -> None:
+        tag = self.unacked.get(job_id)
+        if self.redis is not None and tag is not None and self.redis.restore(tag, self.settings.queue_gpu):
+            return
+        send_synth(self.sender, self.settings, job_id, priority)
+
+
+def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
                   sender: TaskSender, report: SweepReport) -> None:
+    """Part 3 (module docstring): quiet live jobs without any message are sent again (Redis only)."""
+    present = as_broker(broker).task_ids(settings.queue_gpu)
+    if present is None:
+        return  # RabbitMQ: cannot tell; it keeps every message it confirmed (part 2 covers gone workers)
     cutoff = utcnow() - timedelta(seconds=settings.stuck_job_after_s)
     with session_scope(sessions) as session:
         jobs = queries.list_stale_live_jobs(session=session, updated_before=cutoff)
-        stale = [(job.id, job.priority) for job in jobs]
-    if not stale:
-        return
-    present = broker_task_ids(broker, settings.queue_gpu)
-    for job_id, priority in stale:
+        stale = [(job.id, job.priority, job.attempts, job.status) for job in jobs]
+    for job_id, priority, attempts, status in stale:
         if job_id in present:
             continue  # waiting its turn, or held by a worker (redelivered after the visibility timeout)
         with session_scope(sessions) as session:
-            queries.touch_job(session=session, job_id=job_id)
+            if status == JobStatus.QUEUED:
+                queries.touch_job(session=session, job_id=job_id)
+            elif not queries.release_job(session=session, job_id=job_id, attempts=attempts):
+                continue  # claimed again meanwhile
         send_synth(sender, settings, job_id, priority)
         log.warning("maintenance: job %s had no broker message; sent again", job_id)
         report.jobs_requeued.append(job_id)
@@ -134,7 +174,7 @@ def resume_chapters(*, settings: Settings, sessions: sessionmaker[Session], send
 
 
 def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: ArtifactStore,
-          store: FeatureStore, broker: redis.Redis, sender: TaskSender,
+          store: FeatureStore, broker: Broker | redis.Redis, sender: TaskSender,
           grace_s: float | None = None) -> SweepReport:
     """One maintenance pass (see the module docstring); each part runs even if another failed."""
     report = SweepReport()
@@ -142,6 +182,8 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
     parts = (
         ("orphans", lambda: _in_session(sessions, lambda s: remove_orphans(
             session=s, artifacts=artifacts, grace_s=grace, report=report))),
+        ("orphaned jobs", lambda: resume_orphans(settings=settings, sessions=sessions, broker=broker,
+                                                 sender=sender, report=report)),
         ("stuck jobs", lambda: requeue_stuck(settings=settings, sessions=sessions, broker=broker,
                                              sender=sender, report=report)),
         ("abandoned voices", lambda: reclaim_voices(sessions=sessions, store=store, report=report)),
@@ -154,8 +196,9 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
         except Exception as exc:  # one failing part must not stop the others
             log.exception("maintenance: %s failed", name)
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-    log.info("maintenance: %d orphan files removed, %d jobs sent again, %d voices reclaimed, %d chapters "
-             "checked again, %d errors", len(report.orphans_removed), len(report.jobs_requeued),
+    log.info("maintenance: %d orphan files removed, %d jobs of gone workers queued again, %d jobs sent "
+             "again, %d voices reclaimed, %d chapters checked again, %d errors", len(report.orphans_removed),
+             len(report.jobs_resumed), len(report.jobs_requeued),
              len(report.voices_reclaimed), len(report.chapters_resumed), len(report.errors))
     return report
 
@@ -169,7 +212,7 @@ def run_sweep(settings: Settings, sender: TaskSender, grace_s: float | None = No
     """Build the clients from `settings`, sweep once, close them."""
     engine = make_engine(settings.database_url)
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
-    broker = redis.Redis.from_url(settings.broker_url, socket_timeout=10, socket_connect_timeout=5)
+    broker = open_broker(settings.broker_url, timeout_s=10)
     try:
         return sweep(settings=settings, sessions=make_sessionmaker(engine),
                      artifacts=ArtifactStore(settings.artifact_root), store=store, broker=broker,

@@ -5,9 +5,14 @@ and `tasks` and `gpu_worker` never import each other. Arguments are JSON: ids in
 app itself (serialisation, acknowledgement, queues) is built in `app.celery_config`; this module imports
 neither Celery nor anything heavy, so the API's and the CLI's imports stay light.
 
-Priorities: a job's priority is 0..9, larger first. kombu's Redis transport serves priority 0 first and
-keeps one list per priority step, "<queue>" for 0 and "<queue>\\x06\\x16<n>" for the others; delivered but
-unacknowledged messages wait in the hash "unacked". The metrics and the maintenance sweep read them.
+Priorities: a job's priority is 0..9, larger first. Tasks carry the *broker priority*
+(`broker_priority`), in kombu-Redis's order: 0 is served first, 9 last, and a task sent without one
+counts as 0 (the book and maintenance tasks: ahead of every job's work). kombu's Redis transport keeps
+one list per priority step, "<queue>" for 0 and "<queue>\\x06\\x16<n>" for the others; delivered but
+unacknowledged messages wait in the hash "unacked" (`app.broker` reads them). RabbitMQ serves the
+*largest* priority first, up to the queue's `x-max-priority`: a Celery app on an amqp:// broker turns
+the number around as it publishes (`amqp_priority`, applied in `app.celery_config`), so every sender
+writes the same number on both brokers and both serve the same task first.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ MAX_PRIORITY = 9  # job priority 0..9, larger goes first
 PRIORITY_SEP = "\x06\x16"
 PRIORITY_STEPS = tuple(range(MAX_PRIORITY + 1))
 UNACKED_KEY = "unacked"
+UNACKED_INDEX_KEY = "unacked_index"  # delivery tag -> when it was delivered
 
 
 class TaskSender(Protocol):
@@ -40,8 +46,15 @@ class TaskSender(Protocol):
 
 
 def broker_priority(priority: int) -> int:
-    """Job priority (larger first) -> the Redis transport's priority (0 is served first)."""
+    """Job priority (larger first) -> the broker priority (0 is served first; module docstring)."""
     return MAX_PRIORITY - priority
+
+
+def amqp_priority(priority: int | None) -> int:
+    """A broker priority (0 first; none counts as 0) -> RabbitMQ's (MAX_PRIORITY first)."""
+    if priority is None:
+        return MAX_PRIORITY
+    return MAX_PRIORITY - max(0, min(int(priority), MAX_PRIORITY))
 
 
 def priority_lists(queue: str) -> list[str]:

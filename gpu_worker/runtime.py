@@ -5,7 +5,8 @@ and the long-lived runtime around them.
                                                   ones; the vocoder's dtype; acceleration (`accel`)
     build_engine(settings, features, preparer) -> Engine, with its `EngineConfig` from the settings
     build_runtime(settings, worker_id)         -> Runtime: connections, this worker's install records, the
-                                                  engine thread (`loop`) and its metrics (`metrics`)
+                                                  engine thread (`loop`) and its metrics (`metrics`), its
+                                                  row in `workers` and the heartbeat (`presence`)
     runtime(worker_id)                         the process's runtime, built on first use
 
 The `synth` tasks (`gpu_worker.job`, `gpu_worker.worker`) are thin adapters over the runtime. Nothing
@@ -18,11 +19,12 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 from prometheus_client import REGISTRY, CollectorRegistry
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
@@ -47,6 +49,7 @@ from gpu_worker.voices import VoiceCache
 
 log = logging.getLogger(__name__)
 
+HEARTBEAT_S = 10.0  # app.maintenance.WORKER_GONE_S counts a worker gone after six missed beats
 EngineFactory = Callable[[Settings, FeatureSource, InlinePreparer], Engine]
 DUMMY_SEED = 0
 INLINE_PREP_THREADS = 1
@@ -63,7 +66,8 @@ def engine_config(settings: Settings) -> EngineConfig:
 def build_model(settings: Settings) -> tuple[Code2Wav, Speaker]:
     """The model and the speaker models (S3 + CAM++) on the configured device, ready for inference."""
     device, dtype = torch.device(settings.device), DTYPES[settings.dtype]
-    args = ModelArgs.preset(settings.model_preset)
+    preset = ModelArgs.preset(settings.model_preset)
+    args = replace(preset, flow=replace(preset.flow, n_timesteps=settings.flow_steps))
     speaker: Speaker
     if settings.model_dir is None:
         model = load_dummy(args, DUMMY_SEED, device=device, dtype=dtype)
@@ -99,6 +103,37 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
                   prep_pool=pool, install_lane=lane)
 
 
+class Presence:
+    """This process's row in `workers`: registered before the runtime claims any job (so a job claimed
+    earlier under the same name was its killed predecessor's), a heartbeat every HEARTBEAT_S on its own
+    thread, and marked stopped on a warm shutdown so nothing waits for its jobs."""
+
+    def __init__(self, sessions: sessionmaker[Session], name: str) -> None:
+        self.sessions, self.name = sessions, name
+        with session_scope(sessions) as session:
+            self.started_at = queries.register_worker(session=session, name=name).started_at
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="wavefarm-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                with session_scope(self.sessions) as session:
+                    if not queries.beat(session=session, name=self.name, started_at=self.started_at):
+                        log.error("worker %s: another process registered under this name", self.name)
+            except OperationalError as exc:  # the database away for a while: beat again next time
+                log.warning("worker %s: heartbeat not recorded: %s", self.name, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            with session_scope(self.sessions) as session:
+                queries.mark_worker_stopped(session=session, name=self.name, started_at=self.started_at)
+        except OperationalError as exc:
+            log.warning("worker %s: not marked stopped: %s", self.name, exc)
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -110,9 +145,11 @@ class Runtime:
     book: Bookkeeper
     installs: InstallRecords
     metrics: WorkerMetrics
+    presence: Presence
 
     def close(self) -> None:
         self.loop.stop()
+        self.presence.stop()
         self.book.drain()
         self.store.close()
 
@@ -129,6 +166,7 @@ def build_runtime(settings: Settings, worker_id: str, engine_factory: EngineFact
     engine = engine_factory(settings, StoreFeatures(store), preparer)
     with session_scope(sessions) as session:  # a restarted worker's device memory is empty
         queries.clear_worker_voices(session=session, worker_id=worker_id)
+    presence = Presence(sessions, worker_id)  # before any claim of this process
     book = Bookkeeper()
     installs = InstallRecords(book, sessions, worker_id)
     metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry(), engine.snapshot)
@@ -137,7 +175,8 @@ def build_runtime(settings: Settings, worker_id: str, engine_factory: EngineFact
     log.info("GPU worker %s ready: device %s, preset %s, %d slots, micro-batch %d", worker_id,
              settings.device, settings.model_preset, settings.worker_slots, settings.micro_batch_size)
     return Runtime(settings=settings, worker_id=worker_id, sessions=sessions, store=store,
-                   artifacts=artifacts, loop=loop, book=book, installs=installs, metrics=metrics)
+                   artifacts=artifacts, loop=loop, book=book, installs=installs, metrics=metrics,
+                   presence=presence)
 
 
 def runtime(worker_id: str) -> Runtime:

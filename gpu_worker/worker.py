@@ -6,21 +6,40 @@ Each `synth` task (JSON args `[job_id]`) is a thin adapter over `gpu_worker.job.
 the job through the process's runtime (`gpu_worker.runtime`): the N threads of the pool are the N slots
 of continuous batching, and one engine thread owns the model and the device. The runtime is built when
 the worker is ready; a watchdog exits the process when a step hangs, so its supervisor restarts it.
+
+Restarts and duplicates (docs/RELIABILITY.md): when the worker is ready it puts back the jobs its
+previous process under the same node name held (`resume_previous`: on Redis their messages would sit in
+kombu's `unacked` hash until the visibility timeout). A delivery of a job that a live worker is
+streaming does not claim it (`queries.is_held`); it is not dropped either, but checked again a little
+later (a Celery retry with a countdown), so that if that worker dies the job still has a message. A job
+sent back to the queue (`Reject`, the database or Redis away) is released first, so its next delivery
+claims it at once.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery, Task, signals
+from celery.exceptions import Reject
 from kombu import Queue
 
+from app.broker import open_broker
 from app.celery_config import make_celery
+from app.db import queries
+from app.db.models import LIVE_JOB_STATUSES
+from app.db.session import session_scope
+from app.maintenance import SweepReport, resume_orphans
 from app.settings import Settings, get_settings
-from app.wire import SYNTH_TASK
-from gpu_worker.job import JobRun
-from gpu_worker.runtime import current_runtime, runtime
+from app.wire import SYNTH_TASK, TaskSender
+from gpu_worker.job import TRANSIENT, JobRun
+from gpu_worker.runtime import Runtime, current_runtime, runtime
 from gpu_worker.watchdog import Watchdog
+
+log = logging.getLogger(__name__)
+
+RECHECK_MAX_S = 30.0  # a duplicate of a job streaming elsewhere looks again after 1, 2, 4 .. 30 s
 
 
 def make_gpu_celery(settings: Settings) -> Celery:
@@ -35,15 +54,70 @@ def make_gpu_celery(settings: Settings) -> Celery:
 celery = make_gpu_celery(get_settings())
 
 
-@celery.task(name=SYNTH_TASK, bind=True)
+@celery.task(name=SYNTH_TASK, bind=True, max_retries=None)
 def synth(self: Task, job_id: str) -> dict[str, Any]:
-    return JobRun(runtime(self.request.hostname or "gpu-worker"), self, job_id).run()
+    rt = runtime(self.request.hostname or "gpu-worker")
+    try:
+        result = JobRun(rt, self, job_id).run()
+    except Reject:
+        release(rt, job_id)
+        raise
+    if result.get("status") == "skipped" and still_live(rt, job_id):
+        # Streamed by a live worker (here or elsewhere): look again later rather than drop the message.
+        raise self.retry(countdown=recheck_s(rt.settings, self.request.retries))
+    return result
+
+
+def recheck_s(settings: Settings, retries: int) -> float:
+    """Growing waits; on Redis well inside the visibility timeout, or kombu would hand the waiting
+    message (held unacknowledged until its countdown ends) to another worker as well."""
+    return min(2.0 ** min(retries, 8), RECHECK_MAX_S, settings.visibility_timeout_s / 3)
+
+
+def still_live(rt: Runtime, job_id: str) -> bool:
+    """The job has not ended (unknown if the database is away: then it is checked again too)."""
+    try:
+        with session_scope(rt.sessions) as session:
+            job = queries.get_job(session=session, job_id=job_id)
+            return job is not None and job.status in LIVE_JOB_STATUSES
+    except TRANSIENT as exc:
+        log.warning("synth %s: cannot tell whether the job ended: %s; checked again later", job_id, exc)
+        return True
+
+
+def release(rt: Runtime, job_id: str) -> None:
+    """A job this worker sends back to the queue is no longer held by it: its next delivery claims it at
+    once. Best effort: when the database is away the hold lapses by itself (`queries.CLAIM_HOLD_S`)."""
+    try:
+        with session_scope(rt.sessions) as session:
+            queries.release_job(session=session, job_id=job_id, worker=rt.worker_id)
+    except TRANSIENT as exc:
+        log.warning("synth %s: claim not released: %s", job_id, exc)
+
+
+def resume_previous(rt: Runtime, sender: TaskSender) -> list[str]:
+    """Put back the jobs this node name's previous process held when it died (its claims predate this
+    process's registration); the maintenance sweep does the same for workers that never come back."""
+    report = SweepReport()
+    broker = open_broker(rt.settings.broker_url)
+    try:
+        resume_orphans(settings=rt.settings, sessions=rt.sessions, broker=broker, sender=sender,
+                       report=report, worker=rt.worker_id)
+    except TRANSIENT as exc:  # the sweep will find them once this worker's predecessor looks gone
+        log.warning("worker %s: the jobs of its previous process not resumed: %s", rt.worker_id, exc)
+    finally:
+        broker.close()
+    if report.jobs_resumed:
+        log.warning("worker %s: resumed %d jobs its previous process held: %s", rt.worker_id,
+                    len(report.jobs_resumed), report.jobs_resumed)
+    return report.jobs_resumed
 
 
 @signals.worker_ready.connect
 def _build_on_start(sender: Any = None, **_: Any) -> None:
     rt = runtime(getattr(sender, "hostname", None) or "gpu-worker")
     Watchdog(rt.loop, rt.settings.step_deadline_s).start()
+    resume_previous(rt, celery)
 
 
 @signals.worker_shutdown.connect

@@ -2,7 +2,8 @@
 
 `/metrics` is served from a registry owned by one app instance (several apps in one process, as in
 the tests, never collide). State metrics are read at scrape time, not kept in this process:
-  wavefarm_queue_depth{queue}          messages waiting in the Celery broker lists (all priorities)
+  wavefarm_queue_depth{queue}          messages waiting in the broker (Redis: its lists, all priorities;
+                                       RabbitMQ: the queue's ready messages; neither counts delivered ones)
   wavefarm_prep_path_total{path}       how GPU workers installed job voices (feature-store counters)
   wavefarm_voice_prepare_total{outcome} CPU-side preparations (feature-store counters)
   wavefarm_jobs{status}                jobs in the database by status
@@ -24,8 +25,8 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import keys
+from app.broker import Broker, as_broker
 from app.store import FeatureStore
-from app.wire import priority_lists
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +39,15 @@ HTTP_REQUESTS = "wavefarm_http_requests"
 HTTP_SECONDS = "wavefarm_http_request_seconds"
 
 
-def broker_queue_depth(client: redis.Redis, queue: str) -> int:
-    """Messages waiting in a queue: the sum over its per-priority lists (`app.wire.priority_lists`)."""
-    pipe = client.pipeline(transaction=False)
-    for key in priority_lists(queue):
-        pipe.llen(key)
-    return sum(int(n) for n in pipe.execute())
+def broker_queue_depth(broker: Broker | redis.Redis, queue: str) -> int:
+    """Messages waiting in a queue (`app.broker`: Redis's per-priority lists, or a passive declare)."""
+    return as_broker(broker).queue_depth(queue)
 
 
 class StateCollector(Collector):
     """Reads queue depths, feature-store counters and job counts at every scrape."""
 
-    def __init__(self, *, broker: redis.Redis, store: FeatureStore, queues: list[str],
+    def __init__(self, *, broker: Broker | redis.Redis, store: FeatureStore, queues: list[str],
                  job_counts: Callable[[], dict[str, int]]) -> None:
         self.broker, self.store, self.queues, self.job_counts = broker, store, queues, job_counts
 

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 models: the source of truth for voices, jobs, worker installs and books.
+"""SQLAlchemy 2.0 models: the source of truth for voices, jobs, GPU workers and their installs, and books.
 
 Only table definitions live here; reading and writing goes through
 `app.db.queries`. Types are chosen to behave the same on SQLite and
@@ -169,6 +169,18 @@ class Job(Base):
     output_path: Mapped[str | None] = mapped_column(String(255))
     worker: Mapped[str | None] = mapped_column(String(255))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Worker(Base):
+    """A GPU worker process under its node name: when its current incarnation started, when it last said
+    it was alive. A job claimed before its worker's `started_at` was held by an earlier incarnation (a
+    killed process); a worker whose heartbeat is old, or NULL (it stopped), holds nothing."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)  # the Celery node name (jobs.worker)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(default=utcnow)
 
 
 class WorkerVoice(Base):

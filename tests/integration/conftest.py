@@ -5,7 +5,9 @@
 - `start_worker` / `start_gpu_worker` / `running_gpu_worker`: a worker a test starts on its own settings,
   with its output in the test's folder (`WorkerProcess.tail()` shows it when something fails);
 - the modules that test in-process runtimes (`make_runtime`) override `sessions` with the SQLite file
-  those runtimes use.
+  those runtimes use;
+- `amqp_url`: a RabbitMQ virtual host of this session (127.0.0.1:5672, guest), deleted at the end, and
+  `broker_url`, which runs a test once on the Redis broker and once on RabbitMQ.
 Every test in this folder is marked `integration`.
 """
 
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +30,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
 from app.settings import Settings
-from tests.conftest import REPO, SESSION_TAG, _sessions, empty_tables, make_test_settings, settings_env
+from tests.conftest import (
+    BROKER_DB,
+    REPO,
+    SESSION_TAG,
+    _sessions,
+    empty_tables,
+    make_test_settings,
+    redis_url,
+    settings_env,
+)
+
+RABBITMQ = ("127.0.0.1", 5672)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,6 +59,42 @@ def worker_settings(
     root = tmp_path_factory.mktemp("worker") / "artifacts"
     ArtifactStore(root).ensure_layout()
     return make_test_settings(database_url=pg_url, artifact_root=root)
+
+
+def _rabbitmqctl(*args: str) -> None:
+    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        pytest.fail(f"rabbitmqctl {' '.join(args)}: {done.stderr.strip()[-500:]}")
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    """A virtual host of this session on the local RabbitMQ: no other test run sees its queues or
+    messages, and it is deleted (queues, messages and all) at the end. Skips when nothing listens on
+    5672, as the Redis and PostgreSQL fixtures do (`./run test` starts a RabbitMQ server)."""
+    try:
+        socket.create_connection(RABBITMQ, timeout=2).close()
+    except OSError:
+        pytest.skip(f"no RabbitMQ at {RABBITMQ[0]}:{RABBITMQ[1]}")
+    if shutil.which("rabbitmqctl") is None:
+        pytest.fail("RabbitMQ listens on 5672 but rabbitmqctl is missing: cannot make the session's vhost")
+    vhost = f"wavefarm-test-{SESSION_TAG}"
+    subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=60)  # a leftover
+    _rabbitmqctl("add_vhost", vhost)
+    _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    try:
+        yield f"amqp://guest:guest@{RABBITMQ[0]}:{RABBITMQ[1]}/{vhost}"
+    finally:
+        _rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture(params=["redis", "amqp"])
+def broker_url(request: pytest.FixtureRequest) -> str:
+    """The test runs once on the Redis broker (the session's database) and once on RabbitMQ."""
+    if request.param == "redis":
+        request.getfixturevalue("redis_session_lock")
+        return redis_url(BROKER_DB)
+    return str(request.getfixturevalue("amqp_url"))
 
 
 def _wait_ready(settings: Settings, nodename: str, proc: subprocess.Popen[bytes], log: Path, *,

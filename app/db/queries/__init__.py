@@ -9,6 +9,7 @@ DO NOTHING (SQLite and PostgreSQL both have it).
     voices       voice rows, preparation states, uses, live jobs, referenced artifact paths
     jobs         job creation (idempotent), attempts, progress, finishing, cancelling, listing
     installs     which voices each GPU worker holds, pins, last use
+    workers      GPU worker incarnations and heartbeats; held and orphaned jobs, releasing a claim
     maintenance  stale live jobs and abandoned ready voices, for the sweep
     books        books, chapters, segments and their jobs, per-chapter progress
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
@@ -80,6 +81,16 @@ from app.db.queries.voices import (
     referenced_paths,
     require_voice,
 )
+from app.db.queries.workers import (
+    CLAIM_HOLD_S,
+    beat,
+    get_worker,
+    is_held,
+    list_orphaned_jobs,
+    mark_worker_stopped,
+    register_worker,
+    release_job,
+)
 
 __all__ = [
     "ERROR_MAX_CHARS",
@@ -115,6 +126,15 @@ __all__ = [
     "remove_worker_voice",
     "list_worker_voices",
     "clear_worker_voices",
+    # GPU workers
+    "CLAIM_HOLD_S",
+    "register_worker",
+    "beat",
+    "mark_worker_stopped",
+    "get_worker",
+    "is_held",
+    "list_orphaned_jobs",
+    "release_job",
     # maintenance
     "list_stale_live_jobs",
     "touch_job",

@@ -18,6 +18,7 @@ from app.db.models import (
     utcnow,
 )
 from app.db.queries._common import _clip, _insert, _rowcount
+from app.db.queries.workers import is_held
 from app.errors import NotFound
 from app.speech import MEL_PER_TOKEN
 
@@ -75,10 +76,11 @@ def claim_job_attempt(*, session: Session, job_id: str, worker: str, max_attempt
     """Start the next attempt of a live job on `worker`; None when it must not run.
 
     None means: finished or cancelled already, another worker claimed this
-    attempt first, or out of attempts (the job is then marked failed).
+    attempt first, a live worker is streaming the job (a duplicate delivery:
+    `workers.is_held`), or out of attempts (the job is then marked failed).
     Progress and timings restart with each attempt."""
     job = require_job(session=session, job_id=job_id)
-    if job.status in DONE_JOB_STATUSES:
+    if job.status in DONE_JOB_STATUSES or is_held(session=session, job=job):
         return None
     if job.attempts >= max_attempts:
         finish_job(
