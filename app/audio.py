@@ -17,6 +17,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,7 @@ class AudioLimits:
 
 @dataclass(frozen=True)
 class Decoded:
-    pcm: np.ndarray  # [T, C] float32 in [-1, 1]
+    pcm: np.ndarray  # [T, C] float32: in [-1, 1] from integer formats; a float file may exceed it
     sample_rate: int
     format: str  # soundfile's name: WAV, FLAC, OGG, MP3
 
@@ -71,13 +72,23 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> Decoded:
     except BadAudio:
         raise
     except (sf.LibsndfileError, RuntimeError, ValueError, TypeError) as exc:
-        raise BadAudio(f"not a readable audio file (WAV, FLAC, OGG or MP3): {exc}") from exc
+        raise BadAudio(f"not a readable audio file (WAV, FLAC, OGG or MP3): {_reason(exc)}") from exc
     if pcm.shape[0] > cap:
         raise BadAudio(f"audio is longer than the {limits.max_seconds:g} s limit")
     if pcm.shape[0] < limits.min_seconds * sample_rate:
         raise BadAudio(f"audio is {pcm.shape[0] / sample_rate:.3f} s long; at least "
                        f"{limits.min_seconds:g} s is needed")
     return Decoded(pcm=pcm, sample_rate=sample_rate, format=fmt)
+
+
+_OBJECT_REPR_RE = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def _reason(exc: Exception) -> str:
+    """libsndfile's own words, without the in-memory file's repr ('Error opening <_io.BytesIO object at
+    0x7f...>: ') that soundfile puts before them: it tells the client nothing and names our memory."""
+    text = str(getattr(exc, "error_string", "") or exc).strip()
+    return _OBJECT_REPR_RE.sub("the upload", text) or type(exc).__name__
 
 
 def _check_header(sample_rate: int, channels: int, limits: AudioLimits) -> None:
@@ -102,9 +113,16 @@ def resample(pcm: np.ndarray | torch.Tensor, orig_sr: int, new_sr: int) -> torch
 def normalise_reference(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, str]:
     """Reference audio -> (mono 24 kHz float32 PCM of exactly 6 s, voice id).
 
-    pcm: [T, C] or [T]. Downmix, resample, truncate (with a warning) or zero-pad. The voice id is
-    the sha256 of the normalised float32 bytes followed by the sample rate, so the same voice
+    pcm: [T, C] or [T]. Bound the level, downmix, resample, truncate (with a warning) or zero-pad. The
+    voice id is the sha256 of the normalised float32 bytes followed by the sample rate, so the same voice
     uploaded as WAV or FLAC, or at another sample rate that resamples identically, is one voice.
+
+    The level: a reference peaking above full scale (1.0; only a float file can) is scaled down, in
+    float64, to peak at exactly 1.0, with a warning; NaN or infinite samples are refused. Normalised,
+    not refused: any finite level maps onto full scale without loss, and a loud float file is usually a
+    scaling slip (integer sample values written as floats, peaking near 32768) whose voice is intact;
+    left as it is, a peak of 1e18 overflows the features' power spectra to inf and NaN. The voice id
+    follows the scaled audio (so such a reference is one voice at whatever level it was sent).
     """
     pcm = np.asarray(pcm, dtype=np.float32)
     if pcm.ndim == 1:
@@ -115,6 +133,11 @@ def normalise_reference(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, 
         raise BadAudio(f"reference has {pcm.shape[1]} channels; at most {MAX_CHANNELS} are accepted")
     if not np.isfinite(pcm).all():
         raise BadAudio("reference audio contains NaN or infinite samples")
+    peak = float(np.abs(pcm).max())
+    if peak > 1.0:  # before the downmix: a mean of channels near float32's maximum would overflow
+        log.warning("reference peaks at %.3g (%+.1f dBFS); scaled down to full scale", peak,
+                    20 * np.log10(peak))
+        pcm = (pcm.astype(np.float64) / peak).astype(np.float32)
     mono = pcm.mean(axis=1)
     if float(np.abs(mono).max()) < SILENCE_PEAK:
         raise BadAudio("reference audio is silent")

@@ -27,7 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from app.audio import resample
-from app.errors import FeaturesMissing
+from app.errors import BadAudio, FeaturesMissing
 from app.keys import FEATURE_VERSION
 from app.speech import MEL_BINS, S3_SAMPLE_RATE, SAMPLE_RATE, SAMPLES_PER_MEL
 
@@ -76,15 +76,28 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
 
 
 def host_half(pcm24k: np.ndarray, voice_id: str) -> PromptHostFeatures:
-    """Normalised 24 kHz prompt -> its three host features."""
+    """Normalised 24 kHz prompt -> its three host features; BadAudio if one is not finite."""
     wave24 = torch.as_tensor(np.asarray(pcm24k, dtype=np.float32))  # [T24]
     wave16 = resample(wave24, SAMPLE_RATE, S3_SAMPLE_RATE)  # [T16]
-    return PromptHostFeatures(
+    return check_finite(PromptHostFeatures(
         voice_id=voice_id,
         logmel128=s3_log_mel(wave16),
         fbank80=speaker_fbank(wave16),
         mel80=prompt_mel(wave24),
-    )
+    ))
+
+
+def check_finite(host: PromptHostFeatures) -> PromptHostFeatures:
+    """Refuse features holding a NaN or an infinity (BadAudio, naming the feature): they would make a
+    voice `ready` whose every job decodes to garbage. `voice.prepare` fails the voice with this reason, an
+    inline preparation on the GPU worker fails the job that needed it."""
+    for name in ("logmel128", "fbank80", "mel80"):
+        values = getattr(host, name)
+        bad = int(values.numel() - torch.isfinite(values).sum())
+        if bad:
+            raise BadAudio(f"voice {host.voice_id}: {bad} of the {values.numel()} values of its {name} "
+                           "feature are NaN or infinite; the reference cannot be used")
+    return host
 
 
 def s3_log_mel(wave16k: torch.Tensor) -> torch.Tensor:

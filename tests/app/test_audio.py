@@ -119,3 +119,34 @@ def test_write_audio_is_atomic_and_readable(tmp_path, fmt):
     assert sr == 24000 and back.shape == wave.shape
     assert np.abs(back - wave).max() < 1e-4
     assert [p.name for p in out.parent.iterdir()] == [out.name]
+
+
+@pytest.mark.parametrize("peak", [1e18, 32767.0, 3e38])
+def test_a_float_reference_over_full_scale_is_scaled_down_and_prepares_finite_features(peak, caplog):
+    """A float WAV peaking at 1e18 made NaN features and a `ready` voice that decoded to garbage."""
+    from app.features import host_half
+
+    quiet = speechy(2.0, 16000, channels=2)
+    loud = (quiet.astype(np.float64) * (peak / float(np.abs(quiet).max()))).astype(np.float32)
+    pcm, voice_id = load_reference(encode(loud, 16000, "WAV", "FLOAT"))
+    at_full_scale, _ = load_reference(encode(quiet / np.abs(quiet).max(), 16000, "WAV", "FLOAT"))
+    assert np.abs(pcm - at_full_scale).max() < 1e-5 and 0.9 < np.abs(pcm).max() < 1.1
+    host = host_half(pcm, voice_id)  # raises unless every feature is finite
+    assert host.voice_id == voice_id
+    assert "scaled down to full scale" in caplog.text
+
+
+def test_a_reference_at_or_under_full_scale_keeps_its_level_and_its_id():
+    pcm = speechy(2.0, 24000)
+    kept, voice_id = normalise_reference(pcm, 24000)
+    assert np.array_equal(kept[: pcm.shape[0]], pcm) and np.abs(kept).max() < 1.0
+    assert normalise_reference(pcm * 2, 24000)[1] != voice_id  # scaled to full scale: another level
+
+
+@pytest.mark.parametrize("data", [b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 40, b"not audio at all"])
+def test_an_unreadable_file_is_refused_in_libsndfile_words_without_a_python_object(data):
+    with pytest.raises(BadAudio) as info:
+        decode_audio(data)
+    message = str(info.value)
+    assert "object at 0x" not in message and "<_io" not in message, message
+    assert message.startswith("not a readable audio file (WAV, FLAC, OGG or MP3): ") and len(message) > 52

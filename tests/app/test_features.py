@@ -10,8 +10,15 @@ import torch
 import torchaudio.compliance.kaldi as kaldi
 
 from app.audio import normalise_reference, resample
-from app.errors import FeaturesMissing
-from app.features import PromptHostFeatures, host_half, prompt_mel, s3_log_mel, speaker_fbank
+from app.errors import BadAudio, FeaturesMissing
+from app.features import (
+    PromptHostFeatures,
+    check_finite,
+    host_half,
+    prompt_mel,
+    s3_log_mel,
+    speaker_fbank,
+)
 
 RECORDINGS = ["BAC009S0764W0121.wav", "BAC009S0764W0122.wav"]
 
@@ -75,3 +82,16 @@ def test_features_of_another_version_or_garbage_are_missing_not_misread():
         PromptHostFeatures.from_bytes(data)
     with pytest.raises(FeaturesMissing):
         PromptHostFeatures.from_bytes(b"\x01\x00")
+
+
+def test_features_with_a_nan_or_an_infinity_are_refused() -> None:
+    """A peak of 1e18 that bypasses the reference's normalisation overflows the power spectra to inf."""
+    pcm, voice_id = normalise_reference(real_speech(RECORDINGS[0])[0], 16000)
+    with pytest.raises(BadAudio, match=r"values of its logmel128 feature are NaN or infinite"):
+        host_half(pcm * np.float32(1e18 / np.abs(pcm).max()), voice_id)
+    host = host_half(pcm, voice_id)
+    mel = host.mel80.clone()
+    mel[3, 7] = float("nan")
+    with pytest.raises(BadAudio, match=r"1 of the 24000 values of its mel80 feature"):
+        check_finite(PromptHostFeatures(voice_id, host.logmel128, host.fbank80, mel))
+    assert check_finite(host) is host

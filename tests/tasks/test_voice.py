@@ -200,3 +200,36 @@ def test_an_unreachable_store_is_retried_a_bounded_number_of_times_then_fails_th
     assert result.get() == voice_id  # the task ends; it does not retry forever
     voice = voice_row(res, voice_id)
     assert voice.status == VoiceStatus.FAILED and "unfinished attempts" in (voice.error or "")
+
+
+def test_a_reference_peaking_at_1e18_prepares_a_ready_voice_with_finite_features(res: Resources,
+                                                                                 celery: Celery):
+    """It used to be `ready` with NaN features, and its jobs `succeeded` with a constant -1.0."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+    import torch
+
+    buf = io.BytesIO()
+    loud = (1e18 * np.sin(np.arange(48_000) * 0.0864)).astype(np.float32)  # a 220 Hz sine at 16 kHz
+    sf.write(buf, loud, 16000, "FLOAT", format="WAV")
+    voice_id = submitted_voice(res, celery, buf.getvalue())
+    assert prepare_voice(voice_id, res) == "prepared"
+    host = PromptHostFeatures.from_bytes(res.store.get(voice_id) or b"")
+    assert all(bool(torch.isfinite(t).all()) for t in (host.logmel128, host.fbank80, host.mel80))
+    assert voice_row(res, voice_id).status == VoiceStatus.READY
+
+
+def test_features_that_are_not_finite_fail_the_voice_with_the_reason(res: Resources, celery: Celery,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    from app import features
+
+    voice_id = submitted_voice(res, celery)
+    overflow = features.s3_log_mel
+    monkeypatch.setattr(features, "s3_log_mel", lambda wave: overflow(wave) * float("inf"))
+    assert prepare_voice(voice_id, res) == "failed"
+    voice = voice_row(res, voice_id)
+    assert voice.status == VoiceStatus.FAILED
+    assert "logmel128 feature are NaN or infinite" in (voice.error or "")
+    assert not res.store.exists(voice_id)
