@@ -13,6 +13,9 @@ installs to the same bits on every worker and whether its features were prepared
 `StandInSpeaker` replaces S3 + CAM++ when the worker runs dummy weights (no model folder): cheap,
 deterministic, and as meaningless as the dummy's audio.
 
+A voice whose host features or built prompt hold a NaN or an infinity is refused (`check_finite`,
+EngineFailure), so the engine fails its jobs instead of decoding garbage.
+
 Not in here: the host half (`app.features`), the cache of installed voices (`voices.py`), side streams.
 """
 
@@ -26,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from app.errors import EngineFailure
 from app.features import PromptHostFeatures
 from gpu_worker.model.config import LOOKAHEAD_TOKENS, MEL_PER_TOKEN, SILENCE_TOKEN, VOCAB_SIZE
 from gpu_worker.model.flow import FlowCache
@@ -108,6 +112,25 @@ def _to_device(t: Tensor, device: torch.device, dtype: torch.dtype | None = None
     return t.to(device=device, dtype=dtype or t.dtype, non_blocking=True)
 
 
+def check_finite(voice_id: str, what: str, tensors: dict[str, Tensor]) -> None:
+    """Refuse a voice (EngineFailure naming the tensors) whose `tensors` hold a NaN or an infinity.
+
+    Only tensors on the host are read, through `numpy()`: no device sync and no scalar read. Host features
+    always are. A prompt is on the host on a CPU worker; on a GPU, reading it back would make the engine
+    thread wait for the side stream's setup solve (an install needs no host sync), so there a broken
+    prompt shows in its jobs' audio instead, which `gpu_worker.job` never records as a success."""
+    bad = [name for name, t in tensors.items()
+           if t.device.type == "cpu" and not bool(torch.isfinite(t).all().numpy())]
+    if bad:
+        raise EngineFailure(f"voice {voice_id}: {what} {', '.join(bad)} hold NaN or infinite values; "
+                            "its jobs cannot be decoded")
+
+
+def _named_tensors(prompt: VoicePrompt) -> dict[str, Tensor]:
+    named = {f.name: getattr(prompt, f.name) for f in fields(prompt)}
+    return {name: value for name, value in named.items() if isinstance(value, Tensor)}
+
+
 @torch.inference_mode()
 def install_voice(host: PromptHostFeatures, *, speaker: Speaker, decoder: Any,
                   seed: int | None = None) -> VoicePrompt:
@@ -124,6 +147,8 @@ def install_voices(hosts: list[PromptHostFeatures], *, speaker: Speaker, decoder
     silence = torch.full((1, LOOKAHEAD_TOKENS), SILENCE_TOKEN, dtype=torch.int64, device=device)
     tokens, mels, embeddings, noises = [], [], [], []
     for host, seed in zip(hosts, seeds or [None] * len(hosts), strict=True):
+        check_finite(host.voice_id, "host features", {"logmel128": host.logmel128, "fbank80": host.fbank80,
+                                                      "mel80": host.mel80})
         prompt_tokens, embedding = speaker.quantize_and_embed(host.logmel128, host.fbank80)  # 1.
         prompt_tokens = _to_device(prompt_tokens, device, torch.int64)
         mels.append(fit_prompt_mel(_to_device(host.mel80, device, dtype)[None],  # 2.
@@ -141,4 +166,5 @@ def install_voices(hosts: list[PromptHostFeatures], *, speaker: Speaker, decoder
             prompt_len=mel.size(1), conformer_cnn_cache=cache.conformer_cnn,
             conformer_att_cache=cache.conformer_att, estimator_cnn_cache=cache.estimator_cnn,
             estimator_att_cache=cache.estimator_att))
+        check_finite(host.voice_id, "installed prompt tensors", _named_tensors(prompts[-1]))
     return prompts

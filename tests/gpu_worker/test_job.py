@@ -17,7 +17,7 @@ from app.audio import load_reference
 from app.db import queries
 from app.db.models import JobStatus
 from app.errors import EngineFailure
-from app.features import PromptHostFeatures
+from app.features import PromptHostFeatures, host_half
 from app.keys import COUNTER_PREP_PATH, feature_key
 from app.store import FeatureStore
 from gpu_worker.adapters import StoreFeatures
@@ -236,3 +236,15 @@ def test_audio_that_is_not_audio_fails_the_job_instead_of_succeeding(make_runtim
     row = job_row(sessions, job_id)
     assert row.status == JobStatus.FAILED and reason in (row.error or "") and row.output_path is None
     assert not list((rt.artifacts.root / "outputs").iterdir())
+
+
+def test_stored_features_with_a_nan_are_not_installed_the_job_prepares_inline(make_runtime, sessions) -> None:
+    rt = make_runtime()
+    pcm, voice_id = load_reference(VOICE_A)
+    host = host_half(pcm, voice_id)
+    host.mel80[0, 0] = float("nan")  # written by a broken or older preparer
+    rt.store.put(voice_id, host.to_bytes())
+    result = JobRun(rt, RecordingTask(), submit(rt, sessions, VOICE_A, n_tokens=20)).run()
+    assert result["status"] == "succeeded" and result["prep_path"] == "failed"
+    repaired = PromptHostFeatures.from_bytes(rt.store.get(voice_id))
+    assert bool(torch.isfinite(repaired.mel80).all())

@@ -13,6 +13,7 @@ import torch
 
 from app.audio import load_reference, resample
 from app.dev import SAMPLES
+from app.errors import EngineFailure
 from app.features import PromptHostFeatures, host_half, prompt_mel, s3_log_mel, speaker_fbank
 from app.speech import CAMPPLUS_ONNX, TOKENIZER_ONNX
 from gpu_worker.checkpoint_io import write_campplus_onnx, write_s3_tokenizer_onnx
@@ -141,3 +142,34 @@ def test_an_install_with_the_real_speaker_models_needs_no_host_sync(speaker, dec
     host = host_half(pcm, voice_id)
     prompt, count = count_syncs(lambda: install_voice(host, speaker=speaker, decoder=decoder))
     assert prompt.prompt_len == 300 and count.total == 0, count.by_op
+
+
+def _features(voice_id: str, mel_scale: float = 1.0) -> PromptHostFeatures:
+    gen = torch.Generator().manual_seed(0)
+    return PromptHostFeatures(voice_id=voice_id, logmel128=torch.randn(128, 600, generator=gen),
+                              fbank80=torch.randn(598, 80, generator=gen),
+                              mel80=torch.randn(300, 80, generator=gen) * mel_scale)
+
+
+def test_host_features_with_a_nan_are_refused_before_the_setup_solve(decoder) -> None:
+    host = _features("c" * 64)
+    host.fbank80[5, 5] = float("nan")
+    solves = []
+    setup_batch = decoder.model.flow.setup_batch
+    decoder.model.flow.setup_batch = lambda *a: solves.append(1) or setup_batch(*a)
+    try:
+        with pytest.raises(EngineFailure, match=r"voice c{64}: host features fbank80 hold NaN or infinite"):
+            install_voice(host, speaker=StandInSpeaker(), decoder=decoder)
+    finally:
+        del decoder.model.flow.setup_batch
+    assert solves == []
+
+
+def test_a_setup_solve_that_overflows_is_refused_and_fails_its_batch(decoder) -> None:
+    """Finite features far out of range (a mel of 1e30) overflow the solve: the prompt is garbage."""
+    loud = _features("d" * 64, mel_scale=1e30)
+    with pytest.raises(EngineFailure, match=r"voice d{64}: installed prompt tensors .*hold NaN or infinite"):
+        install_voice(loud, speaker=StandInSpeaker(), decoder=decoder)
+    with pytest.raises(EngineFailure, match=r"voice d{64}"):  # the resolver then installs one by one
+        install_voices([_features("e" * 64), loud], speaker=StandInSpeaker(), decoder=decoder)
+    assert install_voice(_features("e" * 64), speaker=StandInSpeaker(), decoder=decoder).prompt_len == 300
