@@ -14,16 +14,18 @@ import logging
 import secrets
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 from sqlalchemy.orm import Session
 
-from app import voices, wire
+from app import audio, voices, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobStatus
 from app.errors import BadInput, Conflict, Gone
-from app.keys import check_job_id, known_id
+from app.keys import check_job_id, check_voice_id, known_id
 from app.settings import Settings
 from app.speech import OutputFormat, check_tokens
 from app.store import FeatureStore
@@ -74,23 +76,28 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
                artifacts: ArtifactStore, tokens: Iterable[int], reference_bytes: bytes | None = None,
                voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
                priority: int = 0, idempotency_key: str | None = None) -> str:
-    """Accept one job and return its id; the same idempotency key returns the same id.
+    """Accept one job and return its id. An idempotency key already used returns that job if the request
+    is the same (voice, tokens, output format, priority, and the seed when one is given) and raises
+    Conflict if it is not; this is judged after a lost insert race as well, so two concurrent requests
+    with one key get one job, or one job and a Conflict.
 
     Commits `session` (workers must see the rows before the tasks arrive). Raises BadTokens, BadAudio,
     BadInput or NotFound before anything is stored."""
     token_list = check_tokens(tokens, max_tokens=settings.max_tokens)
-    seed = check_options(seed=seed, output_format=output_format, priority=priority)
+    request = _Request(tokens=token_list, seed=seed, output_format=output_format, priority=priority)
+    chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
     _check_idempotency_key(idempotency_key)
     if idempotency_key is not None:
         existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
-        if existing is not None:
-            return existing.id
+        if existing is not None:  # a retry: the same request, or a Conflict
+            return _replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
     voice = voices.resolve_voice(settings=settings, session=session, artifacts=artifacts,
                                  reference_bytes=reference_bytes, voice_id=voice_id)
     job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
-                           seed=seed, output_format=output_format, priority=priority,
+                           seed=chosen_seed, output_format=output_format, priority=priority,
                            idempotency_key=idempotency_key)
-    if not created:  # a concurrent submission with the same key won
+    if not created:  # a concurrent submission with the same key won the insert: judged the same way
+        _replayed(job, request, voice.id, artifacts)
         session.commit()
         return job.id
     queries.add_voice_use(session=session, voice_id=voice.id)
@@ -102,6 +109,43 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
         log.exception("job %s: could not enqueue; withdrawing it", job.id)
         _withdraw(session=session, artifacts=artifacts, job=job)
         raise
+    return job.id
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What defines a job, as a request asked for it (seed None: any seed was fine)."""
+
+    tokens: list[int]
+    seed: int | None
+    output_format: str
+    priority: int
+
+
+def _voice_id_of(settings: Settings, reference_bytes: bytes | None, voice_id: str | None) -> str:
+    """The voice a request names, without storing anything (a retry's reference is stored already)."""
+    if (reference_bytes is None) == (voice_id is None):
+        raise BadInput("give exactly one of reference audio or a voice id")
+    if reference_bytes is not None:
+        return audio.load_reference(reference_bytes, voices.reference_limits(settings))[1]
+    try:
+        return check_voice_id(voice_id or "")
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+
+
+def _replayed(job: Job, request: _Request, voice_id: str, artifacts: ArtifactStore) -> str:
+    """The job an idempotency key already names, if this request is the same one; Conflict otherwise."""
+    tokens = request.tokens
+    same_tokens = job.n_tokens == len(tokens) and job_tokens(job=job, artifacts=artifacts) == tokens
+    differs = [name for name, same in (
+        ("voice", job.voice_id == voice_id), ("tokens", same_tokens),
+        ("seed", request.seed is None or job.seed == request.seed),
+        ("output format", job.output_format == request.output_format),
+        ("priority", job.priority == request.priority)) if not same]
+    if differs:
+        raise Conflict(f"idempotency key {job.idempotency_key!r} was used for job {job.id}, which has "
+                       f"another {', '.join(differs)}; use a new key for a new job")
     return job.id
 
 
@@ -128,16 +172,26 @@ def list_jobs(*, session: Session, status: str | None = None, voice_id: str | No
 def cancel_job(*, settings: Settings, session: Session, store: FeatureStore, job_id: str) -> Job:
     """Cancel a queued or running job (idempotent); commits. Conflict if it had already finished.
 
-    A preparation already under way for its voice is reclaimed if no other job wants the voice, and the
-    GPU worker is told through the cancel flag, which it polls between steps."""
+    The database is the record: once the cancel is committed the answer is the cancelled job, whatever
+    Redis does. After it, best effort: the voice's prepared features are reclaimed if no other job wants
+    the voice (else the maintenance sweep does it), and the cancel flag is set, which the GPU worker polls
+    between steps (a hint only: it reads the job's status from the database at its next progress report
+    as well)."""
     job = get_job(session=session, job_id=job_id)
-    if queries.cancel_job(session=session, job_id=job.id):
-        voices.reclaim_abandoned_voice(session=session, store=store, voice_id=job.voice_id)
+    cancelled_now = queries.cancel_job(session=session, job_id=job.id)
     job = queries.require_job(session=session, job_id=job.id)
     session.commit()
     if job.status != JobStatus.CANCELLED:
         raise Conflict(f"job {job.id} already {job.status}")
-    store.request_cancel(job.id, ttl_s=settings.visibility_timeout_s)  # after the commit
+    try:
+        if cancelled_now:
+            voices.reclaim_abandoned_voice(session=session, store=store, voice_id=job.voice_id)
+            session.commit()
+        store.request_cancel(job.id, ttl_s=settings.visibility_timeout_s)
+    except redis.RedisError as exc:
+        session.rollback()
+        log.warning("job %s: cancelled, but Redis did not answer (%s): the cancel flag is not set and the "
+                    "voice's features are left to the sweep", job.id, exc)
     return job
 
 

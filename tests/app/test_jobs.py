@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from app.artifacts import ArtifactStore
 from app.db import queries as q
 from app.db.models import Job, Voice, VoiceStatus
-from app.errors import BadAudio, BadInput, BadTokens, NotFound
-from app.jobs import INLINE_TOKENS_MAX, job_tokens, submit_job
+from app.errors import BadAudio, BadInput, BadTokens, Conflict, NotFound
+from app.jobs import INLINE_TOKENS_MAX, cancel_job, job_tokens, submit_job
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.helpers import count, queued
@@ -40,13 +40,42 @@ def test_submission_creates_rows_stores_the_reference_and_enqueues_both_tasks(
     assert synth[0]["priority"] == 2  # job priority 7 of 9 -> broker priority 2 (0 is served first)
 
 
-def test_the_same_idempotency_key_returns_the_same_job_and_enqueues_once(
+def test_the_same_request_with_the_same_idempotency_key_returns_the_same_job_and_enqueues_once(
     submit, session: Session, settings: Settings, broker_redis: redis.Redis
 ):
-    first = submit(idempotency_key="client-42")
-    second = submit(idempotency_key="client-42", tokens=[9, 9])
-    assert first == second and count(session, Job) == 1
-    assert len(queued(broker_redis, settings.queue_gpu)) == 1
+    first = submit(idempotency_key="client-42", seed=5, priority=2)
+    assert submit(idempotency_key="client-42", seed=5, priority=2) == first
+    assert submit(idempotency_key="client-42", priority=2) == first  # no seed asked for: any seed is fine
+    voice_id = q.require_job(session=session, job_id=first).voice_id
+    assert submit(idempotency_key="client-42", priority=2, voice_id=voice_id) == first  # the voice by its id
+    assert count(session, Job) == 1 and len(queued(broker_redis, settings.queue_gpu)) == 1
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"tokens": [9, 9]}, "tokens"), ({"priority": 3}, "priority"),
+    ({"output_format": "flac"}, "output format"), ({"seed": 6}, "seed"), ({"voice_id": "0" * 64}, "voice"),
+    ({"reference_bytes": wav_bytes(freq=330.0)}, "voice"),
+    ({"tokens": [1, 2, 3, 4], "priority": 1}, "tokens, priority"),
+])
+def test_an_idempotency_key_reused_with_another_request_is_a_conflict(
+    submit, session: Session, settings: Settings, broker_redis: redis.Redis, change: dict, named: str
+):
+    first = submit(idempotency_key="client-43", seed=5)
+    with pytest.raises(Conflict, match=f"'client-43' was used for job {first}, which has another {named}; "):
+        submit(**{"idempotency_key": "client-43", "seed": 5, **change})
+    assert count(session, Job) == 1 and len(queued(broker_redis, settings.queue_gpu)) == 1
+
+
+def test_a_request_that_loses_the_insert_race_for_its_key_is_judged_the_same_way(
+    submit, session: Session, monkeypatch: pytest.MonkeyPatch
+):
+    """A concurrent duplicate finds no job at its first look and meets the winner's row at its insert."""
+    first = submit(idempotency_key="client-44", seed=5)
+    monkeypatch.setattr(q, "get_job_by_idempotency_key", lambda **_: None)  # the look before the insert
+    assert submit(idempotency_key="client-44", seed=5) == first
+    with pytest.raises(Conflict, match="which has another tokens"):
+        submit(idempotency_key="client-44", seed=5, tokens=[7])
+    assert count(session, Job) == 1
 
 
 @pytest.mark.parametrize(
@@ -128,3 +157,22 @@ def test_a_job_the_broker_refused_is_withdrawn(
     assert count(session, Job) == 0
     voice = session.scalars(select(Voice)).one()
     assert voice.uses == 0 and store.claim_prepare(voice.id, 10)  # the claim was released
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["voice-shared", "voice-abandoned"])
+def test_a_cancel_committed_while_redis_is_away_answers_the_cancelled_job(
+    submit, session: Session, settings: Settings, store: FeatureStore, caplog: pytest.LogCaptureFixture,
+    shared: bool
+):
+    """The database is the record; the cancel flag is a hint the GPU worker also reads from the job's row.
+    Shared: only the flag needs Redis; abandoned: reclaiming the voice's features does too (the sweep's)."""
+    job_id = submit()
+    if shared:
+        submit(tokens=[4, 5])
+    away = FeatureStore.from_url("redis://127.0.0.1:1/0", ttl_s=60)  # nothing listens there
+    job = cancel_job(settings=settings, session=session, store=away, job_id=job_id)
+    assert job.id == job_id and job.status == "cancelled"
+    assert q.require_job(session=session, job_id=job_id).status == "cancelled"
+    assert "cancelled, but Redis did not answer" in caplog.text
+    assert cancel_job(settings=settings, session=session, store=store, job_id=job_id).status == "cancelled"
+    assert store.is_cancelled(job_id)  # with Redis back, a repeated cancel sets the flag
