@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.cli.common import add_client_options, client, finished_well, voice_argument
-from app.errors import BadInput
+from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument
 
 
 def add_commands(sub: Any) -> None:
@@ -56,10 +55,9 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
 
 def cmd_book_render(args: argparse.Namespace) -> int:
     voice = voice_argument(args.voice)
-    if not args.book.is_file():
-        raise BadInput(f"no book file {args.book}")
+    data = read_file(args.book, "book file")
     api = client(args)
-    book = api.submit_book(args.book.read_bytes(), args.book.name, voice, _form(args),
+    book = api.submit_book(data, args.book.name, voice, _form(args),
                            args.book.resolve().parent)
     print(book["id"])
     if not (args.wait or args.out):

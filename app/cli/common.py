@@ -36,10 +36,18 @@ def client(args: argparse.Namespace) -> Any:
     return HttpClient(args.api, token=token.get_secret_value() if token else None)
 
 
+def read_file(path: Path, what: str) -> bytes:
+    """A file the user named, or BadInput in one line (missing, a folder, unreadable): no traceback."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise BadInput(f"cannot read the {what} {str(path)!r}: {exc.strerror or type(exc).__name__}") from exc
+
+
 def voice_argument(value: str) -> str | bytes:
     """--voice: a reference audio file (its bytes) or a voice id."""
     if Path(value).is_file():
-        return Path(value).read_bytes()
+        return read_file(Path(value), "reference audio file")
     if not re.fullmatch(r"[0-9a-f]{64}", value):
         raise BadInput(f"--voice {value!r} is neither a reference audio file nor a voice id (sha256)")
     return value

@@ -10,7 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from app.cli.common import add_client_options, client, finished_well, print_json, voice_argument
+from app.cli.common import add_client_options, client, finished_well, print_json, read_file, voice_argument
+from app.errors import BadInput
 
 
 def add_commands(sub: Any) -> None:
@@ -43,8 +44,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from app.api.client import follow
     from app.api.schemas import parse_tokens
 
+    tokens = parse_tokens(read_file(args.tokens, "tokens file"))
     api = client(args)
-    tokens = parse_tokens(args.tokens.read_bytes())
     job = api.submit(voice=voice_argument(args.voice), tokens=tokens, seed=args.seed,
                      output_format=args.output_format, priority=args.priority,
                      idempotency_key=args.idempotency_key)
@@ -72,6 +73,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    from app.db.models import JobStatus
+
+    if args.status is not None and args.status not in tuple(JobStatus):
+        raise BadInput(f"--status {args.status!r} is not one of {', '.join(JobStatus)}")
     for job in client(args).jobs(status=args.status, voice_id=args.voice_id, limit=args.limit):
         done, total = job["progress"]["frames_done"], job["progress"]["frames_total"]
         print(f"{job['id']}  {job['status']:<10} {done:>7}/{total:<7} voice {job['voice_id'][:12]}")
@@ -81,7 +86,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_voices(args: argparse.Namespace) -> int:
     api = client(args)
     if args.add:
-        print_json(api.add_voice(args.add.read_bytes()))
+        print_json(api.add_voice(read_file(args.add, "reference audio file")))
         return 0
     for voice in api.voices():
         print(f"{voice['id']}  {voice['status']:<9} uses {voice['uses']}")

@@ -98,3 +98,26 @@ def test_local_submit_and_wait_without_the_api(cli_env: dict[str, str], cli_sett
     capsys.readouterr()
     assert run("voices", "--local") == 0
     assert "uses" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["submit", "--voice", "0" * 64, "--tokens", "{missing}/tokens.json"], "cannot read the tokens file"),
+    (["voices", "--add", "{missing}/voice.wav"], "cannot read the reference audio file"),
+    (["submit", "--voice", "0" * 64, "--tokens", "{missing}"], "tokens file '{missing}': Is a directory"),
+    (["book", "render", "{missing}/novel.epub", "--voice", "0" * 64], "cannot read the book file"),
+])
+def test_a_file_that_cannot_be_read_is_one_line_and_a_non_zero_exit(
+        tmp_path: Path, argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [a.format(missing=tmp_path) for a in argv] + ["--api", "http://127.0.0.1:1"]
+    says = says.format(missing=tmp_path)
+    assert run(*argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("wavefarm: BadInput: ") and says in err, err
+    assert "Traceback" not in err
+
+
+def test_an_unknown_job_status_is_refused_with_the_valid_ones(cli_env: dict[str, str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("jobs", "--local", "--status", "evil") == 2
+    err = capsys.readouterr().err
+    assert "--status 'evil' is not one of queued, " in err and "cancelled" in err, err
