@@ -1,7 +1,8 @@
 """Refuse request bodies larger than the API could ever accept, before anything is parsed or spooled.
 
 Starlette spools multipart files to disk without a size limit; this middleware stops a huge upload
-at the door (413), by its Content-Length or, for a chunked body, as the bytes arrive.
+at the door (413), by its Content-Length or, for a chunked body, as the bytes arrive: the 413 is sent
+the moment the limit is crossed, and whatever the app answers after that is dropped.
 """
 
 from __future__ import annotations
@@ -38,27 +39,33 @@ class BodyLimit:
             await self._refuse(send, max_bytes)
             return
         seen = 0
-        started = False
+        started = refused = False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > max_bytes:
+                    # Answer now: a parser that turns any error of its stream into its own answer
+                    # (FastAPI's form fields: 400) must not replace the 413, so it is dropped below.
+                    if not started and not refused:
+                        refused = True
+                        await self._refuse(send, max_bytes)
                     raise BodyTooLarge
             return message
 
         async def tracked(message: Message) -> None:
             nonlocal started
+            if refused:
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, counted, tracked)
         except BodyTooLarge:
-            if not started:
-                await self._refuse(send, max_bytes)
+            pass  # answered (413) when the limit was crossed, unless a response had started already
 
     @staticmethod
     async def _refuse(send: Send, max_bytes: int) -> None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Query, Response, UploadFile
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
 
 from app import voices
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import read_upload
 from app.api.schemas import Problem, VoiceOut
 from app.db import queries
+from app.errors import BadInput
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}, 422: {"model": Problem}})
@@ -27,13 +29,30 @@ def _register(ctx: ApiContext, data: bytes) -> tuple[VoiceOut, bool]:
         return VoiceOut.of(voices.get_voice(session=s, voice_id=voice_id)), created
 
 
-@router.post("", status_code=201, response_model=VoiceOut,
-             responses={200: {"model": VoiceOut, "description": "the voice existed already"}})
-async def create_voice(response: Response, file: Annotated[UploadFile, File(description="reference audio")],
-                       ctx: Ctx) -> VoiceOut:
+# The form is read in the handler, not declared as a parameter: FastAPI reads declared form fields
+# before it runs the router's dependencies, so an unauthorised upload was received whole before its 401.
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file"],
+    "properties": {"file": {"type": "string", "format": "binary", "description": "reference audio"}}}}}}}
+
+
+async def _reference_bytes(request: Request, ctx: ApiContext) -> bytes:
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise HTTPException(415, detail="send the reference audio as multipart/form-data, field 'file'")
+    async with request.form(max_files=1, max_fields=1) as form:
+        upload = form.get("file")
+        if set(form.keys()) - {"file"} or not isinstance(upload, UploadFile):
+            raise BadInput("send exactly one field, 'file': the reference audio file")
+        return await read_upload(upload, ctx.settings.max_reference_bytes, "reference audio")
+
+
+@router.post("", status_code=201, response_model=VoiceOut, openapi_extra=UPLOAD_BODY,
+             responses={200: {"model": VoiceOut, "description": "the voice existed already"},
+                        415: {"model": Problem}})
+async def create_voice(request: Request, response: Response, ctx: Ctx) -> VoiceOut:
     """Upload reference audio (WAV, FLAC, OGG, MP3). Its id is the sha256 of the normalised audio, so
     the same voice uploaded twice is one voice; preparation starts on a CPU worker at once."""
-    data = await read_upload(file, ctx.settings.max_reference_bytes, "reference audio")
+    data = await _reference_bytes(request, ctx)
     voice, created = await run_in_threadpool(_register, ctx, data)
     if not created:
         response.status_code = 200

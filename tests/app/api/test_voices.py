@@ -59,3 +59,22 @@ def test_reference_over_the_size_limit_is_refused(settings: Settings) -> None:
         # A book upload may be far larger than a job request: it is not refused at the door.
         book = client.post("/v1/books", content=b"x" * 3_000_000, headers={"content-type": "text/plain"})
         assert book.status_code != 413, book.text
+
+
+def test_a_chunked_upload_over_the_limit_is_413_even_where_fastapi_reads_the_form(settings: Settings) -> None:
+    """FastAPI turned the limit's error inside its form parsing into a 400 'error parsing the body'."""
+    small = settings.model_copy(update={"max_reference_bytes": 100_000, "max_tokens": 10})
+    boundary = "wf-boundary"
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the limit is met as the bytes arrive
+        yield (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+               "Content-Type: audio/wav\r\n\r\n").encode()
+        yield from (b"x" * 65536 for _ in range(40))
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    for client in make_client(small):
+        for path in ("/v1/voices", "/v1/jobs"):
+            response = client.post(path, content=chunked(),
+                                   headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+            assert response.status_code == 413, (path, response.text)
+            assert response.json()["error"] == "TooLarge" and "larger than" in response.json()["reason"]
