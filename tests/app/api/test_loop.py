@@ -8,21 +8,16 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from pydantic import SecretStr
 
-from app.api.main import create_app
 from app.artifacts import ArtifactStore
 from app.settings import Settings
 from tests.conftest import make_test_settings
-from tests.support.net import free_port
-from tests.support.runtime import RecordingSender
+from tests.support.net import serving
 
 JSON = {"content-type": "application/json"}
 
@@ -30,26 +25,6 @@ JSON = {"content-type": "application/json"}
 @pytest.fixture
 def sqlite_settings(sqlite_url: str, artifacts: ArtifactStore, redis_session_lock: None) -> Settings:
     return make_test_settings(database_url=sqlite_url, artifact_root=artifacts.root)
-
-
-@contextmanager
-def serving(settings: Settings) -> Iterator[str]:
-    """The app under uvicorn in a thread; yields its base URL once /healthz answers."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, sender=RecordingSender()), host="127.0.0.1",
-                                           port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def _healthz_seconds(client: httpx.Client) -> float:
