@@ -11,10 +11,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DAY_S = 24 * 3600
+FLOW_STEPS = (6, 8, 10)  # Euler steps a worker may run: the reference's 10, and two faster counts
 
 
 class Settings(BaseSettings):
@@ -45,6 +46,9 @@ class Settings(BaseSettings):
         default="fp32", description="the vocoder's dtype; a reduced one keeps its F0 predictor, source and "
         "last conv in float32 (deviation: docs/PERFORMANCE.md)"
     )
+    flow_steps: int = Field(
+        default=10, description="Euler steps of the flow's solve: 10 is the reference's; 6 and 8 are faster "
+        "and deviate from it (docs/PERFORMANCE.md); a voice installed for one count is not used with another")
     torch_threads: int = Field(
         default=0, ge=0, description="CPU threads of the GPU worker's engine; 0 keeps torch's default"
     )
@@ -110,6 +114,13 @@ class Settings(BaseSettings):
             # frozen model: set through object.__setattr__ once, during validation
             object.__setattr__(self, "database_url", f"sqlite:///{path}")
         return self
+
+    @field_validator("flow_steps")
+    @classmethod
+    def _supported_flow_steps(cls, steps: int) -> int:
+        if steps not in FLOW_STEPS:
+            raise ValueError(f"flow steps must be one of {FLOW_STEPS}, not {steps}")
+        return steps
 
     @model_validator(mode="after")
     def _visibility_outlasts_prep_wait(self) -> Settings:

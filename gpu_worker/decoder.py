@@ -89,6 +89,10 @@ class StreamingDecoder:
 
     # -- streams -------------------------------------------------------------------------------------
     def open_stream(self, voice: VoicePrompt, seed: int) -> StreamState:
+        steps = self.model.args.flow.n_timesteps
+        if voice.flow_steps != steps:
+            raise ValueError(f"voice {voice.voice_id} was installed for {voice.flow_steps} flow steps; this "
+                             f"decoder runs {steps}")
         noise, generator = seeded_noise(seed, self.device, self.dtype)
         keep = voice.prompt_len + NOISE_KEEP_AFTER_PROMPT
         hift_dtype = self.hift_dtype()

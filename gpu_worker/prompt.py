@@ -72,6 +72,11 @@ class VoicePrompt:
     estimator_cnn_cache: Tensor  # [steps, depth, 2 (cond | uncond), 2 hidden, 2]
     estimator_att_cache: Tensor  # [steps, depth, 2, H, prompt_len, 2 head_dim]
 
+    @property
+    def flow_steps(self) -> int:
+        """The Euler steps its setup caches were built for: a decoder with another count cannot use them."""
+        return int(self.estimator_att_cache.size(0))
+
     def flow_cache(self) -> FlowCache:
         return FlowCache(conformer_cnn=self.conformer_cnn_cache, conformer_att=self.conformer_att_cache,
                          estimator_cnn=self.estimator_cnn_cache, estimator_att=self.estimator_att_cache)

@@ -43,7 +43,9 @@ def _chunk_mels(decoder: StreamingDecoder, into: list[torch.Tensor]) -> Iterator
         del decoder._vocode
 
 
-def _run(setup: BenchSetup, decoder: StreamingDecoder, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_chunks(setup: BenchSetup, decoder: StreamingDecoder, chunks: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Voice 0 on `decoder`, one stream (seed 0), `chunks` steady-state chunks: (chunk mels, audio)."""
     prompt = install_voice(setup.host(0), speaker=setup.speaker, decoder=decoder)
     stream = decoder.open_stream(prompt, seed=SEED)
     mels: list[torch.Tensor] = []
@@ -58,9 +60,9 @@ def deviation(setup: BenchSetup, chunks: int = 3) -> dict[str, Any]:
     fp32_model = load_model_folder(setup.folder, device=setup.device, dtype=torch.float32, args=setup.args)
     prepare_hift(fp32_model.hift)
     fp32 = StreamingDecoder(fp32_model, device=setup.device, dtype=torch.float32, micro_batch_size=1)
-    mel32, audio32 = _run(setup, fp32, chunks)
+    mel32, audio32 = decode_chunks(setup, fp32, chunks)
     del fp32, fp32_model
-    mel, audio = _run(setup, setup.decoder, chunks)
+    mel, audio = decode_chunks(setup, setup.decoder, chunks)
     mel_diff = (mel - mel32).abs()
     noise = float(((audio - audio32) ** 2).sum())
     signal = float((audio32**2).sum())

@@ -160,3 +160,27 @@ def test_speedups_compare_before_and_after_on_the_same_inputs(tmp_path, one_thre
 def test_the_install_lane_is_refused_for_a_cuda_engine(capsys) -> None:
     assert main(["--preset", "tiny", "--device", "cuda", "--install-lane"]) == 2
     assert "--install-lane is for a CPU engine" in capsys.readouterr().err
+
+
+def test_steps_bench_measures_every_allowed_count_against_ten_on_the_same_weights(tmp_path, one_thread,
+                                                                                 capsys) -> None:
+    from gpu_worker.bench import steps
+
+    torch.set_num_threads(1)
+    out = tmp_path / "steps.json"
+    assert steps.main(["--preset", "tiny", "--rows", "2", "--rounds", "2", "--chunks", "2",
+                       "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    by_steps = {r["steps"]: r for r in report["results"]}
+    assert set(by_steps) == {6, 8, 10} and report["frames"] == 2 * 50
+    ten = by_steps[10]
+    assert ten["mel_max_abs"] == 0 and ten["speedup"] == 1.0  # the 10-step run is the yardstick
+    for n in (6, 8):
+        r = by_steps[n]
+        assert len(r["fps_samples"]) == 2 and r["fps"] > 0
+        assert _close(r["speedup"], r["fps"] / ten["fps"])
+        # a coarser solve of the same weights moves the mel, but not wholesale (a different model
+        # or voice would be off by the mel's whole range)
+        assert 0 < r["mel_mean_abs"] < 0.05 * r["mel_range"] and 0 < r["mel_max_abs"] < 0.5 * r["mel_range"]
+    assert by_steps[6]["mel_mean_abs"] > by_steps[8]["mel_mean_abs"]  # fewer steps, further from 10
+    assert "| 6 |" in capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from app.dev import SAMPLES
@@ -66,3 +67,29 @@ def test_the_worker_runtime_batches_installs_as_set_with_the_real_device_half() 
     assert [e.voice_id for e in entries] == [h.voice_id for h in hosts]
     assert all(e.prompt.prompt_len == 300 and e.voice_id in engine.voices for e in entries)
     assert entries[0].install_s == entries[1].install_s > 0  # one call for both
+
+
+def test_the_worker_runtime_runs_the_flow_steps_it_is_set_to_and_refuses_a_voice_of_another_count() -> None:
+    from app.audio import load_reference
+    from app.features import host_half
+    from gpu_worker.streams import ChunkRow
+
+    host = host_half(*load_reference((SAMPLES / "voice_a.wav").read_bytes()))
+    tokens = torch.arange(100, 128)
+    engines = {n: build_engine(Settings(model_preset="tiny", flow_steps=n), Nothing(), Nothing())
+               for n in (6, 10)}
+    audio = {}
+    for n, engine in engines.items():
+        assert engine.decoder.model.flow.decoder.n_steps == n
+        prompt = engine.voices.install(host).prompt
+        assert prompt.flow_steps == n and prompt.estimator_cnn_cache.size(0) == n
+        stream = engine.decoder.open_stream(prompt, seed=1)
+        audio[n] = engine.decoder.step([ChunkRow(stream, tokens, False)])[0]
+    assert audio[6].shape == audio[10].shape and not torch.equal(audio[6], audio[10])
+    with pytest.raises(ValueError, match="installed for 10 flow steps"):
+        engines[6].decoder.open_stream(engines[10].voices.get(host.voice_id).prompt, seed=1)
+
+
+def test_only_the_supported_flow_step_counts_are_accepted() -> None:
+    with pytest.raises(ValueError, match="flow steps must be one of"):
+        Settings(flow_steps=7)
