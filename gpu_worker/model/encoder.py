@@ -105,12 +105,13 @@ class RelPositionAttention(nn.Module):
             v = torch.cat([cache[..., self.d_k :], v], dim=2)
         new_cache = torch.cat([k, v], dim=-1)  # [B, H, L, 2 d_k]
         p = self.linear_pos(pos).view(-1, self.n_head, self.d_k).transpose(0, 1)  # [H, L + T - 1, d_k]
-        content = (q + self.pos_bias_u).transpose(1, 2) @ k.transpose(-2, -1)  # [B, H, T, L]
+        # scores = ((q + u) k^T + rel_shift((q + v_bias) p^T)) / sqrt(d_k): the position term is an additive
+        # mask of SDPA, which then computes the content term, the softmax and the values in one kernel
         position = (q + self.pos_bias_v).transpose(1, 2) @ p.transpose(-2, -1)  # [B, H, T, L + T - 1]
-        scores = (content + rel_shift(position, k.size(2))) / math.sqrt(self.d_k)
+        bias = rel_shift(position, k.size(2)) / math.sqrt(self.d_k)  # [B, H, T, L]
         if key_mask is not None:
-            scores = scores.masked_fill(~key_mask, float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v  # [B, H, T, d_k]
+            bias = bias.masked_fill(~key_mask, float("-inf"))
+        out = F.scaled_dot_product_attention((q + self.pos_bias_u).transpose(1, 2), k, v, attn_mask=bias)
         return self.linear_out(out.transpose(1, 2).reshape(b, t, c)), new_cache
 
 

@@ -25,7 +25,7 @@ def test_the_counter_sees_scalar_reads_data_dependent_shapes_and_nothing_else() 
 
 
 def test_a_mixed_decoder_step_needs_no_host_sync() -> None:
-    """First, continuing and last chunks of streams of two voices at different cache lengths in one step:
+    """First, continuing and last chunks of streams of three voices at different cache lengths in one step:
     every shape comes from Python-side bookkeeping, never from reading a tensor back."""
     setup = BenchSetup.build(preset="tiny", device="cpu", dtype="fp32", speaker="standin", micro_batch_size=4)
     try:
@@ -34,7 +34,7 @@ def test_a_mixed_decoder_step_needs_no_host_sync() -> None:
             old = [dec.open_stream(setup.install(v), seed=v) for v in (0, 1)]
             for k in range(3):
                 dec.step([ChunkRow(s, chunk_tokens(28, seed=10 * k + i), False) for i, s in enumerate(old)])
-            new = dec.open_stream(setup.install(0), seed=7)
+            new = dec.open_stream(setup.install(2), seed=7)  # a third voice
             rows = [ChunkRow(old[0], chunk_tokens(28, seed=90), False),
                     ChunkRow(old[1], chunk_tokens(11, seed=91), True),  # a last chunk of 11 tokens
                     ChunkRow(new, chunk_tokens(28, seed=92), False)]  # a first chunk
