@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from app.speech import VOCAB_SIZE
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.model.config import (
     HIFT_SOURCE_CACHE,
@@ -36,7 +37,7 @@ def voice(decoder: StreamingDecoder, index: int, seed: int | None = None) -> Voi
 
 
 def tokens_of(n: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,7 +15,7 @@ from app.audio import load_reference, resample
 from app.dev import SAMPLES
 from app.errors import EngineFailure
 from app.features import PromptHostFeatures, host_half, prompt_mel, s3_log_mel, speaker_fbank
-from app.speech import CAMPPLUS_ONNX, TOKENIZER_ONNX
+from app.speech import CAMPPLUS_ONNX, TOKENIZER_ONNX, VOCAB_SIZE
 from gpu_worker.checkpoint_io import write_campplus_onnx, write_s3_tokenizer_onnx
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.model.config import SILENCE_TOKEN
@@ -78,7 +78,7 @@ def test_device_half_of_stored_host_half_equals_the_unsplit_preparation_bit_for_
     stored = host_half(pcm, voice_id).to_bytes()  # what the CPU worker puts in the feature store
     split = install_voice(PromptHostFeatures.from_bytes(stored), speaker=speaker, decoder=decoder)
     assert_same_prompt(split, unsplit_prepare(pcm, voice_id, speaker, decoder))
-    tokens = torch.randint(0, 6561, (40,), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, VOCAB_SIZE, (40,), generator=torch.Generator().manual_seed(1))
     unsplit = unsplit_prepare(pcm, voice_id, speaker, decoder)
     audio = decoder.decode_offline(split, tokens, seed=5)
     assert torch.equal(audio, decoder.decode_offline(unsplit, tokens, seed=5))

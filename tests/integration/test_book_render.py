@@ -38,6 +38,7 @@ from app.jobs import submit_job
 from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 from app.maintenance import run_sweep
 from app.settings import Settings
+from app.speech import VOCAB_SIZE
 from app.store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK, make_epub, tiny_png
 from tests.conftest import REPO, SESSION_TAG, settings_env
@@ -187,7 +188,7 @@ def test_markdown_and_epub_books_render_with_the_voice_prepared_once_and_an_edit
 def token_manifest(chapters: int, segments: int, tokens: int, salt: int) -> bytes:
     return json.dumps({"title": f"Tokens {salt}", "chapters": [
         {"title": f"Part {c + 1}", "segments": [
-            {"tokens": [(salt * 7919 + c * 1009 + s * 31 + i) % 6561 for i in range(tokens)]}
+            {"tokens": [(salt * 7919 + c * 1009 + s * 31 + i) % VOCAB_SIZE for i in range(tokens)]}
             for s in range(segments)]} for c in range(chapters)]}).encode()
 
 
@@ -239,7 +240,7 @@ def test_cli_renders_a_manifest_with_tokens_and_source_audio_into_the_out_folder
     (folder / "one").mkdir(parents=True)
     (folder / "one" / "speech.wav").write_bytes((SAMPLES / "voice_b.wav").read_bytes())
     (folder / "book.json").write_text(json.dumps({"title": "Mixed", "author": "A", "chapters": [
-        {"title": "Tokens", "segments": [{"tokens": [11 * i % 6561 for i in range(60)]}]},
+        {"title": "Tokens", "segments": [{"tokens": [11 * i % VOCAB_SIZE for i in range(60)]}]},
         {"title": "Re-voiced", "segments": [{"audio": "one/speech.wav"}]}]}))
     (tmp_path / "ref.wav").write_bytes(REFERENCE)
     out = tmp_path / "out"

@@ -29,6 +29,7 @@ from app.db.models import JobStatus
 from app.dev import SAMPLES, services
 from app.jobs import submit_job
 from app.settings import Settings
+from app.speech import VOCAB_SIZE
 from app.store import FeatureStore
 from app.wire import SYNTH_TASK
 from gpu_worker.worker import make_gpu_celery
@@ -146,7 +147,7 @@ def test_flower_shows_a_finished_synthesis_job_by_its_id_and_refuses_anonymous_c
 
     app = make_gpu_celery(settings)
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
-    tokens = torch.randint(0, 6561, (50,), generator=torch.Generator().manual_seed(50)).tolist()
+    tokens = torch.randint(0, VOCAB_SIZE, (50,), generator=torch.Generator().manual_seed(50)).tolist()
     try:
         with worker_sessions() as session:
             job_id = submit_job(settings=settings, session=session, sender=app, store=store,

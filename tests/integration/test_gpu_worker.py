@@ -14,6 +14,7 @@ from app.db import queries
 from app.db.models import JobStatus
 from app.jobs import submit_job
 from app.settings import Settings
+from app.speech import VOCAB_SIZE
 from app.store import FeatureStore
 from gpu_worker.worker import make_gpu_celery
 from tests.integration.conftest import running_gpu_worker
@@ -44,7 +45,7 @@ def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sqlite_s
     artifacts = ArtifactStore(settings.artifact_root)
     jobs = []
     for reference, n in ((VOICE_A, 40), (VOICE_B, 30), (VOICE_A, 55), (VOICE_B, 20)):
-        tokens = torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+        tokens = torch.randint(0, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(n)).tolist()
         with sqlite_sessions() as session:
             job_id = submit_job(settings=settings, session=session, sender=app, store=store,
                                 artifacts=artifacts, tokens=tokens, reference_bytes=reference, seed=n)

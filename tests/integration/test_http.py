@@ -19,6 +19,7 @@ from app.artifacts import ArtifactStore
 from app.db.models import PrepPath
 from app.dev import SAMPLES, services
 from app.settings import Settings
+from app.speech import VOCAB_SIZE
 from tests.conftest import SESSION_TAG, settings_env
 from tests.integration.conftest import _wait_ready as wait_ready
 from tests.support.net import free_port
@@ -107,7 +108,7 @@ def test_end_to_end_cancel_while_running_stops_the_worker_and_leaves_no_file(
     from tasks.celery_app import make_celery
 
     client = HttpClient(live_api)
-    tokens = np.random.default_rng(0).integers(0, 6561, size=4000).tolist()
+    tokens = np.random.default_rng(0).integers(0, VOCAB_SIZE, size=4000).tolist()
     job = client.submit(voice=(SAMPLES / "voice_a.wav").read_bytes(), tokens=tokens, seed=3,
                         output_format="wav", priority=0, idempotency_key=None)
     assert services.wait_until(lambda: client.job(job["id"])["progress"]["frames_done"] > 0, timeout=240)

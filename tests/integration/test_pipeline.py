@@ -25,6 +25,7 @@ from app.features import PromptHostFeatures
 from app.jobs import submit_job
 from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 from app.settings import Settings
+from app.speech import VOCAB_SIZE
 from app.store import FeatureStore
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.loading import load_dummy
@@ -70,7 +71,7 @@ def gpu_worker(gpu_settings: Settings, cpu_worker: str, tmp_path_factory) -> Ite
 
 
 def job_tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(1000 + seed)).tolist()
+    return torch.randint(0, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(1000 + seed)).tolist()
 
 
 def decode_alone(features: PromptHostFeatures, tokens: list[int], seed: int) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from app.features import PromptHostFeatures
+from app.speech import VOCAB_SIZE
 from gpu_worker.engine import Engine, EngineConfig
 from gpu_worker.loading import random_code2wav
 from gpu_worker.model import Code2Wav
@@ -45,7 +46,7 @@ class FakeSpeaker:
 
     def quantize_and_embed(self, logmel128: torch.Tensor, fbank80: torch.Tensor):
         frames = logmel128[:, : logmel128.size(1) // 4 * 4].reshape(128, -1, 4).mean(dim=(0, 2))  # [T16 / 4]
-        tokens = (frames.abs() * 7919).long() % 6561
+        tokens = (frames.abs() * 7919).long() % VOCAB_SIZE
         m = fbank80.mean(dim=0)
         return tokens[None], torch.cat([m, m, m[:32]])[None] * 3.0
 

@@ -23,6 +23,7 @@ from app.dev import SAMPLES
 from app.features import host_half
 from app.jobs import submit_job
 from app.settings import Settings
+from app.speech import VOCAB_SIZE
 from gpu_worker.runtime import Runtime, build_runtime
 from tests.conftest import make_test_settings
 
@@ -80,7 +81,8 @@ def make_runtime(sqlite_url, artifacts, store) -> Iterator:
 
 
 def submit(rt: Runtime, sessions, reference: bytes, n_tokens: int, seed: int = 7) -> str:
-    tokens = torch.randint(0, 6561, (n_tokens,), generator=torch.Generator().manual_seed(n_tokens)).tolist()
+    generator = torch.Generator().manual_seed(n_tokens)
+    tokens = torch.randint(0, VOCAB_SIZE, (n_tokens,), generator=generator).tolist()
     with sessions() as session:
         return submit_job(settings=rt.settings, session=session, sender=RecordingSender(), store=rt.store,
                           artifacts=rt.artifacts, tokens=tokens, reference_bytes=reference, seed=seed)

@@ -22,6 +22,7 @@ from app.books.status import book_status
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
 from app.settings import Settings
+from app.speech import VOCAB_SIZE
 from app.store import FeatureStore
 from tasks.celery_app import make_celery
 from tasks.voice import Resources
@@ -46,7 +47,7 @@ def celery(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cele
 
 def manifest_book(chapters: list[list[int]]) -> bytes:
     return json.dumps({"title": "Tokens", "author": "T", "chapters": [
-        {"title": f"Part {i + 1}", "segments": [{"tokens": [7 * n % 6561] * n} for n in sizes]}
+        {"title": f"Part {i + 1}", "segments": [{"tokens": [7 * n % VOCAB_SIZE] * n} for n in sizes]}
         for i, sizes in enumerate(chapters)]}).encode()
 
 
