@@ -1,12 +1,15 @@
 """Shared fixtures: real Redis, real PostgreSQL, a SQLite file, a real Celery CPU worker.
 
 Isolation from other test runs on the same machine:
-- Redis databases 10-13 only: 10 broker, 11 results, 12 feature store, 13 the
-  session lock. A session holds the lock (`wf:test:session` in db 13) while it
-  uses them, so two concurrent runs never flush each other's data.
+- Redis databases 10-14 only: 10 broker, 11 results, 12 feature store, 13 the
+  session lock, 14 the kill-loss probe's record (tests/integration/test_kill_loss.py). A session
+  holds the lock (`wf:test:session` in db 13) while it uses them, so two concurrent runs never flush
+  each other's data.
 - PostgreSQL: a database `wavefarm_test_<pid>` created on the `test` database at
   session start (migrated to head) and dropped at the end; tables are emptied
-  after each test that used it. Tests skip when PostgreSQL is not reachable.
+  after each test that used it.
+- A service that is not reachable (Redis, PostgreSQL, RabbitMQ) skips the tests that need it, except under
+  `./run test` (WAVEFARM_TEST_SERVICES=required, which starts them first), where it fails them.
 - Queues are named per session (`cpu-t<pid>`, `gpu-t<pid>`), so a worker only
   sees this session's tasks.
 
@@ -47,6 +50,14 @@ TABLES = ("worker_voices", "jobs", "voices")  # children first
 SESSION_TAG = f"t{os.getpid()}"
 
 
+def service_missing(reason: str) -> None:
+    """A service the test needs is not reachable: a failure under `./run test`, which starts every service
+    first (so a skip there would hide a broken set-up), a skip in a bare `pytest` run."""
+    if os.environ.get("WAVEFARM_TEST_SERVICES") == "required":
+        pytest.fail(f"{reason} (./run test starts it; see its output)")
+    pytest.skip(reason)
+
+
 def redis_url(db: int) -> str:
     return f"{REDIS}/{db}"
 
@@ -61,7 +72,7 @@ def redis_session_lock() -> Iterator[None]:
     try:
         client.ping()
     except redis.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS}")
+        service_missing(f"no Redis at {REDIS}")
     lock = client.lock("wf:test:session", timeout=120, blocking_timeout=900, thread_local=False)
     if not lock.acquire():
         pytest.fail("another test session held the test Redis databases for 15 minutes")
@@ -119,7 +130,7 @@ def pg_database(name: str) -> Iterator[str]:
     try:
         admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}: {exc}")
+        service_missing(f"no PostgreSQL at {PG_ADMIN_URL}: {exc}")
     with admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{name}"')

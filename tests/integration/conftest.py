@@ -6,6 +6,7 @@
   with its output in the test's folder (`WorkerProcess.tail()` shows it when something fails);
 - the modules that test in-process runtimes (`make_runtime`) override `sessions` with the SQLite file
   those runtimes use;
+- `send_job`: a job of random tokens submitted through the broker, as the API sends it;
 - `amqp_url`: a RabbitMQ virtual host of this session (127.0.0.1:5672, guest), deleted at the end, and
   `broker_url`, which runs a test once on the Redis broker and once on RabbitMQ.
 Every test in this folder is marked `integration`.
@@ -26,10 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
+from app.celery_config import make_celery
+from app.jobs import submit_job
 from app.settings import Settings
+from app.speech import VOCAB_SIZE
+from app.store import FeatureStore
 from tests.conftest import (
     BROKER_DB,
     REPO,
@@ -38,6 +44,7 @@ from tests.conftest import (
     empty_tables,
     make_test_settings,
     redis_url,
+    service_missing,
     settings_env,
 )
 
@@ -70,12 +77,12 @@ def _rabbitmqctl(*args: str) -> None:
 @pytest.fixture(scope="session")
 def amqp_url() -> Iterator[str]:
     """A virtual host of this session on the local RabbitMQ: no other test run sees its queues or
-    messages, and it is deleted (queues, messages and all) at the end. Skips when nothing listens on
-    5672, as the Redis and PostgreSQL fixtures do (`./run test` starts a RabbitMQ server)."""
+    messages, and it is deleted (queues, messages and all) at the end. Nothing on 5672: as the Redis and
+    PostgreSQL fixtures (`service_missing`; `./run test` starts a RabbitMQ server)."""
     try:
         socket.create_connection(RABBITMQ, timeout=2).close()
     except OSError:
-        pytest.skip(f"no RabbitMQ at {RABBITMQ[0]}:{RABBITMQ[1]}")
+        service_missing(f"no RabbitMQ at {RABBITMQ[0]}:{RABBITMQ[1]}")
     if shutil.which("rabbitmqctl") is None:
         pytest.fail("RabbitMQ listens on 5672 but rabbitmqctl is missing: cannot make the session's vhost")
     vhost = f"wavefarm-test-{SESSION_TAG}"
@@ -163,6 +170,21 @@ def worker_sessions(worker_settings: Settings) -> Iterator[sessionmaker[Session]
     """Sessions on the worker's database, emptied after the test."""
     yield from _sessions(worker_settings.database_url)
     empty_tables(worker_settings.database_url)
+
+
+def send_job(settings: Settings, sessions: sessionmaker[Session], store: FeatureStore, reference: bytes,
+             n_tokens: int, seed: int = 1) -> str:
+    """Submit a job of `n_tokens` random tokens (drawn from `seed`) with `reference`, sent through the
+    broker of `settings` as the API sends it; -> its id."""
+    tokens = torch.randint(0, VOCAB_SIZE, (n_tokens,), generator=torch.Generator().manual_seed(seed)).tolist()
+    app = make_celery(settings)
+    try:
+        with sessions() as session:
+            return submit_job(settings=settings, session=session, sender=app, store=store,
+                              artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
+                              reference_bytes=reference, seed=seed)
+    finally:
+        app.close()
 
 
 CELERY_MAIN = (sys.executable, "-m", "celery")
