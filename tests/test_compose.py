@@ -17,8 +17,9 @@ from app.cli import build_parser, subcommands
 from app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
-SERVICES = {"broker", "features", "postgres", "migrate", "api", "cpu-worker", "gpu-worker", "flower"}
-WAVEFARM_SERVICES = SERVICES - {"broker", "features", "postgres"}
+BACKING = {"broker", "results", "features", "postgres"}
+SERVICES = BACKING | {"migrate", "api", "cpu-worker", "gpu-worker", "flower"}
+WAVEFARM_SERVICES = SERVICES - BACKING
 INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?([-?])([^}]*))?\}")
 
 
@@ -87,9 +88,23 @@ def test_services_share_state_and_wait_for_the_migration(compose: dict[str, Any]
     assert services["migrate"]["restart"] == "no"
 
 
-def test_redis_roles_broker_never_evicts_feature_store_is_an_lru_cache(compose: dict[str, Any]) -> None:
-    broker = compose["services"]["broker"]["command"]
-    assert broker[broker.index("--maxmemory-policy") + 1] == "noeviction"
+def test_the_broker_is_rabbitmq_that_lets_a_job_run_as_long_as_the_visibility_timeout(
+        compose: dict[str, Any]) -> None:
+    from app.broker import is_amqp
+
+    services = compose["services"]
+    urls = {interpolate(services[name]["environment"]["WAVEFARM_BROKER_URL"]) for name in WAVEFARM_SERVICES}
+    assert len(urls) == 1 and is_amqp(url := urls.pop()) and "@broker:5672" in url
+    broker = services["broker"]
+    assert broker["image"].startswith("rabbitmq:") and "/var/lib/rabbitmq" in broker["volumes"][0]
+    erl_args = broker["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"].split()
+    timeout_ms = int(erl_args[erl_args.index("consumer_timeout") + 1])
+    assert timeout_ms >= Settings().visibility_timeout_s * 1000  # a long job keeps its channel
+
+
+def test_redis_roles_results_never_evict_feature_store_is_an_lru_cache(compose: dict[str, Any]) -> None:
+    results = compose["services"]["results"]["command"]
+    assert results[results.index("--maxmemory-policy") + 1] == "noeviction"
     features = compose["services"]["features"]["command"]
     assert "--maxmemory" in features
     assert features[features.index("--maxmemory-policy") + 1].endswith("-lru")
