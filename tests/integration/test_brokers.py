@@ -1,0 +1,129 @@
+"""The two brokers as wavefarm uses them, on the real Redis and the real RabbitMQ: the same job priority
+is served first on both, queue depths are read on both, and the maintenance sweep puts back the jobs of
+a GPU worker that went silent on both (and leaves a live worker's jobs alone).
+
+Nothing consumes the queues here: messages are published by a wavefarm Celery app (`make_celery`, as
+the API and the CPU workers publish) and taken off with kombu, the way a worker's consumer takes them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from kombu import Connection, Queue
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.artifacts import ArtifactStore
+from app.broker import is_amqp, open_broker
+from app.celery_config import make_celery, redis_options
+from app.db import queries
+from app.db.models import Job, JobStatus, Worker, utcnow
+from app.db.session import make_engine, make_sessionmaker
+from app.maintenance import WORKER_GONE_S, SweepReport, resume_orphans
+from app.settings import Settings
+from app.store import FeatureStore
+from app.wire import send_synth
+from tests.conftest import make_test_settings
+from tests.integration.conftest import send_job
+from tests.support.runtime import VOICE_A
+
+
+@pytest.fixture
+def broker_settings(sqlite_url: str, artifacts: ArtifactStore, broker_url: str,
+                    redis_session_lock: None) -> Settings:
+    tag = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"  # queues of this test alone
+    settings = make_test_settings(database_url=sqlite_url, artifact_root=artifacts.root, tag=tag)
+    return settings.model_copy(update={"broker_url": broker_url})
+
+
+@pytest.fixture
+def db(broker_settings: Settings) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(broker_settings.database_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def store(broker_settings: Settings, feature_redis) -> Iterator[FeatureStore]:
+    s = FeatureStore.from_url(broker_settings.feature_store_url, ttl_s=600)
+    yield s
+    s.close()
+
+
+def take_all(settings: Settings, queue: str) -> list[str]:
+    """Task ids in the order the broker hands the queue's messages to a consumer (each acknowledged)."""
+    options = {} if is_amqp(settings.broker_url) else redis_options(settings)
+    ids = []
+    with Connection(settings.broker_url, transport_options=options) as conn:
+        bound = Queue(queue)(conn.channel())
+        while (message := bound.get()) is not None:
+            ids.append(message.headers["id"])
+            message.ack()
+    return ids
+
+
+def test_a_higher_job_priority_is_served_first_on_both_brokers(broker_settings: Settings) -> None:
+    settings = broker_settings
+    app = make_celery(settings)
+    sent = {f"job-{p}-{uuid.uuid4().hex[:6]}": p for p in (0, 9, 5, 0, 3)}
+    try:
+        for job_id, priority in sent.items():
+            send_synth(app, settings, job_id, priority)
+        broker = open_broker(settings.broker_url)
+        try:
+            assert broker.queue_depth(settings.queue_gpu) == len(sent)
+            order = take_all(settings, settings.queue_gpu)
+            assert broker.queue_depth(settings.queue_gpu) == 0
+            assert broker.queue_depth(f"never-declared-{uuid.uuid4().hex[:6]}") == 0
+        finally:
+            broker.close()
+    finally:
+        app.close()
+    assert [sent[j] for j in order] == [9, 5, 3, 0, 0]
+    assert order[3:] == [j for j, p in sent.items() if p == 0]  # equal priorities: first in, first out
+
+
+def claimed_job(settings: Settings, db: sessionmaker[Session], store: FeatureStore, worker: str,
+                seed: int) -> str:
+    """A job sent and then claimed by `worker` (registered now), its message already taken off the
+    queue and acknowledged: what the broker holds once a worker that streamed it is gone for good."""
+    job_id = send_job(settings, db, store, VOICE_A, 30, seed=seed)
+    assert take_all(settings, settings.queue_gpu) == [job_id]
+    with db.begin() as session:
+        queries.register_worker(session=session, name=worker)
+    with db.begin() as session:
+        job = queries.claim_job_attempt(session=session, job_id=job_id, worker=worker, max_attempts=3)
+        assert job is not None and job.status == JobStatus.PREPARING
+    return job_id
+
+
+def test_the_sweep_puts_back_the_jobs_of_a_worker_gone_silent_and_not_those_of_a_live_one(
+        broker_settings: Settings, db, store: FeatureStore) -> None:
+    settings = broker_settings
+    gone = claimed_job(settings, db, store, "gpu-gone@test", seed=1)
+    live = claimed_job(settings, db, store, "gpu-live@test", seed=2)
+    long_ago = utcnow() - timedelta(seconds=WORKER_GONE_S + settings.stuck_job_after_s + 60)
+    with db.begin() as session:  # gpu-gone stopped beating long ago, and its job stopped moving with it
+        session.execute(update(Worker).where(Worker.name == "gpu-gone@test").values(heartbeat_at=long_ago))
+        session.execute(update(Job).where(Job.id == gone).values(updated_at=long_ago))
+    app = make_celery(settings)
+    broker = open_broker(settings.broker_url)
+    report = SweepReport()
+    try:
+        resume_orphans(settings=settings, sessions=db, broker=broker, sender=app, report=report)
+        assert report.jobs_resumed == [gone]
+        assert take_all(settings, settings.queue_gpu) == [gone]  # its message is back, once
+        resume_orphans(settings=settings, sessions=db, broker=broker, sender=app, report=report)
+        assert report.jobs_resumed == [gone]  # a second sweep finds nothing more to do
+    finally:
+        broker.close()
+        app.close()
+    with db() as session:
+        resumed, held = (queries.require_job(session=session, job_id=j) for j in (gone, live))
+    assert resumed.status == JobStatus.QUEUED and resumed.attempts == 1  # the lost attempt stays counted
+    assert held.status == JobStatus.PREPARING and held.worker == "gpu-live@test"
