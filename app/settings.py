@@ -99,10 +99,10 @@ class Settings(BaseSettings):
     orphan_grace_s: float = Field(
         default=3600.0, ge=0, description="files nothing refers to are removed once this old")
     stuck_job_after_s: float = Field(
-        default=900.0, gt=0, description="a live job not updated for this long and without a broker "
-        "message is sent again")
+        default=120.0, gt=0, description="a live job not updated for this long and without a broker "
+        "message is sent again (a running job updates its row every progress_interval_s)")
     maintenance_interval_s: float = Field(
-        default=300.0, ge=0, description="CPU workers send `maintenance.sweep` this often (one of them per "
+        default=120.0, ge=0, description="CPU workers send `maintenance.sweep` this often (one of them per "
         "period, by a Redis claim); 0: never (run `wavefarm maintenance` from cron instead)")
 
     api_token: SecretStr | None = None

@@ -58,6 +58,24 @@ def test_idempotency_key_returns_the_same_job(client: TestClient, reference: byt
     assert submit(client, voice_id, idempotency_key="k-2").json()["id"] != first["id"]
 
 
+@pytest.mark.parametrize("change, differs", [
+    ({"priority": 7}, "priority"),
+    ({"output_format": "flac"}, "output format"),
+    ({"seed": 99}, "seed"),
+    ({"tokens": [9, 8, 7]}, "tokens"),
+])
+def test_an_idempotency_key_reused_with_another_request_is_409_naming_what_differs(
+        client: TestClient, reference: bytes, change: dict[str, Any], differs: str) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    body = {"voice_id": voice_id, "tokens": TOKENS, "seed": 1, "idempotency_key": "k-409"}
+    first = client.post("/v1/jobs", json=body)
+    assert first.status_code == 202, first.text
+    again = client.post("/v1/jobs", json={**body, **change})
+    assert again.status_code == 409, again.text
+    assert again.json()["error"] == "Conflict" and differs in again.json()["reason"]
+    assert client.post("/v1/jobs", json=body).json()["id"] == first.json()["id"]  # the same request: 202
+
+
 @pytest.mark.parametrize("tokens, status, reason", [
     ([], 422, "tokens"),
     ([1, 6561], 422, "0..6560"),
