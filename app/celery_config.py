@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.app.amqp import AMQP
 from kombu import Queue
 from kombu.utils.objects import cached_property
@@ -42,6 +42,32 @@ class RabbitPriorities(AMQP):
             return send(producer, name, message, *args, **options)
 
         return publish
+
+
+class PromptShutdown(bootsteps.StartStopStep):
+    """A timer that fires every second, so a warm shutdown starts within a second on RabbitMQ.
+
+    An idle worker's event loop sleeps in poll() until its next timer (up to 10 s); a SIGTERM only sets a
+    flag the loop reads when it wakes. kombu's Redis transport keeps short timers of its own; on RabbitMQ
+    every stop took 10.9 s."""
+
+    requires = ("celery.worker.components:Timer",)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.tref: Any = None
+
+    def start(self, worker: Any) -> None:
+        self.tref = worker.timer.call_repeatedly(1.0, _wake)
+
+    def stop(self, worker: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+
+
+def _wake() -> None:
+    pass
 
 
 def make_celery(settings: Settings, include: Sequence[str] = (), name: str = "wavefarm") -> Celery:
@@ -71,6 +97,7 @@ def make_celery(settings: Settings, include: Sequence[str] = (), name: str = "wa
     )
     if amqp:  # every queue Celery declares (both task queues) gets RabbitMQ's priority levels 0..9
         app.conf.task_queue_max_priority = MAX_PRIORITY
+        app.steps["worker"].add(PromptShutdown)
     return app
 
 

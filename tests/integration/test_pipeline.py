@@ -1,4 +1,5 @@
-"""The whole pipeline on real services: PostgreSQL, Redis, a real CPU worker and a real GPU worker.
+"""The whole pipeline on real services: PostgreSQL, Redis, a real CPU worker and a real GPU worker, once
+with the Redis broker and once with RabbitMQ.
 
 8 jobs with 3 voices submitted at once: every job succeeds, each voice is prepared exactly once (the
 database and the counters agree), every output is a 24 kHz file of 960 samples per token, and each
@@ -34,7 +35,7 @@ from gpu_worker.prompt import StandInSpeaker, install_voice
 from gpu_worker.runtime import DUMMY_SEED
 from gpu_worker.worker import make_gpu_celery
 from tests.conftest import SESSION_TAG
-from tests.integration.conftest import running_gpu_worker
+from tests.integration.conftest import running_gpu_worker, start_worker
 
 # 8 jobs over 3 voices: (voice index, tokens, seed)
 JOBS = [(0, 60, 1), (1, 45, 2), (2, 30, 3), (0, 25, 4), (1, 80, 5), (2, 51, 6), (0, 38, 7), (1, 27, 8)]
@@ -56,18 +57,29 @@ def third_voice() -> bytes:
 REFERENCES = [(SAMPLES / "voice_a.wav").read_bytes(), (SAMPLES / "voice_b.wav").read_bytes(), third_voice()]
 
 
-@pytest.fixture(scope="module")
-def gpu_settings(worker_settings: Settings) -> Settings:
+@pytest.fixture(scope="module", params=["redis", "amqp"])
+def gpu_worker(request: pytest.FixtureRequest, worker_settings: Settings,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A GPU worker and a CPU worker on one broker: the session's CPU worker on Redis, one of this
+    module's own on RabbitMQ."""
     # Long prep wait: jobs wait for the CPU worker instead of preparing inline.
-    return worker_settings.model_copy(update={
+    settings = worker_settings.model_copy(update={
         "model_preset": "tiny", "prep_wait_ms": 120_000, "micro_batch_size": 8, "worker_slots": 8,
         "voice_cache_capacity": 3, "progress_interval_s": 0.2})
-
-
-@pytest.fixture(scope="module")
-def gpu_worker(gpu_settings: Settings, cpu_worker: str, tmp_path_factory) -> Iterator[Settings]:
-    with running_gpu_worker(gpu_settings, f"gpu-pipeline-{SESSION_TAG}", tmp_path_factory.mktemp("gpu-log")):
-        yield gpu_settings
+    logs = tmp_path_factory.mktemp("pipeline-log")
+    cpu = None
+    if request.param == "redis":
+        request.getfixturevalue("cpu_worker")
+    else:
+        settings = settings.model_copy(update={"broker_url": request.getfixturevalue("amqp_url")})
+        cpu = start_worker(settings, f"cpu-pipeline-{SESSION_TAG}", logs,
+                           ["-A", "tasks.celery_app", "worker", "-Q", settings.queue_cpu, "-P", "solo"])
+    try:
+        with running_gpu_worker(settings, f"gpu-pipeline-{request.param}-{SESSION_TAG}", logs):
+            yield settings
+    finally:
+        if cpu is not None:
+            cpu.stop()
 
 
 def job_tokens(n: int, seed: int) -> list[int]:
