@@ -10,8 +10,7 @@ owns the device and does, in order:
    stream. An idle engine first gathers a burst of arrivals for up to `admission_window_ms`, so jobs
    submitted one by one start in one step;
 3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
-4. finish: release finished, failed and aborted jobs, reclaim abandoned installs, evict least-recently-used
-   unpinned voices over capacity.
+4. finish: release finished, failed and aborted jobs, reclaim abandoned installs, evict unpinned voices.
 
 Every way a job's voice became ready is counted (`PREP_PATHS`). A failure in one job fails that job with
 an `EngineFailure`; the engine goes on. Transport (Celery, Redis, the database) stays outside: features
@@ -27,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -45,20 +44,16 @@ from gpu_worker.streams import (
     EngineJob,
     Failed,
     Finished,
+    StreamDecoder,
     VoiceEvicted,
     VoiceReady,
+    audio_to_host,
     plan_chunks,
     validate_tokens,
 )
 from gpu_worker.voices import InstalledVoice, VoiceCache
 
 log = logging.getLogger(__name__)
-
-
-class StreamDecoder(Protocol):
-    def open_stream(self, voice: Any, seed: int) -> Any: ...
-
-    def step(self, rows: list[Any]) -> list[torch.Tensor]: ...
 
 
 @dataclass
@@ -256,7 +251,7 @@ class Engine:
         self.stats["rows"] += len(rows)
         self.stats["batches"] += 1
         self.stats["mel_frames"] += sum(live.chunks[live.next_chunk].mel_frames for live in batch)
-        for live, audio in zip(batch, _to_host(audios), strict=True):
+        for live, audio in zip(batch, audio_to_host(audios), strict=True):
             self._hand_out(live, audio, events)
 
     def _hand_out(self, live: _Live, audio: torch.Tensor, events: list[EngineEvent]) -> None:
@@ -303,12 +298,3 @@ class Engine:
         for voice_id in self.voices.collect():
             self.stats["evictions"] += 1
             events.append(VoiceEvicted(voice_id=voice_id))
-
-
-def _to_host(audios: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Device audio rows -> float32 CPU tensors with one transfer for the whole step."""
-    if not audios:
-        return []
-    lengths = [a.numel() for a in audios]
-    flat = torch.cat([a.reshape(-1) for a in audios]).to("cpu", torch.float32)
-    return list(torch.split(flat, lengths))

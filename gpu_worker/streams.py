@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -57,6 +57,23 @@ class Chunk(NamedTuple):
     def mel_frames(self) -> int:
         new_tokens = self.stop - self.start if self.last else self.stop - self.start - LOOKAHEAD_TOKENS
         return new_tokens * MEL_PER_TOKEN
+
+
+class StreamDecoder(Protocol):
+    """What the engine needs of a decoder (`gpu_worker.decoder.StreamingDecoder`)."""
+
+    def open_stream(self, voice: Any, seed: int) -> Any: ...
+
+    def step(self, rows: list[Any]) -> list[torch.Tensor]: ...
+
+
+def audio_to_host(audios: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A step's device audio rows -> float32 CPU tensors, with one transfer for the whole step."""
+    if not audios:
+        return []
+    lengths = [a.numel() for a in audios]
+    flat = torch.cat([a.reshape(-1) for a in audios]).to("cpu", torch.float32)
+    return list(torch.split(flat, lengths))
 
 
 class ChunkRow(NamedTuple):

@@ -28,7 +28,7 @@ import torch
 
 from app.audio import normalise_reference
 from app.features import PromptHostFeatures, host_half
-from app.speech import VOCAB_SIZE
+from app.speech import SAMPLES_PER_TOKEN, VOCAB_SIZE
 from gpu_worker.bench.workload import synthetic_voice
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.engine import Engine, EngineConfig
@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         float((ahead["audio"][j.job_id] - inline["audio"][j.job_id]).abs().max()) for j in jobs)
     report["max_abs_diff_to_alone"] = max(
         float((ahead["audio"][j.job_id] - alone[j.job_id]).abs().max()) for j in jobs)
-    report["lengths_ok"] = all(ahead["audio"][j.job_id].numel() == len(j.tokens) * 960 for j in jobs)
+    report["lengths_ok"] = all(ahead["audio"][j.job_id].numel() == len(j.tokens) * SAMPLES_PER_TOKEN
+                               for j in jobs)
     report["ahead"] = {k: v for k, v in ahead.items() if k != "audio"}
     report["inline"] = {k: v for k, v in inline.items() if k != "audio"}
     report["allocated_bytes_after_rounds"] = memory

@@ -31,6 +31,7 @@ from app.books.source import DEFAULT_LIMITS
 from app.db import queries
 from app.errors import BadInput
 from app.speech import MEDIA_TYPES as AUDIO_MEDIA_TYPES
+from app.speech import OutputFormat
 
 router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})
@@ -99,7 +100,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
         raise BadInput("reference must be an uploaded file")
     text = {name: text_field(form.get(name), name) for name in
             ("voice_id", "book_format", "output_format", "title", "author", "language", "m4b")}
-    options = service.BookOptions(output_format=text["output_format"] or "flac",
+    options = service.BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=(text["m4b"] or "true").lower() not in ("false", "0", "no"),
                           target_lufs=number_field(form.get("target_lufs"), "target_lufs", float),
                           seed=number_field(form.get("seed"), "seed", int) or 0,

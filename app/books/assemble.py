@@ -29,7 +29,7 @@ from app.artifacts import atomic_path
 from app.audio import resample, write_audio
 from app.books.plan import PlanChapter
 from app.errors import BadInput, NotFound
-from app.speech import SAMPLE_RATE
+from app.speech import SAMPLE_RATE, OutputFormat
 
 if TYPE_CHECKING:
     from av.container.core import Chapter  # a TypedDict, only in PyAV's stubs
@@ -61,8 +61,9 @@ class ChapterAudio:
         return self.samples / self.sample_rate
 
 
-def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path, *, fmt: str = "flac",
-                     sample_rate: int = SAMPLE_RATE, target_lufs: float | None = None) -> ChapterAudio:
+def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path, *,
+                     fmt: str = OutputFormat.FLAC, sample_rate: int = SAMPLE_RATE,
+                     target_lufs: float | None = None) -> ChapterAudio:
     """Concatenate a chapter's segments (audio[key] -> file) with their pauses into `out`."""
     pieces: list[np.ndarray] = []
     timings: list[SegmentTiming] = []

@@ -27,7 +27,7 @@ from app.books.assemble import ChapterAudio, SegmentTiming, assemble_chapter, wr
 from app.books.files import chapter_file_name
 from app.books.index import write_index
 from app.books.plan import BookPlan, PlanChapter, canonical_json
-from app.speech import SAMPLE_RATE
+from app.speech import SAMPLE_RATE, OutputFormat
 
 _CHAPTER_FILE_RE = re.compile(r"chapter-\d{3,}\.(wav|flac)(\.json)?")
 
@@ -61,7 +61,7 @@ def render_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out_dir: Pat
     return done
 
 
-def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = "flac",
+def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = OutputFormat.FLAC,
                   sample_rate: int = SAMPLE_RATE, target_lufs: float | None = None, m4b: bool = True,
                   cover: bytes | None = None, cover_type: str | None = None) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files."""

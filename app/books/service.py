@@ -45,7 +45,7 @@ DEFAULT_SEED = 0  # a fixed seed: the same book rendered again has the same keys
 
 @dataclass(frozen=True)
 class BookOptions:
-    output_format: str = "flac"
+    output_format: str = OutputFormat.FLAC
     m4b: bool = True
     target_lufs: float | None = None
     seed: int = DEFAULT_SEED

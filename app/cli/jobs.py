@@ -12,6 +12,7 @@ from typing import Any
 
 from app.cli.common import add_client_options, client, finished_well, print_json, read_file, voice_argument
 from app.errors import BadInput
+from app.speech import OutputFormat
 
 
 def add_commands(sub: Any) -> None:
@@ -26,7 +27,8 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("--tokens", required=True, type=Path, help="JSON file: [ids] or {\"tokens\": [ids]}")
     submit.add_argument("-o", "--output", type=Path, help="where to write the audio (implies --wait)")
     submit.add_argument("--seed", type=int)
-    submit.add_argument("--format", dest="output_format", choices=("wav", "flac"), default="wav")
+    submit.add_argument("--format", dest="output_format", choices=[f.value for f in OutputFormat],
+                        default=OutputFormat.WAV.value)
     submit.add_argument("--priority", type=int, default=0)
     submit.add_argument("--idempotency-key")
     submit.add_argument("--wait", action="store_true", help="follow progress until the job finishes")

@@ -7,9 +7,10 @@ op whose output shape depends on the data (`nonzero`, `masked_select`, `unique`,
 a copy from the device to the host. `count_syncs` records the first two kinds with a
 `TorchDispatchMode`, so a CPU run counts exactly the points that would sync on a GPU; device-to-host
 copies are named separately (`copies_to_host`), found as copies whose source is not on the CPU (none on
-a CPU run: they are what `Engine` does once per step with every row's audio, `_to_host`). On a CPU run
-every tensor counts as a device tensor, so the count is an upper bound; `tolist()` and `numpy()` of a
-CPU tensor read its memory without an aten op and are not seen (the decoder's step calls neither).
+a CPU run: they are what the engine does once per step with every row's audio,
+`streams.audio_to_host`). On a CPU run every tensor counts as a device tensor, so the count is an upper
+bound; `tolist()` and `numpy()` of a CPU tensor read its memory without an aten op and are not seen
+(the decoder's step calls neither).
 
     count_syncs(fn) -> (fn's result, SyncCount(by_op, copies_to_host))
     decoder_step_syncs(setup, rows) -> {rows, syncs, by_op}: one steady-state step of `rows` warm streams

@@ -69,6 +69,17 @@ def _last_frames(h: Tensor, n: Tensor, k: int) -> Tensor:
     return h.gather(2, index[:, None, :].expand(-1, h.size(1), -1))
 
 
+def _row_caches(first: Tensor, second: Tensor, cached: list[int], n: list[int], up: int) -> list[Tensor]:
+    """Each row's new attention cache, cut from the layers' left-padded ones: its cached frames and its
+    n_i valid new frames; the first stage tiled twice along time (module docstring)."""
+    width, out = max(cached), []
+    for i in range(len(cached)):
+        f = first[:, i : i + 1, :, width - cached[i] : width + n[i]]
+        s = second[:, i : i + 1, :, up * (width - cached[i]) : up * (width + n[i])]
+        out.append(torch.cat([torch.cat([f, f], dim=3), s], dim=0))
+    return out
+
+
 def _key_mask(cached: list[int], n: list[int], sizes: Tensor, width: int) -> Tensor | None:
     """Keys [left-padded caches (width) | new frames (right-padded)]: row i attends to its own cached
     frames [width - cached_i, width) and its valid new frames [width, width + n_i). None if all are."""
@@ -236,7 +247,6 @@ class ConformerEncoder(nn.Module):
         right-padded; attention masks the padding, the convs are causal past each row's valid frames.
         """
         look, up, dim = self.args.pre_lookahead_len, self.args.up_stride, self.args.output_size
-        b = x.size(0)
         n = [t if is_last else t - look for t, is_last in zip(n_in, last, strict=True)]
         cached = [0 if c is None else c.size(3) // 2 for c in att_caches]  # first-stage frames L_i
         sizes = torch.tensor([n_in, cached, n]).to(x.device, non_blocking=True)  # one host -> device copy
@@ -258,12 +268,7 @@ class ConformerEncoder(nn.Module):
         x, second_new = self._layers(self.up_encoders, self.up_embed(h.transpose(1, 2)), second,
                                      max(cached) * up, mask)
         new_cnn = torch.cat([pre_cache, up_cache], dim=2)
-        new_att = []
-        for i in range(b):
-            f = first_new[:, i : i + 1, :, max(cached) - cached[i] : max(cached) + n[i]]
-            s = second_new[:, i : i + 1, :, up * (max(cached) - cached[i]) : up * (max(cached) + n[i])]
-            new_att.append(torch.cat([torch.cat([f, f], dim=3), s], dim=0))
-        return self.after_norm(x), list(new_cnn.split(1)), new_att
+        return self.after_norm(x), list(new_cnn.split(1)), _row_caches(first_new, second_new, cached, n, up)
 
     @staticmethod
     def _layers(layers: nn.ModuleList, x: Tensor, caches: Tensor | None, cached: int, mask: Tensor | None

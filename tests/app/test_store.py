@@ -1,23 +1,15 @@
 """Feature store on the real Redis (db 12): round trip, TTL and its refresh, counters, flags."""
 
-import hashlib
 import time
 import uuid
 
 import pytest
 import redis
-import torch
-from safetensors.torch import save
 
 from app import keys
 from app.keys import FEATURE_VERSION
 from app.store import FeatureStore, check_safetensors
-
-VOICE = hashlib.sha256(b"voice").hexdigest()
-
-
-def blob(n: int = 4) -> bytes:
-    return save({"x": torch.arange(n, dtype=torch.float32)}, metadata={"voice_id": VOICE})
+from tests.support.store import VOICE, blob
 
 
 def test_features_round_trip_as_bytes(store: FeatureStore):

@@ -13,6 +13,7 @@ from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice, register_voice
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
+from tests.support.store import blob
 
 
 def test_jobs_sharing_a_voice_prepare_it_once(
@@ -31,7 +32,6 @@ def test_jobs_sharing_a_voice_prepare_it_once(
 def test_a_ready_voice_with_stored_features_skips_preparation_and_an_evicted_one_does_not(
     submit, session: Session, settings: Settings, broker_redis: redis.Redis, store: FeatureStore
 ):
-    from tests.app.test_store import blob
 
     voice_id = q.require_job(session=session, job_id=submit()).voice_id
     store.release_prepare(voice_id)
@@ -75,7 +75,6 @@ def test_a_voice_registered_alone_is_stored_once_and_prepared_once(
 def test_cancelling_the_last_job_of_a_prepared_voice_reclaims_its_features(
     submit, session: Session, store: FeatureStore
 ):
-    from tests.app.test_store import blob
 
     a, b = submit(), submit()
     voice_id = q.require_job(session=session, job_id=a).voice_id

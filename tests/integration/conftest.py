@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
 from app.celery_config import make_celery
+from app.db.session import make_engine, make_sessionmaker
 from app.jobs import submit_job
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
@@ -170,6 +171,20 @@ def worker_sessions(worker_settings: Settings) -> Iterator[sessionmaker[Session]
     """Sessions on the worker's database, emptied after the test."""
     yield from _sessions(worker_settings.database_url)
     empty_tables(worker_settings.database_url)
+
+
+def sessions_of(settings: Settings) -> Iterator[sessionmaker[Session]]:
+    """For a fixture: sessions on `settings`' database, the engine disposed after the test."""
+    engine = make_engine(settings.database_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def store_of(settings: Settings) -> Iterator[FeatureStore]:
+    """For a fixture: `settings`' feature store, closed after the test."""
+    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
+    yield store
+    store.close()
 
 
 def send_job(settings: Settings, sessions: sessionmaker[Session], store: FeatureStore, reference: bytes,

@@ -24,13 +24,12 @@ from app.broker import is_amqp, open_broker
 from app.celery_config import make_celery, redis_options
 from app.db import queries
 from app.db.models import Job, JobStatus, Worker, utcnow
-from app.db.session import make_engine, make_sessionmaker
 from app.maintenance import WORKER_GONE_S, SweepReport, resume_orphans
 from app.settings import Settings
 from app.store import FeatureStore
 from app.wire import send_synth
 from tests.conftest import make_test_settings
-from tests.integration.conftest import send_job, start_worker
+from tests.integration.conftest import send_job, sessions_of, start_worker, store_of
 from tests.support.runtime import VOICE_A
 
 
@@ -44,16 +43,12 @@ def broker_settings(sqlite_url: str, artifacts: ArtifactStore, broker_url: str,
 
 @pytest.fixture
 def db(broker_settings: Settings) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(broker_settings.database_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
+    yield from sessions_of(broker_settings)
 
 
 @pytest.fixture
 def store(broker_settings: Settings, feature_redis) -> Iterator[FeatureStore]:
-    s = FeatureStore.from_url(broker_settings.feature_store_url, ttl_s=600)
-    yield s
-    s.close()
+    yield from store_of(broker_settings)
 
 
 def take_all(settings: Settings, queue: str) -> list[str]:

@@ -40,7 +40,7 @@ from app.maintenance import run_sweep
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.conftest import make_test_settings
-from tests.integration.conftest import send_job, start_gpu_worker, start_worker
+from tests.integration.conftest import send_job, sessions_of, start_gpu_worker, start_worker, store_of
 from tests.support.net import free_port
 from tests.support.runtime import VOICE_A, VOICE_B, job_row, prepare_ahead
 
@@ -146,16 +146,12 @@ def workers(crash_settings: Settings, tmp_path: Path) -> Iterator[Workers]:
 
 @pytest.fixture
 def db(crash_settings: Settings) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(crash_settings.database_url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
+    yield from sessions_of(crash_settings)
 
 
 @pytest.fixture
 def store(crash_settings: Settings, feature_redis) -> Iterator[FeatureStore]:
-    s = FeatureStore.from_url(crash_settings.feature_store_url, ttl_s=600)
-    yield s
-    s.close()
+    yield from store_of(crash_settings)
 
 
 def assert_whole_outputs(db, artifacts: ArtifactStore, jobs: dict[str, int]) -> None:

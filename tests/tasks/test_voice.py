@@ -36,17 +36,7 @@ def celery(settings: Settings) -> Iterator[Celery]:
 
 
 def submitted_voice(res: Resources, celery: Celery, reference: bytes | None = None) -> str:
-    with res.sessions() as session:
-        job_id = submit_job(
-            settings=res.settings,
-            session=session,
-            sender=celery,
-            store=res.store,
-            artifacts=res.artifacts,
-            tokens=[1, 2, 3],
-            reference_bytes=reference or wav_bytes(),
-        )
-        return q.require_job(session=session, job_id=job_id).voice_id
+    return submitted_job(res, celery, reference)[1]
 
 
 def voice_row(res: Resources, voice_id: str):
