@@ -86,6 +86,9 @@ class StreamingDecoder:
                                            device=self.device)
         # the solve's attention buffer, kept from step to step (kvcache.py); None: a fresh one each step
         self.workspace: Workspace | None = Workspace()
+        # True: the voices' shared frames copied beside every row at every Euler step, the way before they
+        # were read in place (kvcache.BatchKV); for the benchmarks' before-and-after only
+        self.copy_shared_frames = False
 
     # -- streams -------------------------------------------------------------------------------------
     def open_stream(self, voice: VoicePrompt, seed: int) -> StreamState:
@@ -137,7 +140,8 @@ class StreamingDecoder:
         spk = torch.cat([s.voice.spk for s in streams])
         mel, n_frames, caches = flow.stream_chunks(tokens, spk, [s.cache for s in streams],
                                                    [row.last for row in rows], [s.noise for s in streams],
-                                                   workspace=self.workspace)
+                                                   workspace=self.workspace,
+                                                   copy_shared=self.copy_shared_frames)
         caches = [trim_cache(c, s.voice.prompt_len) for c, s in zip(caches, streams, strict=True)]
         chunk_mels = [mel[i:i + 1, :, :n] for i, n in enumerate(n_frames)]
         vocoded = self._vocode(streams, chunk_mels)

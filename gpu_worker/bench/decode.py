@@ -55,13 +55,14 @@ def steady_rows(streams: list[Any], step: int) -> list[ChunkRow]:
     return [ChunkRow(s, chunk_tokens(window, seed=10_000 * step + i), False) for i, s in enumerate(streams)]
 
 
-def warm_streams(setup: BenchSetup, n: int, voices: int = 2, start: int = 0) -> list[Any]:
-    """Streams start..start+n-1 over `voices` installed voices, stepped together until their caches are
-    trimmed (stream i: voice i mod `voices`, seed i)."""
+def warm_streams(setup: BenchSetup, n: int, voices: int = 2, start: int = 0,
+                 chunks: int = WARMUP_CHUNKS) -> list[Any]:
+    """Streams start..start+n-1 over `voices` installed voices, stepped together `chunks` times, by default
+    until their caches are trimmed (stream i: voice i mod `voices`, seed i)."""
     streams = [setup.decoder.open_stream(setup.install(i % voices), seed=i) for i in range(start, start + n)]
     if not streams:
         return []
-    for step in range(WARMUP_CHUNKS):
+    for step in range(chunks):
         setup.decoder.step(steady_rows(streams, step))
     return streams
 

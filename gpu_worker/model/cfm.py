@@ -14,7 +14,8 @@ Caches are given per Euler step (see `dit.py` for the layouts):
     kvs:            a sequence of N tensors [depth, 2B, H, T + Lc, 2 head_dim] (new frames written in
                     place at [:T]; the same buffer may be given for every step when its contents are not
                     needed afterwards), or a `StepKV` that fills one buffer per step and keeps the new
-                    frames after it (`kvcache.BatchKV`: the streaming caches without copies).
+                    frames after it (`kvcache.BatchKV`: the streaming caches without copies), and may
+                    hand each voice's shared frames of the step (`voice(step)`), attended to in place.
 
 Not in here: the noise buffer (the caller slices it), padding and unpadding of rows, cache trimming.
 """
@@ -48,6 +49,10 @@ class StepKV(Protocol):
         """Called after step `step` with the same kv, its new frames written at [..., :T, :]."""
         ...
 
+    def voice(self, step: int) -> Sequence[tuple[Tensor | None, Tensor, Tensor]]:
+        """Shared frames attended to in place at step `step` (`dit.DiT.forward`'s `voice`)."""
+        ...
+
 
 class _PerStep:
     def __init__(self, kvs: Sequence[Tensor]) -> None:
@@ -58,6 +63,9 @@ class _PerStep:
 
     def keep(self, step: int, kv: Tensor) -> None:
         pass
+
+    def voice(self, step: int) -> Sequence[tuple[Tensor | None, Tensor, Tensor]]:
+        return ()
 
 
 class CFM(nn.Module):
@@ -89,7 +97,7 @@ class CFM(nn.Module):
         for step in range(self.n_steps):
             packed = torch.cat([torch.cat([x, x]).to(dtype), *fixed], dim=-1)  # [2B, T, 320]
             kv = steps.kv(step)
-            v, conv = self.estimator(packed, t, conv_caches[step], kv, key_mask, lengths)
+            v, conv = self.estimator(packed, t, conv_caches[step], kv, key_mask, lengths, steps.voice(step))
             steps.keep(step, kv)
             new_conv.append(conv)
             v_cond, v_uncond = v.float().split(b)

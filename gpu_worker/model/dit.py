@@ -12,6 +12,11 @@ Caches, one set per Euler step (the CFM owns the step dimension):
                 the caller puts the cached frames at [T:]. New frames first is the reference's order.
     key_mask:   [B, T + Lc] bool, True for slots a row may attend to (its valid new frames and its own
                 cached frames); None means every slot.
+    voice:      frames attended to where they are, beside kv: per voice, (rows [2 n] of the batch, or
+                None for every row in order, its frames [depth, 2 (cond | uncond), H, S, 2 head_dim], mask
+                [1, 1, n T, S]: row j's query t at j T + t). Rows fold into the query axis, so one
+                attention call serves every row of a voice; the parts are merged by their log-sum-exp
+                (`attention.py`).
     lengths:    [B] valid new frames per row (queries past it are padding); None means all T.
 Padding frames sit after a row's valid frames, so the causal convs and the key mask keep every valid
 frame independent of the padding and of the other rows.
@@ -22,13 +27,17 @@ Not in here: the Euler loop, CFG doubling, noise, cache trimming.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from gpu_worker.model.attention import attend, merge_pair
 from gpu_worker.model.config import DiTArgs
+
+VoicePart = tuple[Tensor | None, Tensor, Tensor]  # (rows [2 n] or None: all, frames [2, H, S, 2 D], mask)
 
 BLOCK_NORM_EPS = 1e-6  # affine-free LayerNorms before each modulated branch
 CONV_CACHE = 2  # causal conv kernel 3 -> 2 frames of context
@@ -71,17 +80,43 @@ class Attention(nn.Module):
         self.proj = nn.Linear(inner, dim)
 
     def _heads(self, x: Tensor) -> Tensor:
-        return x.view(x.size(0), x.size(1), self.n_head, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        return x.view(x.size(0), x.size(1), self.n_head, self.head_dim)  # [B, T, H, D]
 
-    def forward(self, x: Tensor, kv: Tensor, key_mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, kv: Tensor, key_mask: Tensor | None, voice: Sequence[VoicePart] = ()
+                ) -> Tensor:
         # x: [B, T, C]; kv: [B, H, T + Lc, 2 D] (written at [:, :, :T]); key_mask: [B, 1, 1, T + Lc]
         b, t, _ = x.shape
-        q = self.q_norm(self._heads(self.to_q(x)))
-        kv[:, :, :t, : self.head_dim] = self.k_norm(self._heads(self.to_k(x)))
-        kv[:, :, :t, self.head_dim :] = self._heads(self.to_v(x))
-        k, v = kv[..., : self.head_dim], kv[..., self.head_dim :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # [B, H, T, D]
-        return self.proj(out.transpose(1, 2).reshape(b, t, -1))
+        d = self.head_dim
+        q = self.q_norm(self._heads(self.to_q(x)))  # [B, T, H, D]: the voice part folds rows as a view
+        kv[:, :, :t, :d] = self.k_norm(self._heads(self.to_k(x))).transpose(1, 2)
+        kv[:, :, :t, d:] = self._heads(self.to_v(x)).transpose(1, 2)
+        k, v = kv[..., :d], kv[..., d:]
+        if not voice:  # out: [B, H, T, D]
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=key_mask)
+            return self.proj(out.transpose(1, 2).reshape(b, t, -1))
+        # each row sees its new frames, and each voice's rows at least one of its frames (BatchKV)
+        own, lse = attend(q.transpose(1, 2), k, v, key_mask, every_query_sees_a_key=True)
+        out = self._with_voice(q, (own.transpose(1, 2), lse.transpose(1, 2)), voice)  # [B, T, H, D]
+        return self.proj(out.reshape(b, t, -1))
+
+    @staticmethod
+    def _with_voice(q: Tensor, own: tuple[Tensor, Tensor], voice: Sequence[VoicePart]) -> Tensor:
+        """q [B, T, H, D]; own: the rows' own part, out [B, T, H, D] and lse [B, T, H]. Each voice's rows
+        against its frames, read in place and merged in; a voice's rows fold into one query axis (a view
+        of q when the voice has every row), so one attention call serves them. -> out [B, T, H, D]."""
+        b, t, h, d = q.shape
+        out, lse = own
+        for rows, frames, mask in voice:
+            n = b // 2 if rows is None else rows.numel() // 2
+            qv = (q if rows is None else q[rows]).reshape(2, n * t, h, d).transpose(1, 2)  # [2, H, n T, D]
+            o, s = attend(qv, frames[..., :d], frames[..., d:], mask, every_query_sees_a_key=True)
+            part = (o.transpose(1, 2).reshape(2 * n, t, h, d), s.transpose(1, 2).reshape(2 * n, t, h))
+            if rows is None:  # every row of the batch, in order
+                out, lse = merge_pair((out, lse), part)
+            else:
+                out, lse = out.clone(), lse.clone()  # own may be views of the kernel's outputs
+                out[rows], lse[rows] = merge_pair((out[rows], lse[rows]), part)
+        return out
 
 
 class Mlp(nn.Module):
@@ -128,12 +163,13 @@ class DiTBlock(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 9 * dim))
 
     def forward(
-        self, x: Tensor, c: Tensor, conv_cache: Tensor, kv: Tensor, key_mask: Tensor | None, last: Tensor
+        self, x: Tensor, c: Tensor, conv_cache: Tensor, kv: Tensor, key_mask: Tensor | None, last: Tensor,
+        voice: Sequence[VoicePart] = (),
     ) -> tuple[Tensor, Tensor]:
         # x: [B, T, C]; c: [B or 1, 1, C] -> [B, T, C], new conv cache [B, 2 C, 2]
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
          shift_conv, scale_conv, gate_conv) = self.adaLN_modulation(c).chunk(9, dim=-1)
-        x = x + gate_msa * self.attn(modulate(block_norm(x), shift_msa, scale_msa), kv, key_mask)
+        x = x + gate_msa * self.attn(modulate(block_norm(x), shift_msa, scale_msa), kv, key_mask, voice)
         h, new_conv_cache = self.conv(modulate(block_norm(x), shift_conv, scale_conv), conv_cache, last)
         x = x + gate_conv * h
         x = x + gate_mlp * self.mlp(modulate(block_norm(x), shift_mlp, scale_mlp))
@@ -162,7 +198,7 @@ class DiT(nn.Module):
 
     def forward(
         self, x: Tensor, t: Tensor, conv_cache: Tensor, kv: Tensor,
-        key_mask: Tensor | None = None, lengths: Tensor | None = None,
+        key_mask: Tensor | None = None, lengths: Tensor | None = None, voice: Sequence[VoicePart] = (),
     ) -> tuple[Tensor, Tensor]:
         """x: [B, T, in_channels] packed inputs; t: [1] or [B] -> velocity [B, T, out_channels] and the
         new conv cache [depth, B, 2 C, 2]. Caches and masks: module docstring; kv is updated in place.
@@ -179,6 +215,6 @@ class DiT(nn.Module):
         h = self.in_proj(x)
         new_conv = []
         for i, block in enumerate(self.blocks):
-            h, cache = block(h, c, conv_cache[i], kv[i], mask, last)
+            h, cache = block(h, c, conv_cache[i], kv[i], mask, last, [(r, f[i], m) for r, f, m in voice])
             new_conv.append(cache)
         return self.final_layer(h, c), torch.stack(new_conv)

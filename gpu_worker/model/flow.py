@@ -1,42 +1,25 @@
 """Flow: speech tokens -> 80-bin mel (Step-Audio 2 token2wav flow), parameter names == released flow.pt.
 
-Offline, one utterance:
-    inference(tokens [1, T], prompt_tokens [1, Tp], prompt_mel [1, 2 Tp, 80], spk_raw [1, 192],
-              noise [1, 80, N]) -> mel [1, 80, 2 T]
-Streaming, one `FlowCache` per stream:
-    setup(prompt_tokens [1, Tp + 3] (3 x silence appended by the caller), prompt_mel [1, 2 Tp, 80],
-          spk_raw [1, 192], noise [1, 80, N]) -> spk [1, 80], FlowCache in reference layout (estimator_att
-          set: the voice's read-only cache)
-    setup_batch(lists of those, spk_raw [B, 192]) -> spk [B, 80], [FlowCache]: B voices in one solve
-    encode_chunk(tokens [1, T], cache, last_chunk) -> mu [1, T', 80], FlowCache with new conformer caches
-          (T' = 2 (T - 3), or 2 T for the last chunk)
-    solve_chunk_batch(mu: list of [1, T'_i, 80], spk [B, 80], noise: list of [1, 80, N], caches: list of
-          FlowCache | None, cond: list of [1, T'_i, 80] | None) -> mel [B, 80, max T'_i] (zero past each
-          row's T'_i), FlowCaches with new estimator caches (lean: estimator_kv set, estimator_att None)
-    encode_chunks(tokens: list of [1, T_i], caches, last_chunks) -> mu: list of [1, T'_i, 80], caches:
-          encode_chunk of every row in one batched (masked, padded) encoder pass
-    stream_chunks(tokens: list of [1, T_i], spk [B, 80], caches, last_chunks, noise) -> mel [B, 80, max T'_i],
-          [T'_i], new caches: encode_chunks, then one solve_chunk_batch
-    trim_cache(cache, prompt_len): the caller applies it to every stream after every chunk.
-Rows of one solve may come from different streams, voices, cache lengths and chunk sizes (first,
-continuing and last chunks, even setup rows with a cond): every Euler step is one DiT call over the
-padded batch, with per-row key masks over the packed attention caches and per-row causal-conv caches,
-so a row's mel does not depend on the other rows (up to float rounding, about 1e-6). The noise of a
-row is its own buffer sliced at [offset, offset + T'), offset = its estimator attention cache length
-before the chunk. Call everything under `torch.inference_mode()`.
+    inference(tokens [1, T], prompt_tokens [1, Tp], prompt_mel [1, 2 Tp, 80], spk_raw [1, 192], noise)
+        -> mel [1, 80, 2 T]: one utterance after its prompt, full attention, no caches
+    setup(prompt_tokens [1, Tp + 3], prompt_mel, spk_raw, noise) -> spk [1, 80], FlowCache (reference
+        layout: the voice's read-only caches); setup_batch: B voices in one solve
+    encode_chunks(tokens: [1, T_i] per row, caches, last_chunks) -> mu [1, T'_i, 80] per row, caches
+        (T' = 2 (T - 3), or 2 T for a last chunk): every row in one masked, padded encoder pass
+    solve_chunk_batch(mu, spk [B, 80], noise, caches, cond=None) -> mel [B, 80, max T'], new caches
+    stream_chunks(...) = encode_chunks, then one solve_chunk_batch; trim_cache(cache, prompt_len) after it
+Rows of one solve may come from different streams, voices, cache lengths and chunk kinds (first,
+continuing, last, even setup rows with a cond): per-row key masks and causal-conv caches keep a row's mel
+independent of the other rows (up to float rounding, about 1e-6). A row's noise is its own buffer sliced
+at [offset, offset + T'), offset = its estimator cache length before the chunk. The estimator cache is
+never copied whole (`kvcache.py`); `FlowCache.reference_estimator_att()` gives the reference's tensor.
 
-The estimator attention cache is never copied whole: a stream's cache refers to its voice's setup cache
-(shared, read-only) and owns a slot buffer for its generated frames; trimming is bookkeeping
-(`kvcache.py`, which says why a failed step can be retried and a stale cache is refused).
-`FlowCache.reference_estimator_att()` gives the reference's tensor (tests, export).
-
-FlowCache layouts (H heads, steps N, L cached frames):
+FlowCache layouts (H heads, N steps, L cached frames; dim 2 of the estimator's is [cond, uncond]):
     conformer_cnn [1, C_enc, 6], conformer_att [blocks + up_blocks, 1, H, 2 L1, 2 d_k]   (encoder.py)
-    estimator_cnn [N, depth, 2, 2 hidden, 2]; estimator_att (reference layout) [N, depth, 2, H, L, 2 head_dim]
-    with dim 2 [cond, uncond] and frames ordered newest chunk first, as the reference concatenates;
-    estimator_kv: `kvcache.EstimatorKV` (shared frames + own slots + the reference's order).
-
-Not in here: the noise buffer's drawing, devices, dtypes, chunking of token streams, HiFT.
+    estimator_cnn [N, depth, 2, 2 hidden, 2]; estimator_att [N, depth, 2, H, L, 2 head_dim] (reference
+    layout, newest chunk first) or estimator_kv (`kvcache.EstimatorKV`)
+Call everything under `torch.inference_mode()`. Not in here: drawing the noise, devices, dtypes,
+chunking token streams, HiFT.
 """
 
 from __future__ import annotations
@@ -193,19 +176,21 @@ class Flow(nn.Module):
 
     def stream_chunks(
         self, tokens: list[Tensor], spk: Tensor, caches: list[FlowCache], last_chunks: list[bool],
-        noise: list[Tensor], workspace: Workspace | None = None,
+        noise: list[Tensor], workspace: Workspace | None = None, copy_shared: bool = False,
     ) -> tuple[Tensor, list[int], list[FlowCache]]:
         """One chunk of each of B streams: tokens[i] [1, T_i] -> mel [B, 80, max T'], T'_i, new caches."""
         mu, encoded = self.encode_chunks(tokens, caches, last_chunks)
-        mel, new_caches = self.solve_chunk_batch(mu, spk, noise, encoded, workspace=workspace)
+        mel, new_caches = self.solve_chunk_batch(mu, spk, noise, encoded, workspace=workspace,
+                                                 copy_shared=copy_shared)
         return mel, [m.size(1) for m in mu], new_caches
 
     def solve_chunk_batch(
         self, mu: list[Tensor], spk: Tensor, noise: list[Tensor], caches: Sequence[FlowCache | None],
-        cond: list[Tensor] | None = None, workspace: Workspace | None = None,
+        cond: list[Tensor] | None = None, workspace: Workspace | None = None, copy_shared: bool = False,
     ) -> tuple[Tensor, list[FlowCache]]:
         """One masked CFM solve over rows of different streams (shapes in the module docstring);
-        `workspace` lends the memory of the solve's one-step attention buffer (`kvcache.Workspace`)."""
+        `workspace` lends the memory of the solve's one-step attention buffer (`kvcache.Workspace`);
+        `copy_shared`: the voices' frames copied next to each row (`kvcache.BatchKV`), not read in place."""
         rows = [c or FlowCache() for c in caches]
         n_new = [m.size(1) for m in mu]
         t_max, dtype, a = max(n_new), mu[0].dtype, self.args.dit
@@ -213,7 +198,7 @@ class Flow(nn.Module):
         cond_rows = [torch.zeros_like(m[0]) for m in mu] if cond is None else [c[0].to(dtype) for c in cond]
         kv = BatchKV([c.estimator() for c in rows], n_new, mu[0], steps=self.args.n_timesteps, depth=a.depth,
                      heads=a.num_heads, head_dim=a.head_dim, tail=ATT_CACHE_TAIL, chunk_frames=CHUNK_FRAMES,
-                     workspace=workspace)
+                     workspace=workspace, copy_shared=copy_shared)
         sizes = torch.tensor([n_new, kv.n_alive]).to(spk.device, non_blocking=True)  # one host -> device copy
         lengths, alive = sizes[0], sizes[1]
         slot = torch.arange(t_max + max(kv.n_alive), device=spk.device)

@@ -1,35 +1,24 @@
-"""The DiT's attention cache of a stream, kept without copies: shared prompt frames + own slots.
+"""The DiT's attention cache of a stream without copies: the voice's shared frames + the stream's own slots.
 
 The estimator attention has no positions (q/k LayerNorm only), so a chunk's result depends on the SET of
-cached frames, not on their order. The reference keeps them in one tensor ordered newest chunk first and
-trims it to logical [:prompt_len] + [-100:] after every chunk, which copies the whole cache (about
-0.5 GB fp32 per stream at full size) several times per chunk. Here a stream's cache is
+cached frames, not their order. The reference keeps one tensor, newest chunk first, trimmed to logical
+[:prompt_len] + [-100:] after every chunk. Here a stream's cache is
+    shared: [N, depth, 2, H, P, 2 D]   its voice's setup cache, read-only, shared by all its streams
+    own:    SlotBuffer [N, depth, 2, H, CAP, 2 D]  its generated frames, one slot per frame
+    order:  the reference's logical order: entry e < P is shared frame e, e >= P own slot e - P
+Trimming rewrites `order` only. A solve writes new frames into slots free in the cache it starts from,
+so that cache stays valid (a failed step is retried from it); a `SlotBuffer` refuses a cache that is
+neither its latest nor that one's parent (a fork, or a stale cache whose slots were reused).
 
-    shared: [N, depth, 2, H, P, 2 D]   the voice's setup cache, read-only, shared by all its streams
-    own:    SlotBuffer [N, depth, 2, H, CAP, 2 D]  the stream's generated frames, one slot per frame
-    order:  the reference's logical order as entries: e < P is shared frame e, e >= P is own slot e - P
+    EstimatorKV.of(att) / kv.trimmed(head, tail) / kv.reference_layout()
+    BatchKV(rows, n_new, like, ...)  one solve's `StepKV` (cfm.py): kv(step) packs the rows' own frames,
+                                     voice(step) hands each voice's shared frames to be read in place,
+                                     keep(step, kv) stores the new frames, results() the rows' new caches
+    Workspace()                      the memory of BatchKV's one-step buffer, kept between solves
+A stream owns at most max(P, tail) generated frames after a trim, plus one chunk's before it: its first
+chunk allocates that capacity, and a buffer too small for a chunk is replaced by a larger copy.
 
-Trimming rewrites `order` only. A solve writes a chunk's new frames into slots that are free in the
-cache it starts from, so that cache stays valid (a failed step can be retried from it). A `SlotBuffer`
-remembers which cache last wrote it (`head`) and its parent: a cache that is neither (a fork, or an
-older cache of a stream that has moved on) is refused rather than read after its slots were reused.
-
-    EstimatorKV.of(att)            reference layout [N, depth, 2, H, L, 2 D] (or None) -> lean view, no copy
-    kv.trimmed(head, tail)         the reference's trimming rule, bookkeeping only
-    kv.reference_layout()          -> [N, depth, 2, H, L, 2 D] in the reference's order (for tests, export)
-    BatchKV(rows, n_new, like, steps, depth, heads, head_dim, workspace=None)
-                                   one masked solve's view for the CFM: kv(step) -> [depth, 2B, H, T + W, 2 D]
-                                   (rows' live frames packed after T new-frame slots, zeros past them),
-                                   keep(step, kv) stores each row's new frames in its own slots;
-                                   n_alive [B], results() -> new EstimatorKV per row
-    Workspace()                    the memory of that one-step buffer, kept from one solve to the next
-
-Capacity: after a trim with head = P >= tail a stream owns at most P generated frames (the last `tail`
-logical frames are then the prompt's), else at most `tail`; a chunk adds at most `chunk_frames`. The
-first chunk allocates max(P, tail) + max(new frames, chunk_frames) slots (356 for a 6 s prompt), and a
-buffer that is too small is replaced by a larger copy (never in the decoder's steady state).
-
-Not in here: the attention itself (`dit.py`), the Euler loop (`cfm.py`), conformer caches (`flow.py`).
+Not in here: the attention itself (`dit.py`, `attention.py`), the Euler loop (`cfm.py`), conformer caches.
 """
 
 from __future__ import annotations
@@ -38,6 +27,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 _versions = itertools.count(1)
@@ -160,34 +150,52 @@ def _runs(entries: list[int], boundary: int = -1) -> list[tuple[int, int, int]]:
 
 @dataclass(frozen=True)
 class _RowPlan:
-    gather: list[tuple[Tensor, int, int, int]]  # (source [N, ...], first frame, length, destination)
+    gather: list[tuple[Tensor, int, int, int]]  # (own slots [N, ...], first slot, length, destination)
     store: list[tuple[int, int, int]]  # (new frame, own slot, length)
     result: EstimatorKV
+    shared_live: list[int]  # the shared frames the row attends to
+    n_own: int  # its live own frames
+
+
+@dataclass(frozen=True)
+class VoiceFrames:
+    """The rows of one voice in a solve and that voice's shared frames, read where they are."""
+
+    rows: Tensor | None  # [2 n] int64: the voice's conditional rows, then their unconditional twins (+ B);
+    # None: every row of the solve, in order
+    frames: Tensor  # [N, depth, 2 (cond | uncond), H, S, 2 D]: a view of the voice's setup cache, frames
+    # [lo, hi): the span of its rows' live ones (in the steady state the prompt's last 100 frames)
+    mask: Tensor  # [1, 1, n T, S] bool: row r's query t (at r T + t) may see frame lo + s
 
 
 class BatchKV:
     """The estimator attention caches of one masked solve over B rows (the CFM's `StepKV`).
 
-    Row i's new frames sit at [0, n_new_i) of its kv rows (i and B + i: cond and uncond), its live cached
+    Row i's new frames sit at [0, n_new_i) of its kv rows (i and B + i: cond and uncond), its live own
     frames packed at [T, T + n_alive_i), zeros after them: the key mask is `slot < n_new_i or
-    T <= slot < T + n_alive_i`. One buffer serves every Euler step: kv(step) refills the cached frames of
+    T <= slot < T + n_alive_i`. One buffer serves every Euler step: kv(step) refills the own frames of
     that step, so the extra memory is one step's, [depth, 2B, H, T + W, 2 D], not the whole cache's.
-    With a `Workspace` that buffer is the workspace's memory: only the slots past each row's live frames are
-    zeroed (new-frame slots are written by every step's attention, cached ones by `kv(step)`), so nothing
-    an earlier solve left there is read.
+    The voices' shared frames are not copied: `voice(step)` hands the DiT each voice's setup cache at that
+    step with the rows that attend to it (`VoiceFrames`), and the DiT attends to it in a part of its own
+    (`attention.py`). With a `Workspace` the buffer is the workspace's memory: only the slots past each
+    row's live frames are zeroed (new-frame slots are written by every step's attention, own ones by
+    `kv(step)`), so nothing an earlier solve left there is read. `copy_shared` packs the shared frames
+    into the buffer beside the own ones instead, for every row at every step (the way before the voice
+    part; kept as the benchmarks' "before").
     """
 
     def __init__(self, rows: list[EstimatorKV], n_new: list[int], like: Tensor, *, steps: int,
                  depth: int, heads: int, head_dim: int, tail: int, chunk_frames: int,
-                 workspace: Workspace | None = None) -> None:
+                 workspace: Workspace | None = None, copy_shared: bool = False) -> None:
         if len({id(r.own) for r in rows if r.own is not None}) < sum(r.own is not None for r in rows):
             raise ValueError("two rows of one solve continue the same stream")
         self.t_max, self.b = max(n_new), len(rows)
-        self.n_alive = [len(r) for r in rows]
         self._shape = (steps, depth, 2, heads)
         self._width = 2 * head_dim
         self._tail, self._chunk_frames = tail, chunk_frames
-        self._plans = [self._plan(r, n, like) for r, n in zip(rows, n_new, strict=True)]
+        self._plans = [self._plan(r, n, like, copy_shared) for r, n in zip(rows, n_new, strict=True)]
+        self.n_alive = [plan.n_own + (len(plan.shared_live) if copy_shared else 0) for plan in self._plans]
+        self._voices = [] if copy_shared else self._voice_frames(rows, like.device)
         width = self.t_max + max(self.n_alive)
         shape = (depth, 2 * self.b, heads, width, 2 * head_dim)
         if workspace is None:
@@ -199,12 +207,17 @@ class BatchKV:
                     self._kv[:, i :: self.b, :, self.t_max + alive :].zero_()
 
     def kv(self, step: int) -> Tensor:
-        """-> [depth, 2B, H, T + W, 2 D] with every row's cached frames of Euler step `step`."""
+        """-> [depth, 2B, H, T + W, 2 D] with every row's own frames of Euler step `step`."""
         for i, plan in enumerate(self._plans):
             rows = self._kv[:, i :: self.b]  # [depth, 2 (cond, uncond), H, T + W, 2 D]
             for src, start, n, dst in plan.gather:
                 rows[:, :, :, self.t_max + dst : self.t_max + dst + n] = src[step, ..., start : start + n, :]
         return self._kv
+
+    def voice(self, step: int) -> list[tuple[Tensor | None, Tensor, Tensor]]:
+        """[(rows [2 n] or None, shared frames of step `step` [depth, 2, H, S, 2 D] (a view), mask
+        [1, 1, n T, S])]: one entry per voice in the solve."""
+        return [(v.rows, v.frames[step], v.mask) for v in self._voices]
 
     def keep(self, step: int, kv: Tensor) -> None:
         """Copies each row's new frames of step `step` (kv[..., :n_new_i, :]) into its own slots."""
@@ -216,7 +229,28 @@ class BatchKV:
     def results(self) -> list[EstimatorKV]:
         return [plan.result for plan in self._plans]
 
-    def _plan(self, row: EstimatorKV, n_new: int, like: Tensor) -> _RowPlan:
+    def _voice_frames(self, rows: list[EstimatorKV], device: torch.device) -> list[VoiceFrames]:
+        """The rows grouped by the shared frames they read; each row's live ones as a mask over them,
+        repeated for its T query slots (masks built here, moved to the device in one copy per voice)."""
+        groups: dict[int, tuple[Tensor, list[int]]] = {}
+        for i, row in enumerate(rows):
+            if row.shared is not None and self._plans[i].shared_live:
+                groups.setdefault(id(row.shared), (row.shared, []))[1].append(i)
+        out = []
+        for shared, members in groups.values():
+            lo = min(self._plans[i].shared_live[0] for i in members)  # shared_live is ascending
+            hi = max(self._plans[i].shared_live[-1] for i in members) + 1
+            mask = torch.zeros(len(members), self.t_max, hi - lo, dtype=torch.bool)
+            for j, i in enumerate(members):
+                mask[j, :, [e - lo for e in self._plans[i].shared_live]] = True
+            index = None
+            if members != list(range(self.b)):
+                index = torch.tensor(members + [i + self.b for i in members]).to(device, non_blocking=True)
+            mask = mask.to(device, non_blocking=True)
+            out.append(VoiceFrames(index, shared[..., lo:hi, :], mask.view(1, 1, -1, hi - lo)))
+        return out
+
+    def _plan(self, row: EstimatorKV, n_new: int, like: Tensor, copy_shared: bool) -> _RowPlan:
         version = next(_versions) if row.own is None else row.own.claim(row.version)
         shared_live, own_live = row.split()
         own, p = row.own, row.n_shared
@@ -224,11 +258,15 @@ class BatchKV:
             own, row, own_live = self._grown(row, own_live, n_new, like, version)
         live = set(own_live)
         slots = list(itertools.islice((s for s in range(own.capacity) if s not in live), n_new))
-        gather = [(row.shared, e, n, dst) for dst, e, n in _runs(shared_live)]
-        gather += [(own.data, s, n, len(shared_live) + dst) for dst, s, n in _runs(own_live)]
+        gather: list[tuple[Tensor, int, int, int]] = []
+        if copy_shared and row.shared is not None:
+            gather = [(row.shared, e, n, dst) for dst, e, n in _runs(shared_live)]
+        first = len(shared_live) if copy_shared else 0  # own frames after the copied shared ones
+        gather += [(own.data, s, n, first + dst) for dst, s, n in _runs(own_live)]
         store = [(frame, s, n) for frame, s, n in _runs(slots)]
         order = tuple(p + s for s in slots) + row.order
-        return _RowPlan(gather, store, EstimatorKV(row.shared, own, order, version))  # type: ignore[arg-type]
+        result = EstimatorKV(row.shared, own, order, version)  # type: ignore[arg-type]
+        return _RowPlan(gather, store, result, shared_live, len(own_live))
 
     def _grown(self, row: EstimatorKV, own_live: list[int], n_new: int, like: Tensor, version: int
                ) -> tuple[SlotBuffer, EstimatorKV, list[int]]:

@@ -11,6 +11,7 @@ import torch
 from gpu_worker.bench import main
 from gpu_worker.bench.machine import percentile
 from gpu_worker.bench.sweep import clients_for, equal_tokens, mixed_tokens
+from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.streams import plan_chunks
 
 
@@ -184,3 +185,25 @@ def test_steps_bench_measures_every_allowed_count_against_ten_on_the_same_weight
         assert 0 < r["mel_mean_abs"] < 0.05 * r["mel_range"] and 0 < r["mel_max_abs"] < 0.5 * r["mel_range"]
     assert by_steps[6]["mel_mean_abs"] > by_steps[8]["mel_mean_abs"]  # fewer steps, further from 10
     assert "| 6 |" in capsys.readouterr().out
+
+
+def test_streams_bench_reports_what_each_added_stream_costs_with_voice_frames_copied_and_in_place(
+        one_thread, capsys) -> None:
+    from gpu_worker.bench import streams
+
+    torch.set_num_threads(1)
+    setup = BenchSetup.build(preset="tiny", device="cpu", dtype="fp32", speaker="standin", micro_batch_size=4)
+    try:
+        report = streams.measure(setup, [1, 2, 4], rounds=2)
+    finally:
+        setup.close()
+    copied, in_place = report["results"]["copied"], report["results"]["in_place"]
+    assert [x["rows"] for x in copied] == [x["rows"] for x in in_place] == [1, 2, 4]
+    for c, p in zip(copied, in_place, strict=True):
+        assert c["stream_bytes"] == p["stream_bytes"] > 0  # the streams' own caches do not change
+        assert p["copied_bytes"] < c["copied_bytes"] and p["buffer_bytes"] < c["buffer_bytes"]
+        assert len(c["step_s_all"]) == len(p["step_s_all"]) == 2
+    slope = report["per_added_stream"]
+    assert 0 < slope["in_place"]["copied_bytes_per_stream"] < slope["copied"]["copied_bytes_per_stream"]
+    print(streams.table(report))
+    assert "| 4 | in_place |" in capsys.readouterr().out

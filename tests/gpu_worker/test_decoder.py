@@ -177,6 +177,23 @@ def test_a_stream_decodes_the_same_in_a_mixed_batch_as_alone(decoder, voices) ->
     assert worst <= BATCH_TOL
 
 
+def test_voice_frames_read_in_place_give_what_copying_them_beside_every_row_gave(decoder, voices) -> None:
+    """The voice part (attention over each voice's shared frames where they are, merged by log-sum-exp)
+    against the way before it (the frames copied into every row's keys): the same audio within float
+    rounding, on mixed batches of three voices."""
+    jobs = [(voices[i % 3], tokens_of(n, seed=200 + i), 200 + i, start)
+            for i, (n, start) in enumerate(zip([40, 75, 28, 60, 33], [0, 0, 1, 2, 2], strict=True))]
+    in_place, _ = _together(decoder, jobs)
+    decoder.copy_shared_frames = True
+    try:
+        copied, _ = _together(decoder, jobs)
+    finally:
+        decoder.copy_shared_frames = False
+    worst = max((a - b).abs().max().item() for a, b in zip(in_place, copied, strict=True))
+    print(f"voice frames in place vs copied: max |diff| = {worst:.3g}")
+    assert 0 < worst <= BATCH_TOL  # not the same path twice, and the same audio
+
+
 # -- parity with the reference driver ---------------------------------------------------------------
 def _reference_hift(args, state):
     pytest.importorskip("stepaudio2.flashcosyvoice.modules.hifigan")

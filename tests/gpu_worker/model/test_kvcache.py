@@ -53,21 +53,40 @@ def _poison(workspace: Workspace, like: torch.Tensor) -> None:
     workspace.take((workspace.nbytes // like.element_size(),), like).fill_(float("nan"))
 
 
+def _shared_seen(batch: BatchKV, step: int, t: int, b: int) -> dict[int, torch.Tensor]:
+    """Row -> the voice frames it attends to in place at `step` ([depth, 2, H, live, 2 D]): its voice's
+    frames, picked by its mask (the same for each of its T queries)."""
+    seen = {}
+    for rows, frames, mask in batch.voice(step):
+        if rows is None:  # every row, in order
+            rows = torch.cat([torch.arange(b), torch.arange(b) + b])
+        n = rows.numel() // 2
+        assert torch.equal(rows[n:], rows[:n] + b)  # the unconditional twins follow
+        per_row = mask.view(n, t, -1)
+        assert torch.equal(per_row, per_row[:, :1].expand_as(per_row))
+        for j, i in enumerate(rows[:n].tolist()):
+            seen[i] = frames[..., per_row[j, 0], :]
+    return seen
+
+
 def _solve(streams: list[FakeStream], sizes: list[int], tail: int, chunk_frames: int,
-           workspace: Workspace | None = None) -> None:
+           workspace: Workspace | None = None, copy_shared: bool = False) -> None:
     """One stand-in solve over `streams`: checks the frames each row attends to, then trims."""
     rows = [s.kv for s in streams]
     like = torch.zeros(1, dtype=torch.float64)
     if workspace is not None and workspace.nbytes:
         _poison(workspace, like)
     batch = BatchKV(rows, sizes, like, steps=STEPS, depth=DEPTH, heads=HEADS,
-                    head_dim=HEAD_DIM, tail=tail, chunk_frames=chunk_frames, workspace=workspace)
+                    head_dim=HEAD_DIM, tail=tail, chunk_frames=chunk_frames, workspace=workspace,
+                    copy_shared=copy_shared)
     new = [_frames(s.new_ids(n)) for s, n in zip(streams, sizes, strict=True)]
     t, b = max(sizes), len(streams)
     for step in range(STEPS):
         kv = batch.kv(step)
+        shared = _shared_seen(batch, step, t, b)
         for i, (s, alive) in enumerate(zip(streams, batch.n_alive, strict=True)):
-            attended = kv[:, i :: b, :, t : t + alive]
+            own = kv[:, i :: b, :, t : t + alive]
+            attended = torch.cat([own, shared.get(i, own[..., :0, :])], dim=3)
             assert sorted(attended.flatten().tolist()) == sorted(s.ref[step].flatten().tolist())
             assert not kv[:, i :: b, :, t + alive :].any()  # padding keys are finite (zeros)
             kv[:, i :: b, :, :t] = 0.0  # the DiT writes every new-frame slot, padding rows' too
@@ -78,20 +97,21 @@ def _solve(streams: list[FakeStream], sizes: list[int], tail: int, chunk_frames:
         s.ref = _trim(torch.cat([frames, s.ref], dim=4), s.prompt_len, tail)
 
 
+@pytest.mark.parametrize("copy_shared", [False, True], ids=["voice frames in place", "voice frames copied"])
 @pytest.mark.parametrize("reused", [False, True], ids=["fresh buffer", "poisoned workspace"])
 @pytest.mark.parametrize(("prompt_lens", "tail", "chunk_frames"), [
     ((30, 24, 40), 10, 6),  # prompt >= tail (the production regime: 300 and 100)
     ((4, 9, 12), 10, 6),  # prompt < tail: generated frames in the tail too, buffers grow
 ])
 def test_trimming_keeps_exactly_the_reference_frames_over_many_chunks(prompt_lens, tail, chunk_frames,
-                                                                      reused):
+                                                                      reused, copy_shared):
     gen = torch.Generator().manual_seed(0)
     sizes = [torch.randint(1, chunk_frames + 3, (14,), generator=gen).tolist() for _ in prompt_lens]
     streams = [FakeStream(p, sizes[i], 1000 * (i + 1)) for i, p in enumerate(prompt_lens)]
     workspace = Workspace() if reused else None
     for chunk in range(14):
         live = [s for i, s in enumerate(streams) if chunk >= i]  # staggered starts: mixed cache lengths
-        _solve(live, [s.chunk_sizes[chunk] for s in live], tail, chunk_frames, workspace)
+        _solve(live, [s.chunk_sizes[chunk] for s in live], tail, chunk_frames, workspace, copy_shared)
         for s in live:
             assert torch.equal(s.kv.reference_layout(), s.ref)
             assert len(s.kv) == s.ref.size(4)
