@@ -142,6 +142,14 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def publish(report: dict[str, Any], text: str, json_path: str | None) -> None:
+    """A small bench's ending: the machine line, its table, and the whole report as JSON if asked."""
+    print(json.dumps(report["machine"]))
+    print(text)
+    if json_path:
+        write_json(report, json_path)
+
+
 def write_json(report: dict[str, Any], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,6 @@ than a random one, and WER or speaker similarity need real weights and an ASR mo
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from dataclasses import replace
@@ -32,6 +31,7 @@ from gpu_worker.accel.onednn import use_cpu_linear
 from gpu_worker.bench.decode import decoder_sweep, warm_streams
 from gpu_worker.bench.machine import git_info, machine_info
 from gpu_worker.bench.precision import decode_chunks
+from gpu_worker.bench.report import publish
 from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.loading import load_model_folder, prepare_hift
@@ -107,11 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     report = {"machine": machine_info(device), "git": git_info(),
               **measure(args.preset, args.rows, args.rounds, args.chunks, args.device)}
-    print(json.dumps(report["machine"]))
-    print(table(report))
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(report, f, indent=2)
+    publish(report, table(report), args.json_path)
     return 0
 
 

@@ -20,7 +20,6 @@ On CUDA the peak of allocated memory during the step is reported too.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch
 from app.speech import MEL_PER_TOKEN, PROMPT_SECONDS, TOKEN_RATE
 from gpu_worker.bench.decode import CHUNK_FRAMES, steady_rows, warm_streams
 from gpu_worker.bench.machine import Timer, git_info, machine_info
+from gpu_worker.bench.report import publish
 from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.model.kvcache import Workspace
 
@@ -139,11 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                   "preset": args.preset, "dtype": args.dtype, **measure(setup, rows, args.rounds)}
     finally:
         setup.close()
-    print(json.dumps(report["machine"]))
-    print(table(report))
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(report, f, indent=2)
+    publish(report, table(report), args.json_path)
     return 0
 
 

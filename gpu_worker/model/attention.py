@@ -15,7 +15,9 @@ A query with no key in a part (every key masked) gets lse = -inf and out = 0 the
 The kernels: on a CPU, the fused flash-attention kernel that `scaled_dot_product_attention` itself runs
 there (it returns the log-sum-exp too; the output is the same bits as SDPA's); on CUDA, the
 memory-efficient kernel with `compute_log_sumexp`; elsewhere (or for a dtype a kernel refuses) the same
-arithmetic written out. Imports: torch and math only.
+arithmetic written out. `fused_available` tries a kernel once per device and dtype and falls back when it
+fails or disagrees. The CUDA branch has not run on a device yet (no GPU was lent when it was written).
+Imports: torch and math only.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 _FUSED: dict[tuple[str, torch.dtype], bool] = {}
@@ -48,6 +51,9 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False,
                                                                               attn_mask=bias)
         return out, lse.float()
+    if bias is not None:  # the CUDA kernel reads the bias [B, H, T, K] with rows aligned to 16 elements,
+        keys = bias.size(-1)  # as SDPA hands it over: pad the storage, keep the logical width
+        bias = F.pad(bias, (0, -keys % 16))[..., :keys].expand(q.size(0), q.size(1), q.size(2), keys)
     out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)
     return out, lse.float()
 

@@ -106,6 +106,8 @@ class Attention(nn.Module):
         of q when the voice has every row), so one attention call serves them. -> out [B, T, H, D]."""
         b, t, h, d = q.shape
         out, lse = own
+        if any(rows is not None for rows, _, _ in voice):  # written in place below; own may be views of
+            out, lse = out.clone(), lse.clone()  # the kernel's outputs
         for rows, frames, mask in voice:
             n = b // 2 if rows is None else rows.numel() // 2
             qv = (q if rows is None else q[rows]).reshape(2, n * t, h, d).transpose(1, 2)  # [2, H, n T, D]
@@ -114,7 +116,6 @@ class Attention(nn.Module):
             if rows is None:  # every row of the batch, in order
                 out, lse = merge_pair((out, lse), part)
             else:
-                out, lse = out.clone(), lse.clone()  # own may be views of the kernel's outputs
                 out[rows], lse[rows] = merge_pair((out[rows], lse[rows]), part)
         return out
 
