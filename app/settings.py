@@ -46,6 +46,9 @@ class Settings(BaseSettings):
         default="fp32", description="the vocoder's dtype; a reduced one keeps its F0 predictor, source and "
         "last conv in float32 (deviation: docs/PERFORMANCE.md)"
     )
+    cuda_graphs: bool = Field(
+        default=True, description="on a CUDA device, the vocoder's steady shapes run as CUDA graphs, "
+        "captured as the worker starts (gpu_worker.accel.graphs); no effect on a CPU")
     flow_steps: int = Field(
         default=10, description="Euler steps of the flow's solve: 10 is the reference's; 6 and 8 are faster "
         "and deviate from it (docs/PERFORMANCE.md); a voice installed for one count is not used with another")

@@ -195,5 +195,10 @@ class StreamingDecoder:
                 raise ValueError(f"a chunk of {row.tokens.numel()} tokens cannot be decoded")
             seen.add(id(row.stream))
 
+    def stats(self) -> dict[str, float]:
+        """The vocoder's graph runner's figures, when it has one (`gpu_worker.accel.graphs`)."""
+        stats = getattr(self.model.hift, "stats", None)
+        return stats() if callable(stats) else {}
+
     def hift_dtype(self) -> torch.dtype:
         return self.model.hift.conv_pre.weight.dtype  # the vocoder body's (hift.py: precision)

@@ -4,17 +4,16 @@
 owns the device and does, in order:
 1. pump: apply aborts, admit new jobs, and let the resolver (`gpu_worker.resolver`) make each waiting
    job's voice ready: installed, installed from the feature store, or prepared inline once the prep wait
-   ran out (in a pool or the CPU install lane, so other rows keep decoding). A job whose voice is ready
-   gets its stream;
+   ran out (in a pool or the CPU install lane, so other rows keep decoding); then the job gets its stream;
 2. schedule: the scheduler (`gpu_worker.scheduler`) picks up to `micro_batch_size` rows, one chunk per
    stream. An idle engine first gathers a burst of arrivals for up to `admission_window_ms`, so jobs
    submitted one by one start in one step;
 3. execute: one batched decoder step; each row's audio is handed out as an `Audio` event;
 4. finish: release finished, failed and aborted jobs, reclaim abandoned installs, evict unpinned voices.
 
-Every way a job's voice became ready is counted (`PREP_PATHS`). A failure in one job fails that job with
-an `EngineFailure`; the engine goes on. Transport (Celery, Redis, the database) stays outside: features
-come through `FeatureSource`, inline preparation through `InlinePreparer`, results leave as events.
+Every way a job's voice became ready is counted (`PREP_PATHS`). A failing job fails alone (`EngineFailure`).
+Transport (Celery, Redis, the database) stays outside: features come through `FeatureSource`, inline
+preparation through `InlinePreparer`, results leave as events.
 """
 
 from __future__ import annotations
@@ -126,9 +125,10 @@ class Engine:
         return list(self._live)
 
     def snapshot(self) -> dict[str, Any]:
-        """Counters for logs and dashboards: prep paths, steps, rows, jobs, installed voices."""
+        """Counters for dashboards: prep paths, steps, rows, jobs, voices, the decoder's (CUDA graphs)."""
         return {"prep_paths": dict(self.counters), **self.stats, "installs": self.resolver.installs,
-                "live_jobs": len(self._live), "voices": len(self.voices), "voice_bytes": self.voices.nbytes()}
+                "live_jobs": len(self._live), "voices": len(self.voices), "voice_bytes": self.voices.nbytes(),
+                **getattr(self.decoder, "stats", dict)()}
 
     def idle_hint_s(self) -> float:
         """How long the loop may sleep after a step that decoded nothing: an idle engine is gathering a

@@ -9,6 +9,9 @@ in tests that build several runtimes in one process).
     wavefarm_worker_voice_bytes                 device bytes of installed voices
     wavefarm_worker_rows_per_step               histogram: rows decoded together in one step
     wavefarm_worker_first_audio_seconds         histogram: from a job's admission to its first audio
+    wavefarm_worker_cuda_graphs                 vocoder CUDA graphs held (`gpu_worker.accel.graphs`)
+    wavefarm_worker_graph_capture_seconds       seconds spent capturing them
+    wavefarm_worker_graph_bytes                 device memory their capture took
 The counters and gauges are read from the engine's snapshot at scrape time; the histograms are observed
 by the engine loop. The API's own metrics are `app.api.metrics`'s, under the same `wavefarm_` prefix.
 """
@@ -29,6 +32,9 @@ LIVE_JOBS = "wavefarm_worker_live_jobs"
 VOICE_BYTES = "wavefarm_worker_voice_bytes"
 ROWS_PER_STEP = "wavefarm_worker_rows_per_step"
 FIRST_AUDIO_SECONDS = "wavefarm_worker_first_audio_seconds"
+CUDA_GRAPHS = "wavefarm_worker_cuda_graphs"
+GRAPH_CAPTURE_SECONDS = "wavefarm_worker_graph_capture_seconds"
+GRAPH_BYTES = "wavefarm_worker_graph_bytes"
 
 
 class _EngineCollector(Collector):
@@ -48,6 +54,11 @@ class _EngineCollector(Collector):
         yield installs
         yield GaugeMetricFamily(LIVE_JOBS, "jobs in the engine", value=snap["live_jobs"])
         yield GaugeMetricFamily(VOICE_BYTES, "device bytes of installed voices", value=snap["voice_bytes"])
+        yield GaugeMetricFamily(CUDA_GRAPHS, "vocoder CUDA graphs held", value=snap.get("cuda_graphs", 0))
+        yield CounterMetricFamily(GRAPH_CAPTURE_SECONDS, "seconds spent capturing CUDA graphs",
+                                  value=snap.get("graph_capture_s", 0.0))
+        yield GaugeMetricFamily(GRAPH_BYTES, "device memory the CUDA graphs' capture took",
+                                value=snap.get("graph_bytes", 0))
 
 
 class WorkerMetrics:

@@ -32,6 +32,7 @@ from app.db import queries
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings, get_settings
 from app.store import FeatureStore
+from gpu_worker.accel.graphs import graph_hift
 from gpu_worker.accel.onednn import use_cpu_linear
 from gpu_worker.accel.tensorrt import on_tensorrt
 from gpu_worker.adapters import ReferencePreparer, StoreFeatures
@@ -79,6 +80,9 @@ def build_model(settings: Settings) -> tuple[Code2Wav, Speaker]:
         speaker = frontend
     prepare_hift(model.hift, DTYPES[settings.hift_dtype])  # g v / |v| folded once; the body's dtype
     use_cpu_linear(model, settings.cpu_linear)
+    if settings.cuda_graphs and device.type == "cuda":
+        # a wrapper with the module's call signature and attributes, not a HiFTGenerator subclass
+        model.hift = graph_hift(model.hift, settings.micro_batch_size)  # type: ignore[assignment]
     return model, speaker
 
 

@@ -93,3 +93,23 @@ def test_the_worker_runtime_runs_the_flow_steps_it_is_set_to_and_refuses_a_voice
 def test_only_the_supported_flow_step_counts_are_accepted() -> None:
     with pytest.raises(ValueError, match="flow steps must be one of"):
         Settings(flow_steps=7)
+
+
+def test_cuda_graphs_leave_a_cpu_worker_eager_and_their_figures_reach_the_worker_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpu_worker.accel.graphs import GraphedHiFT
+    from gpu_worker.metrics import WorkerMetrics
+
+    engine = build_engine(Settings(model_preset="tiny", cuda_graphs=True), Nothing(), Nothing())
+    assert not isinstance(engine.decoder.model.hift, GraphedHiFT)  # the setting is for CUDA devices
+    assert engine.decoder.stats() == {}
+    graphed = GraphedHiFT(engine.decoder.model.hift)
+    graphed.capture_s, graphed.graph_bytes = 1.5, 4096
+    engine.decoder.model.hift = graphed
+    registry = CollectorRegistry()
+    WorkerMetrics(registry, engine.snapshot)
+    text = generate_latest(registry).decode()
+    for line in ("wavefarm_worker_cuda_graphs 0.0", "wavefarm_worker_graph_capture_seconds_total 1.5",
+                 "wavefarm_worker_graph_bytes 4096.0"):
+        assert line in text

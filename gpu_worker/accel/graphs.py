@@ -1,0 +1,184 @@
+"""The vocoder in CUDA graphs: `GraphedHiFT` wraps a prepared `HiFTGenerator` with its call signature.
+
+A decode step vocodes each group of rows of one shape with one HiFT call: dozens of small convolutions
+whose launches, not their arithmetic, bound it on a GPU. `GraphedHiFT` keys a call by its shape (rows
+rounded up to a bucket, mel frames, source-tail samples; HiFT's rows are independent, so a padding row
+never changes a real one). On CUDA a shape is captured as a CUDA graph the second time it is seen (a
+one-off shape, such as a job's last chunk, stays eager) and replayed from then on: the inputs are copied
+into the graph's static buffers, the graph runs, its outputs are copied out. `capture(shapes)` captures
+the steady ones when the worker starts. On a CPU, and for shapes past `max_graphs`, the module runs
+eagerly. The tests drive the static-buffer path on a CPU with a stand-in graph that re-runs the
+captured call on the same buffers (`_record`), and compare bit for bit.
+
+Randomness is an input (`SourceNoise`, drawn by the decoder from each stream's generator), so a replay
+computes what the eager call computes. `stats()`: graphs held, capture seconds, graph pool bytes.
+
+Not graphed here: the flow. Its solve reads each voice's frames where the voice keeps them and each
+stream's frames from buffers of their own, at addresses that change from step to step; a graph of it
+needs those frames at fixed addresses first (docs/PERFORMANCE.md, run 6).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from gpu_worker.model.config import CHUNK_TOKENS, HIFT_MEL_CACHE, HIFT_SOURCE_CACHE, MEL_PER_TOKEN
+from gpu_worker.model.hift import HiFTGenerator, SourceNoise
+
+log = logging.getLogger(__name__)
+
+Shape = tuple[int, int, int]  # rows (a bucket), mel frames, source-tail samples
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+STEADY_FRAMES = HIFT_MEL_CACHE + CHUNK_TOKENS * MEL_PER_TOKEN  # 58: a continuing chunk with its cached mel
+
+
+def graph_hift(hift: HiFTGenerator, max_rows: int) -> GraphedHiFT:
+    """`hift` wrapped, with a steady chunk's shape (8 cached + 50 new frames, a full source tail)
+    captured at every row bucket up to `max_rows` (the worker's micro-batch)."""
+    graphed = GraphedHiFT(hift, max_rows=max_rows)
+    graphed.capture([(rows, STEADY_FRAMES, HIFT_SOURCE_CACHE) for rows in graphed.buckets])
+    log.info("vocoder: %d CUDA graphs captured in %.1f s (%.0f MiB)", graphed.graphs, graphed.capture_s,
+             graphed.graph_bytes / 2**20)
+    return graphed
+
+
+def row_buckets(max_rows: int) -> tuple[int, ...]:
+    """The row counts graphs are made for: powers of two up to `max_rows`, and `max_rows` itself."""
+    return tuple(sorted({b for b in BUCKETS if b < max_rows} | {max_rows}))
+
+
+@dataclass
+class _Slot:
+    """A shape's static buffers, and its graph once captured."""
+
+    mel: Tensor  # [B, 80, T]
+    tail: Tensor  # [B, 1, Nc]
+    phase: Tensor  # [B, H]
+    noise: Tensor  # [B, H, T * 480]
+    speech: Tensor | None = None  # the outputs the graph writes
+    source: Tensor | None = None
+    graph: Any = None  # torch.cuda.CUDAGraph (replay())
+
+    def load(self, mel: Tensor, tail: Tensor, noise: SourceNoise) -> None:
+        rows = mel.size(0)
+        self.mel[:rows].copy_(mel)
+        self.tail[:rows].copy_(tail)
+        self.phase[:rows].copy_(noise.phase)
+        self.noise[:rows].copy_(noise.noise)
+
+
+class GraphedHiFT(nn.Module):
+    """`hift(mel, cache_source, noise=...)` through static buffers, replayed as CUDA graphs on CUDA."""
+
+    def __init__(self, hift: HiFTGenerator, *, max_rows: int = 64, max_graphs: int = 32) -> None:
+        super().__init__()
+        self.inner = hift
+        self.buckets = row_buckets(max_rows)
+        self.max_graphs = max_graphs
+        self.capturable = hift.conv_pre.weight.device.type == "cuda"
+        self._slots: dict[Shape, _Slot] = {}
+        self._seen: Counter[Shape] = Counter()
+        self._pool: Any = None
+        self.capture_s = 0.0
+        self.graph_bytes = 0
+
+    def __getattr__(self, name: str) -> Any:  # upsample_scale, m_source, conv_pre, ...: the module's
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["inner"], name)
+
+    @property
+    def graphs(self) -> int:
+        return sum(slot.graph is not None for slot in self._slots.values())
+
+    def stats(self) -> dict[str, float]:
+        return {"cuda_graphs": self.graphs, "graph_capture_s": self.capture_s,
+                "graph_bytes": self.graph_bytes}
+
+    def forward(self, mel: Tensor, cache_source: Tensor | None = None, *, noise: SourceNoise | None = None,
+                generators: Sequence[torch.Generator] | None = None) -> tuple[Tensor, Tensor]:
+        if noise is None or cache_source is None:  # not the decoder's call: as the module runs it
+            return self.inner(mel, cache_source, noise=noise, generators=generators)
+        rows = mel.size(0)
+        shape = (self._bucket(rows), mel.size(2), cache_source.size(2))
+        self._seen[shape] += 1
+        slot = self._slots.get(shape)
+        if slot is None and self.capturable and self._seen[shape] >= 2 and self.graphs < self.max_graphs:
+            slot = self._slot(shape, *self._example(shape))
+            self._capture(slot)
+        if slot is None:
+            return self.inner(mel, cache_source, noise=noise)
+        slot.load(mel, cache_source, noise)  # rows past `rows` keep what they held: rows are independent
+        slot.graph.replay()
+        assert slot.speech is not None and slot.source is not None
+        return slot.speech[:rows].clone(), slot.source[:rows].clone()
+
+    def capture(self, shapes: Iterable[Shape]) -> None:
+        """Capture these shapes now (the worker's start: the steady chunk at every row count it may run)."""
+        if not self.capturable:
+            return
+        for shape in shapes:
+            if self.graphs >= self.max_graphs:
+                break
+            if shape not in self._slots:
+                self._capture(self._slot(shape, *self._example(shape)))
+
+    # -- buffers and capture ------------------------------------------------------------------------
+    def _bucket(self, rows: int) -> int:
+        return next((b for b in self.buckets if b >= rows), rows)
+
+    def _slot(self, shape: Shape, mel: Tensor, tail: Tensor, noise: SourceNoise) -> _Slot:
+        slot = self._slots.get(shape)
+        if slot is None:
+            slot = _Slot(torch.zeros_like(mel), torch.zeros_like(tail), torch.zeros_like(noise.phase),
+                         torch.zeros_like(noise.noise))
+            self._slots[shape] = slot
+        return slot
+
+    def _example(self, shape: Shape) -> tuple[Tensor, Tensor, SourceNoise]:
+        rows, frames, tail = shape
+        weight = self.inner.conv_pre.weight
+        n = frames * self.inner.upsample_scale
+        h = self.inner.m_source.n_harmonics
+        return (torch.zeros(rows, 80, frames, device=weight.device, dtype=weight.dtype),
+                torch.zeros(rows, 1, tail, device=weight.device),
+                SourceNoise(torch.zeros(rows, h, device=weight.device),
+                            torch.zeros(rows, h, n, device=weight.device)))
+
+    def _capture(self, slot: _Slot) -> None:
+        start = time.perf_counter()
+        before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+        slot.graph, (slot.speech, slot.source) = self._record(
+            lambda: self.inner(slot.mel, slot.tail, noise=SourceNoise(slot.phase, slot.noise)))
+        took = time.perf_counter() - start
+        self.capture_s += took
+        if torch.cuda.is_available():
+            self.graph_bytes += max(0, torch.cuda.memory_allocated() - before)
+        log.info("vocoder graph captured for %d rows x %d frames (tail %d) in %.2f s", slot.mel.size(0),
+                 slot.mel.size(2), slot.tail.size(2), took)
+
+    def _record(self, run: Any) -> tuple[Any, tuple[Tensor, Tensor]]:
+        """`run` warmed up on a side stream (as capture requires), then captured into the shared pool:
+        -> (the graph, the outputs it writes on every replay)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            outputs = run()
+        return graph, outputs
