@@ -54,6 +54,7 @@ S3_SAMPLE_RATE = 16000  # what the S3 tokenizer and the kaldi fbank read
 # The reference voice: mono, 24 kHz, exactly this long (a fixed prompt keeps cache shapes fixed).
 PROMPT_SECONDS = 6.0
 PROMPT_SAMPLES = int(SAMPLE_RATE * PROMPT_SECONDS)
+PROMPT_FRAMES = round(PROMPT_SECONDS * TOKEN_RATE * MEL_PER_TOKEN)  # 300: an installed voice's prompt mel
 
 # A released model folder (Step-Audio-2-mini/token2wav, MiniCPM-o-4_5/assets/token2wav).
 FLOW_YAML = "flow.yaml"

@@ -1,15 +1,22 @@
 """The batched streaming decoder: one step decodes one chunk of each of up to `micro_batch_size` streams.
 
-    open_stream(voice, seed) -> StreamState
+    open_stream(voice, seed) -> StreamState          close_stream(stream): its lane back (aborted jobs)
     step([ChunkRow(stream, tokens, last), ...]) -> [audio [S_i] per row]
-        = encode each row's chunk, one masked CFM solve over all rows (`Flow.stream_chunks`), the
-          reference's cache trimming, then the vocoder with each stream's HiFT streaming state.
+        = encode each row's chunk (`Flow.encode_chunks`, the conformer caches per stream), one masked
+          CFM solve over the decoder's lanes (`Flow.solve_lanes`: static shapes, no host read, a CUDA
+          graph when `model.flow` is `accel.graphs.GraphedFlow`), the reference's trimming of the
+          conformer caches, then the vocoder with each stream's HiFT streaming state.
 
-A stream owns its growing caches (new tensors every chunk; the voice's prompt caches it starts from are
-shared read-only by every stream of the voice), its slice of a seeded (1, 80, 30000) noise buffer and a
-`torch.Generator` for the vocoder's source noise, so a job's audio depends only on (voice, tokens, seed),
-not on what else shares its steps. The noise buffer and the vocoder draws come from one generator seeded
-with the job's seed, in that order (the reference's global-RNG order when seeded the same way).
+Every open stream holds a lane (`model/lanes.py`): a ring of its own estimator frames, its conv caches,
+its noise frames and speaker embedding, at fixed addresses; its voice's setup frames are copied once
+into a voice slot that every stream of the voice reads (`voice_slots.VoiceSlots`). A solve always covers lanes
+0..n-1 (lanes stay dense): a lane without a chunk in a step rides along with no new frames and is left
+as it was. A stream takes its voice's frames into the lanes at its first step, once the engine has made
+the device wait for the voice's install (`VoiceCache.wait_ready`).
+
+A stream's audio depends only on (voice, tokens, seed), not on what else shares its steps: its noise
+buffer and its vocoder draws come from one generator seeded with the job's seed, in that order (the
+reference's global-RNG order when seeded the same way).
 
 HiFT streaming (MODEL.md): each chunk vocodes [8 cached mel frames | new frames] with the previous
 3840 source samples, cross-fades its first 3840 samples with the previous tail through hamming(7680),
@@ -17,13 +24,15 @@ keeps its last 3840 samples as the next tail and emits them only after the last 
 once per group of rows with equal shapes (its convolutions are not causal, so rows are never padded).
 
 A step changes its streams only after every row succeeded (the vocoder generators are restored on
-failure), so a failed step can be retried row by row with the same result.
+failure, the conv caches committed last, and the solve writes new frames only to ring slots no row
+reads yet), so a failed step can be retried row by row with the same result.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,37 +40,34 @@ from torch import Tensor
 
 from gpu_worker.model.config import (
     ATT_CACHE_TAIL,
-    CHUNK_TOKENS,
     HIFT_MEL_CACHE,
     HIFT_SOURCE_CACHE,
     LOOKAHEAD_TOKENS,
-    MEL_PER_TOKEN,
 )
-from gpu_worker.model.flow import FlowCache, trim_cache
+from gpu_worker.model.flow import CHUNK_FRAMES, FlowCache, trim_cache
 from gpu_worker.model.hift import SourceNoise, draw_source_noise
-from gpu_worker.model.kvcache import Workspace
+from gpu_worker.model.lanes import Lane, Lanes, LaneShape
 from gpu_worker.prompt import VoicePrompt, seeded_noise
 from gpu_worker.streams import ChunkRow, plan_chunks
-
-# A chunk's noise offset never passes prompt_len + 100 (the trimmed cache) and a chunk has at most
-# 2 x 28 mel frames, so a stream keeps only that much of its noise buffer.
-NOISE_KEEP_AFTER_PROMPT = ATT_CACHE_TAIL + MEL_PER_TOKEN * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)
+from gpu_worker.voice_slots import VoiceSlots
 
 
 @dataclass
 class StreamState:
-    """One job's stream. Mutated only by `StreamingDecoder.step`."""
+    """One job's stream. Mutated only by its decoder."""
 
     voice: VoicePrompt
     seed: int
     generator: torch.Generator  # vocoder source noise, continues after the noise buffer's draw
-    noise: Tensor  # [1, 80, K] leading slice of the seeded noise buffer (K covers every offset)
-    cache: FlowCache  # starts as the voice's (shared, read-only), then the stream's own
+    noise: Tensor  # [tail + F, 80]: frames [P, P + tail + F) of its seeded noise buffer, until it has a lane
+    cache: FlowCache  # its conformer caches: the voice's (shared, read-only), then its own
     mel_tail: Tensor  # [1, 80, <= 8]
     source_tail: Tensor  # [1, 1, <= 3840]
     speech_tail: Tensor  # [1, <= 3840]
+    lane: Lane | None = None  # its place in the lanes (its estimator caches), from its first step on
     chunks_done: int = 0
     finished: bool = False
+    closed: bool = field(default=False, repr=False)
 
 
 Vocoded = tuple[Tensor, Tensor, Tensor]  # speech [1, S], source [1, 1, S], vocoded mel [1, 80, T]
@@ -77,18 +83,19 @@ def _fade_in(speech: Tensor, previous: Tensor, window: Tensor) -> Tensor:
 
 class StreamingDecoder:
     def __init__(self, model: Any, *, device: torch.device | str, dtype: torch.dtype,
-                 micro_batch_size: int) -> None:
+                 micro_batch_size: int, lanes: int = 0) -> None:
+        """`lanes`: streams to make room for at once (more grow the lanes, which copies them)."""
         self.model = model  # Code2Wav: .flow, .hift, .args
         self.device = torch.device(device)
         self.dtype = dtype
         self.micro_batch_size = micro_batch_size
         self.window = torch.hamming_window(2 * HIFT_SOURCE_CACHE, periodic=False, dtype=torch.float64,
                                            device=self.device)
-        # the solve's attention buffer, kept from step to step (kvcache.py); None: a fresh one each step
-        self.workspace: Workspace | None = Workspace()
-        # True: the voices' shared frames copied beside every row at every Euler step, the way before they
-        # were read in place (kvcache.BatchKV); for the benchmarks' before-and-after only
-        self.copy_shared_frames = False
+        self.tail, self.max_new = ATT_CACHE_TAIL, CHUNK_FRAMES
+        self.lanes: Lanes | None = None  # built for the first voice's prompt length (`reserve`)
+        self._reserve = lanes
+        self._slots = VoiceSlots()
+        self._open: dict[int, tuple[Lane, Any]] = {}  # id of a lane -> (the lane, a weakref to its stream)
 
     # -- streams -------------------------------------------------------------------------------------
     def open_stream(self, voice: VoicePrompt, seed: int) -> StreamState:
@@ -96,16 +103,45 @@ class StreamingDecoder:
         if voice.flow_steps != steps:
             raise ValueError(f"voice {voice.voice_id} was installed for {voice.flow_steps} flow steps; this "
                              f"decoder runs {steps}")
+        self.reserve(voice.prompt_len, 0)  # refuses a prompt length the lanes were not built for
         noise, generator = seeded_noise(seed, self.device, self.dtype)
-        keep = voice.prompt_len + NOISE_KEEP_AFTER_PROMPT
+        p = voice.prompt_len
         hift_dtype = self.hift_dtype()
         return StreamState(
-            voice=voice, seed=seed, generator=generator, noise=noise[:, :, :keep].clone(),
-            cache=voice.flow_cache(),
+            voice=voice, seed=seed, generator=generator,
+            noise=noise[0, :, p : p + self.tail + self.max_new].t().clone(),
+            cache=FlowCache(conformer_cnn=voice.conformer_cnn_cache, conformer_att=voice.conformer_att_cache),
             mel_tail=torch.zeros(1, 80, 0, device=self.device, dtype=hift_dtype),
             source_tail=torch.zeros(1, 1, 0, device=self.device, dtype=torch.float32),
             speech_tail=torch.zeros(1, 0, device=self.device, dtype=torch.float32),
         )
+
+    @torch.inference_mode()
+    def close_stream(self, stream: StreamState) -> None:
+        """Give back a stream's lane and voice slot (a finished stream's are given back by its last
+        step); the stream cannot step again. Idempotent."""
+        if stream.lane is not None and self.lanes is not None:
+            self._open.pop(id(stream.lane), None)
+            self.lanes.release(stream.lane)
+            self._slots.detach(stream.lane.voice)
+            stream.lane = None
+        stream.closed = True
+
+    @torch.inference_mode()
+    def reserve(self, prompt_len: int, lanes: int) -> Lanes:
+        """The lanes, built for prompts of `prompt_len` frames on first use, with room for `lanes` streams
+        and as many voices (their streams' voices never need more slots), so that tensors a CUDA graph
+        reads never move: the worker reserves its slots at start."""
+        if self.lanes is None:
+            a = self.model.args.flow
+            shape = LaneShape(a.n_timesteps, a.dit.depth, a.dit.num_heads, a.dit.head_dim, a.dit.hidden_size,
+                              prompt_len, self.tail, self.max_new)
+            self.lanes = Lanes(shape, device=self.device, dtype=self.dtype, lanes=self._reserve)
+        if prompt_len != self.lanes.shape.prompt_len:
+            raise ValueError(f"a voice prompt of {prompt_len} frames: this decoder's lanes hold prompts of "
+                             f"{self.lanes.shape.prompt_len}")
+        self.lanes.reserve(lanes, max(lanes, self.lanes.voice_slots))
+        return self.lanes
 
     @torch.inference_mode()
     def step(self, rows: list[ChunkRow]) -> list[Tensor]:
@@ -135,20 +171,49 @@ class StreamingDecoder:
             raise
 
     def _decode(self, rows: list[ChunkRow], streams: list[StreamState]) -> list[Tensor]:
-        flow = self.model.flow
+        flow, lanes = self.model.flow, self._lanes_for(streams)
         tokens = [row.tokens.to(self.device, torch.int64)[None] for row in rows]
-        spk = torch.cat([s.voice.spk for s in streams])
-        mel, n_frames, caches = flow.stream_chunks(tokens, spk, [s.cache for s in streams],
-                                                   [row.last for row in rows], [s.noise for s in streams],
-                                                   workspace=self.workspace,
-                                                   copy_shared=self.copy_shared_frames)
-        caches = [trim_cache(c, s.voice.prompt_len) for c, s in zip(caches, streams, strict=True)]
-        chunk_mels = [mel[i:i + 1, :, :n] for i, n in enumerate(n_frames)]
+        mu, encoded = flow.encode_chunks(tokens, [s.cache for s in streams], [row.last for row in rows])
+        n_new = [m.size(1) for m in mu]
+        index = [s.lane.index for s in streams]  # type: ignore[union-attr]
+        width, frames = self._shape(max(index) + 1, max(n_new))
+        plan = lanes.plan(dict(zip(index, n_new, strict=True)), frames, width)
+        padded = mu[0].new_zeros(plan.size(0), frames, mu[0].size(2))
+        for s, m, n in zip(streams, mu, n_new, strict=True):
+            padded[s.lane.index, :n] = m[0]  # type: ignore[union-attr]
+        if self.device.type == "cuda":
+            plan = plan.pin_memory()
+        window = lanes.shape.window([s.lane.frames for s in streams])  # type: ignore[union-attr]
+        mel, new_conv = flow.solve_lanes(padded, plan.to(self.device, non_blocking=True), lanes, window)
+        caches = [trim_cache(c, s.voice.prompt_len, self.tail) for c, s in zip(encoded, streams, strict=True)]
+        chunk_mels = [mel[s.lane.index : s.lane.index + 1, :, :n]  # type: ignore[union-attr]
+                      for s, n in zip(streams, n_new, strict=True)]
         vocoded = self._vocode(streams, chunk_mels)
-        outputs = []
-        for row, cache, (speech, source, full_mel) in zip(rows, caches, vocoded, strict=True):
-            outputs.append(self._commit(row, cache, speech, source, full_mel))
-        return outputs
+        lanes.commit_conv(new_conv)  # every row succeeded: from here on the streams move on
+        return [self._commit(row, cache, n, *v) for row, cache, n, v in zip(rows, caches, n_new, vocoded,
+                                                                            strict=True)]
+
+    def _shape(self, rows: int, frames: int) -> tuple[int, int]:
+        """The solve's (lanes, new frames): exactly what the step needs, or the graph bucket holding it
+        when the flow runs as CUDA graphs (`accel.graphs.GraphedFlow.bucket`)."""
+        bucket = getattr(self.model.flow, "bucket", None)
+        return bucket(rows, frames) if callable(bucket) else (rows, frames)
+
+    def _lanes_for(self, streams: list[StreamState]) -> Lanes:
+        """The lanes, with every stream of the step in one (a stream's first step takes it), once the
+        lanes of streams dropped while open (neither finished nor closed) are given back."""
+        for key, (lane, ref) in list(self._open.items()):
+            if ref() is None:
+                del self._open[key]
+                self.lanes.release(lane)  # type: ignore[union-attr]
+                self._slots.detach(lane.voice)
+        lanes = self.reserve(streams[0].voice.prompt_len, 0)
+        for s in streams:
+            if s.lane is None:
+                s.lane = lanes.acquire(self._slots.attach(lanes, s.voice))
+                lanes.start(s.lane, conv=s.voice.estimator_cnn_cache, noise=s.noise, spk=s.voice.spk[0])
+                self._open[id(s.lane)] = (s.lane, weakref.ref(s))
+        return lanes
 
     def _vocode(self, streams: list[StreamState], chunk_mels: list[Tensor]) -> list[Vocoded]:
         """HiFT over [mel tail | chunk mel] per row, batched over rows of equal shapes."""
@@ -170,16 +235,20 @@ class StreamingDecoder:
                 out[i] = (speech[j:j + 1].float(), source[j:j + 1].float(), mels[i])
         return out
 
-    def _commit(self, row: ChunkRow, cache: FlowCache, speech: Tensor, source: Tensor, mel: Tensor) -> Tensor:
+    def _commit(self, row: ChunkRow, cache: FlowCache, n_new: int, speech: Tensor, source: Tensor,
+                mel: Tensor) -> Tensor:
         stream = row.stream
         if stream.speech_tail.size(1) > 0:
             speech = _fade_in(speech, stream.speech_tail, self.window)
         stream.cache = cache
+        self.lanes.advance(stream.lane, n_new)  # type: ignore[union-attr, arg-type]
         stream.mel_tail = mel[:, :, -HIFT_MEL_CACHE:].clone()
         stream.source_tail = source[:, :, -HIFT_SOURCE_CACHE:].clone()
         stream.speech_tail = speech[:, -HIFT_SOURCE_CACHE:].clone()
         stream.chunks_done += 1
         stream.finished = row.last
+        if row.last:
+            self.close_stream(stream)
         return speech[0] if row.last else speech[0, :-HIFT_SOURCE_CACHE]
 
     def _check(self, rows: list[ChunkRow]) -> None:
@@ -189,16 +258,25 @@ class StreamingDecoder:
         for row in rows:
             if id(row.stream) in seen:
                 raise ValueError("a stream can have only one row per step")
-            if row.stream.finished:
-                raise ValueError("the stream has already decoded its last chunk")
-            if row.tokens.numel() < 1 or (not row.last and row.tokens.numel() <= LOOKAHEAD_TOKENS):
-                raise ValueError(f"a chunk of {row.tokens.numel()} tokens cannot be decoded")
+            if row.stream.finished or row.stream.closed:
+                raise ValueError("the stream has already decoded its last chunk, or was closed")
+            n = row.tokens.numel()
+            if n < 1 or (not row.last and n <= LOOKAHEAD_TOKENS):
+                raise ValueError(f"a chunk of {n} tokens cannot be decoded")
+            frames = 2 * n if row.last else 2 * (n - LOOKAHEAD_TOKENS)
+            if frames > self.max_new:
+                raise ValueError(f"a chunk of {n} tokens makes {frames} mel frames; a step takes at most "
+                                 f"{self.max_new} (chunks of 25 + 3 tokens)")
             seen.add(id(row.stream))
 
     def stats(self) -> dict[str, float]:
-        """The vocoder's graph runner's figures, when it has one (`gpu_worker.accel.graphs`)."""
-        stats = getattr(self.model.hift, "stats", None)
-        return stats() if callable(stats) else {}
+        """The graph runners' figures, where the flow or the vocoder has one (`gpu_worker.accel.graphs`)."""
+        out: dict[str, float] = {}
+        for module in (self.model.flow, self.model.hift):
+            stats = getattr(module, "stats", None)
+            for key, value in (stats() if callable(stats) else {}).items():
+                out[key] = out.get(key, 0.0) + value
+        return out
 
     def hift_dtype(self) -> torch.dtype:
         return self.model.hift.conv_pre.weight.dtype  # the vocoder body's (hift.py: precision)

@@ -288,6 +288,8 @@ class Engine:
         for live in done:
             del self._live[live.job.job_id]
             self.scheduler.forget(live.job.job_id)
+            if live.stream is not None:
+                self.decoder.close_stream(live.stream)  # its lane (the decoder's caches) for the next job
             if live.pinned:
                 self.voices.unpin(live.job.voice_id)
                 if live.outcome != "finished":

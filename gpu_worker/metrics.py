@@ -9,9 +9,10 @@ in tests that build several runtimes in one process).
     wavefarm_worker_voice_bytes                 device bytes of installed voices
     wavefarm_worker_rows_per_step               histogram: rows decoded together in one step
     wavefarm_worker_first_audio_seconds         histogram: from a job's admission to its first audio
-    wavefarm_worker_cuda_graphs                 vocoder CUDA graphs held (`gpu_worker.accel.graphs`)
-    wavefarm_worker_graph_capture_seconds       seconds spent capturing them
-    wavefarm_worker_graph_bytes                 device memory their capture took
+    wavefarm_worker_cuda_graphs{part}           CUDA graphs held, part = flow (the decode solve,
+                                                `accel.flow_graphs`) or vocoder (`accel.graphs`)
+    wavefarm_worker_graph_capture_seconds{part} seconds spent capturing them
+    wavefarm_worker_graph_bytes{part}           device memory their capture took
 The counters and gauges are read from the engine's snapshot at scrape time; the histograms are observed
 by the engine loop. The API's own metrics are `app.api.metrics`'s, under the same `wavefarm_` prefix.
 """
@@ -35,6 +36,7 @@ FIRST_AUDIO_SECONDS = "wavefarm_worker_first_audio_seconds"
 CUDA_GRAPHS = "wavefarm_worker_cuda_graphs"
 GRAPH_CAPTURE_SECONDS = "wavefarm_worker_graph_capture_seconds"
 GRAPH_BYTES = "wavefarm_worker_graph_bytes"
+GRAPH_PARTS = ("flow", "vocoder")  # what the graph runners wrap: the decode solve, HiFT
 
 
 class _EngineCollector(Collector):
@@ -54,11 +56,16 @@ class _EngineCollector(Collector):
         yield installs
         yield GaugeMetricFamily(LIVE_JOBS, "jobs in the engine", value=snap["live_jobs"])
         yield GaugeMetricFamily(VOICE_BYTES, "device bytes of installed voices", value=snap["voice_bytes"])
-        yield GaugeMetricFamily(CUDA_GRAPHS, "vocoder CUDA graphs held", value=snap.get("cuda_graphs", 0))
-        yield CounterMetricFamily(GRAPH_CAPTURE_SECONDS, "seconds spent capturing CUDA graphs",
-                                  value=snap.get("graph_capture_s", 0.0))
-        yield GaugeMetricFamily(GRAPH_BYTES, "device memory the CUDA graphs' capture took",
-                                value=snap.get("graph_bytes", 0))
+        graphs = GaugeMetricFamily(CUDA_GRAPHS, "CUDA graphs held", labels=["part"])
+        capture = CounterMetricFamily(GRAPH_CAPTURE_SECONDS, "seconds spent capturing CUDA graphs",
+                                      labels=["part"])
+        memory = GaugeMetricFamily(GRAPH_BYTES, "device memory the CUDA graphs' capture took",
+                                   labels=["part"])
+        for part in GRAPH_PARTS:
+            graphs.add_metric([part], snap.get(f"{part}_cuda_graphs", 0))
+            capture.add_metric([part], snap.get(f"{part}_graph_capture_s", 0.0))
+            memory.add_metric([part], snap.get(f"{part}_graph_bytes", 0))
+        yield from (graphs, capture, memory)
 
 
 class WorkerMetrics:

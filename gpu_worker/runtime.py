@@ -31,7 +31,9 @@ from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings, get_settings
+from app.speech import PROMPT_FRAMES
 from app.store import FeatureStore
+from gpu_worker.accel.flow_graphs import graph_flow
 from gpu_worker.accel.graphs import graph_hift
 from gpu_worker.accel.onednn import use_cpu_linear
 from gpu_worker.accel.tensorrt import on_tensorrt
@@ -95,6 +97,10 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
     device = torch.device(settings.device)
     decoder = StreamingDecoder(model, device=device, dtype=DTYPES[settings.dtype],
                                micro_batch_size=settings.micro_batch_size)
+    if device.type == "cuda":  # a lane for every job the slots hold, from the start: tensors that never move
+        lanes = decoder.reserve(PROMPT_FRAMES, max(settings.worker_slots, settings.micro_batch_size))
+        if settings.cuda_graphs:
+            model.flow = graph_flow(model.flow, lanes, lanes.capacity)  # type: ignore[assignment]
     voices = VoiceCache(partial(install_voice, speaker=speaker, decoder=decoder), device=device,
                         max_voices=settings.voice_cache_capacity,
                         batch_installer=partial(install_voices, speaker=speaker, decoder=decoder))

@@ -66,6 +66,10 @@ class StreamDecoder(Protocol):
 
     def step(self, rows: list[Any]) -> list[torch.Tensor]: ...
 
+    def close_stream(self, stream: Any) -> None:
+        """The stream's job has left the engine (finished, failed or aborted): free what it holds."""
+        ...
+
 
 def audio_to_host(audios: list[torch.Tensor]) -> list[torch.Tensor]:
     """A step's device audio rows -> float32 CPU tensors, with one transfer for the whole step."""

@@ -9,9 +9,10 @@ It reports whether the two runs are bit-identical, the largest difference to eac
 step and install timings, and allocated device memory after each of several repeated rounds. The
 speaker models are the dummy-mode stand-ins (no CAM++/S3 ONNX files are involved).
 
-The same jobs run once more with the vocoder in CUDA graphs (`gpu_worker.accel.graphs`, what a worker
-runs with WAVEFARM_CUDA_GRAPHS on CUDA): the graphs held, their capture time and memory, and the largest
-difference to the eager run (TF32 off: within 1e-5, or the check fails). On a CPU nothing is captured.
+The same jobs run once more with the decode solve and the vocoder in CUDA graphs (`gpu_worker.accel`'s
+flow_graphs and graphs, what a worker runs with WAVEFARM_CUDA_GRAPHS on CUDA): the graphs held, their
+capture time and memory, and the largest difference to the eager run (TF32 off: within 1e-5, or the
+check fails). On a CPU nothing is captured (the solve still runs in its graph buckets' shapes).
 
 With `--install-batch N` (default 4) it also times N new voices installed one by one against one batched
 setup solve (`install_voices`, the engine's WAVEFARM_INSTALL_BATCH) at `--install-preset` (default full
@@ -32,7 +33,8 @@ import torch
 
 from app.audio import normalise_reference
 from app.features import PromptHostFeatures, host_half
-from app.speech import SAMPLES_PER_TOKEN, VOCAB_SIZE
+from app.speech import PROMPT_FRAMES, SAMPLES_PER_TOKEN, VOCAB_SIZE
+from gpu_worker.accel.flow_graphs import graph_flow
 from gpu_worker.accel.graphs import graph_hift
 from gpu_worker.bench.workload import synthetic_voice
 from gpu_worker.decoder import StreamingDecoder
@@ -134,14 +136,17 @@ def install_batch_timing(device: torch.device, preset: str, voices: int, rounds:
 
 
 def graphs_check(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], eager: dict) -> dict:
-    """The jobs again with the vocoder graphed: its figures and the largest difference to `eager`."""
-    plain = decoder.model.hift
-    decoder.model.hift = graph_hift(plain, decoder.micro_batch_size)
+    """The jobs again with the decode solve and the vocoder graphed (as a worker with WAVEFARM_CUDA_GRAPHS
+    on CUDA): their figures and the largest difference to `eager` (exact shapes, no graphs)."""
+    flow, hift = decoder.model.flow, decoder.model.hift
+    lanes = decoder.reserve(PROMPT_FRAMES, decoder.micro_batch_size)
+    decoder.model.flow = graph_flow(flow, lanes, lanes.capacity)
+    decoder.model.hift = graph_hift(hift, decoder.micro_batch_size)
     try:
         graphed = run_engine(decoder, hosts, jobs, ahead=True)
-        stats = decoder.model.hift.stats()
+        stats = decoder.stats()
     finally:
-        decoder.model.hift = plain
+        decoder.model.flow, decoder.model.hift = flow, hift
     diff = max(float((graphed["audio"][j.job_id] - eager["audio"][j.job_id]).abs().max()) for j in jobs)
     return {**stats, "max_abs_diff_to_eager": diff}
 

@@ -23,5 +23,6 @@ def test_the_gpu_check_runs_to_its_report_on_a_cpu(tmp_path) -> None:
     batch = report["install_batch"]
     assert batch["preset"] == "tiny" and batch["voices"] == 2 and len(batch["samples"]["batched"]) == 2
     assert batch["one_by_one_s"] > 0 and batch["batched_s"] > 0 and batch["max_abs_diff"] < 1e-4
-    graphs = report["graphs"]  # a CPU captures nothing: the wrapped vocoder runs eagerly, the same bits
-    assert graphs["cuda_graphs"] == 0 and graphs["max_abs_diff_to_eager"] == 0.0
+    graphs = report["graphs"]  # a CPU captures nothing: the wrapped modules run eagerly, the solve in its
+    assert graphs["flow_cuda_graphs"] == graphs["vocoder_cuda_graphs"] == 0  # buckets' shapes (rounding)
+    assert 0.0 <= graphs["max_abs_diff_to_eager"] <= 1e-5

@@ -1,4 +1,7 @@
-"""The vocoder in CUDA graphs: `GraphedHiFT` wraps a prepared `HiFTGenerator` with its call signature.
+"""CUDA graphs around the model: the pieces both runners share, and the vocoder's runner.
+
+    row_buckets(max_rows), record(run, pool)      shared by `GraphedHiFT` and `flow_graphs.GraphedFlow`
+    GraphedHiFT(hift)                             `hift(mel, cache_source, noise=...)`, graphed
 
 A decode step vocodes each group of rows of one shape with one HiFT call: dozens of small convolutions
 whose launches, not their arithmetic, bound it on a GPU. `GraphedHiFT` keys a call by its shape (rows
@@ -12,10 +15,6 @@ captured call on the same buffers (`_record`), and compare bit for bit.
 
 Randomness is an input (`SourceNoise`, drawn by the decoder from each stream's generator), so a replay
 computes what the eager call computes. `stats()`: graphs held, capture seconds, graph pool bytes.
-
-Not graphed here: the flow. Its solve reads each voice's frames where the voice keeps them and each
-stream's frames from buffers of their own, at addresses that change from step to step; a graph of it
-needs those frames at fixed addresses first (docs/PERFORMANCE.md, run 6).
 """
 
 from __future__ import annotations
@@ -54,6 +53,31 @@ def graph_hift(hift: HiFTGenerator, max_rows: int) -> GraphedHiFT:
 def row_buckets(max_rows: int) -> tuple[int, ...]:
     """The row counts graphs are made for: powers of two up to `max_rows`, and `max_rows` itself."""
     return tuple(sorted({b for b in BUCKETS if b < max_rows} | {max_rows}))
+
+
+def bucket_of(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket holding n (n itself past the largest: that shape runs eagerly)."""
+    return next((b for b in buckets if b >= n), n)
+
+
+def record(run: Any, pool: Any) -> tuple[Any, Any]:
+    """`run` warmed up on a side stream (as capture requires; the warm-up runs are real calls), then
+    captured into `pool` (a `torch.cuda.graph_pool_handle()`): -> (the graph, the outputs it writes on
+    every replay). Capture only records: replay the graph for its first outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        outputs = run()
+    return graph, outputs
+
+
+def allocated() -> int:
+    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
 
 
 @dataclass
@@ -102,8 +126,8 @@ class GraphedHiFT(nn.Module):
         return sum(slot.graph is not None for slot in self._slots.values())
 
     def stats(self) -> dict[str, float]:
-        return {"cuda_graphs": self.graphs, "graph_capture_s": self.capture_s,
-                "graph_bytes": self.graph_bytes}
+        return {"vocoder_cuda_graphs": self.graphs, "vocoder_graph_capture_s": self.capture_s,
+                "vocoder_graph_bytes": self.graph_bytes}
 
     def forward(self, mel: Tensor, cache_source: Tensor | None = None, *, noise: SourceNoise | None = None,
                 generators: Sequence[torch.Generator] | None = None) -> tuple[Tensor, Tensor]:
@@ -135,7 +159,7 @@ class GraphedHiFT(nn.Module):
 
     # -- buffers and capture ------------------------------------------------------------------------
     def _bucket(self, rows: int) -> int:
-        return next((b for b in self.buckets if b >= rows), rows)
+        return bucket_of(rows, self.buckets)
 
     def _slot(self, shape: Shape, mel: Tensor, tail: Tensor, noise: SourceNoise) -> _Slot:
         slot = self._slots.get(shape)
@@ -156,29 +180,16 @@ class GraphedHiFT(nn.Module):
                             torch.zeros(rows, h, n, device=weight.device)))
 
     def _capture(self, slot: _Slot) -> None:
-        start = time.perf_counter()
-        before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+        start, before = time.perf_counter(), allocated()
         slot.graph, (slot.speech, slot.source) = self._record(
             lambda: self.inner(slot.mel, slot.tail, noise=SourceNoise(slot.phase, slot.noise)))
         took = time.perf_counter() - start
         self.capture_s += took
-        if torch.cuda.is_available():
-            self.graph_bytes += max(0, torch.cuda.memory_allocated() - before)
+        self.graph_bytes += max(0, allocated() - before)
         log.info("vocoder graph captured for %d rows x %d frames (tail %d) in %.2f s", slot.mel.size(0),
                  slot.mel.size(2), slot.tail.size(2), took)
 
     def _record(self, run: Any) -> tuple[Any, tuple[Tensor, Tensor]]:
-        """`run` warmed up on a side stream (as capture requires), then captured into the shared pool:
-        -> (the graph, the outputs it writes on every replay)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            outputs = run()
-        return graph, outputs
+        return record(run, self._pool)

@@ -21,33 +21,35 @@ from typing import Any
 import torch
 
 from app.features import host_half
+from app.speech import PROMPT_FRAMES
 from gpu_worker.bench.machine import Timer, summarize
 from gpu_worker.bench.workload import BenchSetup, chunk_tokens
 from gpu_worker.model.config import (
-    ATT_CACHE_TAIL,
     CHUNK_TOKENS,
     LOOKAHEAD_TOKENS,
     MEL_PER_TOKEN,
     SAMPLES_PER_MEL,
     TOKEN_RATE,
 )
+from gpu_worker.model.flow import CHUNK_FRAMES as FLOW_CHUNK_FRAMES
 from gpu_worker.prompt import install_voice
 from gpu_worker.streams import ChunkRow
 
 MEL_RATE = TOKEN_RATE * MEL_PER_TOKEN  # 50 mel frames per second of audio
 CHUNK_FRAMES = CHUNK_TOKENS * MEL_PER_TOKEN  # a steady-state chunk: 50 frames, 1 s
-# Chunks until a stream's attention caches reach their trimmed size: prompt + 100 frames.
-WARMUP_CHUNKS = -(-ATT_CACHE_TAIL // CHUNK_FRAMES)
+# Chunks until a stream's step costs what every later one does: it has generated a prompt's length of
+# frames (300), so it reads its last 300 and the voice's last 100 (`model/lanes.py`). (The reference's
+# caches reach their trimmed size, prompt + 100 frames, after 2: `reference.REFERENCE_WARMUP_CHUNKS`.)
+WARMUP_CHUNKS = -(-PROMPT_FRAMES // CHUNK_FRAMES)
 
 
-def row_peak_bytes(setup: BenchSetup, prompt_len: int = 300) -> int:
-    """Memory one steady-state row of a step can hold at its peak: the stream's own estimator cache
-    (prompt + 100 frames), its padded copy gathered for the solve and the new cache scattered back
-    (the attention caches dominate every other tensor of a row)."""
+def row_peak_bytes(setup: BenchSetup, prompt_len: int = PROMPT_FRAMES) -> int:
+    """Memory one row of a step holds at its peak: its lane's ring (prompt + 56 frames, every Euler step
+    and block) and its voice's frames gathered for one block; a voice slot per voice comes on top (the
+    attention caches dominate every other tensor of a row)."""
     d, steps = setup.args.flow.dit, setup.args.flow.n_timesteps
-    frames = prompt_len + ATT_CACHE_TAIL
-    per_frame = steps * d.depth * 2 * d.num_heads * 2 * d.head_dim * torch.finfo(setup.dtype).bits // 8
-    return per_frame * (frames + 2 * (frames + CHUNK_FRAMES))
+    per_frame = 2 * d.num_heads * 2 * d.head_dim * torch.finfo(setup.dtype).bits // 8  # one block, step
+    return per_frame * (steps * d.depth * (prompt_len + FLOW_CHUNK_FRAMES) + prompt_len)
 
 
 def steady_rows(streams: list[Any], step: int) -> list[ChunkRow]:

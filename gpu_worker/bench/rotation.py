@@ -2,19 +2,20 @@
 
     rotation(preset, rows, rounds, bf16) -> [{name, before, after, speedup, samples}]
 
-A variant is a model dtype, a vocoder dtype, a linear path (`gpu_worker.accel.onednn`: the BLAS with the
-GELU apart, or oneDNN with the GELU fused into fc1) and the solve's attention buffer (fresh each step,
-or the decoder's `Workspace`). Each round runs, for every variant, one voice install (the whole device
+A variant is a model dtype, a vocoder dtype and a linear path (`gpu_worker.accel.onednn`: the BLAS with
+the GELU apart, or oneDNN with the GELU fused into fc1). Each round runs, for every variant, one voice
+install (the whole device
 half, stand-in speaker) and one steady-state step of 1 and of `rows` warm streams, then one chunk of the
 fp32 reference at batch 1 (stepaudio2, when installed), so every variant and the reference take turns on
 the same machine state; results are medians over the rounds.
 
-    fp32 blas, fresh      the float32 decoder as it was before the last round of speed-ups
-    fp32 onednn, fresh    + oneDNN linears with the fused GELU
-    fp32 onednn, ws       + the kept attention buffer: the default now
-    bf16 blas, fresh      (--bf16) the bf16 flow as it was
-    bf16 onednn, ws       (--bf16) the bf16 flow now (vocoder float32, as the reference)
+    fp32 blas             the float32 decoder with the BLAS's linears
+    fp32 onednn           + oneDNN linears with the fused GELU: the default
+    bf16 blas             (--bf16) the bf16 flow with the BLAS's linears
+    bf16 onednn           (--bf16) the bf16 flow now (vocoder float32, as the reference)
     bf16 + bf16 vocoder   (--bf16) the same with WAVEFARM_HIFT_DTYPE=bf16
+(Every variant decodes over the decoder's lanes, `model/lanes.py`; the per-stream caches they replaced
+are measured against them in `python -m gpu_worker.bench.streams`.)
 
 Not in here: the micro-benchmarks (speedups.py), the engine sweep (sweep.py).
 """
@@ -33,35 +34,27 @@ from gpu_worker.bench.decode import CHUNK_FRAMES, decoder_sweep, warm_streams
 from gpu_worker.bench.reference import REFERENCE_WARMUP_CHUNKS
 from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.model.config import SAMPLES_PER_MEL
-from gpu_worker.model.kvcache import Workspace
 
 
 class Variant(NamedTuple):
     setup: str  # key of the BenchSetup: "<flow dtype>/<vocoder dtype>"
     path: str  # linear path
-    workspace: bool
 
 
-FP32 = {"fp32 blas, fresh": Variant("fp32/fp32", "blas", False),
-        "fp32 onednn, fresh": Variant("fp32/fp32", "onednn", False),
-        "fp32 onednn, ws": Variant("fp32/fp32", "onednn", True)}
-BF16 = {"bf16 blas, fresh": Variant("bf16/fp32", "blas", False),
-        "bf16 onednn, ws": Variant("bf16/fp32", "onednn", True),
-        "bf16 + bf16 vocoder": Variant("bf16/bf16", "onednn", True)}
+FP32 = {"fp32 blas": Variant("fp32/fp32", "blas"), "fp32 onednn": Variant("fp32/fp32", "onednn")}
+BF16 = {"bf16 blas": Variant("bf16/fp32", "blas"), "bf16 onednn": Variant("bf16/fp32", "onednn"),
+        "bf16 + bf16 vocoder": Variant("bf16/bf16", "onednn")}
 # (before, after, what changed): the pairs reported
-PAIRS = (("fp32 blas, fresh", "fp32 onednn, fresh", "BLAS -> oneDNN linears, GELU fused"),
-         ("fp32 onednn, fresh", "fp32 onednn, ws", "fresh attention buffer -> workspace"),
-         ("fp32 blas, fresh", "fp32 onednn, ws", "fp32 before -> now"),
-         ("bf16 blas, fresh", "bf16 onednn, ws", "bf16 before -> now"),
-         ("bf16 onednn, ws", "bf16 + bf16 vocoder", "fp32 -> bf16 vocoder"),
-         ("fp32 onednn, ws", "bf16 onednn, ws", "fp32 -> bf16 flow"))
+PAIRS = (("fp32 blas", "fp32 onednn", "BLAS -> oneDNN linears, GELU fused"),
+         ("bf16 blas", "bf16 onednn", "bf16: BLAS -> oneDNN linears"),
+         ("bf16 onednn", "bf16 + bf16 vocoder", "fp32 -> bf16 vocoder"),
+         ("fp32 onednn", "bf16 onednn", "fp32 -> bf16 flow"))
 
 
-def _once(setup: BenchSetup, streams: list[Any], variant: Variant, workspace: Workspace | None, rows: int,
+def _once(setup: BenchSetup, streams: list[Any], variant: Variant, rows: int,
           into: dict[str, list[float]]) -> None:
     """One install and one step of 1 and of `rows` streams as `variant`."""
     use_cpu_linear(setup.decoder.model, variant.path)
-    setup.decoder.workspace = workspace if variant.workspace else None
     start = time.perf_counter()
     setup.installer(setup.host(0))
     into.setdefault("install_s", []).append(time.perf_counter() - start)
@@ -78,20 +71,17 @@ def rotation(preset: str, rows: int, rounds: int = 2, bf16: bool = False) -> lis
             dtype, hift_dtype = key.split("/")
             setups[key] = BenchSetup.build(preset=preset, device="cpu", dtype=dtype, hift_dtype=hift_dtype,
                                            speaker="standin", micro_batch_size=rows)
-        workspaces = {key: setup.decoder.workspace for key, setup in setups.items()}
         with torch.inference_mode():
             streams = {key: warm_streams(setup, rows) for key, setup in setups.items()}
-            _rounds(setups, streams, workspaces, variants, rows, rounds, out)
+            _rounds(setups, streams, variants, rows, rounds, out)
     finally:
         for setup in setups.values():
             setup.close()
     return _results(preset, out)
 
 
-def _rounds(setups: dict[str, BenchSetup], streams: dict[str, list[Any]],
-            workspaces: dict[str, Workspace | None],
-            variants: dict[str, Variant], rows: int, rounds: int, out: dict[str, dict[str, list[float]]]
-            ) -> None:
+def _rounds(setups: dict[str, BenchSetup], streams: dict[str, list[Any]], variants: dict[str, Variant],
+            rows: int, rounds: int, out: dict[str, dict[str, list[float]]]) -> None:
     base = setups["fp32/fp32"]
     try:
         ref = reference.build_reference(base)
@@ -106,7 +96,7 @@ def _rounds(setups: dict[str, BenchSetup], streams: dict[str, list[Any]],
                 reference.reference_chunk(base, ref_stream, k)
         for r in range(rounds):
             for name, v in variants.items():
-                _once(setups[v.setup], streams[v.setup], v, workspaces[v.setup], rows, out[name])
+                _once(setups[v.setup], streams[v.setup], v, rows, out[name])
             if ref_stream is not None:
                 seconds, samples = reference.reference_chunk(base, ref_stream, REFERENCE_WARMUP_CHUNKS + r)
                 assert samples == CHUNK_FRAMES * SAMPLES_PER_MEL
@@ -131,5 +121,5 @@ def _results(preset: str, out: dict[str, dict[str, list[float]]]) -> list[dict[s
             results += [entry(f"{key} {name} vs reference 1 row fp32", ref_fps, med[name][key], True)
                         for key in med[name] if key.startswith("fps")]
         results.append(entry("setup solve, reference fp32 -> our install (fp32 now)",
-                             med["reference"]["install_s"], med["fp32 onednn, ws"]["install_s"], False))
+                             med["reference"]["install_s"], med["fp32 onednn"]["install_s"], False))
     return results

@@ -1,20 +1,23 @@
-"""What one more stream costs a decoder step: time and memory, with the voices' shared frames copied
-beside every row (before) and read where they are (after), in one run.
+"""What one more stream costs the flow's solve: time and memory, with the streams' estimator caches in
+lanes (the decoder's way now) and in caches of their own packed at every Euler step (before), in one run.
 
 `python -m gpu_worker.bench.streams [--preset full] [--rows 1,2,4,8] [--rounds 3] [--dtype fp32]`
 
-For each row count R: R streams over two voices, warmed until their caches hold what they hold from then
-on (the prompt's last 100 frames and 300 generated ones: `STEADY_CHUNKS` chunks), then `rounds` rounds
-in which one steady-state step runs with the frames copied and one with them in place, in turn (both see
-the same machine state). Per mode and R:
+For each row count R: R streams over two voices, each way (`bench.flows`: LaneFlow, PerStreamFlow),
+warmed until their caches hold what they hold from then on (the voice's last 100 frames and 300
+generated ones: `STEADY_CHUNKS` chunks), then `rounds` rounds in which one steady-state step runs each
+way, in turn (both see the same machine state). The flow only: the encoder and the solve, no vocoder
+(the same in both). Per way and R:
     step_s          median step time
-    buffer_bytes    the solve's attention buffer after the step (`Workspace`: one Euler step's
-                    [depth, 2R, H, T + W, 2 D]; W is what each row packs: shared + own frames copied,
-                    own frames only in place)
-    copied_bytes    what one step copies into that buffer: its packed frames, at every Euler step
-    stream_bytes    the streams' own caches (their generated frames, the same in both modes)
-and the slopes over R (least squares): seconds, buffer bytes and copied bytes per added stream.
-On CUDA the peak of allocated memory during the step is reported too.
+    stream_bytes    the streams' own caches: a lane (ring, conv caches, noise) and the conformer caches,
+                    or their own estimator slots and conformer caches
+    buffer_bytes    the largest transient the solve adds for its rows' frames: one block's gathered
+                    voice frames [2R, H, W, 2 D] (lanes), one Euler step's attention buffer (before)
+    copied_bytes    what one step copies for its rows: the voice frames it gathers (lanes; W = 100 in
+                    the steady state), the own frames it packs at every Euler step (before)
+and the slopes over R (least squares) per added stream. The voices' frames are the voices' (one slot
+each in the lanes, `voice_bytes`), not a stream's. On CUDA the peak of allocated memory during the step
+is reported too.
 """
 
 from __future__ import annotations
@@ -25,18 +28,20 @@ from typing import Any
 
 import torch
 
-from app.speech import MEL_PER_TOKEN, PROMPT_SECONDS, TOKEN_RATE
-from gpu_worker.bench.decode import CHUNK_FRAMES, steady_rows, warm_streams
+from app.speech import PROMPT_FRAMES
+from gpu_worker.bench.decode import CHUNK_FRAMES
+from gpu_worker.bench.flows import LaneFlow, PerStreamFlow
 from gpu_worker.bench.machine import Timer, git_info, machine_info
 from gpu_worker.bench.report import publish
-from gpu_worker.bench.workload import BenchSetup
-from gpu_worker.model.kvcache import Workspace
+from gpu_worker.bench.workload import BenchSetup, chunk_tokens
+from gpu_worker.model.config import ATT_CACHE_TAIL, CHUNK_TOKENS, LOOKAHEAD_TOKENS
+from gpu_worker.model.flow import CHUNK_FRAMES as MAX_NEW
+from gpu_worker.prompt import seeded_noise
 
-PROMPT_FRAMES = round(PROMPT_SECONDS * TOKEN_RATE * MEL_PER_TOKEN)  # 300: a 6 s reference
-MODES = ("copied", "in_place")
-# chunks until a stream's estimator cache is [its last 300 generated frames | the prompt's last 100]:
-# after every trim it keeps the newest 300 frames of its logical order and the oldest 100 (the prompt's)
-STEADY_CHUNKS = -(-(PROMPT_FRAMES + CHUNK_FRAMES) // CHUNK_FRAMES)
+MODES = ("per_stream", "lanes")
+# chunks until every stream is past its prompt's length: it reads its last 300 generated frames and the
+# voice's last 100, as every later chunk does
+STEADY_CHUNKS = -(-PROMPT_FRAMES // CHUNK_FRAMES)
 
 
 def _slope(xs: list[int], ys: list[float]) -> float:
@@ -45,38 +50,53 @@ def _slope(xs: list[int], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
 
 
-def _frame_bytes(setup: BenchSetup) -> int:
-    """One frame of one Euler step's attention buffer, over every block, cond and uncond."""
-    d = setup.args.flow.dit
-    return d.depth * 2 * d.num_heads * 2 * d.head_dim * torch.finfo(setup.dtype).bits // 8
+def _flows(setup: BenchSetup, rows: int) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    voices = []
+    for v in (0, 1):
+        prompt = setup.install(v)
+        voices.append((prompt.spk, prompt.flow_cache()))
+    flow = setup.decoder.model.flow
+    flows: dict[str, Any] = {"per_stream": PerStreamFlow(flow, voices, tail=ATT_CACHE_TAIL),
+                             "lanes": LaneFlow(flow, voices, tail=ATT_CACHE_TAIL, max_new=MAX_NEW)}
+    streams = {mode: [f.open(i % 2, seeded_noise(i, setup.device, setup.dtype)[0]) for i in range(rows)]
+               for mode, f in flows.items()}
+    return flows, streams
 
 
-def _copied_bytes(setup: BenchSetup, streams: list[Any], mode: str) -> int:
-    packed = 0
-    for s in streams:
-        shared, own = s.cache.estimator().split()
-        packed += len(own) + (len(shared) if mode == "copied" else 0)
-    return packed * _frame_bytes(setup) * setup.args.flow.n_timesteps
+def _rows(streams: list[Any], step: int) -> list[tuple[Any, torch.Tensor, bool]]:
+    window = CHUNK_TOKENS + LOOKAHEAD_TOKENS
+    return [(s, chunk_tokens(window, seed=10_000 * step + i).to(s.cache.conformer_att.device)[None], False)
+            for i, s in enumerate(streams)]
 
 
-def _step(setup: BenchSetup, streams: list[Any], mode: str, k: int) -> dict[str, float]:
-    decoder = setup.decoder
-    decoder.copy_shared_frames = mode == "copied"
-    decoder.workspace = Workspace()  # sized by this step alone
-    copied = _copied_bytes(setup, streams, mode)
+def _figures(mode: str, flow: Any, streams: list[Any]) -> dict[str, float]:
+    if mode == "lanes":
+        lanes = flow.lanes
+        conformer = sum(s.cache.stream_nbytes() for s in streams)
+        copied, block = flow.gathered_bytes(len(streams), flow.shape.window([s.lane.frames for s in streams]))
+        return {"stream_bytes": float(lanes.lane_nbytes() * len(streams) + conformer),
+                "buffer_bytes": float(block), "copied_bytes": float(copied),
+                "voice_bytes": float(lanes.voice_nbytes())}
+    return {"stream_bytes": float(sum(s.cache.stream_nbytes() for s in streams)),
+            "buffer_bytes": float(flow.workspace.nbytes), "copied_bytes": float(flow.packed_bytes(streams)),
+            "voice_bytes": float(streams[0].cache.estimator().shared.numel()
+                                 * streams[0].cache.estimator().shared.element_size())}
+
+
+def _step(setup: BenchSetup, flow: Any, streams: list[Any], mode: str, k: int) -> dict[str, float]:
+    if mode == "per_stream":
+        flow.workspace = type(flow.workspace)()  # sized by this step alone
+    figures = _figures(mode, flow, streams)  # before the step: what it starts from
     cuda = setup.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-    try:
-        with Timer(setup.device) as timer:
-            decoder.step(steady_rows(streams, step=1000 + k))
-    finally:
-        decoder.copy_shared_frames = False
-    buffer = decoder.workspace.nbytes if decoder.workspace is not None else 0
-    out = {"step_s": timer.s, "buffer_bytes": float(buffer), "copied_bytes": float(copied),
-           "stream_bytes": float(sum(s.cache.stream_nbytes() for s in streams))}
+    with Timer(setup.device) as timer:
+        flow.solve(_rows(streams, step=1000 + k))
+    out = {"step_s": timer.s, **figures}
+    if mode == "per_stream":
+        out["buffer_bytes"] = float(flow.workspace.nbytes)
     if cuda:
         out["peak_step_bytes"] = float(torch.cuda.max_memory_allocated() - before)
     return out
@@ -86,23 +106,28 @@ def measure(setup: BenchSetup, rows: list[int], rounds: int) -> dict[str, Any]:
     results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     with torch.inference_mode():
         for r in rows:
-            streams = warm_streams(setup, r, chunks=STEADY_CHUNKS)
+            flows, streams = _flows(setup, r)
+            for step in range(STEADY_CHUNKS):
+                for mode in MODES:
+                    flows[mode].solve(_rows(streams[mode], step))
             samples: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
             for k in range(rounds):
                 for mode in MODES if k % 2 == 0 else MODES[::-1]:
-                    samples[mode].append(_step(setup, streams, mode, 2 * k + (mode == "in_place")))
+                    k_step = 2 * k + (mode == "lanes")
+                    samples[mode].append(_step(setup, flows[mode], streams[mode], mode, k_step))
             for mode in MODES:
                 row = {key: statistics.median(s[key] for s in samples[mode]) for key in samples[mode][0]}
                 results[mode].append({"rows": r, **row, "step_s_all": [s["step_s"] for s in samples[mode]]})
-            del streams
+            del flows, streams
     slopes = {mode: {f"{key}_per_stream": _slope([x["rows"] for x in res], [x[key] for x in res])
                      for key in ("step_s", "buffer_bytes", "copied_bytes", "stream_bytes")}
               for mode, res in results.items()}
-    return {"rows": rows, "rounds": rounds, "results": results, "per_added_stream": slopes}
+    return {"rows": rows, "rounds": rounds, "steady_chunks": STEADY_CHUNKS, "results": results,
+            "per_added_stream": slopes}
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| rows | mode | step (s) | attention buffer (MiB) | copied per step (MiB) | streams' own "
+    lines = ["| rows | way | step (s) | largest transient (MiB) | copied per step (MiB) | streams' own "
              "(MiB) |", "|---|---|---|---|---|---|"]
     mib = 2**20
     for mode in MODES:
@@ -112,7 +137,7 @@ def table(report: dict[str, Any]) -> str:
     lines.append("\nper added stream:")
     for mode in MODES:
         s = report["per_added_stream"][mode]
-        lines.append(f"- {mode}: {s['step_s_per_stream']:.3f} s, buffer "
+        lines.append(f"- {mode}: {s['step_s_per_stream']:.3f} s, transient "
                      f"{s['buffer_bytes_per_stream'] / mib:.1f} MiB, copied "
                      f"{s['copied_bytes_per_stream'] / mib:.1f} MiB per step, own cache "
                      f"{s['stream_bytes_per_stream'] / mib:.1f} MiB")

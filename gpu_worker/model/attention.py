@@ -33,12 +33,17 @@ _FUSED: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def _bias(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool mask as an additive one (0 / -inf) in `dtype`; an additive mask as it is, in `dtype`."""
+    if mask.is_floating_point():
+        return mask.to(dtype)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
 
 
 def _written_out(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1))
-    if mask is not None:
+    if mask is not None and mask.is_floating_point():
+        scores = scores + mask.float()
+    elif mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     weights = torch.exp(scores - lse.masked_fill(torch.isinf(lse), 0.0)[..., None])
@@ -81,7 +86,8 @@ def fused_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
            every_query_sees_a_key: bool = False) -> tuple[Tensor, Tensor]:
-    """q [.., T, D], k and v [.., K, D], mask [.., T, K] (True: attend; broadcast over the leading dims)
+    """q [.., T, D], k and v [.., K, D], mask [.., T, K] (bool, True: attend; or additive, 0 / -inf;
+    broadcast over the leading dims)
     -> out [.., T, D] in q's dtype (zeros where a query has no key) and lse [.., T] in float32 (-inf
     there). 4-D inputs take the fused kernel where it runs. `every_query_sees_a_key`: the caller knows
     the mask leaves each query a key, so nothing needs setting right (saves two passes)."""
@@ -94,7 +100,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
     if mask is None or every_query_sees_a_key:
         return out, lse
     # a query with no key: the fused kernels leave lse 0 there, which would weigh it in a merge
-    empty = ~mask.any(dim=-1)
+    empty = ~(mask > float("-inf") if mask.is_floating_point() else mask).any(dim=-1)
     return out.masked_fill(empty[..., None], 0.0), lse.masked_fill(empty, float("-inf"))
 
 

@@ -4,7 +4,8 @@
         v = (1 + r) v(x, mu, spk, cond) - r v(x, 0, 0, 0),  x += dt v      (r = inference_cfg_rate)
 
 The conditional and unconditional halves run as one doubled batch: rows [0, B) conditional, [B, 2B)
-unconditional, the reference's order, so a row's caches hold [cond, uncond] on their batch dimension.
+unconditional, the reference's order, so a row's caches hold [cond, uncond] on their batch dimension;
+or, with `pairs=True`, row i's two as rows 2i and 2i + 1 (the lanes' layout, `lanes.py`).
 
 Time and the Euler state x stay in float32 whatever the model's dtype (a bf16 time grid would move
 the steps); the estimator sees x in the model's dtype.
@@ -15,7 +16,9 @@ Caches are given per Euler step (see `dit.py` for the layouts):
                     place at [:T]; the same buffer may be given for every step when its contents are not
                     needed afterwards), or a `StepKV` that fills one buffer per step and keeps the new
                     frames after it (`kvcache.BatchKV`: the streaming caches without copies), and may
-                    hand each voice's shared frames of the step (`voice(step)`), attended to in place.
+                    hand each voice's shared frames of the step (`voice(step)`), attended to in place;
+                    a `StepKV` with a `write_at` index has the DiT write the new frames there instead
+                    of at [:T] (`lanes.LaneStep`: the rings of fixed lanes).
 
 Not in here: the noise buffer (the caller slices it), padding and unpadding of rows, cache trimming.
 """
@@ -31,7 +34,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from gpu_worker.model.config import FlowArgs
-from gpu_worker.model.dit import DiT
+from gpu_worker.model.dit import DiT, VoicePart
 
 
 def time_span(n_steps: int, device: torch.device) -> Tensor:
@@ -49,9 +52,14 @@ class StepKV(Protocol):
         """Called after step `step` with the same kv, its new frames written at [..., :T, :]."""
         ...
 
-    def voice(self, step: int) -> Sequence[tuple[Tensor | None, Tensor, Tensor]]:
-        """Shared frames attended to in place at step `step` (`dit.DiT.forward`'s `voice`)."""
+    def voice(self, step: int) -> Sequence[VoicePart]:
+        """Voice frames attended to at step `step` (`dit.DiT.forward`'s `voice`)."""
         ...
+
+
+def _doubled(a: Tensor, b: Tensor, pairs: bool) -> Tensor:
+    """The two halves of the doubled batch: [a | b] along rows, or interleaved (a_0, b_0, a_1, ...)."""
+    return torch.stack([a, b], dim=1).flatten(0, 1) if pairs else torch.cat([a, b])
 
 
 class _PerStep:
@@ -64,7 +72,7 @@ class _PerStep:
     def keep(self, step: int, kv: Tensor) -> None:
         pass
 
-    def voice(self, step: int) -> Sequence[tuple[Tensor | None, Tensor, Tensor]]:
+    def voice(self, step: int) -> Sequence[VoicePart]:
         return ()
 
 
@@ -78,29 +86,31 @@ class CFM(nn.Module):
     def solve(
         self, noise: Tensor, mu: Tensor, spk: Tensor, cond: Tensor,
         conv_caches: Sequence[Tensor], kvs: Sequence[Tensor] | StepKV,
-        key_mask: Tensor | None = None, lengths: Tensor | None = None,
+        key_mask: Tensor | None = None, lengths: Tensor | None = None, *, pairs: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """noise, mu, cond: [B, T, 80]; spk: [B, 80] -> mel [B, T, 80], new conv caches [N, depth, 2B, 2C, 2].
 
-        key_mask [B, T + Lc] and lengths [B] describe each row (see `dit.py`); they are shared by the
-        conditional and unconditional halves.
+        key_mask [B, T + Lc] (bool or additive) and lengths [B] describe each row (see `dit.py`); they are
+        shared by the conditional and unconditional halves. `pairs`: the doubled batch interleaved.
         """
         b, dtype = noise.size(0), mu.dtype
         steps = kvs if isinstance(kvs, StepKV) else _PerStep(kvs)
+        write_at = getattr(steps, "write_at", None)
         t_span = time_span(self.n_steps, noise.device)
         spk = spk[:, None, :].expand(-1, mu.size(1), -1)
-        fixed = [torch.cat([c, torch.zeros_like(c)]) for c in (mu, spk, cond)]  # unconditional half: zeros
-        key_mask = None if key_mask is None else torch.cat([key_mask, key_mask])
-        lengths = None if lengths is None else torch.cat([lengths, lengths])
+        fixed = [_doubled(c, torch.zeros_like(c), pairs) for c in (mu, spk, cond)]  # unconditional: zeros
+        key_mask = None if key_mask is None else _doubled(key_mask, key_mask, pairs)
+        lengths = None if lengths is None else _doubled(lengths, lengths, pairs)
         x, t, dt = noise.float(), t_span[:1], t_span[1] - t_span[0]
         new_conv = []
         for step in range(self.n_steps):
-            packed = torch.cat([torch.cat([x, x]).to(dtype), *fixed], dim=-1)  # [2B, T, 320]
+            packed = torch.cat([_doubled(x, x, pairs).to(dtype), *fixed], dim=-1)  # [2B, T, 320]
             kv = steps.kv(step)
-            v, conv = self.estimator(packed, t, conv_caches[step], kv, key_mask, lengths, steps.voice(step))
+            v, conv = self.estimator(packed, t, conv_caches[step], kv, key_mask, lengths, steps.voice(step),
+                                     write_at)
             steps.keep(step, kv)
             new_conv.append(conv)
-            v_cond, v_uncond = v.float().split(b)
+            v_cond, v_uncond = v.float().view(b, 2, *v.shape[1:]).unbind(1) if pairs else v.float().split(b)
             x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
             t = t + dt
             if step < self.n_steps - 1:

@@ -12,11 +12,13 @@ Caches, one set per Euler step (the CFM owns the step dimension):
                 the caller puts the cached frames at [T:]. New frames first is the reference's order.
     key_mask:   [B, T + Lc] bool, True for slots a row may attend to (its valid new frames and its own
                 cached frames); None means every slot.
-    voice:      frames attended to where they are, beside kv: per voice, (rows [2 n] of the batch, or
-                None for every row in order, its frames [depth, 2 (cond | uncond), H, S, 2 head_dim], mask
-                [1, 1, n T, S]: row j's query t at j T + t). Rows fold into the query axis, so one
-                attention call serves every row of a voice; the parts are merged by their log-sum-exp
-                (`attention.py`).
+    voice:      frames attended to beside kv, in parts merged by their log-sum-exp (`attention.py`):
+                `FoldedVoice`, one voice's frames [depth, 2 (cond | uncond), H, S, 2 head_dim] read where
+                they are, its rows (or None: every row) folded into the query axis so one call serves
+                them; or `GatheredVoice`, a pool of voices' frames [V, depth, 2, H, S, 2 head_dim] and each
+                row pair's slot in it, gathered block by block (static shapes: `lanes.py`).
+    write_at:   [B, H, T, head_dim] int64: the kv slot of each new frame (None: slots [:T], the new frames
+                first); the lanes' rings take a row's new frames past the ones it still reads.
     lengths:    [B] valid new frames per row (queries past it are padding); None means all T.
 Padding frames sit after a row's valid frames, so the causal convs and the key mask keep every valid
 frame independent of the padding and of the other rows.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -37,7 +40,30 @@ from torch import Tensor
 from gpu_worker.model.attention import attend, merge_pair
 from gpu_worker.model.config import DiTArgs
 
-VoicePart = tuple[Tensor | None, Tensor, Tensor]  # (rows [2 n] or None: all, frames [2, H, S, 2 D], mask)
+
+class FoldedVoice(NamedTuple):
+    """One voice's frames read in place by its rows (`kvcache.BatchKV`)."""
+
+    rows: Tensor | None  # [2 n]: the voice's cond rows, then their uncond twins; None: every row in order
+    frames: Tensor  # [depth, 2, H, S, 2 D] (at a block: [2, H, S, 2 D])
+    mask: Tensor  # [1, 1, n T, S] bool: row j's query t (at j T + t) may see frame s
+
+    def at(self, block: int) -> FoldedVoice:
+        return FoldedVoice(self.rows, self.frames[block], self.mask)
+
+
+class GatheredVoice(NamedTuple):
+    """Each (cond, uncond) row pair's voice frames, gathered from a pool of voices (`lanes.LaneStep`)."""
+
+    slots: Tensor  # [B / 2] int64: the slot of row pair i (rows 2i, 2i + 1)
+    frames: Tensor  # [V, depth, 2, H, S, 2 D] (at a block: [V, 2, H, S, 2 D])
+    mask: Tensor | None  # [B, 1, 1, S] additive or bool; None: every frame
+
+    def at(self, block: int) -> GatheredVoice:
+        return GatheredVoice(self.slots, self.frames[:, block], self.mask)
+
+
+VoicePart = FoldedVoice | GatheredVoice
 
 BLOCK_NORM_EPS = 1e-6  # affine-free LayerNorms before each modulated branch
 CONV_CACHE = 2  # causal conv kernel 3 -> 2 frames of context
@@ -82,14 +108,20 @@ class Attention(nn.Module):
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(x.size(0), x.size(1), self.n_head, self.head_dim)  # [B, T, H, D]
 
-    def forward(self, x: Tensor, kv: Tensor, key_mask: Tensor | None, voice: Sequence[VoicePart] = ()
-                ) -> Tensor:
-        # x: [B, T, C]; kv: [B, H, T + Lc, 2 D] (written at [:, :, :T]); key_mask: [B, 1, 1, T + Lc]
+    def forward(self, x: Tensor, kv: Tensor, key_mask: Tensor | None, voice: Sequence[VoicePart] = (),
+                write_at: Tensor | None = None) -> Tensor:
+        # x: [B, T, C]; kv: [B, H, T + Lc, 2 D] (written at [:, :, :T], or at write_at [B, H, T, D]);
+        # key_mask: [B, 1, 1, T + Lc] bool or additive
         b, t, _ = x.shape
         d = self.head_dim
         q = self.q_norm(self._heads(self.to_q(x)))  # [B, T, H, D]: the voice part folds rows as a view
-        kv[:, :, :t, :d] = self.k_norm(self._heads(self.to_k(x))).transpose(1, 2)
-        kv[:, :, :t, d:] = self._heads(self.to_v(x)).transpose(1, 2)
+        k_new = self.k_norm(self._heads(self.to_k(x))).transpose(1, 2)
+        v_new = self._heads(self.to_v(x)).transpose(1, 2)
+        if write_at is None:
+            kv[:, :, :t, :d], kv[:, :, :t, d:] = k_new, v_new
+        else:
+            kv[..., :d].scatter_(2, write_at, k_new)
+            kv[..., d:].scatter_(2, write_at, v_new)
         k, v = kv[..., :d], kv[..., d:]
         if not voice:  # out: [B, H, T, D]
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=key_mask)
@@ -101,22 +133,30 @@ class Attention(nn.Module):
 
     @staticmethod
     def _with_voice(q: Tensor, own: tuple[Tensor, Tensor], voice: Sequence[VoicePart]) -> Tensor:
-        """q [B, T, H, D]; own: the rows' own part, out [B, T, H, D] and lse [B, T, H]. Each voice's rows
-        against its frames, read in place and merged in; a voice's rows fold into one query axis (a view
-        of q when the voice has every row), so one attention call serves them. -> out [B, T, H, D]."""
+        """q [B, T, H, D]; own: the rows' own part, out [B, T, H, D] and lse [B, T, H]. Each voice part
+        against its rows' queries, merged in. A folded voice's rows fold into one query axis (a view of q
+        when the voice has every row), so one attention call serves them; a gathered part gives every
+        row pair its own voice's frames. -> out [B, T, H, D]."""
         b, t, h, d = q.shape
         out, lse = own
-        if any(rows is not None for rows, _, _ in voice):  # written in place below; own may be views of
-            out, lse = out.clone(), lse.clone()  # the kernel's outputs
-        for rows, frames, mask in voice:
+        if any(isinstance(p, FoldedVoice) and p.rows is not None for p in voice):  # written in place
+            out, lse = out.clone(), lse.clone()  # below; own may be views of the kernel's outputs
+        for part in voice:
+            if isinstance(part, GatheredVoice):
+                frames = part.frames.index_select(0, part.slots).flatten(0, 1)  # [B, H, S, 2 D]
+                o, s = attend(q.transpose(1, 2), frames[..., :d], frames[..., d:], part.mask,
+                              every_query_sees_a_key=True)
+                out, lse = merge_pair((out, lse), (o.transpose(1, 2), s.transpose(1, 2)))
+                continue
+            rows, frames, mask = part
             n = b // 2 if rows is None else rows.numel() // 2
             qv = (q if rows is None else q[rows]).reshape(2, n * t, h, d).transpose(1, 2)  # [2, H, n T, D]
             o, s = attend(qv, frames[..., :d], frames[..., d:], mask, every_query_sees_a_key=True)
-            part = (o.transpose(1, 2).reshape(2 * n, t, h, d), s.transpose(1, 2).reshape(2 * n, t, h))
+            folded = (o.transpose(1, 2).reshape(2 * n, t, h, d), s.transpose(1, 2).reshape(2 * n, t, h))
             if rows is None:  # every row of the batch, in order
-                out, lse = merge_pair((out, lse), part)
+                out, lse = merge_pair((out, lse), folded)
             else:
-                out[rows], lse[rows] = merge_pair((out[rows], lse[rows]), part)
+                out[rows], lse[rows] = merge_pair((out[rows], lse[rows]), folded)
         return out
 
 
@@ -165,12 +205,13 @@ class DiTBlock(nn.Module):
 
     def forward(
         self, x: Tensor, c: Tensor, conv_cache: Tensor, kv: Tensor, key_mask: Tensor | None, last: Tensor,
-        voice: Sequence[VoicePart] = (),
+        voice: Sequence[VoicePart] = (), write_at: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         # x: [B, T, C]; c: [B or 1, 1, C] -> [B, T, C], new conv cache [B, 2 C, 2]
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
          shift_conv, scale_conv, gate_conv) = self.adaLN_modulation(c).chunk(9, dim=-1)
-        x = x + gate_msa * self.attn(modulate(block_norm(x), shift_msa, scale_msa), kv, key_mask, voice)
+        x = x + gate_msa * self.attn(modulate(block_norm(x), shift_msa, scale_msa), kv, key_mask, voice,
+                                     write_at)
         h, new_conv_cache = self.conv(modulate(block_norm(x), shift_conv, scale_conv), conv_cache, last)
         x = x + gate_conv * h
         x = x + gate_mlp * self.mlp(modulate(block_norm(x), shift_mlp, scale_mlp))
@@ -200,6 +241,7 @@ class DiT(nn.Module):
     def forward(
         self, x: Tensor, t: Tensor, conv_cache: Tensor, kv: Tensor,
         key_mask: Tensor | None = None, lengths: Tensor | None = None, voice: Sequence[VoicePart] = (),
+        write_at: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """x: [B, T, in_channels] packed inputs; t: [1] or [B] -> velocity [B, T, out_channels] and the
         new conv cache [depth, B, 2 C, 2]. Caches and masks: module docstring; kv is updated in place.
@@ -212,10 +254,12 @@ class DiT(nn.Module):
             lengths = torch.full((b,), t_len, dtype=torch.long, device=x.device)
         last = lengths[:, None] + torch.arange(CONV_CACHE, device=x.device)  # in [cache | x] coordinates
         mask = None if key_mask is None else key_mask[:, None, None, :]
+        if mask is not None and mask.dtype == torch.bool and voice:  # attend() would convert it per block
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill(~mask, float("-inf"))
         c = self.t_embedder(t)[:, None, :]  # [1 or B, 1, C]
         h = self.in_proj(x)
         new_conv = []
         for i, block in enumerate(self.blocks):
-            h, cache = block(h, c, conv_cache[i], kv[i], mask, last, [(r, f[i], m) for r, f, m in voice])
+            h, cache = block(h, c, conv_cache[i], kv[i], mask, last, [part.at(i) for part in voice], write_at)
             new_conv.append(cache)
         return self.final_layer(h, c), torch.stack(new_conv)

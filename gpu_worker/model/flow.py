@@ -8,6 +8,8 @@
         (T' = 2 (T - 3), or 2 T for a last chunk): every row in one masked, padded encoder pass
     solve_chunk_batch(mu, spk [B, 80], noise, caches, cond=None) -> mel [B, 80, max T'], new caches
     stream_chunks(...) = encode_chunks, then one solve_chunk_batch; trim_cache(cache, prompt_len) after it
+    solve_lanes(mu [B, T, 80], plan [B, 3 + T + CAP], lanes, window) -> mel [B, 80, T], new conv caches:
+        the same solve over the fixed tensors of `lanes.Lanes`, every shape static (the decoder's; graphs)
 Rows of one solve may come from different streams, voices, cache lengths and chunk kinds (first,
 continuing, last, even setup rows with a cond): per-row key masks and causal-conv caches keep a row's mel
 independent of the other rows (up to float rounding, about 1e-6). A row's noise is its own buffer sliced
@@ -36,6 +38,7 @@ from gpu_worker.model.cfm import CFM
 from gpu_worker.model.config import ATT_CACHE_TAIL, CHUNK_TOKENS, LOOKAHEAD_TOKENS, MEL_PER_TOKEN, FlowArgs
 from gpu_worker.model.encoder import ConformerEncoder
 from gpu_worker.model.kvcache import BatchKV, EstimatorKV, Workspace
+from gpu_worker.model.lanes import Lanes, LaneStep
 
 CHUNK_FRAMES = MEL_PER_TOKEN * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)  # the most new frames a streaming chunk has
 
@@ -214,6 +217,20 @@ class Flow(nn.Module):
             cnn = new_conv[:, :, i :: b].clone()
             out.append(replace(cache, estimator_cnn=cnn, estimator_att=None, estimator_kv=est))
         return mel, out
+
+    def solve_lanes(self, mu: Tensor, plan: Tensor, lanes: Lanes, window: int) -> tuple[Tensor, Tensor]:
+        """One masked CFM solve over lanes 0..B-1 (`lanes.py`): mu [B, T, 80] (row i valid up to its new
+        frames, zeros after), plan: `Lanes.plan(...)` on the device (0 new frames: a lane without a
+        chunk) -> mel [B, 80, T] (zeros past each row's frames) and the new conv caches
+        [N, depth, 2B, 2C, 2] for `Lanes.commit_conv` once the step succeeded. The rows' new estimator
+        frames go into their rings as the solve runs, to slots no frame that counts holds (a retry writes
+        them again). No shape depends on a tensor's values, and nothing is read back to the host."""
+        step = LaneStep.of(lanes, plan, window)
+        x, new_conv = self.decoder.solve(step.noise().to(mu.dtype), mu, lanes.spk[: step.rows],
+                                         torch.zeros_like(mu), step.conv(), step, step.own_bias, step.n_new,
+                                         pairs=True)
+        padding = torch.arange(mu.size(1), device=mu.device) >= step.n_new[:, None]
+        return x.masked_fill(padding[..., None], 0.0).transpose(1, 2), new_conv
 
     def _gather_conv(self, caches: list[FlowCache], like: Tensor) -> Tensor:
         """Per-row estimator conv caches -> [N, depth, 2B, 2C, 2] (zeros for rows without one)."""

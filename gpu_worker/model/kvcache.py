@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gpu_worker.model.dit import FoldedVoice
+
 _versions = itertools.count(1)
 
 
@@ -214,10 +216,10 @@ class BatchKV:
                 rows[:, :, :, self.t_max + dst : self.t_max + dst + n] = src[step, ..., start : start + n, :]
         return self._kv
 
-    def voice(self, step: int) -> list[tuple[Tensor | None, Tensor, Tensor]]:
-        """[(rows [2 n] or None, shared frames of step `step` [depth, 2, H, S, 2 D] (a view), mask
-        [1, 1, n T, S])]: one entry per voice in the solve."""
-        return [(v.rows, v.frames[step], v.mask) for v in self._voices]
+    def voice(self, step: int) -> list[FoldedVoice]:
+        """[FoldedVoice(rows [2 n] or None, shared frames of step `step` [depth, 2, H, S, 2 D] (a view),
+        mask [1, 1, n T, S])]: one entry per voice in the solve."""
+        return [FoldedVoice(v.rows, v.frames[step], v.mask) for v in self._voices]
 
     def keep(self, step: int, kv: Tensor) -> None:
         """Copies each row's new frames of step `step` (kv[..., :n_new_i, :]) into its own slots."""

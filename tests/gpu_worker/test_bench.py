@@ -187,7 +187,7 @@ def test_steps_bench_measures_every_allowed_count_against_ten_on_the_same_weight
     assert "| 6 |" in capsys.readouterr().out
 
 
-def test_streams_bench_reports_what_each_added_stream_costs_with_voice_frames_copied_and_in_place(
+def test_streams_bench_reports_what_each_added_stream_costs_in_lanes_and_in_caches_of_its_own(
         one_thread, capsys) -> None:
     from gpu_worker.bench import streams
 
@@ -197,13 +197,14 @@ def test_streams_bench_reports_what_each_added_stream_costs_with_voice_frames_co
         report = streams.measure(setup, [1, 2, 4], rounds=2)
     finally:
         setup.close()
-    copied, in_place = report["results"]["copied"], report["results"]["in_place"]
-    assert [x["rows"] for x in copied] == [x["rows"] for x in in_place] == [1, 2, 4]
-    for c, p in zip(copied, in_place, strict=True):
-        assert c["stream_bytes"] == p["stream_bytes"] > 0  # the streams' own caches do not change
-        assert p["copied_bytes"] < c["copied_bytes"] and p["buffer_bytes"] < c["buffer_bytes"]
-        assert len(c["step_s_all"]) == len(p["step_s_all"]) == 2
+    before, lanes = report["results"]["per_stream"], report["results"]["lanes"]
+    assert [x["rows"] for x in before] == [x["rows"] for x in lanes] == [1, 2, 4]
+    for b, a in zip(before, lanes, strict=True):
+        assert b["stream_bytes"] > 0 and a["stream_bytes"] > 0 and a["voice_bytes"] == b["voice_bytes"] > 0
+        assert a["copied_bytes"] < b["copied_bytes"]  # the voice's last 100 frames against 300 own ones
+        assert len(b["step_s_all"]) == len(a["step_s_all"]) == 2
     slope = report["per_added_stream"]
-    assert 0 < slope["in_place"]["copied_bytes_per_stream"] < slope["copied"]["copied_bytes_per_stream"]
+    assert 0 < slope["lanes"]["copied_bytes_per_stream"] < slope["per_stream"]["copied_bytes_per_stream"]
+    assert slope["lanes"]["stream_bytes_per_stream"] > 0
     print(streams.table(report))
-    assert "| 4 | in_place |" in capsys.readouterr().out
+    assert "| 4 | lanes |" in capsys.readouterr().out

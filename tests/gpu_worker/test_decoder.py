@@ -177,21 +177,71 @@ def test_a_stream_decodes_the_same_in_a_mixed_batch_as_alone(decoder, voices) ->
     assert worst <= BATCH_TOL
 
 
-def test_voice_frames_read_in_place_give_what_copying_them_beside_every_row_gave(decoder, voices) -> None:
-    """The voice part (attention over each voice's shared frames where they are, merged by log-sum-exp)
-    against the way before it (the frames copied into every row's keys): the same audio within float
-    rounding, on mixed batches of three voices."""
-    jobs = [(voices[i % 3], tokens_of(n, seed=200 + i), 200 + i, start)
-            for i, (n, start) in enumerate(zip([40, 75, 28, 60, 33], [0, 0, 1, 2, 2], strict=True))]
-    in_place, _ = _together(decoder, jobs)
-    decoder.copy_shared_frames = True
-    try:
-        copied, _ = _together(decoder, jobs)
-    finally:
-        decoder.copy_shared_frames = False
-    worst = max((a - b).abs().max().item() for a, b in zip(in_place, copied, strict=True))
-    print(f"voice frames in place vs copied: max |diff| = {worst:.3g}")
-    assert 0 < worst <= BATCH_TOL  # not the same path twice, and the same audio
+# -- lanes ------------------------------------------------------------------------------------------
+def test_finished_and_closed_streams_give_their_lanes_back_and_the_others_move_down(decoder, voices) -> None:
+    """Lanes stay dense: the stream in the highest lane moves into a freed one and decodes on unchanged."""
+    jobs = [(voices[i % 3], tokens_of(n, seed=300 + i), 300 + i, 0) for i, n in enumerate([90, 30, 120])]
+    streams = [decoder.open_stream(v, seed) for v, _, seed, _ in jobs]
+    plans = [plan_chunks(t.numel()) for _, t, _, _ in jobs]
+    parts: list[list[torch.Tensor]] = [[] for _ in jobs]
+    lanes_seen = []
+    for step in range(max(len(p) for p in plans)):
+        live = [j for j in range(3) if step < len(plans[j])]
+        chunks = [plans[j][step] for j in live]
+        rows = [ChunkRow(streams[j], jobs[j][1][c.start:c.stop], c.last)
+                for j, c in zip(live, chunks, strict=True)]
+        for j, audio in zip(live, decoder.step(rows), strict=True):
+            parts[j].append(audio)
+        lanes_seen.append((decoder.lanes.n_open, [None if s.lane is None else s.lane.index for s in streams]))
+    assert lanes_seen[0] == (3, [0, 1, 2])
+    assert lanes_seen[1] == (2, [0, None, 1])  # job 1 finished: job 2 moved from lane 2 into lane 1
+    assert lanes_seen[-1] == (0, [None, None, None])
+    for (v, tokens, seed, _), got in zip(jobs, parts, strict=True):
+        alone = decoder.decode_offline(v, tokens, seed)
+        assert (torch.cat(got) - alone).abs().max() <= BATCH_TOL
+    stream = decoder.open_stream(voices[0], seed=1)
+    decoder.step([ChunkRow(stream, tokens_of(28, seed=1), False)])
+    decoder.close_stream(stream)  # an aborted job's
+    assert decoder.lanes.n_open == 0 and stream.lane is None
+    with pytest.raises(ValueError, match="closed"):
+        decoder.step([ChunkRow(stream, tokens_of(28, seed=2), False)])
+
+
+def test_a_stream_dropped_before_its_end_gives_its_lane_back_at_the_next_step(decoder, voices) -> None:
+    dropped = decoder.open_stream(voices[1], seed=5)
+    decoder.step([ChunkRow(dropped, tokens_of(28, seed=5), False)])
+    assert decoder.lanes.n_open == 1
+    del dropped
+    kept = decoder.open_stream(voices[1], seed=6)
+    decoder.step([ChunkRow(kept, tokens_of(28, seed=6), False)])
+    assert decoder.lanes.n_open == 1 and kept.lane.index == 0
+    decoder.close_stream(kept)
+
+
+def test_a_voice_is_copied_into_one_slot_for_all_its_streams_and_kept_for_the_next(voices) -> None:
+    decoder = StreamingDecoder(tiny_model(), device="cpu", dtype=torch.float32, micro_batch_size=8)
+    copies: list[int] = []
+
+    def stream(v: int, seed: int):
+        s = decoder.open_stream(voices[v], seed)
+        decoder.step([ChunkRow(s, tokens_of(28, seed=seed), False)])
+        return s
+
+    a, b = stream(0, 1), stream(0, 2)
+    lanes = decoder.lanes
+    original = lanes.put_voice
+    lanes.put_voice = lambda index, frames: (copies.append(index), original(index, frames))[1]
+    c = stream(0, 3)
+    assert copies == [] and a.lane.voice == b.lane.voice == c.lane.voice  # one slot, copied once
+    d = stream(1, 4)
+    slot_a, slot_d = a.lane.voice, d.lane.voice
+    assert copies == [slot_d] and slot_d != slot_a
+    for s in (a, b, c, d):
+        decoder.close_stream(s)
+    e = stream(1, 5)  # the voice's frames are still in their slot: no copy
+    assert copies == [slot_d] and e.lane.voice == slot_d
+    stream(2, 6)  # a new voice takes the free slot, no new one
+    assert copies == [slot_d, slot_a] and lanes.voice_slots == 2
 
 
 # -- parity with the reference driver ---------------------------------------------------------------

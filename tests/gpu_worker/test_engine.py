@@ -169,6 +169,7 @@ def test_decode_error_in_one_row_fails_only_that_job() -> None:
     assert torch.equal(h.audio("ok1"), expected_audio("alice", 1, TOKENS))
     assert torch.equal(h.audio("ok2"), expected_audio("alice", 2, TOKENS))
     assert h.engine.voices.get("alice").pins == 0
+    assert sorted(h.decoder.closed) == [1, 2, 13]  # every stream's lane back, the failed one's too
 
 
 def test_abort_while_waiting_counts_abandoned_and_decodes_nothing() -> None:
@@ -194,6 +195,7 @@ def test_abort_while_running_frees_the_slot_and_the_pin() -> None:
     h.step(1)
     assert h.decoder.batches[-1] == [(2, 0)]
     assert h.engine.voices.get("alice").pins == 1
+    assert h.decoder.closed == [1]  # the aborted stream gave its lane back at once
     h.run()
     assert "a" not in {e.job_id for e in h.of(Finished)}
     assert h.engine.voices.get("alice").pins == 0

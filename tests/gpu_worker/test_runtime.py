@@ -110,6 +110,8 @@ def test_cuda_graphs_leave_a_cpu_worker_eager_and_their_figures_reach_the_worker
     registry = CollectorRegistry()
     WorkerMetrics(registry, engine.snapshot)
     text = generate_latest(registry).decode()
-    for line in ("wavefarm_worker_cuda_graphs 0.0", "wavefarm_worker_graph_capture_seconds_total 1.5",
-                 "wavefarm_worker_graph_bytes 4096.0"):
+    for line in ('wavefarm_worker_cuda_graphs{part="vocoder"} 0.0',
+                 'wavefarm_worker_cuda_graphs{part="flow"} 0.0',
+                 'wavefarm_worker_graph_capture_seconds_total{part="vocoder"} 1.5',
+                 'wavefarm_worker_graph_bytes{part="vocoder"} 4096.0'):
         assert line in text

@@ -96,9 +96,13 @@ class FakeDecoder:
     def __init__(self, poisoned_seeds: frozenset[int] = frozenset()) -> None:
         self.batches: list[list[tuple[int, int]]] = []  # (seed, chunk) per row
         self.poisoned = poisoned_seeds
+        self.closed: list[int] = []  # seeds of the streams closed, in order
 
     def open_stream(self, voice: FakePrompt, seed: int) -> FakeStream:
         return FakeStream(voice, seed)
+
+    def close_stream(self, stream: FakeStream) -> None:
+        self.closed.append(stream.seed)
 
     def step(self, rows: list[ChunkRow]) -> list[torch.Tensor]:
         if any(row.stream.seed in self.poisoned for row in rows):

@@ -15,23 +15,7 @@ from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.prompt import install_voice
 from gpu_worker.streams import ChunkRow, plan_chunks
 from tests.support.fakes import FakeSpeaker, host_features, tiny_model
-
-
-class ReplayGraph:
-    """A CUDA graph's contract on a CPU: replay() recomputes the captured call into the same outputs."""
-
-    def __init__(self, run, outputs) -> None:
-        self.run, self.outputs, self.replays = run, outputs, 0
-
-    def replay(self) -> None:
-        for out, new in zip(self.outputs, self.run(), strict=True):
-            out.copy_(new)
-        self.replays += 1
-
-
-def stand_in_record(self, run):
-    outputs = run()
-    return ReplayGraph(run, outputs), outputs
+from tests.support.graphs import stand_in_record
 
 
 @pytest.fixture
@@ -71,7 +55,7 @@ def test_the_decoder_through_captured_graphs_gives_the_same_bits_as_without(grap
     for a, b in zip(plain, through, strict=True):
         assert torch.equal(a, b)
     stats = model.hift.stats()
-    assert 1 <= stats["cuda_graphs"] <= 3  # the steady shapes seen twice, within max_graphs
+    assert 1 <= stats["vocoder_cuda_graphs"] <= 3  # the steady shapes seen twice, within max_graphs
     replays = sum(s.graph.replays for s in model.hift._slots.values())
     assert replays >= 2 and all(shape[0] in row_buckets(8) for shape in model.hift._slots)
 
@@ -106,7 +90,7 @@ def test_no_more_graphs_than_allowed_and_nothing_captured_where_capture_is_impos
     cpu = GraphedHiFT(tiny_model().hift)
     assert not cpu.capturable
     cpu.capture([(1, 58, 3840), (2, 58, 3840)])
-    assert cpu.stats() == {"cuda_graphs": 0, "graph_capture_s": 0.0, "graph_bytes": 0}
+    assert cpu.stats() == {"vocoder_cuda_graphs": 0, "vocoder_graph_capture_s": 0.0, "vocoder_graph_bytes": 0}
 
 
 def test_row_buckets_are_powers_of_two_up_to_the_micro_batch() -> None:

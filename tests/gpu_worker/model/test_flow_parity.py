@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpu_worker.bench.flows import LaneFlow
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.flow import Flow, FlowCache, trim_cache
 from tests.gpu_worker.model.ref_oracle import (
@@ -176,6 +177,31 @@ def test_streaming_matches_reference_over_a_dozen_trimmed_chunks(tiny_pair, prom
     prompt = make_prompt(prompt_tokens, seed=18)
     lengths = _check_streaming(tiny_pair, prompt, random_tokens(n_tokens, seed=19), chunk_new, tail)
     assert len(lengths) >= 13 and lengths[-1] == prompt.n_frames + tail
+
+
+def _check_streaming_lanes(pair, prompt, tokens, chunk_new: int, tail: int) -> int:
+    """As `_check_streaming`, through `Flow.solve_lanes` (the decoder's solve); returns the chunk count."""
+    chunks = split_chunks(tokens, new=chunk_new)
+    ref_cache = reference_setup(pair.ref, prompt.setup_tokens, prompt.mel, prompt.spk)
+    want_mels, _ = reference_stream(pair.ref, ref_cache, chunks, prompt.spk, prompt.n_frames, tail)
+    with torch.inference_mode():
+        voice = pair.ours.setup(prompt.setup_tokens, prompt.mel, prompt.spk, pair.noise)
+        driver = LaneFlow(pair.ours, [voice], tail=tail, max_new=2 * (chunk_new + 3))
+        stream = driver.open(0, pair.noise)
+        for (chunk, last), want_mel in zip(chunks, want_mels, strict=True):
+            (mel,) = driver.solve([(stream, chunk, last)])
+            assert max_diff(mel, want_mel) < TOL
+    return len(chunks)
+
+
+def test_streaming_through_lanes_matches_reference_over_a_dozen_trimmed_chunks(tiny_pair):
+    prompt = make_prompt(30, seed=18)  # 60 frames >= tail 20
+    assert _check_streaming_lanes(tiny_pair, prompt, random_tokens(130, seed=19), 10, 20) >= 13
+
+
+def test_full_size_streaming_through_lanes_matches_reference(full_pair):
+    prompt = make_prompt(8, seed=16)  # 16 frames; chunks of 5 + 3 tokens, tail 10: trimmed from chunk 2 on
+    assert _check_streaming_lanes(full_pair, prompt, random_tokens(33, seed=17), 5, 10) == 6
 
 
 def test_trim_cache_keeps_prompt_frames_and_last_tail_frames():

@@ -1,0 +1,147 @@
+"""The flow's decode solve in CUDA graphs: `GraphedFlow` wraps a `Flow` with its call signature.
+
+A decode step's solve is the estimator over 10 Euler steps with classifier-free guidance: 16 blocks of
+a few dozen kernels each, so some five thousand launches that bound the step on a GPU, not its
+arithmetic. Over the decoder's lanes (`model/lanes.py`) the solve has static shapes and reads every
+state tensor at a fixed address, so it is captured whole, once per shape, and replayed:
+
+    bucket(rows, frames) -> the shape a solve runs as: rows up to a power of two (`graphs.row_buckets`,
+        capped by `max_rows`; the decoder pads with lanes that ride along), new frames up to 50 (a first
+        or continuing chunk) or 56 (a step with a last chunk of up to 27 tokens)
+    solve_lanes(mu, plan, lanes, window)  `Flow.solve_lanes`, graphed: the inputs copied into a shape's
+        static buffers, its graph replayed; the outputs are the graph's buffers (read them before the
+        next call)
+    capture(lanes)   the steady shapes (continuing chunks, the voice's last 100 frames) at every row
+        bucket, as the worker starts; any other shape is captured the second time it is seen, up to
+        `max_graphs`. A capture runs the solve twice first (warm-up) on the real inputs: the solve only
+        writes ring slots no frame that counts holds, so that is harmless
+Lanes that grow (more streams than reserved) move their tensors: every graph is dropped and captured
+again (`Lanes.version`). On a CPU, and for shapes past `max_graphs`, it runs the flow eagerly.
+Everything else (the encoder, setup solves) is the inner flow's, eager. The tests drive the
+static-buffer path on a CPU with a stand-in graph (`_record`) and compare bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from gpu_worker.accel.graphs import allocated, bucket_of, record, row_buckets
+from gpu_worker.model.config import CHUNK_TOKENS, MEL_PER_TOKEN
+from gpu_worker.model.flow import CHUNK_FRAMES, Flow
+from gpu_worker.model.lanes import Lanes
+
+log = logging.getLogger(__name__)
+
+FRAME_BUCKETS = (MEL_PER_TOKEN * CHUNK_TOKENS, CHUNK_FRAMES)  # 50: a first or continuing chunk; 56
+Key = tuple[int, int, int]  # rows, new frames, voice window
+
+
+@dataclass
+class _Slot:
+    mu: Tensor  # [B, T, 80]
+    plan: Tensor  # [B, 3 + T + CAP] int64
+    mel: Tensor | None = None
+    conv: Tensor | None = None
+    graph: Any = None
+
+
+class GraphedFlow(nn.Module):
+    """`flow.solve_lanes(...)` through static buffers, replayed as CUDA graphs on CUDA."""
+
+    def __init__(self, flow: Flow, *, max_rows: int = 64, max_graphs: int = 48) -> None:
+        super().__init__()
+        self.inner = flow
+        self.rows = row_buckets(max_rows)
+        self.max_graphs = max_graphs
+        self.capturable = next(flow.parameters()).device.type == "cuda"
+        self._slots: dict[Key, _Slot] = {}
+        self._seen: Counter[Key] = Counter()
+        self._version = -1
+        self._pool: Any = None
+        self.capture_s = 0.0
+        self.graph_bytes = 0
+
+    def __getattr__(self, name: str) -> Any:  # args, encode_chunks, setup_batch, ...: the flow's
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["inner"], name)
+
+    @property
+    def graphs(self) -> int:
+        return sum(slot.graph is not None for slot in self._slots.values())
+
+    def stats(self) -> dict[str, float]:
+        return {"flow_cuda_graphs": self.graphs, "flow_graph_capture_s": self.capture_s,
+                "flow_graph_bytes": self.graph_bytes}
+
+    def bucket(self, rows: int, frames: int) -> tuple[int, int]:
+        return bucket_of(rows, self.rows), bucket_of(frames, FRAME_BUCKETS)
+
+    def solve_lanes(self, mu: Tensor, plan: Tensor, lanes: Lanes, window: int) -> tuple[Tensor, Tensor]:
+        if lanes.version != self._version:  # new tensors: graphs of the old ones would read freed memory
+            self._slots.clear()
+            self._version = lanes.version
+        key = (mu.size(0), mu.size(1), window)
+        self._seen[key] += 1
+        slot = self._slots.get(key)
+        if slot is None and self.capturable and self._seen[key] >= 2 and self.graphs < self.max_graphs:
+            slot = self._capture(key, mu, plan, lanes)
+        if slot is None:
+            return self.inner.solve_lanes(mu, plan, lanes, window)
+        slot.mu.copy_(mu)
+        slot.plan.copy_(plan, non_blocking=True)
+        slot.graph.replay()
+        assert slot.mel is not None and slot.conv is not None
+        return slot.mel, slot.conv
+
+    @torch.inference_mode()
+    def capture(self, lanes: Lanes) -> None:
+        """The steady shapes (continuing chunks that see the voice's last `tail` frames) at every row
+        bucket the lanes hold, captured now: the worker's start."""
+        if not self.capturable:
+            return
+        self._version = lanes.version
+        frames, window = FRAME_BUCKETS[0], lanes.shape.tail
+        dtype = next(self.inner.parameters()).dtype
+        for rows in self.rows:
+            key = (rows, frames, window)
+            if self.graphs >= self.max_graphs or rows > lanes.capacity or key in self._slots:
+                continue
+            mu = torch.zeros(rows, frames, 80, device=lanes.device, dtype=dtype)
+            self._capture(key, mu, lanes.plan({}, frames, rows).to(lanes.device), lanes)
+
+    def _capture(self, key: Key, mu: Tensor, plan: Tensor, lanes: Lanes) -> _Slot:
+        start, before = time.perf_counter(), allocated()
+        slot = _Slot(mu.clone(), plan.clone())
+        window = key[2]
+        slot.graph, (slot.mel, slot.conv) = self._record(
+            lambda: self.inner.solve_lanes(slot.mu, slot.plan, lanes, window))
+        self._slots[key] = slot
+        took = time.perf_counter() - start
+        self.capture_s += took
+        self.graph_bytes += max(0, allocated() - before)
+        log.info("flow solve graph captured for %d lanes x %d frames (voice window %d) in %.2f s", *key, took)
+        return slot
+
+    def _record(self, run: Any) -> tuple[Any, tuple[Tensor, Tensor]]:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return record(run, self._pool)
+
+
+def graph_flow(flow: Flow, lanes: Lanes, max_rows: int) -> GraphedFlow:
+    """`flow` wrapped, with the steady shapes captured for every row bucket up to `max_rows`."""
+    graphed = GraphedFlow(flow, max_rows=max_rows)
+    graphed.capture(lanes)
+    log.info("flow: %d CUDA graphs captured in %.1f s (%.0f MiB)", graphed.graphs, graphed.capture_s,
+             graphed.graph_bytes / 2**20)
+    return graphed
