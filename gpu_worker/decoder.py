@@ -7,10 +7,11 @@
           graph when `model.flow` is `accel.graphs.GraphedFlow`), the reference's trimming of the
           conformer caches, then the vocoder with each stream's HiFT streaming state.
 
-Every open stream holds a lane (`model/lanes.py`): a ring of its own estimator frames, its conv caches,
+Every open stream holds a lane (`model/lanes.py`): slots for its own estimator frames, its conv caches,
 its noise frames and speaker embedding, at fixed addresses; its voice's setup frames are copied once
-into a voice slot that every stream of the voice reads (`voice_slots.VoiceSlots`). A solve always covers lanes
-0..n-1 (lanes stay dense): a lane without a chunk in a step rides along with no new frames and is left
+into a voice slot that every stream of the voice reads (`voice_slots.VoiceSlots`). A solve covers lanes
+0..B-1, B its highest row's lane + 1 (lanes stay dense, so with a row for every open stream B is the
+number of rows); an open lane without a chunk in the step rides along with no new frames and is left
 as it was. A stream takes its voice's frames into the lanes at its first step, once the engine has made
 the device wait for the voice's install (`VoiceCache.wait_ready`).
 
@@ -24,7 +25,7 @@ keeps its last 3840 samples as the next tail and emits them only after the last 
 once per group of rows with equal shapes (its convolutions are not causal, so rows are never padded).
 
 A step changes its streams only after every row succeeded (the vocoder generators are restored on
-failure, the conv caches committed last, and the solve writes new frames only to ring slots no row
+failure, the conv caches committed last, and the solve writes new frames only to slots no row
 reads yet), so a failed step can be retried row by row with the same result.
 """
 

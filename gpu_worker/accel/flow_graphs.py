@@ -14,7 +14,7 @@ state tensor at a fixed address, so it is captured whole, once per shape, and re
     capture(lanes)   the steady shapes (continuing chunks, the voice's last 100 frames) at every row
         bucket, as the worker starts; any other shape is captured the second time it is seen, up to
         `max_graphs`. A capture runs the solve twice first (warm-up) on the real inputs: the solve only
-        writes ring slots no frame that counts holds, so that is harmless
+        writes frame slots no frame that counts holds, so that is harmless
 Lanes that grow (more streams than reserved) move their tensors: every graph is dropped and captured
 again (`Lanes.version`). On a CPU, and for shapes past `max_graphs`, it runs the flow eagerly.
 Everything else (the encoder, setup solves) is the inner flow's, eager. The tests drive the

@@ -9,8 +9,8 @@ generated ones: `STEADY_CHUNKS` chunks), then `rounds` rounds in which one stead
 way, in turn (both see the same machine state). The flow only: the encoder and the solve, no vocoder
 (the same in both). Per way and R:
     step_s          median step time
-    stream_bytes    the streams' own caches: a lane (ring, conv caches, noise) and the conformer caches,
-                    or their own estimator slots and conformer caches
+    stream_bytes    the streams' own caches: a lane (frame slots, conv caches, noise) and the conformer
+                    caches, or their own estimator slots and conformer caches
     buffer_bytes    the largest transient the solve adds for its rows' frames: one block's gathered
                     voice frames [2R, H, W, 2 D] (lanes), one Euler step's attention buffer (before)
     copied_bytes    what one step copies for its rows: the voice frames it gathers (lanes; W = 100 in

@@ -18,7 +18,7 @@ Caches, one set per Euler step (the CFM owns the step dimension):
                 them; or `GatheredVoice`, a pool of voices' frames [V, depth, 2, H, S, 2 head_dim] and each
                 row pair's slot in it, gathered block by block (static shapes: `lanes.py`).
     write_at:   [B, H, T, head_dim] int64: the kv slot of each new frame (None: slots [:T], the new frames
-                first); the lanes' rings take a row's new frames past the ones it still reads.
+                first); a lane takes a row's new frames in slots past the ones it still reads.
     lengths:    [B] valid new frames per row (queries past it are padding); None means all T.
 Padding frames sit after a row's valid frames, so the causal convs and the key mask keep every valid
 frame independent of the padding and of the other rows.

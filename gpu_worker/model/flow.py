@@ -223,7 +223,7 @@ class Flow(nn.Module):
         frames, zeros after), plan: `Lanes.plan(...)` on the device (0 new frames: a lane without a
         chunk) -> mel [B, 80, T] (zeros past each row's frames) and the new conv caches
         [N, depth, 2B, 2C, 2] for `Lanes.commit_conv` once the step succeeded. The rows' new estimator
-        frames go into their rings as the solve runs, to slots no frame that counts holds (a retry writes
+        frames go into their lanes as the solve runs, to slots no frame that counts holds (a retry writes
         them again). No shape depends on a tensor's values, and nothing is read back to the host."""
         step = LaneStep.of(lanes, plan, window)
         x, new_conv = self.decoder.solve(step.noise().to(mu.dtype), mu, lanes.spk[: step.rows],

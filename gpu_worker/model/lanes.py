@@ -1,7 +1,7 @@
 """The streams' estimator caches in fixed tensors, so that a decode step's solve has static shapes.
 
 Every open stream holds a lane of `Lanes`; every voice its streams use is copied once into a voice slot:
-    own    [N, depth, L, 2, H, CAP, 2 D]  a ring of CAP = P + F slots per lane and Euler step: its frames
+    own    [N, depth, L, 2, H, CAP, 2 D]  CAP = P + F frame slots per lane and Euler step: its frames
     conv   [N, depth, L, 2, 2 C, 2]       the estimator's causal-conv caches
     noise  [L, tail + F, 80]              frames [P, P + tail + F) of the lane's noise buffer
     spk    [L, 80]                        its projected speaker embedding
@@ -13,18 +13,18 @@ frames of the prompt the reference keeps (100). The `2` is [cond, uncond] right 
 
 The reference's trimming (after each chunk keep logical frames [:P] and [-tail:] of newest chunk first,
 a chunk's own frames in their order, then the prompt's) for P >= tail:
-    its own frames that count  `Lane.order`: ring slots in that logical order, cut to the first P after a
+    its own frames that count  `Lane.order`: its slots in that logical order, cut to the first P after a
                                trim; kept on the host (where a cut falls inside a chunk it keeps that
                                chunk's first frames, so no formula of o gives the set in general)
     its voice's frames          e < P - o, and e >= P - tail (o: the frames it has generated so far)
     its noise offset           P + min(o, tail)
-A chunk's new frames go to ring slots no frame that counts holds (CAP = P + F leaves F of them), so a
+A chunk's new frames go to slots no frame that counts holds (CAP = P + F leaves F of them), so a
 step may be run again (a retry) and padding frames may be written past a row's valid ones. A lane with
 no new frames in a step (one without a chunk, or a free one) rides along: its writes land on such
 slots, its conv caches come back unchanged, its output is not read. So a solve's shape is (rows B, new
 frames T, voice window W) and nothing else; each step's plan is one small int tensor:
-    Lanes.plan({lane: new frames}, T, B) -> [B, 3 + T + CAP] = (new frames, o, voice slot, the T ring
-        slots to write, 1 for each ring slot the row reads) per lane 0..B-1, on the host
+    Lanes.plan({lane: new frames}, T, B) -> [B, 3 + T + CAP] = (new frames, o, voice slot, the T slots
+        to write, 1 for each slot the row reads) per lane 0..B-1, on the host
     LaneStep.of(lanes, plan on the device, W)   every mask and index from it (the CFM's `StepKV`)
     Lanes.advance(lane, new frames)             after the step: its order and o, trimmed
 Lanes are kept dense (`release` moves the highest lane into the freed one), so a solve whose rows are
@@ -70,7 +70,7 @@ class Lane:
     index: int
     voice: int = 0  # its voice's slot
     frames: int = 0  # o: mel frames generated so far
-    order: list[int] = field(default_factory=list)  # the ring slots it reads, in the reference's order
+    order: list[int] = field(default_factory=list)  # the slots it reads, in the reference's order
     open: bool = True
 
 
@@ -104,7 +104,7 @@ class Lanes:
         return self.own.size(2)
 
     def lane_nbytes(self) -> int:
-        """Device bytes one lane holds: its ring, conv caches, noise and speaker embedding."""
+        """Device bytes one lane holds: its frame slots, conv caches, noise and speaker embedding."""
         per = [t[:, :, :1] if t.dim() > 5 else t[:1] for t in (self.own, self.conv, self.noise, self.spk)]
         return sum(t.numel() * t.element_size() for t in per)
 
@@ -114,7 +114,7 @@ class Lanes:
     # -- lanes ---------------------------------------------------------------------------------------
     def acquire(self, voice: int) -> Lane:
         """The next lane (lanes 0..n-1 are the open ones), for a stream of the voice in slot `voice`; its
-        ring is zeroed, so nothing a stream that held it before left there (even a NaN) is read."""
+        frame slots are zeroed, so nothing a stream that held it before left there (even a NaN) is read."""
         if self.n_open == self.capacity:
             self.reserve(max(1, 2 * self.capacity), self.voice_slots)
         lane = Lane(self.n_open, voice)
@@ -138,7 +138,7 @@ class Lanes:
 
     def start(self, lane: Lane, *, conv: Tensor, noise: Tensor, spk: Tensor) -> None:
         """A stream's first state: its voice's conv caches [N, depth, 2, 2C, 2], its noise frames
-        [tail + F, 80] and speaker embedding [80] (the ring needs nothing: o = 0)."""
+        [tail + F, 80] and speaker embedding [80] (its frame slots need nothing: o = 0)."""
         self.conv[:, :, lane.index] = conv
         self.noise[lane.index] = noise
         self.spk[lane.index] = spk
@@ -175,7 +175,7 @@ class Lanes:
         lane.order, lane.frames = order, lane.frames + n_new
 
     def _free(self, lane: Lane, n: int) -> list[int]:
-        """The first n ring slots the lane does not read: where its next n frames go."""
+        """The first n slots the lane does not read: where its next n frames go."""
         held = set(lane.order)
         return [slot for slot in range(self.shape.capacity) if slot not in held][:n]
 
@@ -237,8 +237,8 @@ class LaneStep:
 
     lanes: Lanes
     n_new: Tensor  # [B] int64
-    own_bias: Tensor  # [B, CAP] additive key mask over each lane's ring
-    write_at: Tensor  # [2B, H, T, D] int64 (expanded): the ring slot of each row's new frame t
+    own_bias: Tensor  # [B, CAP] additive key mask over each lane's slots
+    write_at: Tensor  # [2B, H, T, D] int64 (expanded): the slot of each row's new frame t
     noise_at: Tensor  # [B, T, 80] int64 (expanded): each row's noise frames in its lane's window
     voice_index: Tensor  # [B] int64 voice slot of each lane
     voice_bias: Tensor | None  # [2B, 1, 1, W] additive mask over the voice window (None: all of it)
@@ -275,7 +275,7 @@ class LaneStep:
         return own.reshape(own.size(0), 2 * self.rows, *own.shape[3:])  # a view: B and 2 are adjacent
 
     def keep(self, step: int, kv: Tensor) -> None:
-        pass  # the DiT wrote the new frames into the ring itself (`write_at`)
+        pass  # the DiT wrote the new frames into their slots itself (`write_at`)
 
     def voice(self, step: int) -> list[GatheredVoice]:
         lo = self.lanes.shape.prompt_len - self.window

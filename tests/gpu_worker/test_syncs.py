@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from gpu_worker.accel.flow_graphs import GraphedFlow
 from gpu_worker.bench.syncs import count_syncs
 from gpu_worker.bench.workload import BenchSetup, chunk_tokens
 from gpu_worker.streams import ChunkRow
@@ -24,12 +26,16 @@ def test_the_counter_sees_scalar_reads_data_dependent_shapes_and_nothing_else() 
     assert quiet.total == 0  # integer indexing, slicing and products need no host read
 
 
-def test_a_mixed_decoder_step_needs_no_host_sync() -> None:
+@pytest.mark.parametrize("graph_buckets", [False, True])
+def test_a_mixed_decoder_step_needs_no_host_sync(graph_buckets: bool) -> None:
     """First, continuing and last chunks of streams of three voices at different cache lengths in one step:
-    every shape comes from Python-side bookkeeping, never from reading a tensor back."""
+    every shape comes from Python-side bookkeeping, never from reading a tensor back; the same through the
+    graph runner's bucket shapes (what a CUDA worker with graphs runs)."""
     setup = BenchSetup.build(preset="tiny", device="cpu", dtype="fp32", speaker="standin", micro_batch_size=4)
     try:
         dec = setup.decoder
+        if graph_buckets:
+            dec.model.flow = GraphedFlow(dec.model.flow, max_rows=4)  # type: ignore[assignment]
         with torch.inference_mode():
             old = [dec.open_stream(setup.install(v), seed=v) for v in (0, 1)]
             for k in range(3):

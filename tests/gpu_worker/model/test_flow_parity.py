@@ -200,8 +200,9 @@ def test_streaming_through_lanes_matches_reference_over_a_dozen_trimmed_chunks(t
 
 
 def test_full_size_streaming_through_lanes_matches_reference(full_pair):
-    prompt = make_prompt(8, seed=16)  # 16 frames; chunks of 5 + 3 tokens, tail 10: trimmed from chunk 2 on
-    assert _check_streaming_lanes(full_pair, prompt, random_tokens(33, seed=17), 5, 10) == 6
+    prompt = make_prompt(8, seed=16)  # 16 frames; chunks of 5 + 3 tokens, tail 10: trimmed after chunk 2,
+    # and chunk 4 reads a head cut inside chunk 2 (its first 6 frames, beside chunk 3's 10)
+    assert _check_streaming_lanes(full_pair, prompt, random_tokens(23, seed=17), 5, 10) == 4
 
 
 def test_trim_cache_keeps_prompt_frames_and_last_tail_frames():

@@ -1,8 +1,8 @@
-"""The lanes (`gpu_worker.model.lanes`): the reference's trimming as ring arithmetic, the static-shape
+"""The lanes (`gpu_worker.model.lanes`): the reference's trimming as bookkeeping, the static-shape
 solve against the per-stream one, padding that never changes a real row, retries, moves and reuse.
 
-The solve over lanes and `Flow.stream_chunks` run the same arithmetic on differently laid out keys (one
-ring per lane, voices gathered per row, against packed slots and voices folded per voice), so they agree
+The solve over lanes and `Flow.stream_chunks` run the same arithmetic on differently laid out keys (slots
+per lane, voices gathered per row, against packed slots and voices folded per voice), so they agree
 to float rounding, not bit for bit: TOL = 1e-5 as the flow's other batch tests (measured about 2e-6).
 """
 
@@ -34,21 +34,21 @@ def _shape(prompt_len: int = 2 * PROMPT_TOKENS, tail: int = TAIL, max_new: int =
 def test_the_plan_counts_exactly_the_frames_the_reference_keeps(prompt_len, tail, max_new):
     """The reference keeps logical frames [:P] + [-tail:] of (newest chunk first, a chunk's frames in
     their order | ... | the prompt) after every chunk. For every chunk of a stream of random chunk sizes,
-    the ring slots a row reads hold exactly the generated frames that list keeps and the chunk's new
+    the slots a row reads hold exactly the generated frames that list keeps and the chunk's new
     ones, the voice mask counts exactly its prompt frames, and the noise offset is the list's length."""
     shape = _shape(prompt_len, tail, max_new)
     lanes = Lanes(shape, device=torch.device("cpu"), dtype=torch.float32)
     lane = lanes.acquire(voice=0)
     gen = torch.Generator().manual_seed(prompt_len)
     order = [("p", e) for e in range(prompt_len)]  # the reference's logical order
-    ring: dict[int, int] = {}  # ring slot -> the generated frame written there
+    held: dict[int, int] = {}  # slot -> the generated frame written there
     for _ in range(40):
         n = int(torch.randint(1, max_new + 1, (1,), generator=gen))
         plan = lanes.plan({lane.index: n}, n, 1)
         step = LaneStep.of(lanes, plan, shape.window([lane.frames]))
         for j, slot in enumerate(plan[0, 3 : 3 + n].tolist()):  # the chunk's frames, written first
-            ring[slot] = lane.frames + j
-        read = {ring[slot] for slot in torch.nonzero(step.own_bias[0] == 0).flatten().tolist()}
+            held[slot] = lane.frames + j
+        read = {held[slot] for slot in torch.nonzero(step.own_bias[0] == 0).flatten().tolist()}
         assert read == {g for kind, g in order if kind == "g"} | set(range(lane.frames, lane.frames + n))
         lo = prompt_len - step.window
         bias = step.voice_bias
