@@ -53,7 +53,7 @@ class AudioLimits:
 class Decoded:
     pcm: np.ndarray  # [T, C] float32: in [-1, 1] from integer formats; a float file may exceed it
     sample_rate: int
-    format: str  # soundfile's name: WAV, FLAC, OGG, MP3
+    format: str  # how it is stored: WAV (plain, extensible or RF64), FLAC, OGG, MP3
 
 
 def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> Decoded:
@@ -78,7 +78,20 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> Decoded:
     if pcm.shape[0] < limits.min_seconds * sample_rate:
         raise BadAudio(f"audio is {pcm.shape[0] / sample_rate:.3f} s long; at least "
                        f"{limits.min_seconds:g} s is needed")
-    return Decoded(pcm=pcm, sample_rate=sample_rate, format=fmt)
+    return Decoded(pcm=pcm, sample_rate=sample_rate, format=_container(fmt))
+
+
+# soundfile's containers accepted for a reference, and the kind each is stored as:
+# WAVE_FORMAT_EXTENSIBLE (WAVEX, what many editors write) and RF64 are PCM or float in a WAV wrapper
+REFERENCE_CONTAINERS = {"WAV": "WAV", "WAVEX": "WAV", "RF64": "WAV", "FLAC": "FLAC", "OGG": "OGG",
+                        "MP3": "MP3"}
+
+
+def _container(fmt: str) -> str:
+    kind = REFERENCE_CONTAINERS.get(fmt.upper())
+    if kind is None:
+        raise BadAudio(f"a {fmt} file: references must be WAV (plain, extensible or RF64), FLAC, OGG or MP3")
+    return kind
 
 
 _OBJECT_REPR_RE = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
@@ -108,6 +121,22 @@ def resample(pcm: np.ndarray | torch.Tensor, orig_sr: int, new_sr: int) -> torch
     if orig_sr == new_sr:
         return wave
     return AF.resample(wave, orig_sr, new_sr)
+
+
+def reference_notes(pcm: np.ndarray, sample_rate: int) -> list[str]:
+    """What `normalise_reference` changes in this audio, as the client should be told it."""
+    pcm = np.asarray(pcm)
+    seconds, length = pcm.shape[0] / sample_rate, f"the reference is {pcm.shape[0] / sample_rate:.2f} s long"
+    notes = []
+    if seconds > PROMPT_SECONDS + 0.5 / SAMPLE_RATE:
+        notes.append(f"{length}; its first {PROMPT_SECONDS:g} s are the voice")
+    elif seconds < PROMPT_SECONDS - 0.5 / SAMPLE_RATE:
+        notes.append(f"{length}; it is padded with silence to {PROMPT_SECONDS:g} s")
+    peak = float(np.abs(pcm).max()) if pcm.size and np.isfinite(pcm).all() else 0.0
+    if peak > 1.0:
+        notes.append(f"the reference peaks at {20 * np.log10(peak):+.1f} dBFS; it is scaled down to full "
+                     "scale")
+    return notes
 
 
 def normalise_reference(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, str]:

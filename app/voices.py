@@ -41,8 +41,9 @@ def store_reference(*, settings: Settings, session: Session, artifacts: Artifact
         return voice, False
     relpath = artifacts.put_reference(reference_bytes, decoded.format)
     voice, created = queries.get_or_create_voice(session=session, voice_id=voice_id, reference_path=relpath)
-    if not created and voice.reference_path != relpath:  # the stored file had gone missing
-        voice.reference_path = relpath
+    notes = "\n".join(audio.reference_notes(decoded.pcm, decoded.sample_rate)) or None
+    if voice.reference_path != relpath or voice.reference_notes != notes:  # new, or its file had gone
+        voice.reference_path, voice.reference_notes = relpath, notes
         session.flush()
     return voice, created
 

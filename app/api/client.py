@@ -91,7 +91,7 @@ class HttpClient:
         return self._call("GET", "/v1/voices").json()
 
     def add_voice(self, data: bytes) -> dict[str, Any]:
-        return self._call("POST", "/v1/voices", files={"file": ("reference", data)}).json()
+        return self._call("POST", "/v1/voices", files={"reference": ("reference", data)}).json()
 
     def submit_book(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
                     base_dir: Path) -> dict[str, Any]:

@@ -44,6 +44,31 @@ MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()},
                ".json": "application/json", ".vtt": "text/vtt"}
 
 
+_BOOK_FORM_SCHEMA = {
+    "type": "object", "required": ["book"],
+    "properties": {
+        "book": {"type": "string", "format": "binary",
+                 "description": "the book: plain text, Markdown, EPUB or a JSON manifest of tokens"},
+        "voice_id": {"type": "string", "minLength": 64, "maxLength": 64,
+                     "description": "a stored voice (or send `reference`)"},
+        "reference": {"type": "string", "format": "binary", "description": "reference audio for the voice"},
+        "book_format": {"type": "string", "enum": ["text", "markdown", "epub", "manifest"],
+                        "description": "default: from the file name"},
+        "output_format": {"type": "string", "enum": [f.value for f in OutputFormat], "default": "flac"},
+        "m4b": {"type": "boolean", "default": True},
+        "target_lufs": {"type": "number", "minimum": -70, "maximum": -5},
+        "seed": {"type": "integer", "minimum": 0, "default": 0},
+        "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
+        "title": {"type": "string"}, "author": {"type": "string"},
+        "language": {"type": "string", "description": "of the text, for the guide voice (e.g. en)"},
+    },
+}
+BOOK_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": _BOOK_FORM_SCHEMA},
+    "application/json": {"schema": BookRequest.model_json_schema()},
+}}}
+
+
 def _book_out(ctx: ApiContext, book_id: str) -> BookOut:
     with ctx.session() as s:
         return BookOut.of(status.book_status(session=s, artifacts=ctx.artifacts, book_id=book_id))
@@ -112,7 +137,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
                                                   "reference audio")) if reference else None}
 
 
-@router.post("", status_code=202, response_model=BookOut,
+@router.post("", status_code=202, response_model=BookOut, openapi_extra=BOOK_BODY,
              responses={404: {"model": Problem}, 413: {"model": Problem}, 415: {"model": Problem},
                         422: {"model": Problem}})
 async def create_book(request: Request, response: Response, ctx: Ctx) -> BookOut:

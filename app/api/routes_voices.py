@@ -31,18 +31,22 @@ def _register(ctx: ApiContext, data: bytes) -> tuple[VoiceOut, bool]:
 
 # The form is read in the handler, not declared as a parameter: FastAPI reads declared form fields
 # before it runs the router's dependencies, so an unauthorised upload was received whole before its 401.
+# The field is `reference`, as in POST /v1/jobs; `file`, its name before, is still read.
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["file"],
-    "properties": {"file": {"type": "string", "format": "binary", "description": "reference audio"}}}}}}}
+    "type": "object", "required": ["reference"],
+    "properties": {"reference": {"type": "string", "format": "binary",
+                                 "description": "reference audio (WAV, FLAC, OGG, MP3)"}}}}}}}
+FIELDS = ("reference", "file")
 
 
 async def _reference_bytes(request: Request, ctx: ApiContext) -> bytes:
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise HTTPException(415, detail="send the reference audio as multipart/form-data, field 'file'")
+        raise HTTPException(415, detail="send the reference audio as multipart/form-data, field 'reference'")
     async with request.form(max_files=1, max_fields=1) as form:
-        upload = form.get("file")
-        if set(form.keys()) - {"file"} or not isinstance(upload, UploadFile):
-            raise BadInput("send exactly one field, 'file': the reference audio file")
+        names = set(form.keys())
+        upload = next((form.get(name) for name in FIELDS if name in names), None)
+        if len(names) != 1 or not names <= set(FIELDS) or not isinstance(upload, UploadFile):
+            raise BadInput("send exactly one field, 'reference': the reference audio file")
         return await read_upload(upload, ctx.settings.max_reference_bytes, "reference audio")
 
 

@@ -44,13 +44,16 @@ class VoiceOut(BaseModel):
     prepare_attempts: int
     uses: int = Field(description="jobs submitted with this voice")
     error: str | None
+    notes: list[str] = Field(default_factory=list, description="what normalising the reference changed: "
+                             "cut to its first 6 s, padded with silence, scaled down to full scale")
 
     @classmethod
     def of(cls, voice: Voice) -> VoiceOut:
         return cls(id=voice.id, status=voice.status, created_at=voice.created_at,
                    prepare_started_at=voice.prepare_started_at, prepared_at=voice.prepared_at,
                    prepare_ms=voice.prepare_ms, feature_nbytes=voice.feature_nbytes,
-                   prepare_attempts=voice.prepare_attempts, uses=voice.uses, error=voice.error)
+                   prepare_attempts=voice.prepare_attempts, uses=voice.uses, error=voice.error,
+                   notes=(voice.reference_notes or "").splitlines())
 
 
 class JobRequest(BaseModel):

@@ -30,10 +30,11 @@ def chapter_index(chapters: Sequence[ChapterAudio], *, title: str, author: str) 
 
 
 def webvtt(index: Mapping[str, Any]) -> str:
-    """The index as WebVTT: one cue per segment on the book's timeline, a NOTE per chapter."""
+    """The index as WebVTT: one cue per segment on the book's timeline, a NOTE per chapter with its
+    title as the book gives it (a heading's "Chapter 1: Arrival" is not prefixed again)."""
     lines = ["WEBVTT", ""]
     for chapter in index["chapters"]:
-        lines += [f"NOTE Chapter {chapter['index'] + 1}: {_vtt_text(chapter['title'])}", ""]
+        lines += [f"NOTE {_vtt_text(chapter['title'])}", ""]
         for j, seg in enumerate(chapter["segments"]):
             text = seg["text"] or f"({chapter['title']}, segment {j + 1})"
             lines += [f"c{chapter['index'] + 1}-s{j + 1}",

@@ -2,7 +2,7 @@
 
 Languages: English ("en", "en-GB", ...; the default) is normalised - numbers (cardinals,
 ordinals, years, decades, decimals, percentages, fractions, ranges, times, currency), common
-abbreviations (Mr., Dr., St., e.g., i.e., etc., months, units ...), Roman numerals after
+abbreviations (Mr., Dr., St., e.g., i.e., etc., months, units, compass points ...), Roman numerals after
 Chapter/Part/Book and after names ("Henry VIII"), and punctuation. Any other language passes
 through unnormalised: Unicode (NFKC) and whitespace clean-up only, then sentence splitting on
 . ! ? ; and their CJK forms. Hostile input cannot make it slow: every pattern runs in linear time.
@@ -88,6 +88,11 @@ _PHRASE_RE = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in _PHRASES
 _SAINT_DOCTOR_RE = re.compile(r"\b(St|Dr)\.(?=( [A-Z])?)")
 _NUMBER_SIGN_RE = re.compile(r"\b(No|Nos|no)\.\s*(?=\d)")
 _INITIAL_RE = re.compile(r"\b([B-HJ-Z])\.(?=\s*[A-Z])")
+# Compass points, dotted ("N.N.E.", "S.W.") or as the three-letter points ("WSW"): before the initials
+# rule, which would read "N.N.E." as initials ("NNE.").
+_COMPASS = {"N": "north", "S": "south", "E": "east", "W": "west"}
+_POINTS = {"NE", "NW", "SE", "SW", "NNE", "ENE", "ESE", "SSE", "SSW", "WSW", "WNW", "NNW"}
+_COMPASS_RE = re.compile(r"(?<![\w.])(?:((?:[NSEW]\.){2,3})|(NNE|ENE|ESE|SSE|SSW|WSW|WNW|NNW))(?!\w)")
 _ROMAN_RE = re.compile(r"\b(Chapter|Part|Book|Volume|Act|Scene|Section|CHAPTER|PART|BOOK)\s+([IVXLCDM]+)\b")
 # "Henry VIII", "World War II": I/V/X numerals of two letters or more after a capitalised word (not "I").
 _REGNAL_RE = re.compile(r"\b([A-Z][a-z]+) ([IVX]{2,6})\b")
@@ -125,9 +130,18 @@ def _abbreviations(text: str) -> str:
         word = "Drive" if abbr == "Dr" else "Street"  # "Baker St."
         return f"{word}{_keep_period(m.string, m.end())}"
 
+    text = _COMPASS_RE.sub(_compass, text)
     text = _SAINT_DOCTOR_RE.sub(saint_doctor, text)
     text = _TRAILING_RE.sub(lambda m: _TRAILING[m.group(1)] + _keep_period(m.string, m.end()), text)
     return _INITIAL_RE.sub(r"\1", text)  # "J. R. R. Tolkien": not three sentences
+
+
+def _compass(m: re.Match[str]) -> str:
+    letters = (m.group(1) or m.group(2)).replace(".", "")
+    if letters not in _POINTS:  # "E.S.": not a point of the compass
+        return m.group(0)
+    spoken = "-".join(_COMPASS[c] for c in letters)  # "north-north-east"
+    return spoken + (_keep_period(m.string, m.end()) if m.group(1) else "")
 
 
 def _plain_number(m: re.Match[str]) -> str:

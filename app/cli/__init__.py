@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration step otherwise
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request: it broke progress bars
     try:
         return int(args.handler(args))
     except WavefarmError as exc:  # refused input or missing ids: a message, not a traceback

@@ -7,11 +7,20 @@ where a manifest may also name source audio files beside it.
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument
+from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument, voice_id_for
+
+BAR_ROOM = 64  # what a progress bar needs beside its label: counts, rate, status, audio seconds, ETA
+
+
+def bar_label(title: str, columns: int | None = None) -> str:
+    """A book's title for its progress bar: whole if the terminal has room, else cut with an ellipsis."""
+    room = max(24, (columns or shutil.get_terminal_size().columns) - BAR_ROOM)
+    return title if len(title) <= room else title[: room - 1].rstrip() + "\u2026"
 
 
 def add_commands(sub: Any) -> None:
@@ -54,10 +63,10 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
 
 
 def cmd_book_render(args: argparse.Namespace) -> int:
-    voice = voice_argument(args.voice)
+    voice_argument(args.voice)  # a bad --voice is refused before the book is read
     data = read_file(args.book, "book file")
     api = client(args)
-    book = api.submit_book(data, args.book.name, voice, _form(args),
+    book = api.submit_book(data, args.book.name, voice_id_for(api, args.voice), _form(args),
                            args.book.resolve().parent)
     print(book["id"])
     if not (args.wait or args.out):
@@ -78,7 +87,7 @@ def follow_book(api: Any, book_id: str, poll_s: float = 1.0) -> dict[str, Any]:
     from tqdm import tqdm
 
     book = api.book(book_id)
-    with tqdm(total=book["segments_total"] or None, unit="seg", desc=book["title"][:24]) as bar:
+    with tqdm(total=book["segments_total"] or None, unit="seg", desc=bar_label(book["title"])) as bar:
         while True:
             bar.total = book["segments_total"] or bar.total
             eta = f", ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""

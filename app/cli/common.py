@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,18 @@ def voice_argument(value: str) -> str | bytes:
     if not re.fullmatch(r"[0-9a-f]{64}", value):
         raise BadInput(f"--voice {value!r} is neither a reference audio file nor a voice id (sha256)")
     return value
+
+
+def voice_id_for(api: Any, value: str) -> str:
+    """--voice as a voice id: a reference file is uploaded first (POST /v1/voices, once per voice), and
+    what normalising it changed (cut to 6 s, padded, scaled down) is said on stderr."""
+    voice = voice_argument(value)
+    if isinstance(voice, str):
+        return voice
+    record = api.add_voice(voice)
+    for note in record.get("notes", []):
+        print(f"wavefarm: note: {note}", file=sys.stderr)
+    return str(record["id"])
 
 
 def finished_well(kind: str, state: dict[str, Any]) -> bool:

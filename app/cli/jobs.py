@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from app.cli.common import add_client_options, client, finished_well, print_json, read_file, voice_argument
+from app.cli.common import add_client_options, client, finished_well, print_json, read_file, voice_id_for
 from app.errors import BadInput
 from app.speech import OutputFormat
 
@@ -48,7 +48,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     tokens = parse_tokens(read_file(args.tokens, "tokens file"))
     api = client(args)
-    job = api.submit(voice=voice_argument(args.voice), tokens=tokens, seed=args.seed,
+    job = api.submit(voice=voice_id_for(api, args.voice), tokens=tokens, seed=args.seed,
                      output_format=args.output_format, priority=args.priority,
                      idempotency_key=args.idempotency_key)
     print(job["id"])

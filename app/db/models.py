@@ -121,6 +121,8 @@ class Voice(Base):
     status: Mapped[str] = mapped_column(String(16), default=VoiceStatus.PENDING)
     # Relative to the artifact root: references/<sha256 of the file>.<ext>
     reference_path: Mapped[str | None] = mapped_column(String(255))
+    # what normalising the upload changed, one note per line (cut to 6 s, padded, scaled down); None: nothing
+    reference_notes: Mapped[str | None] = mapped_column(Text)
     prepare_started_at: Mapped[datetime | None]
     prepared_at: Mapped[datetime | None]
     prepare_ms: Mapped[float | None]  # host half, wall time of the last successful preparation

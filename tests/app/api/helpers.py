@@ -33,8 +33,8 @@ def queued(broker: redis.Redis, queue: str) -> list[dict[str, Any]]:
     return [json.loads(raw) for key in keys for raw in broker.lrange(key, 0, -1)]
 
 
-def upload_voice(client: TestClient, data: bytes) -> Any:
-    return client.post("/v1/voices", files={"file": ("ref.wav", data, "audio/wav")})
+def upload_voice(client: TestClient, data: bytes, field: str = "reference") -> Any:
+    return client.post("/v1/voices", files={field: ("ref.wav", data, "audio/wav")})
 
 
 def submit(client: TestClient, voice_id: str, tokens: list[Any] = TOKENS, **extra: Any) -> Any:

@@ -17,6 +17,10 @@ def test_openapi_schema_parses_and_publishes_every_route(client: TestClient) -> 
     body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "multipart/form-data"}
     assert "tokens" in body["application/json"]["schema"]["properties"]
+    books = spec["paths"]["/v1/books"]["post"]["requestBody"]["content"]  # so /docs can try it
+    assert books["multipart/form-data"]["schema"]["required"] == ["book"]
+    assert {"voice_id", "reference"} <= set(books["multipart/form-data"]["schema"]["properties"])
+    assert "manifest" in books["application/json"]["schema"]["properties"]
     assert spec["components"]["schemas"]["JobOut"]["properties"]["progress"]
     for ref in _refs(spec):  # no openapi-spec-validator here: at least every reference resolves
         node: Any = spec

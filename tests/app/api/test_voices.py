@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import redis
+import soundfile as sf
 from fastapi.testclient import TestClient
 
 from app.settings import Settings
@@ -41,6 +44,48 @@ def test_bad_reference_audio_is_refused_with_its_reason(client: TestClient, data
     assert response.status_code == 422
     assert response.json()["error"] == "BadAudio"
     assert reason in response.json()["reason"]
+
+
+def _encoded(fmt: str, subtype: str) -> bytes:
+    t = np.arange(24000 * 3) / 24000
+    out = io.BytesIO()
+    sf.write(out, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000, format=fmt, subtype=subtype)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("fmt", "subtype"), [("WAVEX", "PCM_16"), ("WAVEX", "FLOAT"), ("RF64", "PCM_24")])
+def test_a_wav_in_an_extensible_or_rf64_wrapper_is_accepted_as_a_wav(client: TestClient, fmt: str,
+                                                                    subtype: str) -> None:
+    """Editors write WAVE_FORMAT_EXTENSIBLE: PCM or float in a wrapper, not another format."""
+    response = upload_voice(client, _encoded(fmt, subtype))
+    assert response.status_code == 201, response.text
+    assert response.json()["id"] == upload_voice(client, _encoded("WAV", subtype)).json()["id"]
+
+
+def test_a_readable_format_that_is_not_accepted_is_refused_with_what_is(client: TestClient) -> None:
+    response = upload_voice(client, _encoded("AIFF", "PCM_16"))
+    assert response.status_code == 422 and response.json()["error"] == "BadAudio"
+    assert "AIFF" in response.json()["reason"] and "WAV" in response.json()["reason"]
+
+
+def test_the_upload_field_is_reference_as_for_jobs_and_file_is_still_read(client: TestClient) -> None:
+    reference = wav_bytes(2.0, freq=200.0)
+    assert upload_voice(client, reference, field="reference").status_code == 201
+    assert upload_voice(client, reference, field="file").status_code == 200  # the same voice
+    refused = upload_voice(client, reference, field="audio")
+    assert refused.status_code == 422 and "'reference'" in refused.json()["reason"]
+    schema = client.get("/openapi.json").json()["paths"]["/v1/voices"]["post"]["requestBody"]
+    assert schema["content"]["multipart/form-data"]["schema"]["required"] == ["reference"]
+
+
+@pytest.mark.parametrize(("seconds", "note"), [(6.78, "6.78 s long; its first 6 s are the voice"),
+                                               (2.5, "2.50 s long; it is padded with silence to 6 s"),
+                                               (6.0, None)])
+def test_the_voice_record_says_what_normalising_its_reference_changed(client: TestClient, seconds: float,
+                                                                       note: str | None) -> None:
+    voice = upload_voice(client, wav_bytes(seconds, freq=190.0, sr=24000)).json()
+    assert voice["notes"] == ([] if note is None else [f"the reference is {note}"])
+    assert client.get(f"/v1/voices/{voice['id']}").json()["notes"] == voice["notes"]
 
 
 def test_reference_over_the_size_limit_is_refused(settings: Settings) -> None:

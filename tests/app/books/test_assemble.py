@@ -157,6 +157,8 @@ def test_json_and_webvtt_indexes_agree_with_the_audio(rendered, tmp_path):
     assert json.loads((tmp_path / "index.json").read_text()) == index
     vtt = (tmp_path / "index.vtt").read_text()
     assert vtt.startswith("WEBVTT\n")
+    notes = re.findall(r"^NOTE (.*)$", vtt, re.MULTILINE)
+    assert notes == [c.title for c in plan.chapters]  # each chapter's own title, no prefix added
     cues = parse_vtt(vtt)
     segments = [s for c in index["chapters"] for s in c["segments"]]
     assert len(cues) == len(segments) == sum(len(c.segments) for c in plan.chapters)

@@ -73,6 +73,11 @@ from app.books.text import (
             "It's the number one hit. Volume three, pages forty-five to sixty-seven.",
         ),
         ("See Fig. 2 in Jan. Then 2 lbs. of tea.", "See Figure two in January. Then two pounds of tea."),
+        (
+            "Wind N.N.E., force 7, backing S.W. later. A gale from the WSW. It came from the N.E.",
+            "Wind north-north-east, force seven, backing south-west later. A gale from the west-south-west. "
+            "It came from the north-east.",
+        ),
     ],
 )
 def test_english_normalisation(raw, spoken):

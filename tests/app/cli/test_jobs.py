@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -18,11 +19,14 @@ from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.dev import SAMPLES
 from app.settings import Settings
 from tests.app.cli.helpers import TOKEN, finish_later, run
+from tests.support.audio import wav_bytes
 from tests.support.net import free_port
 
 
 def test_submit_wait_downloads_the_audio_over_http(server: str, cli_settings: Settings, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)  # what a user's terminal shows: no line per HTTP request (every poll)
     out = tmp_path / "out.wav"
     assert run("voices", "--api", server, "--add", str(SAMPLES / "voice_a.wav")) == 0
     voice_id = json.loads(capsys.readouterr().out)["id"]
@@ -32,6 +36,7 @@ def test_submit_wait_downloads_the_audio_over_http(server: str, cli_settings: Se
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "succeeded" in printed and out.read_bytes() == (SAMPLES / "voice_b.wav").read_bytes()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("httpx")] == []
     job_id = printed.splitlines()[0]
     assert run("status", "--api", server, job_id) == 0
     assert json.loads(capsys.readouterr().out)["seed"] == 5
@@ -59,6 +64,16 @@ def finish_next_job(settings: Settings) -> None:
         engine.dispose()
 
     threading.Thread(target=wait_and_finish, daemon=True).start()
+
+
+def test_submit_with_a_long_reference_says_what_part_of_it_is_the_voice(
+        server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reference = tmp_path / "long.wav"
+    reference.write_bytes(wav_bytes(6.78, freq=210.0, sr=24000))
+    assert run("submit", "--api", server, "--voice", str(reference),
+               "--tokens", str(SAMPLES / "tokens_a.json")) == 0
+    err = capsys.readouterr().err
+    assert "wavefarm: note: the reference is 6.78 s long; its first 6 s are the voice" in err
 
 
 def test_submit_with_a_reference_file_then_cancel(server: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,17 @@
+"""The book commands' own pieces (`app.cli.books`); rendering through them is tested in tests/integration."""
+
+from __future__ import annotations
+
+from app.cli.books import bar_label
+
+TITLE = "The Wreck of the Deutschland, a Long Poem in Two Parts"  # 54 characters
+
+
+def test_a_title_is_whole_on_its_progress_bar_where_the_terminal_has_room() -> None:
+    assert bar_label(TITLE, columns=160) == TITLE
+
+
+def test_a_title_too_long_for_the_terminal_is_cut_with_an_ellipsis_not_at_24() -> None:
+    label = bar_label(TITLE, columns=100)
+    assert label.endswith("\u2026") and len(label) == 36 and TITLE.startswith(label[:-1])
+    assert len(bar_label(TITLE, columns=40)) == 24  # a narrow terminal still shows a useful part
