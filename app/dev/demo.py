@@ -65,16 +65,34 @@ def announce_model(env: dict[str, str]) -> None:
             "Point WAVEFARM_MODEL_DIR at the released checkpoints for real speech."])
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+class _Interrupt:
+    """Ctrl-C and `kill`, made sticky.
+
+    Python raises KeyboardInterrupt wherever the main thread is when the signal lands; inside a
+    weakref callback or a `__del__` it is printed and dropped ("Exception ignored in ..."), and the
+    demo would go on to the end. The handler therefore also records the signal, and the waits check
+    the record, so a dropped raise comes back at the next poll.
+    """
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
 
 
 def run_demo(*, var: Path, jobs_per_voice: int = 2, timeout_s: float = 270.0) -> int:
     """The embedded run; returns the process exit code (0 when every sample job succeeded)."""
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` tidies up like Ctrl-C does
+    interrupt = _Interrupt()
+    signal.signal(signal.SIGTERM, interrupt)  # `kill` tidies up like Ctrl-C does
     # Ctrl-C stops the demo even when it was started with SIGINT ignored (a non-interactive shell's
     # background job inherits that, and Python keeps an inherited SIG_IGN).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, interrupt)
     env = demo_environment(var)
     os.environ.update(env)  # this process is an entry point: its Settings come from here too
     from app.settings import Settings
@@ -89,8 +107,9 @@ def run_demo(*, var: Path, jobs_per_voice: int = 2, timeout_s: float = 270.0) ->
         stack.callback(_cancel_unfinished, settings, job_ids)
         try:
             procs = _start_services(stack, settings, env, var.resolve(), logs)
-            counts_before = _submit_samples(settings, jobs_per_voice, job_ids)
-            jobs = _follow(settings, job_ids, timeout_s, _watchdog(procs, logs))
+            counts_before = _submit_samples(settings, jobs_per_voice, job_ids, interrupt.check)
+            jobs = _follow(settings, job_ids, timeout_s, _watchdog(procs, logs, interrupt.check))
+            interrupt.check()
             _report(settings, jobs, counts_before)
             return 0 if all(job["status"] == "succeeded" for job in jobs) else 1
         except services.ServiceError as exc:
@@ -133,9 +152,11 @@ def _start_services(stack: ExitStack, settings: Any, env: dict[str, str], var: P
     return procs
 
 
-def _watchdog(procs: Procs, logs: Path) -> Callable[[], None]:
-    """A check to call while waiting: fails fast, with the log tail, when a worker died."""
+def _watchdog(procs: Procs, logs: Path, interrupted: Callable[[], None]) -> Callable[[], None]:
+    """A check to call while waiting: stops on a recorded Ctrl-C, fails fast, with the log tail,
+    when a worker died."""
     def check() -> None:
+        interrupted()
         for kind, proc in procs.items():
             if proc.poll() is not None:
                 tail = services.log_tail(logs / f"{kind}.log")
@@ -158,7 +179,8 @@ def _cancel_unfinished(settings: Any, job_ids: list[str]) -> None:
         engine.dispose()
 
 
-def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str]) -> dict[str, dict[str, int]]:
+def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str],
+                    interrupted: Callable[[], None]) -> dict[str, dict[str, int]]:
     """Submit the sample jobs, appending their ids to `job_ids` as they are accepted."""
     from app.artifacts import ArtifactStore
     from app.celery_config import make_celery
@@ -177,6 +199,7 @@ def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str]) -> d
             reference = (SAMPLES / reference_name).read_bytes()
             tokens = json.loads((SAMPLES / tokens_name).read_text())
             for i in range(jobs_per_voice):
+                interrupted()
                 with session_scope(make_sessionmaker(engine)) as session:
                     job_ids.append(submit_job(settings=settings, session=session, sender=sender, store=store,
                                               artifacts=artifacts, tokens=tokens, reference_bytes=reference,

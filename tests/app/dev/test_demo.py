@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -109,6 +110,33 @@ def test_flower_takes_its_basic_auth_from_the_environment(cli_settings: Settings
         assert httpx.get(url, auth=("admin", "pw"), timeout=10).status_code == 200
     finally:
         services.stop_process(proc)
+
+
+def test_a_ctrl_c_dropped_inside_a_weakref_callback_still_stops_the_demo(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CI failure of 2026-12-02: SIGINT landed while a weakref callback ran, Python printed
+    "Exception ignored ... KeyboardInterrupt" and the demo ran to the end with exit code 0."""
+    dropped: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: dropped.append(info.exc_value))
+    interrupt = demo._Interrupt()
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        class Thing:
+            pass
+
+        def callback(_ref: object) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10_000):  # the handler runs between these bytecodes, inside the callback
+                pass
+
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        del thing  # no KeyboardInterrupt here: the callback's is reported and dropped
+        assert ref() is None and len(dropped) == 1 and isinstance(dropped[0], KeyboardInterrupt)
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()  # the demo's next poll
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.integration
