@@ -3,9 +3,10 @@ the book pipeline and the GPU worker, so every interface accepts, refuses and ca
 
 `submit_job` checks the request, stores the reference audio under its content hash, writes the voice
 and job rows, commits, and only then queues `voice.prepare` (cpu queue; skipped when the voice's
-features are in the store already) and `synth` (gpu queue). If the broker refuses, the job is taken
-back out, so the client can simply retry. Tasks are sent by name (`app.wire`): nothing here imports
-task code.
+features are in the store already) and `synth` (gpu queue). A job may bring text instead of tokens:
+then `job.tokenize` (cpu queue, `app.text_tokens`) makes its tokens and sends its `synth`. If the
+broker refuses, the job is taken back out, so the client can simply retry. Tasks are sent by name
+(`app.wire`): nothing here imports task code.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from sqlalchemy.orm import Session
 from app import audio, voices, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
-from app.db.models import Job, JobStatus
-from app.errors import BadInput, Conflict, Gone
+from app.db.models import Job, JobKind, JobStatus
+from app.errors import BadInput, BadTokens, Conflict, Gone
 from app.keys import check_job_id, check_voice_id, known_id
 from app.settings import Settings
 from app.speech import OutputFormat, check_tokens
 from app.store import FeatureStore
+from app.text_tokens import check_text
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +57,19 @@ def _check_idempotency_key(key: str | None) -> None:
         raise BadInput(f"idempotency key must be a string of 1..{IDEMPOTENCY_KEY_MAX} characters")
 
 
-def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, tokens: list[int], seed: int,
-            output_format: str, priority: int, idempotency_key: str | None = None) -> tuple[Job, bool]:
-    """Insert a queued job for checked `tokens` (a long list goes to the artifact store); flushes.
+def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, tokens: list[int] | None, seed: int,
+            output_format: str, priority: int, idempotency_key: str | None = None,
+            text: str | None = None, language: str | None = None) -> tuple[Job, bool]:
+    """Insert a queued job for checked `tokens` (a long list goes to the artifact store), or for checked
+    `text` (tokens None: `job.tokenize` makes them); flushes.
 
     Returns (job, created); with an idempotency key another submission used first, that job and False."""
     job_id = str(uuid.uuid4())
+    if tokens is None:
+        return queries.create_job(
+            session=session, job_id=job_id, voice_id=voice_id, tokens=None, n_tokens=0, seed=seed,
+            output_format=output_format, priority=priority, idempotency_key=idempotency_key,
+            kind=JobKind.TEXT, text=text, language=language)
     inline = len(tokens) <= INLINE_TOKENS_MAX
     tokens_path = None if inline else artifacts.put_tokens(job_id, tokens)
     job, created = queries.create_job(
@@ -72,19 +81,44 @@ def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, tokens
     return job, created
 
 
+def store_tokens(*, session: Session, artifacts: ArtifactStore, job_id: str, tokens: list[int]) -> bool:
+    """A text job's tokens, once made (inline, or in the artifact store when long); False when the job
+    is no longer waiting for them (cancelled, or tokenized by an earlier delivery)."""
+    inline = len(tokens) <= INLINE_TOKENS_MAX
+    tokens_path = None if inline else artifacts.put_tokens(job_id, tokens)
+    stored = queries.set_job_tokens(session=session, job_id=job_id, tokens=tokens if inline else None,
+                                    n_tokens=len(tokens), tokens_path=tokens_path)
+    if not stored and tokens_path:
+        artifacts.remove(tokens_path)
+    return stored
+
+
 def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-               artifacts: ArtifactStore, tokens: Iterable[int], reference_bytes: bytes | None = None,
+               artifacts: ArtifactStore, tokens: Iterable[int] | None = None,
+               reference_bytes: bytes | None = None,
                voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
-               priority: int = 0, idempotency_key: str | None = None) -> str:
-    """Accept one job and return its id. An idempotency key already used returns that job if the request
-    is the same (voice, tokens, output format, priority, and the seed when one is given) and raises
-    Conflict if it is not; this is judged after a lost insert race as well, so two concurrent requests
-    with one key get one job, or one job and a Conflict.
+               priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
+               language: str | None = None) -> str:
+    """Accept one job and return its id: speech `tokens`, or `text` (in `language`, default "en") that a
+    CPU worker turns into tokens first. An idempotency key already used returns that job if the request
+    is the same (voice, tokens or text and language, output format, priority, and the seed when one is
+    given) and raises Conflict if it is not; this is judged after a lost insert race as well, so two
+    concurrent requests with one key get one job, or one job and a Conflict.
 
     Commits `session` (workers must see the rows before the tasks arrive). Raises BadTokens, BadAudio,
     BadInput or NotFound before anything is stored."""
-    token_list = check_tokens(tokens, max_tokens=settings.max_tokens)
-    request = _Request(tokens=token_list, seed=seed, output_format=output_format, priority=priority)
+    if tokens is None and text is None:
+        raise BadTokens("tokens are missing (send tokens, or text)")
+    if tokens is not None and text is not None:
+        raise BadInput("give exactly one of tokens or text")
+    token_list = None if tokens is None else check_tokens(tokens, max_tokens=settings.max_tokens)
+    if text is not None:
+        language = language or "en"
+        check_text(text, language, max_tokens=settings.max_tokens)
+    elif language is not None:
+        raise BadInput("language goes with text; tokens have no language")
+    request = _Request(tokens=token_list, text=text, language=language, seed=seed,
+                       output_format=output_format, priority=priority)
     chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
     _check_idempotency_key(idempotency_key)
     if idempotency_key is not None:
@@ -95,7 +129,7 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
                                  reference_bytes=reference_bytes, voice_id=voice_id)
     job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
                            seed=chosen_seed, output_format=output_format, priority=priority,
-                           idempotency_key=idempotency_key)
+                           idempotency_key=idempotency_key, text=text, language=language)
     if not created:  # a concurrent submission with the same key won the insert: judged the same way
         _replayed(job, request, voice.id, artifacts)
         session.commit()
@@ -104,7 +138,10 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
     try:
         voices.queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice,
                                  priority=priority)  # commits the rows first
-        wire.send_synth(sender, settings, job.id, priority)
+        if text is None:
+            wire.send_synth(sender, settings, job.id, priority)
+        else:
+            wire.send_tokenize(sender, settings, job.id, priority)
     except Exception:
         log.exception("job %s: could not enqueue; withdrawing it", job.id)
         _withdraw(session=session, artifacts=artifacts, job=job)
@@ -116,7 +153,9 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
 class _Request:
     """What defines a job, as a request asked for it (seed None: any seed was fine)."""
 
-    tokens: list[int]
+    tokens: list[int] | None  # None: a text job
+    text: str | None
+    language: str | None
     seed: int | None
     output_format: str
     priority: int
@@ -137,9 +176,14 @@ def _voice_id_of(settings: Settings, reference_bytes: bytes | None, voice_id: st
 def _replayed(job: Job, request: _Request, voice_id: str, artifacts: ArtifactStore) -> str:
     """The job an idempotency key already names, if this request is the same one; Conflict otherwise."""
     tokens = request.tokens
-    same_tokens = job.n_tokens == len(tokens) and job_tokens(job=job, artifacts=artifacts) == tokens
+    if tokens is None:
+        what, same_input = "text", (job.kind, job.text, job.language) == (JobKind.TEXT, request.text,
+                                                                          request.language)
+    else:
+        what, same_input = "tokens", (job.kind == JobKind.TOKENS and job.n_tokens == len(tokens)
+                                      and job_tokens(job=job, artifacts=artifacts) == tokens)
     differs = [name for name, same in (
-        ("voice", job.voice_id == voice_id), ("tokens", same_tokens),
+        ("voice", job.voice_id == voice_id), (what, same_input),
         ("seed", request.seed is None or job.seed == request.seed),
         ("output format", job.output_format == request.output_format),
         ("priority", job.priority == request.priority)) if not same]
@@ -207,7 +251,8 @@ def audio_path(*, session: Session, artifacts: ArtifactStore, job_id: str) -> Pa
 
 
 def job_tokens(*, job: Job, artifacts: ArtifactStore) -> list[int]:
-    """A job's tokens, wherever they are kept (inline in the row or in the artifact store)."""
+    """A job's tokens, wherever they are kept (inline in the row or in the artifact store); a text job
+    has them once `job.tokenize` ran (`queries.is_tokenized`)."""
     if job.tokens is not None:
         return list(job.tokens)
     assert job.tokens_path is not None, f"job {job.id} has no tokens"

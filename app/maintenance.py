@@ -16,7 +16,9 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
    broker (waiting, or delivered and unacknowledged) is sent again: the job would otherwise wait forever
    (a broker that lost its data, a message a killed worker had just popped). A job that is running
    updates its row every `progress_interval_s`, so it is never stale. Redis only: RabbitMQ cannot list a
-   queue's messages, and it loses none of a dead consumer's (part 2 covers the jobs of gone workers);
+   queue's messages, and it loses none of a dead consumer's (part 2 covers the jobs of gone workers).
+   A text job not tokenized yet has no `synth`: its `job.tokenize` (cpu queue) is looked for instead,
+   and sent again when it is missing;
 4. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
 5. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
    failed or cancelled) for `STALLED_CHAPTER_AFTER_S` without the chapter being assembled gets its
@@ -44,7 +46,7 @@ from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
 from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice
-from app.wire import BOOK_CHAPTER_TASK, TaskSender, send_synth
+from app.wire import BOOK_CHAPTER_TASK, TaskSender, send_synth, send_tokenize, tokenize_task_id
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +140,18 @@ def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker
     cutoff = utcnow() - timedelta(seconds=settings.stuck_job_after_s)
     with session_scope(sessions) as session:
         jobs = queries.list_stale_live_jobs(session=session, updated_before=cutoff)
-        stale = [(job.id, job.priority, job.attempts, job.status) for job in jobs]
-    for job_id, priority, attempts, status in stale:
+        stale = [(job.id, job.priority, job.attempts, job.status, queries.is_tokenized(job)) for job in jobs]
+    tokenizing: set[str] | None = None
+    for job_id, priority, attempts, status, tokenized in stale:
+        if not tokenized:  # a text job: its message is job.tokenize on the cpu queue, which sends synth
+            tokenizing = as_broker(broker).task_ids(settings.queue_cpu) if tokenizing is None else tokenizing
+            if tokenize_task_id(job_id) not in (tokenizing or set()):
+                with session_scope(sessions) as session:
+                    queries.touch_job(session=session, job_id=job_id)
+                send_tokenize(sender, settings, job_id, priority)
+                log.warning("maintenance: text job %s had no job.tokenize message; sent again", job_id)
+                report.jobs_requeued.append(job_id)
+            continue
         if job_id in present:
             continue  # waiting its turn, or held by a worker (redelivered after the visibility timeout)
         with session_scope(sessions) as session:

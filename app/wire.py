@@ -23,6 +23,7 @@ from app.settings import Settings
 
 PREPARE_TASK = "voice.prepare"  # cpu queue: the host half of a voice (tasks/voice.py)
 SYNTH_TASK = "synth"  # gpu queue: one job (gpu_worker/worker.py); its task id is the job id
+JOB_TOKENIZE_TASK = "job.tokenize"  # cpu queue, tasks/text.py: a text job's tokens, then its `synth`
 SWEEP_TASK = "maintenance.sweep"  # cpu queue (tasks/maintenance.py)
 BOOK_PLAN_TASK = "book.plan"  # cpu queue, tasks/books.py: start or resume a book
 BOOK_TOKENIZE_TASK = "book.tokenize"
@@ -66,6 +67,16 @@ def send_prepare(sender: TaskSender, settings: Settings, voice_id: str, priority
     """Queue the host half of a voice on a CPU worker."""
     sender.send_task(PREPARE_TASK, args=[voice_id], queue=settings.queue_cpu,
                      priority=broker_priority(priority))
+
+
+def tokenize_task_id(job_id: str) -> str:
+    return f"tokenize-{job_id}"
+
+
+def send_tokenize(sender: TaskSender, settings: Settings, job_id: str, priority: int) -> None:
+    """Queue a text job's tokenization on a CPU worker; it sends the job's `synth` when done."""
+    sender.send_task(JOB_TOKENIZE_TASK, args=[job_id], queue=settings.queue_cpu,
+                     task_id=tokenize_task_id(job_id), priority=broker_priority(priority))
 
 
 def send_synth(sender: TaskSender, settings: Settings, job_id: str, priority: int) -> None:

@@ -36,7 +36,7 @@ from app.errors import EngineFailure
 from app.jobs import job_tokens
 from app.keys import COUNTER_PREP_PATH
 from app.voices import reclaim_abandoned_voice
-from gpu_worker.runtime import Runtime
+from gpu_worker.runtime import Runtime, dummy_weights_note
 from gpu_worker.streams import (
     Aborted,
     Audio,
@@ -149,8 +149,12 @@ class JobRun:
     def _claim(self) -> tuple[EngineJob, str] | None:
         settings = self.rt.settings
         with session_scope(self.rt.sessions) as session:
-            if queries.get_job(session=session, job_id=self.job_id) is None:
+            found = queries.get_job(session=session, job_id=self.job_id)
+            if found is None:
                 log.warning("synth %s: no such job (withdrawn, or a worker on another database)", self.job_id)
+                return None
+            if not queries.is_tokenized(found):  # job.tokenize sends synth once the tokens exist
+                log.warning("synth %s: a text job not tokenized yet (job.tokenize sends it)", self.job_id)
                 return None
             row = queries.claim_job_attempt(session=session, job_id=self.job_id, worker=self.rt.worker_id,
                                             max_attempts=settings.job_max_attempts)
@@ -158,6 +162,8 @@ class JobRun:
                 if queries.require_job(session=session, job_id=self.job_id).status in DONE_JOB_STATUSES:
                     _drop_partials(self.rt.artifacts, self.job_id)  # left by a worker killed mid-job
                 return None
+            if settings.model_dir is None:
+                queries.add_job_note(session=session, job_id=row.id, note=dummy_weights_note(settings))
             voice = queries.require_voice(session=session, voice_id=row.voice_id)
             hint = "failed" if voice.status == VoiceStatus.FAILED else None
             tokens = job_tokens(job=row, artifacts=self.rt.artifacts)

@@ -66,6 +66,12 @@ def engine_config(settings: Settings) -> EngineConfig:
                         install_batch=settings.install_batch)
 
 
+def dummy_weights_note(settings: Settings) -> str:
+    """What a job rendered without a model folder is told (its record's notes, the CLI, the web page)."""
+    return (f"rendered with dummy weights (the GPU worker has no WAVEFARM_MODEL_DIR; preset "
+            f"{settings.model_preset}): the audio is noise, not speech")
+
+
 def build_model(settings: Settings) -> tuple[Code2Wav, Speaker]:
     """The model and the speaker models (S3 + CAM++) on the configured device, ready for inference."""
     device, dtype = torch.device(settings.device), DTYPES[settings.dtype]

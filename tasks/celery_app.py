@@ -17,7 +17,7 @@ from app.celery_config import make_celery as _make_celery
 from app.settings import Settings, get_settings
 from tasks.schedule import PeriodicSweep
 
-CPU_TASK_MODULES = ("tasks.voice", "tasks.maintenance", "tasks.books")
+CPU_TASK_MODULES = ("tasks.voice", "tasks.text", "tasks.maintenance", "tasks.books")
 
 
 def make_celery(settings: Settings, include: Sequence[str] = CPU_TASK_MODULES) -> Celery:

@@ -9,6 +9,7 @@ prints one thing whichever way it went. HTTP errors come back as the error tree 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,8 +28,9 @@ class ApiError(WavefarmError):
 
 
 class Client(Protocol):
-    def submit(self, *, voice: str | bytes, tokens: Sequence[Any], seed: int | None, output_format: str,
-               priority: int, idempotency_key: str | None) -> dict[str, Any]: ...
+    def submit(self, *, voice: str | bytes, tokens: Sequence[Any] | None, seed: int | None,
+               output_format: str, priority: int, idempotency_key: str | None, text: str | None = None,
+               language: str | None = None) -> dict[str, Any]: ...
     def job(self, job_id: str) -> dict[str, Any]: ...
     def jobs(self, *, status: str | None, voice_id: str | None, limit: int) -> list[dict[str, Any]]: ...
     def cancel(self, job_id: str) -> dict[str, Any]: ...
@@ -58,20 +60,23 @@ class HttpClient:
             raise _error(response)
         return response
 
-    def submit(self, *, voice: str | bytes, tokens: Sequence[Any], seed: int | None, output_format: str,
-               priority: int, idempotency_key: str | None) -> dict[str, Any]:
+    def submit(self, *, voice: str | bytes, tokens: Sequence[Any] | None, seed: int | None,
+               output_format: str, priority: int, idempotency_key: str | None, text: str | None = None,
+               language: str | None = None) -> dict[str, Any]:
         if isinstance(voice, bytes):
             form = {"output_format": output_format, "priority": str(priority)}
-            if seed is not None:
-                form["seed"] = str(seed)
-            if idempotency_key:
-                form["idempotency_key"] = idempotency_key
-            files = {"reference": ("reference", voice),
-                     "tokens": ("tokens.json", json.dumps(list(tokens)).encode())}
+            for name, value in (("seed", seed), ("idempotency_key", idempotency_key), ("text", text),
+                                ("language", language)):
+                if value is not None and value != "":
+                    form[name] = str(value)
+            files = {"reference": ("reference", voice)}
+            if tokens is not None:
+                files["tokens"] = ("tokens.json", json.dumps(list(tokens)).encode())
             return self._call("POST", "/v1/jobs", data=form, files=files).json()
-        body = {"voice_id": voice, "tokens": list(tokens), "seed": seed, "output_format": output_format,
-                "priority": priority, "idempotency_key": idempotency_key}
-        return self._call("POST", "/v1/jobs", json=body).json()
+        body = {"voice_id": voice, "tokens": None if tokens is None else list(tokens), "text": text,
+                "language": language, "seed": seed, "output_format": output_format, "priority": priority,
+                "idempotency_key": idempotency_key}
+        return self._call("POST", "/v1/jobs", json={k: v for k, v in body.items() if v is not None}).json()
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}").json()
@@ -130,8 +135,13 @@ def follow(client: Client, job_id: str, *, timeout_s: float | None = None,
 
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     job = client.job(job_id)
+    told: set[str] = set()
     with tqdm(total=job["progress"]["frames_total"] or None, unit="frame", desc=job_id[:8]) as bar:
         while True:
+            for note in job.get("notes") or []:  # dummy weights, the stand-in tokenizer: said once, plainly
+                if note not in told:
+                    told.add(note)
+                    tqdm.write(f"note: job {job_id[:8]}: {note}", file=sys.stderr)
             bar.total = job["progress"]["frames_total"] or bar.total
             bar.set_postfix_str(job["status"])
             bar.update(job["progress"]["frames_done"] - bar.n)

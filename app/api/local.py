@@ -26,13 +26,15 @@ class LocalClient:
     def __init__(self, settings: Settings) -> None:
         self.ctx = Context.build(settings)
 
-    def submit(self, *, voice: str | bytes, tokens: Sequence[Any], seed: int | None, output_format: str,
-               priority: int, idempotency_key: str | None) -> dict[str, Any]:
+    def submit(self, *, voice: str | bytes, tokens: Sequence[Any] | None, seed: int | None,
+               output_format: str, priority: int, idempotency_key: str | None, text: str | None = None,
+               language: str | None = None) -> dict[str, Any]:
         ctx = self.ctx
         with ctx.session() as s:
             job_id = submit_job(
                 settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store, artifacts=ctx.artifacts,
-                tokens=list(tokens), voice_id=None if isinstance(voice, bytes) else voice,
+                tokens=None if tokens is None else list(tokens), text=text, language=language,
+                voice_id=None if isinstance(voice, bytes) else voice,
                 reference_bytes=voice if isinstance(voice, bytes) else None, seed=seed,
                 output_format=output_format, priority=priority, idempotency_key=idempotency_key)
             return _job_out(get_job(session=s, job_id=job_id))

@@ -27,14 +27,16 @@ from app.speech import MEDIA_TYPES, OutputFormat
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})
 
-FORM_FIELDS = ("voice_id", "reference", "tokens", "seed", "output_format", "priority", "idempotency_key")
+FORM_FIELDS = ("voice_id", "reference", "tokens", "text", "language", "seed", "output_format", "priority",
+               "idempotency_key")
 MULTIPART_SCHEMA = {
     "type": "object",
-    "required": ["tokens"],
     "properties": {
         "voice_id": {"type": "string", "description": "a voice from POST /v1/voices (or send reference)"},
         "reference": {"type": "string", "format": "binary", "description": "reference audio file"},
-        "tokens": {"type": "string", "format": "binary", "description": "JSON list of token ids"},
+        "tokens": {"type": "string", "format": "binary", "description": "JSON list of token ids (or text)"},
+        "text": {"type": "string", "description": "instead of tokens: text to speak"},
+        "language": {"type": "string", "description": "the text's language tag (default en)"},
         "seed": {"type": "integer", "minimum": 0},
         "output_format": {"type": "string", "enum": list(OutputFormat), "default": OutputFormat.WAV},
         "priority": {"type": "integer", "minimum": 0, "maximum": wire.MAX_PRIORITY, "default": 0},
@@ -82,12 +84,15 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     fields["reference_bytes"] = (await read_upload(reference, ctx.settings.max_reference_bytes,
                                                    "reference audio")) if reference else None
     tokens = form.get("tokens")
-    if tokens is None:
-        raise BadTokens("tokens are missing")
-    raw = await tokens.read(_tokens_limit(ctx) + 1) if isinstance(tokens, UploadFile) else tokens
-    if len(raw) > _tokens_limit(ctx):
-        raise BadTokens("tokens file is larger than the token limit allows")
-    fields["tokens"] = parse_tokens(raw)
+    fields["text"] = text_field(form.get("text"), "text")
+    fields["language"] = text_field(form.get("language"), "language")
+    if tokens is None and fields["text"] is None:
+        raise BadTokens("tokens are missing (send tokens, or text)")
+    if tokens is not None:
+        raw = await tokens.read(_tokens_limit(ctx) + 1) if isinstance(tokens, UploadFile) else tokens
+        if len(raw) > _tokens_limit(ctx):
+            raise BadTokens("tokens file is larger than the token limit allows")
+        fields["tokens"] = parse_tokens(raw)
     fields["seed"] = number_field(form.get("seed"), "seed")
     fields["priority"] = number_field(form.get("priority"), "priority") or 0
     fields["output_format"] = text_field(form.get("output_format"), "output_format") or "wav"
@@ -108,8 +113,9 @@ async def create_job(
     request: Request, response: Response, ctx: Ctx,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> JobOut:
-    """Submit a job: tokens in a voice. JSON names a voice id; multipart may upload the reference
-    instead and send the tokens as a file. Returns at once (202); follow GET /v1/jobs/{id}."""
+    """Submit a job: tokens, or text, in a voice. JSON names a voice id; multipart may upload the
+    reference instead and send the tokens as a file. Text is tokenized on a CPU worker (the job stays
+    queued meanwhile, n_tokens 0). Returns at once (202); follow GET /v1/jobs/{id}."""
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("application/json"):
         fields = await _json_fields(request, ctx)

@@ -57,12 +57,18 @@ class VoiceOut(BaseModel):
 
 
 class JobRequest(BaseModel):
-    """POST /v1/jobs as JSON. To upload the reference instead of naming a voice, use multipart."""
+    """POST /v1/jobs as JSON: speech tokens, or text (then a CPU worker makes the tokens through the
+    guide voice). To upload the reference instead of naming a voice, use multipart."""
 
     model_config = ConfigDict(extra="forbid")
 
     voice_id: str = Field(min_length=64, max_length=64, description="a voice from POST /v1/voices")
-    tokens: list[StrictInt] = Field(min_length=1, description="speech token ids, 25 per second of audio")
+    tokens: list[StrictInt] | None = Field(None, min_length=1,
+                                           description="speech token ids, 25 per second of audio")
+    text: str | None = Field(None, min_length=1, description="instead of tokens: text to speak; paragraphs "
+                             "separated by a blank line; longer texts are books (POST /v1/books)")
+    language: str | None = Field(None, min_length=2, max_length=32,
+                                 description="the text's language tag (default en), e.g. en-GB, de")
     seed: StrictInt | None = Field(None, ge=0, le=SEED_MAX, description="random when omitted")
     output_format: OutputFormatField = OutputFormat.WAV
     priority: StrictInt = Field(0, ge=0, le=MAX_PRIORITY, description="0..9, higher runs first")
@@ -90,8 +96,12 @@ class JobOut(BaseModel):
     id: str
     voice_id: str
     status: str = Field(description="queued | preparing | running | succeeded | failed | cancelled")
-    kind: str
-    n_tokens: int
+    kind: str = Field(description="tokens | text (tokenized on a CPU worker before it is rendered)")
+    n_tokens: int = Field(description="0 for a text job until it is tokenized")
+    text: str | None = Field(description="a text job's text")
+    language: str | None
+    notes: list[str] = Field(description="what the client should know about how the audio was made, "
+                             "e.g. dummy weights (noise) or the stand-in tokenizer")
     seed: int
     output_format: str
     priority: int
@@ -108,6 +118,7 @@ class JobOut(BaseModel):
         total = job.frames_total or 0
         return cls(
             id=job.id, voice_id=job.voice_id, status=job.status, kind=job.kind, n_tokens=job.n_tokens,
+            text=job.text, language=job.language, notes=list(job.notes or []),
             seed=job.seed, output_format=job.output_format, priority=job.priority,
             idempotency_key=job.idempotency_key,
             progress=Progress(frames_done=job.frames_done, frames_total=total,

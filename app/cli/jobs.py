@@ -22,9 +22,14 @@ def add_commands(sub: Any) -> None:
         p.set_defaults(handler=handler)
         return p
 
-    submit = command("submit", "submit a job: a voice (id or reference file) and speech tokens", cmd_submit)
+    submit = command("submit", "submit a job: a voice (id or reference file) and speech tokens or text",
+                     cmd_submit)
     submit.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
-    submit.add_argument("--tokens", required=True, type=Path, help="JSON file: [ids] or {\"tokens\": [ids]}")
+    what = submit.add_mutually_exclusive_group(required=True)
+    what.add_argument("--tokens", type=Path, help="JSON file: [ids] or {\"tokens\": [ids]}")
+    what.add_argument("--text", help="text to speak (through the guide voice; a longer text is a book); "
+                      "@FILE reads it from a file")
+    submit.add_argument("--language", help="the text's language tag (default en), e.g. en-GB, de")
     submit.add_argument("-o", "--output", type=Path, help="where to write the audio (implies --wait)")
     submit.add_argument("--seed", type=int)
     submit.add_argument("--format", dest="output_format", choices=[f.value for f in OutputFormat],
@@ -46,10 +51,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from app.api.client import follow
     from app.api.schemas import parse_tokens
 
-    tokens = parse_tokens(read_file(args.tokens, "tokens file"))
+    text = _text_of(args.text)
+    if args.language is not None and text is None:
+        raise BadInput("--language goes with --text")
+    tokens = None if args.tokens is None else parse_tokens(read_file(args.tokens, "tokens file"))
     api = client(args)
-    job = api.submit(voice=voice_id_for(api, args.voice), tokens=tokens, seed=args.seed,
-                     output_format=args.output_format, priority=args.priority,
+    job = api.submit(voice=voice_id_for(api, args.voice), tokens=tokens, text=text, language=args.language,
+                     seed=args.seed, output_format=args.output_format, priority=args.priority,
                      idempotency_key=args.idempotency_key)
     print(job["id"])
     if not (args.wait or args.output):
@@ -61,6 +69,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
         args.output.write_bytes(api.audio(job["id"]))
         print(f"audio written to {args.output}")
     return 0
+
+
+def _text_of(value: str | None) -> str | None:
+    """--text's value: the text itself, or with a leading @ the UTF-8 file it names."""
+    if value is None or not value.startswith("@"):
+        return value
+    try:
+        return read_file(Path(value[1:]), "text file").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{value[1:]} is not UTF-8 text ({exc})") from exc
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -85,7 +85,8 @@ DONE_JOB_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class JobKind(enum.StrEnum):
-    TOKENS = "tokens"
+    TOKENS = "tokens"  # the client sent speech tokens
+    TEXT = "text"  # the client sent text: a CPU worker makes the tokens (`job.tokenize`) before `synth`
 
 
 class PrepPath(enum.StrEnum):
@@ -135,7 +136,7 @@ class Voice(Base):
 
 
 class Job(Base):
-    """One synthesis request: tokens in a voice -> an output file."""
+    """One synthesis request: tokens (or text, tokenized on a CPU worker) in a voice -> an output file."""
 
     __tablename__ = "jobs"
     __table_args__ = (
@@ -154,7 +155,12 @@ class Job(Base):
     # Inline JSON list of ints, or None when the list lives in the artifact store (tokens_path).
     tokens: Mapped[list[int] | None] = mapped_column(JSON)
     tokens_path: Mapped[str | None] = mapped_column(String(255))
-    n_tokens: Mapped[int] = mapped_column(Integer)
+    n_tokens: Mapped[int] = mapped_column(Integer)  # 0 for a text job until it is tokenized
+    text: Mapped[str | None] = mapped_column(Text)  # a text job's text, as the client sent it
+    language: Mapped[str | None] = mapped_column(String(32))  # a text job's language tag
+    # What the client should know about how its audio was made (dummy weights, the stand-in
+    # tokenizer): a JSON list of sentences, each added once.
+    notes: Mapped[list[str] | None] = mapped_column(JSON)
     seed: Mapped[int] = mapped_column(BigInteger)
     output_format: Mapped[str] = mapped_column(String(8), default=OutputFormat.WAV)
     priority: Mapped[int] = mapped_column(Integer, default=0)

@@ -23,6 +23,7 @@ from typing import Any
 
 from app.dev import SAMPLES, services
 from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
+from app.speech import TOKEN_RATE
 
 SAMPLE_JOBS = [("voice_a.wav", "tokens_a.json"), ("voice_b.wav", "tokens_b.json")]
 FINAL = ("succeeded", "failed", "cancelled")
@@ -298,9 +299,12 @@ def _report(settings: Any, jobs: list[dict[str, Any]], before: dict[str, dict[st
         for job in jobs:
             row = queries.require_job(session=s, job_id=job["id"])
             where = artifacts.path(row.output_path) if row.output_path else row.error
+            run_ms = job["timings"]["run_ms"]
+            rendered = f"{job['n_tokens'] / TOKEN_RATE:.1f} s of audio in " + (
+                f"{run_ms / 1000:.1f} s" if run_ms is not None else "-")
             say(f"  {job['id']}  {job['status']:<9} voice {job['voice_id'][:10]}  "
-                f"prep {job['prep_path'] or '-':<17} "
-                f"first audio {job['timings']['first_audio_ms']} ms  -> {where}")
+                f"prep {job['prep_path'] or '-':<17} {rendered}, "
+                f"first audio after {job['timings']['first_audio_ms']} ms  -> {where}")
     engine.dispose()
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
     try:

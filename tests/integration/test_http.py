@@ -126,3 +126,25 @@ def test_end_to_end_cancel_while_running_stops_the_worker_and_leaves_no_file(
         client.audio(job["id"])
     outputs = ArtifactStore(worker_settings.artifact_root).root / "outputs"
     assert not [p for p in outputs.glob("*") if job["id"] in p.name], "no output and no temp file"
+
+
+@pytest.mark.timeout(400)
+def test_a_text_job_is_tokenized_on_the_cpu_worker_and_says_how_its_audio_was_made(
+        live_api: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Text in, speech out: the guide voice and the S3 tokenizer on the CPU worker, then the GPU worker.
+    Both run without a model folder here, and the job's record and the CLI's follower say so."""
+    client = HttpClient(live_api)
+    job = client.submit(voice=(SAMPLES / "voice_a.wav").read_bytes(), tokens=None,
+                        text="The wind blew N.N.E., force 7.\n\nIt was 3:30 pm.", language="en",
+                        seed=4, output_format="wav", priority=0, idempotency_key=None)
+    assert job["kind"] == "text" and job["n_tokens"] == 0
+    final = follow(client, job["id"], timeout_s=300, poll_s=0.2)
+    assert final["status"] == "succeeded", final
+    assert 50 < final["n_tokens"] < 400  # about 4 s of guide speech and its pauses, 25 tokens a second
+    wave, rate = sf.read(io.BytesIO(client.audio(job["id"])), dtype="float32")
+    assert rate == 24000 and wave.shape == (final["n_tokens"] * 960,)
+    assert len(final["notes"]) == 2
+    assert final["notes"][0].startswith("tokens from the stand-in tokenizer")
+    assert final["notes"][1].startswith("rendered with dummy weights") and "noise" in final["notes"][1]
+    told = capsys.readouterr().err
+    assert all(f"note: job {job['id'][:8]}: {note}" in told for note in final["notes"])

@@ -54,6 +54,7 @@ from app.db.queries.installs import (
     remove_worker_voice,
 )
 from app.db.queries.jobs import (
+    add_job_note,
     cancel_job,
     claim_job_attempt,
     count_jobs_by_status,
@@ -61,9 +62,11 @@ from app.db.queries.jobs import (
     finish_job,
     get_job,
     get_job_by_idempotency_key,
+    is_tokenized,
     list_jobs,
     mark_job_running,
     require_job,
+    set_job_tokens,
     update_progress,
 )
 from app.db.queries.maintenance import list_abandoned_ready_voices, list_stale_live_jobs, touch_job
@@ -112,6 +115,9 @@ __all__ = [
     "require_job",
     "get_job_by_idempotency_key",
     "create_job",
+    "set_job_tokens",
+    "is_tokenized",
+    "add_job_note",
     "claim_job_attempt",
     "mark_job_running",
     "update_progress",

@@ -51,13 +51,16 @@ def create_job(
     idempotency_key: str | None = None,
     tokens_path: str | None = None,
     kind: str = JobKind.TOKENS,
+    text: str | None = None,
+    language: str | None = None,
 ) -> tuple[Job, bool]:
-    """Insert a queued job. With an idempotency key already used, returns that job instead.
+    """Insert a queued job. With an idempotency key already used, returns that job instead. A text job
+    has no tokens yet (None, n_tokens 0) until `set_job_tokens`.
 
     Returns (job, created)."""
     now = utcnow()
     stmt = _insert(session, Job).values(
-        id=job_id, voice_id=voice_id, status=JobStatus.QUEUED, kind=kind,
+        id=job_id, voice_id=voice_id, status=JobStatus.QUEUED, kind=kind, text=text, language=language,
         tokens=list(tokens) if tokens is not None else None, tokens_path=tokens_path, n_tokens=n_tokens,
         seed=seed, output_format=output_format, priority=priority, idempotency_key=idempotency_key,
         frames_done=0, frames_total=MEL_PER_TOKEN * n_tokens, submitted_at=now, attempts=0, updated_at=now,
@@ -70,6 +73,32 @@ def create_job(
     existing = get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key or "")
     assert existing is not None, "conflicting insert without a row to conflict with"
     return existing, False
+
+
+def set_job_tokens(*, session: Session, job_id: str, tokens: Sequence[int] | None, n_tokens: int,
+                   tokens_path: str | None = None) -> bool:
+    """A text job's tokens, made on a CPU worker (inline, or in the artifact store at `tokens_path`);
+    False when the job is no longer queued (cancelled meanwhile, or tokenized by an earlier delivery)."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.n_tokens == 0)
+        .values(tokens=list(tokens) if tokens is not None else None, tokens_path=tokens_path,
+                n_tokens=n_tokens, frames_total=MEL_PER_TOKEN * n_tokens, updated_at=utcnow())
+    )
+    return _rowcount(result) == 1
+
+
+def is_tokenized(job: Job) -> bool:
+    """Whether the job's tokens exist (always for a tokens job; for a text job once `job.tokenize` ran)."""
+    return job.kind != JobKind.TEXT or job.n_tokens > 0
+
+
+def add_job_note(*, session: Session, job_id: str, note: str) -> None:
+    """Add a sentence to what the client is told about the job's audio (each sentence once)."""
+    job = require_job(session=session, job_id=job_id)
+    notes = list(job.notes or [])
+    if note not in notes:
+        job.notes = [*notes, note]
 
 
 def claim_job_attempt(*, session: Session, job_id: str, worker: str, max_attempts: int) -> Job | None:

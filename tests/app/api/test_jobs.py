@@ -48,6 +48,38 @@ def test_submit_multipart_with_reference_and_token_file(
     assert [t["headers"]["task"] for t in queued(broker, settings.queue_cpu)] == ["voice.prepare"]
 
 
+def test_a_text_job_as_json_or_as_a_form_is_queued_for_tokenizing(
+        client: TestClient, broker: redis.Redis, settings: Settings, reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    as_json = client.post("/v1/jobs", json={"voice_id": voice_id, "text": "Hello there.",
+                                            "language": "en-GB"})
+    assert as_json.status_code == 202, as_json.text
+    job = as_json.json()
+    assert (job["kind"], job["text"], job["language"], job["n_tokens"], job["notes"]) == (
+        "text", "Hello there.", "en-GB", 0, [])
+    as_form = client.post("/v1/jobs", data={"text": "And again.", "seed": "2"},
+                          files={"reference": ("ref.wav", reference, "audio/wav")})
+    assert as_form.status_code == 202, as_form.text
+    assert (as_form.json()["kind"], as_form.json()["language"], as_form.json()["seed"]) == ("text", "en", 2)
+    tokenize = [t for t in queued(broker, settings.queue_cpu) if t["headers"]["task"] == "job.tokenize"]
+    assert {t["headers"]["id"] for t in tokenize} == {f"tokenize-{job['id']}",
+                                                       f"tokenize-{as_form.json()['id']}"}
+    assert queued(broker, settings.queue_gpu) == []
+
+
+def test_bad_text_jobs_are_refused_with_the_reason(client: TestClient, reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    for body, says in (({"tokens": [1], "text": "Hi."}, "exactly one of tokens or text"),
+                       ({"text": "Hi.", "language": "../x"}, "language must be a tag"),
+                       ({"text": "   "}, "text is empty"),
+                       ({"tokens": [1], "language": "de"}, "language goes with text"),
+                       ({}, "tokens are missing (send tokens, or text)")):
+        refused = client.post("/v1/jobs", json={"voice_id": voice_id, **body})
+        assert refused.status_code == 422 and says in refused.json()["reason"], (body, refused.text)
+    neither = client.post("/v1/jobs", data={"voice_id": voice_id})
+    assert neither.status_code == 422 and "send tokens, or text" in neither.json()["reason"]
+
+
 def test_idempotency_key_returns_the_same_job(client: TestClient, reference: bytes) -> None:
     voice_id = upload_voice(client, reference).json()["id"]
     first = submit(client, voice_id, idempotency_key="k-1").json()

@@ -84,6 +84,26 @@ def test_submit_with_a_reference_file_then_cancel(server: str, capsys: pytest.Ca
     assert "cancelled" in capsys.readouterr().out
 
 
+def test_submit_text_from_the_command_line_or_a_file_sends_a_text_job(
+        server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("submit", "--api", server, "--voice", str(SAMPLES / "voice_a.wav"), "--text", "Good morning.",
+               "--language", "en-GB") == 0
+    first = capsys.readouterr().out.strip()
+    story = tmp_path / "story.txt"
+    story.write_text("It was 3:30 pm.\n\nThe wind blew N.N.E.", encoding="utf-8")
+    assert run("submit", "--api", server, "--voice", str(SAMPLES / "voice_a.wav"), "--text", f"@{story}") == 0
+    second = capsys.readouterr().out.strip()
+    for job_id, text, language in ((first, "Good morning.", "en-GB"), (second, story.read_text(), "en")):
+        assert run("status", "--api", server, job_id) == 0
+        job = json.loads(capsys.readouterr().out)
+        assert (job["kind"], job["text"], job["language"]) == ("text", text, language)
+    assert run("submit", "--api", server, "--voice", "0" * 64, "--tokens", "t.json", "--language", "de") == 2
+    assert "--language goes with --text" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: --tokens and --text are one or the other
+        run("submit", "--api", server, "--voice", "0" * 64, "--tokens", "t.json", "--text", "Hi.")
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_client_errors_are_messages_not_tracebacks(server: str, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert run("status", "--api", server, str(uuid.uuid4())) == 2

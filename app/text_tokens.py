@@ -1,0 +1,76 @@
+"""Text -> speech tokens for a single job: the books' `text` token source, for a whole text at once.
+
+    check_text(text, language, max_tokens)   at submission, cheap (no torch, no espeak-ng): the text
+                                             normalised and cut into segments, its language tag checked,
+                                             its estimated length within the job limit; BadInput if not
+    text_tokens(text, language, model_dir)   on a CPU worker (`job.tokenize`): each segment spoken by the
+                                             guide voice (espeak-ng), followed by its pause in silence,
+                                             S3-tokenized; the segments' tokens in order
+
+The segmentation, normalisation (numbers, abbreviations, compass points) and pauses are the books'
+(`app.books.text`), so a sentence sounds the same in a job as in a book. Paragraphs are separated by a
+blank line. With no model folder the S3 tokenizer is the stand-in (`app.s3`): its tokens do not say the
+text, and the job's record says so (`STAND_IN_NOTE`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from app.books.text import TextSegment, segment_paragraph
+from app.errors import BadInput
+from app.speech import S3_SAMPLE_RATE, TOKEN_RATE
+
+MAX_TEXT_CHARS = 100_000  # far above any single job's token limit; bounds the work of checking
+_LANGUAGE_RE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}")  # a BCP 47 tag such as en, en-GB
+_PARAGRAPH_RE = re.compile(r"\n\s*\n")
+STAND_IN_NOTE = ("tokens from the stand-in tokenizer (the CPU worker has no WAVEFARM_MODEL_DIR): "
+                 "they do not say the text")
+
+
+def check_language(language: str) -> str:
+    if not isinstance(language, str) or not _LANGUAGE_RE.fullmatch(language):
+        raise BadInput(f"language must be a tag such as 'en' or 'en-GB', not {str(language)[:40]!r}")
+    return language
+
+
+def check_text(text: str, language: str, *, max_tokens: int) -> list[TextSegment]:
+    """The text's segments, as `text_tokens` will speak them; BadInput for no text, a bad language tag
+    or an estimated length over `max_tokens` (such a text is a book: POST /v1/books)."""
+    check_language(language)
+    if not isinstance(text, str) or not text.strip():
+        raise BadInput("text is empty")
+    if len(text) > MAX_TEXT_CHARS:
+        raise BadInput(f"text of {len(text)} characters is over the limit of {MAX_TEXT_CHARS}; "
+                       "render it as a book (POST /v1/books)")
+    segments = [segment for i, paragraph in enumerate(_PARAGRAPH_RE.split(text))
+                for segment in segment_paragraph(paragraph, i, language=language)]
+    if not segments:
+        raise BadInput("text has nothing to speak once normalised")
+    estimate = sum(s.est_tokens for s in segments)
+    if estimate > max_tokens:
+        raise BadInput(f"text is about {estimate} tokens of speech ({estimate // TOKEN_RATE} s), over the "
+                       f"job limit of {max_tokens}; render it as a book (POST /v1/books)")
+    return segments
+
+
+def text_tokens(text: str, language: str, model_dir: str | Path | None, *, max_tokens: int) -> list[int]:
+    """The job's speech tokens: every segment through the guide voice and the S3 tokenizer, each with its
+    pause (silence) after it. BadInput when the language has no guide voice; BadTokens when the speech is
+    longer than `max_tokens`."""
+    import numpy as np
+
+    from app.books.guide_voice import GUIDE_SAMPLE_RATE, options_for, speak
+    from app.s3 import speech_tokens, tokenizer_for
+    from app.speech import check_tokens
+
+    assert GUIDE_SAMPLE_RATE == S3_SAMPLE_RATE
+    segments = check_text(text, language, max_tokens=max_tokens)
+    options, tokenizer = options_for(language), tokenizer_for(model_dir)
+    tokens: list[int] = []
+    for segment in segments:
+        pause = np.zeros(S3_SAMPLE_RATE * segment.pause_after_ms // 1000, np.float32)
+        tokens += speech_tokens(np.concatenate([speak(segment.text, options), pause]), tokenizer)
+    return check_tokens(tokens, max_tokens=max_tokens, where="the text's speech")
+

@@ -1,0 +1,84 @@
+"""`job.tokenize`: a text job's speech tokens, on a CPU worker, then its `synth`.
+
+    job.tokenize(job_id)   the job's text through the guide voice and the S3 tokenizer
+                           (`app.text_tokens`) -> the job's tokens -> `synth` sent to the gpu queue
+
+Idempotent: a redelivery after the tokens were stored only sends `synth` again (the GPU worker claims a
+job once, so a second message is dropped there); a job cancelled meanwhile is left alone. A text that
+cannot be spoken (a language without a guide voice, speech over the token limit) fails the job with the
+reason; infrastructure errors (Redis, database) are retried a bounded number of times. With dummy
+weights (no model folder) the tokens come from the stand-in tokenizer, and the job's notes say so.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Task
+
+from app import jobs, wire
+from app.db import queries
+from app.db.models import JobStatus
+from app.db.session import session_scope
+from app.errors import WavefarmError
+from app.keys import check_job_id
+from app.text_tokens import STAND_IN_NOTE, text_tokens
+from tasks.celery_app import celery_app
+from tasks.voice import TRANSIENT_ERRORS, Resources, resources
+
+log = logging.getLogger(__name__)
+
+MAX_RETRIES = 3
+
+
+def tokenize_job(job_id: str, res: Resources) -> str:
+    """'sent' (the job's synth is queued), 'stopped' (not queued any more) or 'failed' (its text could not
+    be tokenized: the job failed with the reason)."""
+    with session_scope(res.sessions) as session:
+        job = queries.get_job(session=session, job_id=job_id)
+        if job is None or job.status != JobStatus.QUEUED:
+            log.info("job.tokenize %s: %s; nothing to do", job_id,
+                     "no such job" if job is None else job.status)
+            return "stopped"
+        done, text, language, priority = queries.is_tokenized(job), job.text, job.language, job.priority
+    if not done:
+        if text is None:
+            raise WavefarmError(f"job {job_id} has neither tokens nor text")
+        try:
+            tokens = text_tokens(text, language or "en", res.settings.model_dir,
+                                 max_tokens=res.settings.max_tokens)
+        except (WavefarmError, OSError, RuntimeError) as exc:
+            with session_scope(res.sessions) as session:
+                queries.finish_job(session=session, job_id=job_id, status=JobStatus.FAILED,
+                                   error=f"tokenize: {exc}")
+            log.warning("job.tokenize %s: %s: %s", job_id, type(exc).__name__, exc)
+            return "failed"
+        with session_scope(res.sessions) as session:
+            if not jobs.store_tokens(session=session, artifacts=res.artifacts, job_id=job_id, tokens=tokens):
+                return "stopped"  # cancelled while it was being tokenized
+            if res.settings.model_dir is None:
+                queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
+        log.info("job.tokenize %s: %d tokens from %d characters", job_id, len(tokens), len(text))
+    wire.send_synth(celery_app, res.settings, job_id, priority)
+    return "sent"
+
+
+@celery_app.task(name=wire.JOB_TOKENIZE_TASK, bind=True, max_retries=MAX_RETRIES)
+def tokenize(self: Task, job_id: str) -> str:
+    """Celery adapter: job id in, outcome out; the job's row says the rest."""
+    try:
+        check_job_id(job_id)
+    except ValueError:
+        log.error("job.tokenize: refusing malformed job id %r", job_id)
+        return "stopped"
+    res = resources()
+    try:
+        return tokenize_job(job_id, res)
+    except TRANSIENT_ERRORS as exc:
+        if self.request.retries >= MAX_RETRIES:
+            with session_scope(res.sessions) as session:
+                queries.finish_job(session=session, job_id=job_id, status=JobStatus.FAILED,
+                                   error=f"tokenize: infrastructure error after {MAX_RETRIES} retries: {exc}")
+            raise
+        log.warning("job.tokenize %s: %s; retrying", job_id, exc)
+        raise self.retry(exc=exc, countdown=2**self.request.retries) from exc

@@ -1,0 +1,181 @@
+"""Text jobs: submission (a queued job without tokens, `job.tokenize` on the cpu queue and no `synth`),
+refusals before anything is stored, idempotency by text; the `job.tokenize` task in process (tokens
+stored, the stand-in's note, `synth` sent; a cancelled job left alone; a redelivery; a language without a
+guide voice fails the job); the sweep sends a lost `job.tokenize` again. Real Redis, both databases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+import tasks.text as text_task
+from app.artifacts import ArtifactStore
+from app.books.text import estimate_tokens
+from app.db import queries
+from app.db.models import Job, JobKind, JobStatus, Voice, utcnow
+from app.errors import BadInput, BadTokens, Conflict
+from app.jobs import cancel_job, job_tokens, submit_job
+from app.maintenance import sweep
+from app.settings import Settings
+from app.speech import MEL_PER_TOKEN
+from app.store import FeatureStore
+from app.text_tokens import STAND_IN_NOTE
+from app.wire import priority_lists
+from tasks.celery_app import make_celery
+from tasks.voice import Resources
+from tests.app.helpers import count, queued
+from tests.support.audio import wav_bytes
+
+TEXT = "Dr. Smith walked 3 miles north.\n\nThen he rested, and the wind blew N.N.E., force 7."
+
+
+@pytest.fixture
+def res(settings: Settings, sessions: sessionmaker[Session], store: FeatureStore,
+        artifacts: ArtifactStore) -> Resources:
+    return Resources(settings=settings, sessions=sessions, store=store, artifacts=artifacts)
+
+
+@pytest.fixture
+def task_celery(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
+    """The task's Celery app on this test's broker and queues (nobody consumes them)."""
+    app = make_celery(settings, include=())
+    monkeypatch.setattr(text_task, "celery_app", app)
+    yield app
+    app.close()
+
+
+def submit(res: Resources, celery: Celery, **kw) -> str:
+    kw.setdefault("text", TEXT)
+    with res.sessions() as session:
+        return submit_job(settings=res.settings, session=session, sender=celery, store=res.store,
+                          artifacts=res.artifacts, reference_bytes=wav_bytes(), **kw)
+
+
+def job(res: Resources, job_id: str) -> Job:
+    with res.sessions() as session:
+        row = queries.require_job(session=session, job_id=job_id)
+        session.expunge(row)
+        return row
+
+
+def test_a_text_job_is_queued_without_tokens_and_tokenized_before_it_is_rendered(
+        res: Resources, celery: Celery, broker) -> None:
+    job_id = submit(res, celery, language="en-GB", priority=4)
+    row = job(res, job_id)
+    assert (row.kind, row.text, row.language, row.tokens, row.n_tokens, row.status) == (
+        JobKind.TEXT, TEXT, "en-GB", None, 0, JobStatus.QUEUED)
+    cpu = queued(broker, res.settings.queue_cpu)
+    assert [(m["task"], m["args"]) for m in cpu] == [("voice.prepare", [row.voice_id]),
+                                                     ("job.tokenize", [job_id])]
+    assert cpu[1]["id"] == f"tokenize-{job_id}" and cpu[1]["priority"] == 5  # job priority 4 of 9
+    assert queued(broker, res.settings.queue_gpu) == []  # synth waits for the tokens
+
+
+def test_the_language_defaults_to_english(res: Resources, celery: Celery) -> None:
+    assert job(res, submit(res, celery)).language == "en"
+
+
+@pytest.mark.parametrize(("kwargs", "error", "says"), [
+    ({"tokens": [1, 2]}, BadInput, "exactly one of tokens or text"),
+    ({"text": None}, BadTokens, "tokens are missing"),
+    ({"text": "  \n "}, BadInput, "text is empty"),
+    ({"text": "...", "language": "en"}, BadInput, "nothing to speak"),
+    ({"language": "../../etc"}, BadInput, "language must be a tag"),
+    ({"text": None, "tokens": [1], "language": "de"}, BadInput, "language goes with text"),
+    ({"text": None, "tokens": []}, BadTokens, "empty"),
+])
+def test_bad_text_requests_are_refused_before_anything_is_stored(
+        res: Resources, celery: Celery, broker, kwargs: dict, error: type, says: str) -> None:
+    with pytest.raises(error, match=says):
+        submit(res, celery, **kwargs)
+    with res.sessions() as session:
+        assert count(session, Job) == 0 and count(session, Voice) == 0
+    assert queued(broker, res.settings.queue_cpu) == [] and queued(broker, res.settings.queue_gpu) == []
+
+
+def test_the_length_limit_is_the_estimate_the_books_use(res: Resources, celery: Celery) -> None:
+    """15 characters a second, 25 tokens a second: the limit of 90,000 tokens is about 54,000 characters."""
+    limit = res.settings.max_tokens
+    under, over = "word " * (limit * 15 // 25 // 5 * 9 // 10), "word " * (limit * 15 // 25 // 5 * 11 // 10)
+    assert estimate_tokens(under.strip()) < limit < estimate_tokens(over.strip())
+    submit(res, celery, text=under)
+    with pytest.raises(BadInput, match=f"over the job limit of {limit}; render it as a book"):
+        submit(res, celery, text=over)
+
+
+def test_an_idempotency_key_names_the_text_and_its_language(res: Resources, celery: Celery) -> None:
+    first = submit(res, celery, idempotency_key="text-1", seed=3)
+    assert submit(res, celery, idempotency_key="text-1", seed=3) == first
+    with pytest.raises(Conflict, match="which has another text; "):
+        submit(res, celery, idempotency_key="text-1", seed=3, text="Something else.")
+    with pytest.raises(Conflict, match="which has another text; "):
+        submit(res, celery, idempotency_key="text-1", seed=3, language="de")
+    with pytest.raises(Conflict, match="which has another tokens; "):
+        submit(res, celery, idempotency_key="text-1", seed=3, text=None, tokens=[1, 2])
+
+
+def test_tokenize_stores_the_tokens_notes_the_stand_in_and_sends_synth(
+        res: Resources, celery: Celery, task_celery: Celery, broker) -> None:
+    job_id = submit(res, celery, priority=2)
+    assert text_task.tokenize_job(job_id, res) == "sent"
+    row = job(res, job_id)
+    tokens = job_tokens(job=row, artifacts=res.artifacts)
+    # Two paragraphs, about 5 s of guide speech with pauses: 25 tokens per second of it.
+    assert 60 < row.n_tokens == len(tokens) < 400 and row.frames_total == MEL_PER_TOKEN * row.n_tokens
+    assert row.notes == [STAND_IN_NOTE] and row.status == JobStatus.QUEUED
+    gpu = queued(broker, res.settings.queue_gpu)
+    assert [(m["task"], m["args"], m["id"], m["priority"]) for m in gpu] == [("synth", [job_id], job_id, 7)]
+    # A redelivery (the worker died after storing the tokens) sends synth again and keeps the tokens.
+    assert text_task.tokenize_job(job_id, res) == "sent"
+    again = job(res, job_id)
+    assert job_tokens(job=again, artifacts=res.artifacts) == tokens and again.notes == [STAND_IN_NOTE]
+    assert len(queued(broker, res.settings.queue_gpu)) == 2  # the GPU worker claims the job once
+
+
+def test_a_cancelled_text_job_is_not_tokenized(res: Resources, celery: Celery, task_celery: Celery,
+                                               broker) -> None:
+    job_id = submit(res, celery)
+    with res.sessions() as session:
+        cancel_job(settings=res.settings, session=session, store=res.store, job_id=job_id)
+    assert text_task.tokenize_job(job_id, res) == "stopped"
+    assert job(res, job_id).n_tokens == 0 and queued(broker, res.settings.queue_gpu) == []
+
+
+def test_a_language_without_a_guide_voice_fails_the_job_with_the_reason(
+        res: Resources, celery: Celery, task_celery: Celery, broker) -> None:
+    job_id = submit(res, celery, language="xq")
+    assert text_task.tokenize_job(job_id, res) == "failed"
+    row = job(res, job_id)
+    assert row.status == JobStatus.FAILED and "no guide voice speaks language 'xq'" in (row.error or "")
+    assert queued(broker, res.settings.queue_gpu) == []
+
+
+def test_the_sweep_sends_a_lost_tokenize_again_and_never_a_synth_without_tokens(
+        res: Resources, celery: Celery, broker) -> None:
+    job_id = submit(res, celery)
+    broker.delete(*priority_lists(res.settings.queue_cpu))  # the broker lost the job's message
+    with res.sessions() as session:
+        session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
+        session.commit()
+    report = sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
+                   broker=broker, sender=celery)
+    assert (report.jobs_requeued, report.errors) == ([job_id], [])
+    assert [m["task"] for m in queued(broker, res.settings.queue_cpu)] == ["job.tokenize"]
+    assert queued(broker, res.settings.queue_gpu) == []
+    with res.sessions() as session:  # quiet again: its message is there now, so nothing is sent
+        session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
+        session.commit()
+    again = sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
+                  broker=broker, sender=celery)
+    assert again.jobs_requeued == [] and len(queued(broker, res.settings.queue_cpu)) == 1
+
+
+def test_the_task_is_registered_on_the_cpu_app() -> None:
+    from tasks.celery_app import celery_app
+
+    assert "job.tokenize" in celery_app.tasks
