@@ -1,10 +1,11 @@
-"""The `wavefarm` command: run the services, talk to the API, render books, run the demo.
+"""The `wavefarm` command: run the services, talk to the API, render books, pull the model, run the demo.
 
     services.py  serve, cpu-worker, gpu-worker, flower, bench, db upgrade, maintenance, demo: each replaces
                  this process with the real server (or runs it in process) so signals reach it directly
     jobs.py      submit, status, cancel, jobs, voices: HTTP to the API, or with `--local` the services
                  in process (`app.api.client`)
     books.py     book render / status / cancel, the same two ways
+    model.py     model pull (a released token2wav folder from Hugging Face) / model check DIR
 Heavy imports happen inside the commands: building the parser (shell completion, the tests that read
 it) stays cheap, and a client command starts without loading torch.
 """
@@ -16,7 +17,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from app.cli import books, jobs, services
+from app.cli import books, jobs, model, services
 from app.errors import WavefarmError
 
 log = logging.getLogger("wavefarm")
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     services.add_commands(sub)
     jobs.add_commands(sub)
     books.add_commands(sub)
+    model.add_commands(sub)
     return parser
 
 
