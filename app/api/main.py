@@ -29,6 +29,7 @@ from app.api.routes_jobs import router as jobs_router
 from app.api.routes_ops import router as ops_router
 from app.api.routes_voices import router as voices_router
 from app.api.schemas import problem
+from app.api.web import router as web_router
 from app.books.source import DEFAULT_LIMITS
 from app.db import queries
 from app.errors import BadInput, Conflict, Gone, NotFound
@@ -74,7 +75,7 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
     book_body = settings.max_reference_bytes + DEFAULT_LIMITS.max_epub_bytes + 2**20  # an EPUB and a voice
     app.add_middleware(BodyLimit, max_bytes=job_body, per_prefix={"/v1/books": book_body})
     app.add_middleware(HttpMetrics, metrics=http_metrics(ctx.registry))
-    for router in (voices_router, jobs_router, books_router, ops_router):
+    for router in (voices_router, jobs_router, books_router, ops_router, web_router):
         app.include_router(router)
     _install_error_handlers(app)
     return app
