@@ -81,7 +81,7 @@ class LocalClient:
                                   base_dir=base_dir, voice_id=voice if isinstance(voice, str) else None,
                                   reference_bytes=voice if isinstance(voice, bytes) else None,
                                   title=form.get("title"), author=form.get("author"),
-                                  language=form.get("language"))
+                                  language=form.get("language"), chapters=form.get("chapters"))
         return self.book(book_id)
 
     def book(self, book_id: str) -> dict[str, Any]:

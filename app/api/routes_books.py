@@ -37,7 +37,7 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
                    responses={401: {"model": Problem}})
 
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "target_lufs", "seed",
-               "priority", "title", "author", "language")
+               "priority", "title", "author", "language", "chapters")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
@@ -61,6 +61,7 @@ _BOOK_FORM_SCHEMA = {
         "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
         "title": {"type": "string"}, "author": {"type": "string"},
         "language": {"type": "string", "description": "of the text, for the guide voice (e.g. en)"},
+        "chapters": {"type": "string", "description": "render only these chapters, counted from 1: 3-7,12"},
     },
 }
 BOOK_BODY = {"requestBody": {"required": True, "content": {
@@ -101,7 +102,7 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     options = service.BookOptions(output_format=req.output_format, m4b=req.m4b, target_lufs=req.target_lufs,
                           seed=req.seed, priority=req.priority)
     return {"data": json.dumps(req.manifest).encode(), "book_format": "manifest", "voice_id": req.voice_id,
-            "options": options}
+            "options": options, "chapters": req.chapters}
 
 
 async def _form_fields(request: Request, ctx: ApiContext) -> dict[str, Any]:
@@ -124,7 +125,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     if reference is not None and not isinstance(reference, UploadFile):
         raise BadInput("reference must be an uploaded file")
     text = {name: text_field(form.get(name), name) for name in
-            ("voice_id", "book_format", "output_format", "title", "author", "language", "m4b")}
+            ("voice_id", "book_format", "output_format", "title", "author", "language", "m4b", "chapters")}
     options = service.BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=(text["m4b"] or "true").lower() not in ("false", "0", "no"),
                           target_lufs=number_field(form.get("target_lufs"), "target_lufs", float),
@@ -132,7 +133,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
                           priority=number_field(form.get("priority"), "priority", int) or 0)
     return {"data": data, "filename": book.filename, "book_format": text["book_format"],
             "voice_id": text["voice_id"], "title": text["title"], "author": text["author"],
-            "language": text["language"], "options": options,
+            "language": text["language"], "chapters": text["chapters"], "options": options,
             "reference_bytes": (await read_upload(reference, ctx.settings.max_reference_bytes,
                                                   "reference audio")) if reference else None}
 

@@ -180,6 +180,8 @@ class BookRequest(BaseModel):
                             description="fixed by default, so rendering the book again resumes it")
     priority: StrictInt = Field(0, ge=0, le=MAX_PRIORITY,
                                 description="of the segment jobs; 0 (default) yields to every other job")
+    chapters: str | None = Field(None, min_length=1, max_length=1000,
+                                 description="render only these chapters, counted from 1: e.g. 3-7,12")
 
 
 class ChapterOut(BaseModel):
@@ -204,6 +206,8 @@ class BookOut(BaseModel):
     output_format: str
     m4b: bool
     priority: int
+    chapters_selected: str | None = Field(description="the chapters of the source this render holds "
+                                          "(e.g. 3-7,12); null: all of them")
     segments_total: int = Field(description="distinct segments (a repeated sentence renders once)")
     segments_done: int
     audio_seconds: float
@@ -226,7 +230,8 @@ class BookOut(BaseModel):
                                file_url=base + c.file if c.file else None) for c in view.chapters]
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
                    language=b.language, output_format=b.output_format, m4b=b.m4b, priority=b.priority,
-                   segments_total=view.segments_total, segments_done=view.segments_done,
+                   chapters_selected=b.chapters_selected, segments_total=view.segments_total,
+                   segments_done=view.segments_done,
                    audio_seconds=round(view.audio_seconds, 2), est_seconds=round(b.est_seconds, 2),
                    eta_s=view.eta_s, submitted_at=b.submitted_at, started_at=b.started_at,
                    finished_at=b.finished_at, error=b.error, chapters=chapters,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from app.books.files import store_files
 from app.books.guide_voice import identity, options_for
 from app.books.parse import parse_book
 from app.books.plan import BookPlan, plan_book
+from app.books.select import describe, parse_chapters
 from app.books.source import BookLimits, SourceBook
 from app.books.status import require_book
 from app.db import queries
@@ -91,26 +92,33 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
                 book_format: str | None = None, reference_bytes: bytes | None = None,
                 voice_id: str | None = None, options: BookOptions = BookOptions(), title: str | None = None,
                 author: str | None = None, language: str | None = None,
-                base_dir: Path | None = None, limits: BookLimits | None = None) -> str:
+                base_dir: Path | None = None, limits: BookLimits | None = None,
+                chapters: str | None = None) -> str:
     """Accept a book and return its id. Raises BadInput (and kin) or NotFound before anything runs.
 
-    `base_dir` (CLI only) lets a manifest name source audio files inside that folder."""
+    `base_dir` (CLI only) lets a manifest name source audio files inside that folder; `chapters` ("3-7,12",
+    `app.books.select`) renders only those chapters."""
     options.check()
     source = parse_book(data, fmt=book_format, filename=filename, title=title, author=author,
                         language=language, base_dir=base_dir, limits=limits or BookLimits())
+    selected = None
+    if chapters is not None:
+        indices = parse_chapters(chapters, len(source.chapters))
+        source = replace(source, chapters=tuple(source.chapters[i] for i in indices))
+        selected = describe(indices)
     voice = _voice(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
                    reference_bytes=reference_bytes, voice_id=voice_id)
     plan = plan_source(source, settings=settings, voice_id=voice, options=options)
     book_id = str(uuid.uuid4())
     store_files(artifacts, book_id, plan, source, base_dir)
-    chapters = [queries.PlannedChapter(c.title, [(s.key, s.kind) for s in c.segments],
-                                       sum(s.est_tokens for s in c.segments) / TOKEN_RATE)
-                for c in plan.chapters]
+    planned = [queries.PlannedChapter(c.title, [(s.key, s.kind) for s in c.segments],
+                                      sum(s.est_tokens for s in c.segments) / TOKEN_RATE)
+               for c in plan.chapters]
     queries.create_book(session=session, book_id=book_id, voice_id=voice, title=plan.title,
                         author=plan.author, language=plan.language, plan_key=plan.key,
                         output_format=options.output_format, m4b=options.m4b,
                         target_lufs=options.target_lufs, seed=options.seed, priority=options.priority,
-                        chapters=chapters)
+                        chapters=planned, chapters_selected=selected)
     session.commit()
     try:
         sender.send_task(wire.BOOK_PLAN_TASK, args=[book_id], queue=settings.queue_cpu,

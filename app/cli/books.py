@@ -47,6 +47,8 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--priority", type=int, default=0, help="segment job priority (0 yields to all)")
     render.add_argument("--target-lufs", type=float, help="normalise each chapter's loudness")
     render.add_argument("--seed", type=int, default=0)
+    render.add_argument("--chapters", help="render only these chapters, counted from 1: e.g. 3-7,12 "
+                        "(a later render of the whole book reuses their segments)")
     action("status", "show a book's progress", cmd_book_status).add_argument("book_id")
     action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument("book_id")
 
@@ -57,7 +59,8 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
             "m4b": "true" if args.book_output == "m4b" else "false", "seed": str(args.seed),
             "priority": str(args.priority)}
     form.update({k: str(v) for k, v in (("title", args.title), ("author", args.author),
-                                        ("language", args.language), ("target_lufs", args.target_lufs))
+                                        ("language", args.language), ("target_lufs", args.target_lufs),
+                                        ("chapters", args.chapters))
                  if v is not None})
     return form
 
@@ -103,7 +106,8 @@ def cmd_book_status(args: argparse.Namespace) -> int:
     book = client(args).book(args.book_id)
     eta = f"  ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
     print(f"{book['id']}  {book['status']}  {book['segments_done']}/{book['segments_total']} segments  "
-          f"{book['audio_seconds']:.1f} s audio{eta}  {book['title']}")
+          f"{book['audio_seconds']:.1f} s audio{eta}  {book['title']}"
+          + (f"  (chapters {book['chapters_selected']})" if book.get("chapters_selected") else ""))
     for c in book["chapters"]:
         print(f"  {c['index'] + 1:>3}. {c['segments_done']:>4}/{c['segments_total']:<4} "
               f"{c['audio_seconds']:>7.1f} s  {c['title']}")

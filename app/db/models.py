@@ -247,6 +247,7 @@ class Book(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     segments_total: Mapped[int] = mapped_column(Integer, default=0)  # planned, repeats included
     est_seconds: Mapped[float] = mapped_column(default=0.0)  # planned speech, before rendering
+    chapters_selected: Mapped[str | None] = mapped_column(Text)  # "3-7,12" (`app.books.select`); None: all
     error: Mapped[str | None] = mapped_column(Text)
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]

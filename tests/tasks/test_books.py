@@ -21,6 +21,7 @@ from app.books.service import BookOptions, submit_book
 from app.books.status import book_status
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
+from app.errors import BadInput
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
 from app.store import FeatureStore
@@ -99,6 +100,37 @@ def test_a_token_book_renders_chapters_assembles_an_m4b_and_resumes_with_nothing
     edited = submit(res, celery, manifest_book([[30, 41], [25], [50, 30, 30]]),
                     options=BookOptions(output_format="wav"))
     assert books.plan(edited, res) == 1  # only the changed segment
+
+
+def test_chosen_chapters_render_alone_and_a_later_whole_render_reuses_their_segments(
+        res: Resources, celery: Celery) -> None:
+    data = manifest_book([[30, 40], [25], [50, 31], [26]])
+    some = submit(res, celery, data, chapters="2-3", options=BookOptions(output_format="wav"))
+    assert books.plan(some, res) == 3  # chapter 2's 25, chapter 3's 50 and 31
+    assert render_live_jobs(res, some) == 3
+    assert [books.check_chapter(some, i, res) for i in range(2)] == ["assembled"] * 2
+    assert books.assemble(some, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=some)
+    assert view.book.chapters_selected == "2-3" and [c.title for c in view.chapters] == ["Part 2", "Part 3"]
+    assert view.audio_seconds == pytest.approx((25 + 50 + 31) / 25)
+    with av.open(str(output_dir(res.artifacts, some) / "book.m4b")) as box:
+        assert [c["metadata"]["title"] for c in box.chapters()] == ["Part 2", "Part 3"]
+    whole = submit(res, celery, data, options=BookOptions(output_format="wav"))
+    assert books.plan(whole, res) == 3  # only chapters 1 and 4 are new: 30, 40 and 26
+    with res.sessions() as session:
+        assert queries.require_book(session=session, book_id=whole).chapters_selected is None
+
+
+@pytest.mark.parametrize(("chapters", "says"), [
+    ("5", "the book has 4 chapters, so there is no chapter 5"), ("0-2", "counted from 1"),
+    ("3-1", "runs backwards"), ("two", "'two' is not a number"), ("", "give numbers and ranges")])
+def test_a_selection_the_book_cannot_meet_is_refused_before_anything_is_stored(
+        res: Resources, celery: Celery, chapters: str, says: str) -> None:
+    with pytest.raises(BadInput, match=says):
+        submit(res, celery, manifest_book([[30], [25], [50], [26]]), chapters=chapters)
+    with res.sessions() as session:
+        assert queries.list_books(session=session, limit=10) == []
 
 
 def test_a_failed_segment_fails_the_book_with_its_reason_and_a_new_render_retries_it(

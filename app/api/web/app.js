@@ -60,7 +60,7 @@ function addVoice(data) {
 function bookForm(form) {
   const data = new FormData();
   data.append("book", form.elements.book.files[0]);
-  for (const name of ["title", "author", "language", "output_format"]) {
+  for (const name of ["title", "author", "language", "chapters", "output_format"]) {
     const value = form.elements[name].value.trim();
     if (value) data.append(name, value);
   }
@@ -199,7 +199,8 @@ function seconds(s) {
 
 function renderBook(card, book) {
   const p = card.parts;
-  p.title.textContent = (book.title || "(untitled book)") + (book.author ? `, by ${book.author}` : "");
+  p.title.textContent = (book.title || "(untitled book)") + (book.author ? `, by ${book.author}` : "") +
+    (book.chapters_selected ? ` · chapters ${book.chapters_selected}` : "");
   p.progress.max = Math.max(book.segments_total, 1);
   p.progress.value = book.segments_done;
   const eta = book.eta_s !== null && card.live ? ` · about ${Math.ceil(book.eta_s)} s to go` : "";

@@ -140,6 +140,24 @@ def test_api_takes_a_book_upload_and_an_inline_manifest_and_reports_progress(cli
     assert client.post(f"/v1/books/{book['id']}/cancel").json()["status"] == "cancelled"  # idempotent
 
 
+def test_api_renders_the_chapters_a_form_or_a_manifest_selects(client: TestClient) -> None:
+    r = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode()),
+                                        "reference": ("r.wav", wav_bytes())}, data={"chapters": "1,3"})
+    assert r.status_code == 202, r.text
+    book = r.json()
+    assert book["chapters_selected"] == "1,3" and len(book["chapters"]) == 2
+    whole = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode())},
+                        data={"voice_id": book["voice_id"]}).json()
+    assert whole["chapters_selected"] is None
+    assert [c["title"] for c in book["chapters"]] == [whole["chapters"][i]["title"] for i in (0, 2)]
+    inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}, {"segments": [{"tokens": [3]}]}]}
+    r = client.post("/v1/books", json={"voice_id": book["voice_id"], "manifest": inline, "chapters": "2"})
+    assert r.status_code == 202 and r.json()["segments_total"] == 1 and r.json()["chapters_selected"] == "2"
+    refused = client.post("/v1/books", json={"voice_id": book["voice_id"], "manifest": inline,
+                                             "chapters": "3"})
+    assert refused.status_code == 422 and "the book has 2 chapters" in refused.json()["reason"]
+
+
 def test_api_refuses_bad_books_with_4xx_and_the_reason(client: TestClient) -> None:
     ref = ("r.wav", wav_bytes())
     r = client.post("/v1/books", files={"book": ("b.txt", b"\x00" * 500), "reference": ref})

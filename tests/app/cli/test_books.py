@@ -15,3 +15,14 @@ def test_a_title_too_long_for_the_terminal_is_cut_with_an_ellipsis_not_at_24() -
     label = bar_label(TITLE, columns=100)
     assert label.endswith("\u2026") and len(label) == 36 and TITLE.startswith(label[:-1])
     assert len(bar_label(TITLE, columns=40)) == 24  # a narrow terminal still shows a useful part
+
+
+def test_render_hands_the_chapter_selection_to_the_api_as_its_form_field() -> None:
+    from app.cli import build_parser
+    from app.cli.books import _form
+
+    args = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64,
+                                      "--chapters", "3-7,12"])
+    assert _form(args)["chapters"] == "3-7,12"
+    whole = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64])
+    assert "chapters" not in _form(whole)
