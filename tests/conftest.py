@@ -1,10 +1,10 @@
 """Shared fixtures: real Redis, real PostgreSQL, a SQLite file, a real Celery CPU worker.
 
 Isolation from other test runs on the same machine:
-- Redis databases 10-14 only: 10 broker, 11 results, 12 feature store, 13 the
-  session lock, 14 the kill-loss probe's record (tests/integration/test_kill_loss.py). A session
-  holds the lock (`wf:test:session` in db 13) while it uses them, so two concurrent runs never flush
-  each other's data.
+- Redis databases 6-14 only: 10 broker, 11 results, 12 feature store (6, 7, 8 for the second
+  pytest-xdist worker), 13 the session locks, 14 the kill-loss probe's record (9 for the second
+  worker; tests/integration/test_kill_loss.py). A session holds the lock of its set (`wf:test:session:<broker
+  db>` in db 13) while it uses it, so two concurrent runs never flush each other's data.
 - PostgreSQL: a database `wavefarm_test_<pid>` created on the `test` database at
   session start (migrated to head) and dropped at the end; tables are emptied
   after each test that used it.
@@ -44,7 +44,15 @@ pytest_plugins = ["tests.support.runtime"]
 
 REPO = Path(__file__).resolve().parents[1]
 REDIS = os.environ.get("WAVEFARM_TEST_REDIS", "redis://127.0.0.1:6379")
-BROKER_DB, RESULT_DB, FEATURE_DB, LOCK_DB = 10, 11, 12, 13
+# `./run test` runs the suite in two pytest-xdist worker processes (gw0, gw1), a file each at a time; each
+# worker has its own broker, results and feature-store databases and its own lock on them.
+DB_SETS = {"gw0": (10, 11, 12), "gw1": (6, 7, 8)}
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+if XDIST_WORKER not in DB_SETS:
+    raise RuntimeError(f"pytest-xdist worker {XDIST_WORKER}: the test Redis has database sets for "
+                       f"{len(DB_SETS)} workers only (pytest -n {len(DB_SETS)} at most)")
+BROKER_DB, RESULT_DB, FEATURE_DB = DB_SETS[XDIST_WORKER]
+LOCK_DB = 13
 PG_ADMIN_URL = os.environ.get("WAVEFARM_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 TABLES = ("worker_voices", "jobs", "voices")  # children first
 SESSION_TAG = f"t{os.getpid()}"
@@ -73,7 +81,8 @@ def redis_session_lock() -> Iterator[None]:
         client.ping()
     except redis.ConnectionError:
         service_missing(f"no Redis at {REDIS}")
-    lock = client.lock("wf:test:session", timeout=120, blocking_timeout=900, thread_local=False)
+    lock = client.lock(f"wf:test:session:{BROKER_DB}", timeout=120, blocking_timeout=900,
+                       thread_local=False)
     if not lock.acquire():
         pytest.fail("another test session held the test Redis databases for 15 minutes")
     stop = threading.Event()

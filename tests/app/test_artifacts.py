@@ -32,7 +32,7 @@ def test_unknown_formats_are_refused(artifacts: ArtifactStore):
         "references/../../x.wav",
         "references/abc.wav",
         "outputs/evil.sh",
-        f"outputs/{uuid.uuid4()}.exe",
+        "outputs/6b5500c9-b004-4ec5-9117-8b563ff17021.exe",
         "tmp/x",
     ],
 )

@@ -27,7 +27,9 @@ from tests.support.runtime import (
 
 
 @pytest.fixture
-def gpu_worker(sqlite_url, artifacts, redis_session_lock, tmp_path) -> Iterator[Settings]:
+def gpu_worker(sqlite_url, artifacts, feature_redis, tmp_path) -> Iterator[Settings]:
+    """A GPU worker on queues of its own, with an empty feature store: an earlier test's prepared voice
+    would otherwise be found there ("prepared_ahead") although no CPU worker runs for this one."""
     settings = settings_for(sqlite_url, artifacts, prep_wait_ms=200)
     with running_gpu_worker(settings, f"gpu-{settings.queue_gpu}", tmp_path) as worker:
         try:
