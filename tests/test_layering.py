@@ -42,6 +42,20 @@ def test_the_api_and_the_client_import_no_model_code(module: str) -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_a_client_command_loads_no_database_code() -> None:
+    """`wavefarm submit` and `wavefarm jobs` speak HTTP: SQLAlchemy and Alembic (about 0.4 s to import)
+    are not loaded for them; the API's shapes (`app.api.schemas`) name the models for annotations only."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, app.cli, app.cli.jobs, app.api.client, app.api.schemas, app.cli.common; "
+             "print(sorted(m for m in ('sqlalchemy', 'alembic', 'app.db.models') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
 def test_the_model_imports_only_torch_math_and_the_shared_speech_facts() -> None:
     """gpu_worker/model is pure modules (docs/ARCHITECTURE.md): no files, Redis, database or device choice."""
     allowed = {"torch", "math", "dataclasses", "collections", "typing", "itertools", "__future__",

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
-from app.db.models import Job, Voice
 from app.errors import BadTokens
 from app.speech import OutputFormat
 from app.wire import MAX_PRIORITY
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: a client command does not load SQLAlchemy and Alembic for them
     from app.books.status import BookStatusView
+    from app.db.models import Job, Voice
 
 SEED_MAX = 2**63 - 1
 # The output format as a request field, its schema inline (an enum $ref would not resolve inside the

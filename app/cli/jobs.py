@@ -93,10 +93,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from app.db.models import JobStatus
+    if args.status is not None:  # the models (SQLAlchemy) are loaded only to check a given status
+        from app.db.models import JobStatus
 
-    if args.status is not None and args.status not in tuple(JobStatus):
-        raise BadInput(f"--status {args.status!r} is not one of {', '.join(JobStatus)}")
+        if args.status not in tuple(JobStatus):
+            raise BadInput(f"--status {args.status!r} is not one of {', '.join(JobStatus)}")
     for job in client(args).jobs(status=args.status, voice_id=args.voice_id, limit=args.limit):
         done, total = job["progress"]["frames_done"], job["progress"]["frames_total"]
         print(f"{job['id']}  {job['status']:<10} {done:>7}/{total:<7} voice {job['voice_id'][:12]}")
