@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 from celery import Celery
-from sqlalchemy.orm import Session, sessionmaker
 
 import tasks.books as books
-from app.artifacts import ArtifactStore
 from app.books.files import output_dir
 from app.books.service import BookOptions, submit_book
 from app.books.status import book_status
@@ -24,17 +22,10 @@ from app.db.models import BookStatus, JobStatus
 from app.errors import BadInput
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from app.store import FeatureStore
 from tasks.celery_app import make_celery
 from tasks.voice import Resources
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
-
-
-@pytest.fixture
-def res(settings: Settings, sessions: sessionmaker[Session], store: FeatureStore,
-        artifacts: ArtifactStore) -> Resources:
-    return Resources(settings=settings, sessions=sessions, store=store, artifacts=artifacts)
 
 
 @pytest.fixture

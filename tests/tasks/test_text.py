@@ -11,10 +11,8 @@ from datetime import timedelta
 import pytest
 from celery import Celery
 from sqlalchemy import update
-from sqlalchemy.orm import Session, sessionmaker
 
 import tasks.text as text_task
-from app.artifacts import ArtifactStore
 from app.books.text import estimate_tokens
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus, Voice, utcnow
@@ -23,7 +21,6 @@ from app.jobs import cancel_job, job_tokens, submit_job
 from app.maintenance import sweep
 from app.settings import Settings
 from app.speech import MEL_PER_TOKEN
-from app.store import FeatureStore
 from app.text_tokens import STAND_IN_NOTE
 from app.wire import priority_lists
 from tasks.celery_app import make_celery
@@ -32,12 +29,6 @@ from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
 
 TEXT = "Dr. Smith walked 3 miles north.\n\nThen he rested, and the wind blew N.N.E., force 7."
-
-
-@pytest.fixture
-def res(settings: Settings, sessions: sessionmaker[Session], store: FeatureStore,
-        artifacts: ArtifactStore) -> Resources:
-    return Resources(settings=settings, sessions=sessions, store=store, artifacts=artifacts)
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from celery import Celery
-from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
 from app.db import queries as q
 from app.db.models import VoiceStatus
 from app.features import PromptHostFeatures
@@ -19,13 +17,6 @@ from app.store import FeatureStore
 from tasks.celery_app import make_celery
 from tasks.voice import Resources, prepare_voice
 from tests.support.audio import wav_bytes
-
-
-@pytest.fixture
-def res(
-    settings: Settings, sessions: sessionmaker[Session], store: FeatureStore, artifacts: ArtifactStore
-) -> Resources:
-    return Resources(settings=settings, sessions=sessions, store=store, artifacts=artifacts)
 
 
 @pytest.fixture
