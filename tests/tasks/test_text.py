@@ -5,7 +5,6 @@ guide voice fails the job); the sweep sends a lost `job.tokenize` again. Real Re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -19,11 +18,9 @@ from app.db.models import Job, JobKind, JobStatus, Voice, utcnow
 from app.errors import BadInput, BadTokens, Conflict
 from app.jobs import cancel_job, job_tokens, submit_job
 from app.maintenance import sweep
-from app.settings import Settings
 from app.speech import MEL_PER_TOKEN
 from app.text_tokens import STAND_IN_NOTE
 from app.wire import priority_lists
-from tasks.celery_app import make_celery
 from tasks.voice import Resources
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
@@ -32,12 +29,10 @@ TEXT = "Dr. Smith walked 3 miles north.\n\nThen he rested, and the wind blew N.N
 
 
 @pytest.fixture
-def task_celery(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
-    """The task's Celery app on this test's broker and queues (nobody consumes them)."""
-    app = make_celery(settings, include=())
-    monkeypatch.setattr(text_task, "celery_app", app)
-    yield app
-    app.close()
+def task_celery(celery: Celery, monkeypatch: pytest.MonkeyPatch) -> Celery:
+    """The task sends on the test's producer: its broker and queues (nobody consumes them)."""
+    monkeypatch.setattr(text_task, "celery_app", celery)
+    return celery
 
 
 def submit(res: Resources, celery: Celery, **kw) -> str:
