@@ -11,17 +11,20 @@ RabbitMQ (`amqp://`) tells the number of ready messages in a queue (a passive de
 tasks they are, and it puts a consumer's unacknowledged messages back in their queue itself the moment
 that consumer's connection closes. `task_ids` is therefore None there; `app.maintenance` says what the
 sweep does instead.
+
+`move_queue` empties a gone GPU worker's own queue into the shared one (`app.routing`), on either broker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import redis
-from kombu import Connection
+from kombu import Connection, Producer
 from kombu.exceptions import ChannelError
 
 from app.wire import UNACKED_INDEX_KEY, UNACKED_KEY, priority_lists
@@ -44,6 +47,7 @@ class Broker(Protocol):
     def ping(self) -> object: ...
     def queue_depth(self, queue: str) -> int: ...
     def task_ids(self, queue: str) -> set[str] | None: ...
+    def move_queue(self, src: str, dst: str) -> list[str]: ...
     def close(self) -> None: ...
 
 
@@ -77,12 +81,15 @@ class RedisBroker:
                 ids.update(_task_id(_loads(raw)))
         return ids
 
-    def unacked(self, queue: str) -> dict[str, str]:
-        """Task id -> delivery tag of the queue's delivered, unacknowledged messages."""
+    def unacked(self, queue: str, *, prefix: str | None = None) -> dict[str, str]:
+        """Task id -> delivery tag of the queue's delivered, unacknowledged messages (and of every queue
+        whose name starts with `prefix`, when given: the GPU workers' own queues)."""
         found: dict[str, str] = {}
         for tag, raw in self.client.hgetall(UNACKED_KEY).items():
             entry = _loads(raw)
-            if isinstance(entry, list) and len(entry) == 3 and entry[2] == queue:
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], str)):
+                continue
+            if entry[2] == queue or (prefix is not None and entry[2].startswith(prefix)):
                 for task_id in _task_id(entry[0]):
                     found[task_id] = tag.decode() if isinstance(tag, bytes) else str(tag)
         return found
@@ -107,11 +114,41 @@ class RedisBroker:
             if raw:
                 message = json.loads(raw)[0]
                 _mark_redelivered(message)
+                _retarget(message, queue)
                 pipe.rpush(_list_for(queue, message), json.dumps(message))
                 restored = True
 
         self.client.transaction(move, UNACKED_KEY)
         return restored
+
+    def move_queue(self, src: str, dst: str) -> list[str]:
+        """Every message waiting in `src` (a gone worker's own queue) moved to the head of `dst`, oldest
+        first, each at its priority; -> their task ids. Each move is atomic (WATCH on the list): a message
+        is in one of the two queues, never in neither."""
+        moved: list[str] = []
+        for src_list in priority_lists(src):
+            while True:
+                raw = self.client.transaction(lambda pipe, key=src_list: self._move_newest(pipe, key, dst),
+                                              src_list, value_from_callable=True)
+                if raw is None:
+                    break
+                moved.extend(_task_id(_loads(raw)))
+        return moved
+
+    @staticmethod
+    def _move_newest(pipe: Any, src_list: str, dst: str) -> bytes | None:
+        """kombu pushes on the left and serves from the right: taking the newest first and pushing each on
+        the right keeps the moved messages' order, served before what `dst` already holds."""
+        raw = pipe.lindex(src_list, 0)
+        if raw is None:
+            return None
+        message = _loads(raw)
+        pipe.multi()
+        pipe.lpop(src_list)
+        if isinstance(message, dict):
+            _retarget(message, dst)
+            pipe.rpush(_list_for(dst, message), json.dumps(message))
+        return raw  # a message that is not kombu's JSON is dropped: nothing could deliver it
 
     def close(self) -> None:
         self.client.close()
@@ -145,6 +182,38 @@ class AmqpBroker:
 
     def task_ids(self, queue: str) -> set[str] | None:
         return None  # RabbitMQ does not list a queue's messages without taking them
+
+    def move_queue(self, src: str, dst: str) -> list[str]:
+        """Every message waiting in `src` (a gone worker's own queue) published again to `dst`, with its
+        body, headers, properties and priority (already in RabbitMQ's order), and only then acknowledged
+        in `src` (a crash in between leaves a copy in each, which the claims make harmless); the emptied
+        queue is deleted. -> their task ids."""
+        moved: list[str] = []
+        with Connection(self.url, connect_timeout=self.timeout_s,
+                        transport_options={"confirm_publish": True}) as conn:
+            channel = conn.channel()
+            producer = Producer(channel)
+            while True:
+                try:
+                    raw = channel.basic_get(queue=src, no_ack=False)
+                except ChannelError:  # 404: never declared (or deleted already)
+                    return moved
+                if raw is None:
+                    break
+                message = channel.message_to_python(raw)
+                props = message.properties
+                producer.publish(message.body, exchange="", routing_key=dst, headers=message.headers,
+                                 content_type=message.content_type,
+                                 content_encoding=message.content_encoding, priority=props.get("priority"),
+                                 correlation_id=props.get("correlation_id"), reply_to=props.get("reply_to"),
+                                 delivery_mode=2, retry=True)
+                message.ack()
+                task_id = message.headers.get("id")
+                if isinstance(task_id, str):
+                    moved.append(task_id)
+            with contextlib.suppress(ChannelError):
+                channel.queue_delete(queue=src, if_empty=True, if_unused=True)
+        return moved
 
     def close(self) -> None:
         pass
@@ -180,6 +249,14 @@ def _mark_redelivered(message: dict[str, Any]) -> None:
     delivery = message.get("properties", {}).get("delivery_info")
     if isinstance(delivery, dict):
         delivery["redelivered"] = True
+
+
+def _retarget(message: dict[str, Any], queue: str) -> None:
+    """The message now belongs to `queue` (Celery's queues: exchange and routing key named after the
+    queue): kombu restores it there after a visibility timeout, and a retry is published there."""
+    delivery = message.get("properties", {}).get("delivery_info")
+    if isinstance(delivery, dict):
+        delivery["exchange"], delivery["routing_key"] = queue, queue
 
 
 def _list_for(queue: str, message: dict[str, Any]) -> str:

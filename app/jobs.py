@@ -21,7 +21,7 @@ from pathlib import Path
 import redis
 from sqlalchemy.orm import Session
 
-from app import audio, voices, wire
+from app import audio, routing, voices, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus
@@ -139,7 +139,8 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
         voices.queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice,
                                  priority=priority)  # commits the rows first
         if text is None:
-            wire.send_synth(sender, settings, job.id, priority)
+            routing.send_routed(session=session, sender=sender, settings=settings, job_id=job.id,
+                                voice_id=voice.id, priority=priority)
         else:
             wire.send_tokenize(sender, settings, job.id, priority)
     except Exception:

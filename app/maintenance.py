@@ -5,25 +5,28 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
 1. orphan files: files under the artifact root that no database row refers to (partial outputs of a
    killed worker, temp files, references whose rows never committed), older than `orphan_grace_s`, are
    removed (the age guard keeps a file whose row is still being committed, or one being written);
-2. orphaned jobs: a job claimed by a GPU worker that is gone (stopped, no heartbeat for `WORKER_GONE_S`,
+2. stranded messages: the messages waiting in the own queue of a GPU worker that is gone (stopped, or
+   no heartbeat for `WORKER_GONE_S`: `app.routing` sent them there) are moved to the shared gpu queue,
+   where any worker takes them (`Broker.move_queue`), and their jobs are recorded as routed there;
+3. orphaned jobs: a job claimed by a GPU worker that is gone (stopped, no heartbeat for `WORKER_GONE_S`,
    or started again since the claim: `queries.list_orphaned_jobs`) goes back to `queued` and gets its
    message back (`resume_orphans`). On Redis the killed worker's message sits in kombu's `unacked` hash
    until the visibility timeout (6 h by default): it is put back in the queue now, or sent again when
    the kill lost it. RabbitMQ requeues a dead consumer's messages by itself, so there a job is sent
    again only when it also stayed quiet for `stuck_job_after_s` (the broker lost it). A restarted GPU
    worker runs the same part for the jobs its previous process held, as it starts (`gpu_worker.worker`);
-3. stuck jobs: a live job not updated for `stuck_job_after_s` whose `synth` message is nowhere in the
+4. stuck jobs: a live job not updated for `stuck_job_after_s` whose `synth` message is nowhere in the
    broker (waiting, or delivered and unacknowledged) is sent again: the job would otherwise wait forever
    (a broker that lost its data, a message a killed worker had just popped). A job that is running
    updates its row every `progress_interval_s`, so it is never stale. Redis only: RabbitMQ cannot list a
    queue's messages, and it loses none of a dead consumer's (part 2 covers the jobs of gone workers).
    A text job not tokenized yet has no `synth`: its `job.tokenize` (cpu queue) is looked for instead,
-   and sent again when it is missing;
-4. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
-5. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
+   and sent again when it is missing. "The broker" is the shared gpu queue and every GPU worker's own;
+5. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
+6. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
    failed or cancelled) for `STALLED_CHAPTER_AFTER_S` without the chapter being assembled gets its
    `book.chapter` sent again. Its trigger, the chord over the chapter's segment jobs, never fires when
-   one of them was sent again by parts 2 or 3 (a re-sent message carries no chord), and `book.chapter` is
+   one of them was sent again by parts 3 or 4 (a re-sent message carries no chord), and `book.chapter` is
    idempotent, so sending it again is always safe.
 It does not touch the GPU workers' installs (theirs to reclaim) and does not retry failed jobs.
 """
@@ -46,7 +49,8 @@ from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
 from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice
-from app.wire import BOOK_CHAPTER_TASK, TaskSender, send_synth, send_tokenize, tokenize_task_id
+from app.routing import QUEUE_SEP, send_routed, worker_queue
+from app.wire import BOOK_CHAPTER_TASK, TaskSender, send_tokenize, tokenize_task_id
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,7 @@ class SweepReport:
     orphans_removed: list[str] = field(default_factory=list)  # root-relative paths
     jobs_resumed: list[str] = field(default_factory=list)  # orphaned: their worker is gone
     jobs_requeued: list[str] = field(default_factory=list)  # stuck: no message anywhere
+    jobs_rerouted: list[str] = field(default_factory=list)  # moved from a gone worker's own queue
     voices_reclaimed: list[str] = field(default_factory=list)
     chapters_resumed: list[str] = field(default_factory=list)  # "<book id>/<chapter index>"
     errors: list[str] = field(default_factory=list)
@@ -70,6 +75,30 @@ class SweepReport:
 def broker_task_ids(broker: Broker | redis.Redis, queue: str) -> set[str]:
     """Task ids with a message for `queue` in a Redis broker: waiting (every priority) or unacked."""
     return as_broker(broker).task_ids(queue) or set()
+
+
+def gpu_queues(settings: Settings, sessions: sessionmaker[Session]) -> list[str]:
+    """The shared gpu queue and the own queue of every GPU worker the database knows."""
+    with session_scope(sessions) as session:
+        names = queries.list_worker_names(session=session)
+    return [settings.queue_gpu, *(worker_queue(settings, name) for name in names)]
+
+
+def move_stranded(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
+                  report: SweepReport) -> None:
+    """Part 2 (module docstring): a gone worker's own queue, emptied into the shared gpu queue."""
+    broker = as_broker(broker)
+    with session_scope(sessions) as session:
+        gone = queries.list_gone_workers(session=session, silent_before=utcnow() - timedelta(seconds=WORKER_GONE_S))
+    for name in gone:
+        moved = broker.move_queue(worker_queue(settings, name), settings.queue_gpu)
+        if not moved:
+            continue
+        with session_scope(sessions) as session:
+            queries.set_job_route(session=session, job_ids=moved, routed_to=None, route="shared_worker_gone")
+        log.warning("maintenance: %d jobs waiting on the queue of GPU worker %s, which is gone, moved to the "
+                    "shared queue", len(moved), name)
+        report.jobs_rerouted.extend(moved)
 
 
 def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float,
@@ -88,7 +117,7 @@ def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float
 
 def resume_orphans(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
                    sender: TaskSender, report: SweepReport, worker: str | None = None) -> None:
-    """Part 2 (module docstring): the jobs of gone workers (only `worker`'s, when given) are queued again."""
+    """Part 3 (module docstring): the jobs of gone workers (only `worker`'s, when given) are queued again."""
     broker = as_broker(broker)
     now = utcnow()
     quiet = now - timedelta(seconds=settings.stuck_job_after_s) if broker.redelivers_dead_consumers else None
@@ -98,45 +127,56 @@ def resume_orphans(*, settings: Settings, sessions: sessionmaker[Session], broke
             quiet_before=quiet)]
     if not orphans:
         return
-    put_back = _PutBack(settings, broker, sender)
+    put_back = _PutBack(settings, sessions, broker, sender)
     for job_id, priority, attempts in orphans:
         if put_back.waiting(job_id):
             continue  # its message is in the queue: the next delivery claims it (its worker is gone)
         with session_scope(sessions) as session:
             if not queries.release_job(session=session, job_id=job_id, attempts=attempts):
                 continue  # claimed again, finished or cancelled meanwhile
-        put_back.message(job_id, priority)
+            put_back.message(session, job_id, priority)
         log.warning("maintenance: job %s was held by a worker that is gone; queued again", job_id)
         report.jobs_resumed.append(job_id)
 
 
 class _PutBack:
-    """An orphaned job's message, back in the gpu queue: the one a dead worker left in kombu's `unacked`
-    hash (Redis), or a new one when there is none (a kill that lost it; RabbitMQ: a broker that lost it)."""
+    """An orphaned job's message, back in the shared gpu queue: the one a dead worker left in kombu's
+    `unacked` hash (Redis; taken from the shared queue or the worker's own), or a new one, routed again,
+    when there is none (a kill that lost it; RabbitMQ: a broker that lost it)."""
 
-    def __init__(self, settings: Settings, broker: Broker, sender: TaskSender) -> None:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], broker: Broker,
+                 sender: TaskSender) -> None:
         self.settings, self.sender = settings, sender
         self.redis = broker if isinstance(broker, RedisBroker) else None
-        queue = settings.queue_gpu
-        self.queued = self.redis.waiting_ids(queue) if self.redis else set()
-        self.unacked = self.redis.unacked(queue) if self.redis else {}
+        self.queued: set[str] = set()
+        if self.redis is not None:
+            for queue in gpu_queues(settings, sessions):
+                self.queued |= self.redis.waiting_ids(queue)
+        shared = settings.queue_gpu
+        self.unacked = self.redis.unacked(shared, prefix=shared + QUEUE_SEP) if self.redis else {}
 
     def waiting(self, job_id: str) -> bool:
         return job_id in self.queued
 
-    def message(self, job_id: str, priority: int) -> None:
+    def message(self, session: Session, job_id: str, priority: int) -> None:
         tag = self.unacked.get(job_id)
         if self.redis is not None and tag is not None and self.redis.restore(tag, self.settings.queue_gpu):
+            queries.set_job_route(session=session, job_ids=[job_id], routed_to=None, route="shared_worker_gone")
             return
-        send_synth(self.sender, self.settings, job_id, priority)
+        job = queries.require_job(session=session, job_id=job_id)
+        send_routed(session=session, sender=self.sender, settings=self.settings, job_id=job_id,
+                    voice_id=job.voice_id, priority=priority)
 
 
 def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
                   sender: TaskSender, report: SweepReport) -> None:
-    """Part 3 (module docstring): quiet live jobs without any message are sent again (Redis only)."""
-    present = as_broker(broker).task_ids(settings.queue_gpu)
+    """Part 4 (module docstring): quiet live jobs without any message are sent again (Redis only)."""
+    present: set[str] | None = set()
+    for queue in gpu_queues(settings, sessions):
+        found = as_broker(broker).task_ids(queue)
+        present = None if found is None or present is None else present | found
     if present is None:
-        return  # RabbitMQ: cannot tell; it keeps every message it confirmed (part 2 covers gone workers)
+        return  # RabbitMQ: cannot tell; it keeps every message it confirmed (part 3 covers gone workers)
     cutoff = utcnow() - timedelta(seconds=settings.stuck_job_after_s)
     with session_scope(sessions) as session:
         jobs = queries.list_stale_live_jobs(session=session, updated_before=cutoff)
@@ -159,7 +199,9 @@ def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker
                 queries.touch_job(session=session, job_id=job_id)
             elif not queries.release_job(session=session, job_id=job_id, attempts=attempts):
                 continue  # claimed again meanwhile
-        send_synth(sender, settings, job_id, priority)
+            job = queries.require_job(session=session, job_id=job_id)
+            send_routed(session=session, sender=sender, settings=settings, job_id=job_id,
+                        voice_id=job.voice_id, priority=priority)
         log.warning("maintenance: job %s had no broker message; sent again", job_id)
         report.jobs_requeued.append(job_id)
 
@@ -194,6 +236,8 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
     parts = (
         ("orphans", lambda: _in_session(sessions, lambda s: remove_orphans(
             session=s, artifacts=artifacts, grace_s=grace, report=report))),
+        ("stranded messages", lambda: move_stranded(settings=settings, sessions=sessions, broker=broker,
+                                                    report=report)),
         ("orphaned jobs", lambda: resume_orphans(settings=settings, sessions=sessions, broker=broker,
                                                  sender=sender, report=report)),
         ("stuck jobs", lambda: requeue_stuck(settings=settings, sessions=sessions, broker=broker,
@@ -208,8 +252,9 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
         except Exception as exc:  # one failing part must not stop the others
             log.exception("maintenance: %s failed", name)
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-    log.info("maintenance: %d orphan files removed, %d jobs of gone workers queued again, %d jobs sent "
-             "again, %d voices reclaimed, %d chapters checked again, %d errors", len(report.orphans_removed),
+    log.info("maintenance: %d orphan files removed, %d jobs moved off gone workers' queues, %d jobs of gone "
+             "workers queued again, %d jobs sent again, %d voices reclaimed, %d chapters checked again, "
+             "%d errors", len(report.orphans_removed), len(report.jobs_rerouted),
              len(report.jobs_resumed), len(report.jobs_requeued),
              len(report.voices_reclaimed), len(report.chapters_resumed), len(report.errors))
     return report

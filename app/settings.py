@@ -81,6 +81,18 @@ class Settings(BaseSettings):
         "a setup solve, up to this many; 1: one solve per voice (bit-reproducible installs; no faster on "
         "the CPUs measured, docs/PERFORMANCE.md)")
     voice_cache_capacity: int = Field(default=8, ge=1, description="installed voices per worker")
+    prep_queue_full: int = Field(
+        default=64, ge=0, description="a job whose voice is not prepared yet, claimed while more than this "
+        "many tasks wait on the cpu queue, is prepared inline at once (prep path queue_full) rather than "
+        "after prep_wait_ms; 0: never")
+
+    # Routing across GPU workers (`app.routing`).
+    voice_affinity: Literal["auto", "on", "off"] = Field(
+        default="auto", description="send a job to the GPU worker that holds its voice (its own queue); "
+        "auto: when more than one GPU worker is alive")
+    affinity_max_backlog: int = Field(
+        default=32, ge=1, description="a GPU worker with this many live jobs claimed or queued on its own "
+        "queue takes no more by affinity: they go to the shared gpu queue")
     feature_ttl_s: int = Field(default=7 * DAY_S, ge=1)
 
     # Limits on what clients may send.

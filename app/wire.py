@@ -79,7 +79,9 @@ def send_tokenize(sender: TaskSender, settings: Settings, job_id: str, priority:
                      task_id=tokenize_task_id(job_id), priority=broker_priority(priority))
 
 
-def send_synth(sender: TaskSender, settings: Settings, job_id: str, priority: int) -> None:
-    """Queue a job on the GPU workers; the task id is the job id (Flower and revocation address it)."""
-    sender.send_task(SYNTH_TASK, args=[job_id], queue=settings.queue_gpu, task_id=job_id,
+def send_synth(sender: TaskSender, settings: Settings, job_id: str, priority: int,
+               queue: str | None = None) -> None:
+    """Queue a job on the GPU workers: the shared gpu queue, or `queue` (one worker's own: `app.routing`
+    chooses); the task id is the job id (Flower and revocation address it)."""
+    sender.send_task(SYNTH_TASK, args=[job_id], queue=queue or settings.queue_gpu, task_id=job_id,
                      priority=broker_priority(priority))

@@ -166,6 +166,8 @@ class JobRun:
                 queries.add_job_note(session=session, job_id=row.id, note=dummy_weights_note(settings))
             voice = queries.require_voice(session=session, voice_id=row.voice_id)
             hint = "failed" if voice.status == VoiceStatus.FAILED else None
+            if voice.status == VoiceStatus.PENDING and self.rt.cpu_backlog.full():
+                hint = "queue_full"  # its preparation waits behind a deep cpu queue: do not wait for it
             tokens = job_tokens(job=row, artifacts=self.rt.artifacts)
             job = EngineJob(job_id=row.id, voice_id=row.voice_id, tokens=tokens, seed=row.seed,
                             priority=row.priority, prep_hint=hint)

@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 # already_installed: the voice was installed on this worker; late: the features arrived while the job
 # waited; inline: the wait ran out and the worker prepared the voice itself; failed / unavailable: the
 # stored features were unusable / the store could not be read, so the worker prepared inline at once;
-# queue_full: the voice's CPU preparation was never queued, so no waiting; abandoned: the job went away
-# while waiting for its voice.
+# queue_full: the voice's CPU preparation waits behind a deep cpu queue (WAVEFARM_PREP_QUEUE_FULL), so
+# no waiting; abandoned: the job went away while waiting for its voice.
 PREP_PATHS = ("prepared_ahead", "already_installed", "late", "inline", "failed", "unavailable",
               "queue_full", "abandoned")
 

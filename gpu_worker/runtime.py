@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
+from app.broker import open_broker
 from app.db import queries
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings, get_settings
@@ -150,6 +152,38 @@ class Presence:
             log.warning("worker %s: not marked stopped: %s", self.name, exc)
 
 
+class CpuBacklog:
+    """How many tasks wait on the cpu queue, asked of the broker at most once a second: a job whose voice
+    is still waiting for its CPU preparation behind more than `prep_queue_full` of them is prepared
+    inline at once (prep path `queue_full`) instead of after the prep wait."""
+
+    TTL_S = 1.0
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.clock = settings, clock
+        self._broker = open_broker(settings.broker_url)
+        self._depth, self._asked = 0, float("-inf")
+        self._lock = threading.Lock()
+
+    def depth(self) -> int:
+        with self._lock:
+            if self.clock() - self._asked >= self.TTL_S:
+                try:
+                    self._depth = self._broker.queue_depth(self.settings.queue_cpu)
+                except Exception as exc:  # the broker away: no hint (the job waits as usual)
+                    log.warning("cpu queue depth unknown: %s", exc)
+                    self._depth = 0
+                self._asked = self.clock()
+            return self._depth
+
+    def full(self) -> bool:
+        bound = self.settings.prep_queue_full
+        return bound > 0 and self.depth() > bound
+
+    def close(self) -> None:
+        self._broker.close()
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -162,11 +196,18 @@ class Runtime:
     installs: InstallRecords
     metrics: WorkerMetrics
     presence: Presence
+    cpu_backlog: CpuBacklog
 
     def close(self) -> None:
         self.loop.stop()
         self.presence.stop()
         self.book.drain()
+        try:  # its device memory goes with the process: no job should be routed here for these voices
+            with session_scope(self.sessions) as session:
+                queries.clear_worker_voices(session=session, worker_id=self.worker_id)
+        except OperationalError as exc:
+            log.warning("worker %s: installs not cleared: %s", self.worker_id, exc)
+        self.cpu_backlog.close()
         self.store.close()
 
 
@@ -192,7 +233,7 @@ def build_runtime(settings: Settings, worker_id: str, engine_factory: EngineFact
              settings.device, settings.model_preset, settings.worker_slots, settings.micro_batch_size)
     return Runtime(settings=settings, worker_id=worker_id, sessions=sessions, store=store,
                    artifacts=artifacts, loop=loop, book=book, installs=installs, metrics=metrics,
-                   presence=presence)
+                   presence=presence, cpu_backlog=CpuBacklog(settings))
 
 
 def runtime(worker_id: str) -> Runtime:

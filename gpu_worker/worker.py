@@ -2,6 +2,9 @@
 
     celery -A gpu_worker.worker worker -Q gpu -P threads -c <slots> -E
 
+It consumes the shared gpu queue and a queue of its own, `gpu.<node name>` (`app.routing.worker_queue`),
+where the jobs of the voices it holds are sent (voice affinity: `app.routing`).
+
 Each `synth` task (JSON args `[job_id]`) is a thin adapter over `gpu_worker.job.JobRun`, which streams
 the job through the process's runtime (`gpu_worker.runtime`): the N threads of the pool are the N slots
 of continuous batching, and one engine thread owns the model and the device. The runtime is built when
@@ -31,6 +34,7 @@ from app.db import queries
 from app.db.models import LIVE_JOB_STATUSES
 from app.db.session import session_scope
 from app.maintenance import SweepReport, resume_orphans
+from app.routing import worker_queue
 from app.settings import Settings, get_settings
 from app.wire import SYNTH_TASK, TaskSender
 from gpu_worker.job import TRANSIENT, JobRun
@@ -111,6 +115,12 @@ def resume_previous(rt: Runtime, sender: TaskSender) -> list[str]:
         log.warning("worker %s: resumed %d jobs its previous process held: %s", rt.worker_id,
                     len(report.jobs_resumed), report.jobs_resumed)
     return report.jobs_resumed
+
+
+@signals.celeryd_after_setup.connect
+def _consume_own_queue(sender: str, instance: Any, **_: Any) -> None:
+    """Besides `-Q gpu`: this node's own queue, where `app.routing` sends the jobs of its voices."""
+    instance.app.amqp.queues.select_add(worker_queue(get_settings(), sender))
 
 
 @signals.worker_ready.connect

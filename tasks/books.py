@@ -15,8 +15,8 @@
     book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
-overtakes every queued segment); `synth` is sent by name on the gpu queue, so this module never imports
-the GPU worker. Flower shows every task by name; `book.chapter` sends `task-progress` events with the
+overtakes every queued segment); `synth` is sent by name to the queue `app.routing` chooses for the
+book's voice (one GPU worker's own, or the shared gpu queue), so this module never imports the GPU worker. Flower shows every task by name; `book.chapter` sends `task-progress` events with the
 book's progress while it waits. The work itself (plans, token sources, chapter files, progress) is
 `app.books`'s; this module schedules it.
 """
@@ -30,7 +30,7 @@ from celery import Task, chain, chord, group
 from celery.canvas import Signature
 from sqlalchemy.orm import Session
 
-from app import wire
+from app import routing, wire
 from app.books import files, render, service, status
 from app.books.plan import BookPlan, PlanSegment
 from app.books.tokens import BookContext, source_for
@@ -64,26 +64,29 @@ def _sig(name: str, *args: Any, immutable: bool = True, **options: Any) -> Signa
 # book.plan ---------------------------------------------------------------------------------------
 
 def _member(res: Resources, session: Session, book: Book, segment: PlanSegment,
-            state: queries.SegmentState) -> Signature | None:
-    """What renders one segment, or None when nothing needs sending (done, or already rendering)."""
+            state: queries.SegmentState, route: routing.Route) -> Signature | None:
+    """What renders one segment, or None when nothing needs sending (done, or already rendering). Its
+    `synth` goes where `route` says (one route per chapter: the book's voice)."""
     if state.done and res.artifacts.path(state.output_path or "").is_file():
         return None
     if state.live:
         return None  # queued or rendering from an earlier submission: book.chapter waits for it
-    gpu: dict[str, Any] = {"queue": res.settings.queue_gpu, "priority": wire.broker_priority(book.priority)}
+    gpu: dict[str, Any] = {"queue": route.queue, "priority": wire.broker_priority(book.priority)}
     source = source_for(segment)
     if source.ready_at_plan:  # the segment's own tokens: its job is made now
         tokens = source.tokens(segment, BookContext())
         job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
                                                    key=segment.key, tokens=tokens, replacing=state.job_id)
+        if created:
+            queries.set_job_route(session=session, job_ids=[job_id], routed_to=route.worker, route=route.reason)
         session.commit()
         return _sig(wire.SYNTH_TASK, job_id, task_id=job_id, **gpu) if created else None
     if state.job_id is not None or state.error is not None:  # failed or cancelled before: start afresh
         queries.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
         queries.fail_segment(session=session, key=segment.key, error=None)
         session.commit()
-    tokenize = _sig(wire.BOOK_TOKENIZE_TASK, book.id, segment.key, queue=res.settings.queue_cpu,
-                    priority=wire.broker_priority(book.priority))
+    tokenize = _sig(wire.BOOK_TOKENIZE_TASK, book.id, segment.key, route.worker, route.reason,
+                    queue=res.settings.queue_cpu, priority=wire.broker_priority(book.priority))
     return chain(tokenize, celery_app.signature(wire.SYNTH_TASK, **gpu))
 
 
@@ -92,13 +95,14 @@ def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, s
     chapter in `seen`: left alone), then book.chapter. Returns how many segments were sent."""
     members = []
     with session_scope(res.sessions) as session:
+        route = routing.route_voice(session=session, settings=res.settings, voice_id=book.voice_id)
         for segment in book_plan.chapters[index].segments:
             if segment.key in seen:
                 continue  # a sentence repeated in the book renders once
             seen.add(segment.key)
             state = queries.segment_state(session=session, key=segment.key)
             assert state is not None  # create_book inserted every key
-            member = _member(res, session, book, segment, state)
+            member = _member(res, session, book, segment, state, route)
             if member is not None:
                 members.append(member)
     callback = _sig(wire.BOOK_CHAPTER_TASK, book.id, index, queue=res.settings.queue_cpu)
@@ -152,8 +156,10 @@ def plan(book_id: str, res: Resources) -> int:
 
 # book.tokenize -----------------------------------------------------------------------------------
 
-def tokenize(book_id: str, key: str, res: Resources) -> str:
-    """Tokens for one segment -> its queued job (reusing one another render made meanwhile)."""
+def tokenize(book_id: str, key: str, res: Resources, routed_to: str | None = None,
+             route: str | None = None) -> str:
+    """Tokens for one segment -> its queued job (reusing one another render made meanwhile); the route
+    its chained `synth` was given (`app.routing`) is recorded on a job made here."""
     with session_scope(res.sessions) as session:
         if queries.require_book(session=session, book_id=book_id).status not in LIVE_BOOK_STATUSES:
             raise BookStopped(f"book {book_id} was cancelled or failed; segment {key[:12]} is not rendered")
@@ -174,8 +180,10 @@ def tokenize(book_id: str, key: str, res: Resources) -> str:
         raise
     with session_scope(res.sessions) as session:
         book = queries.require_book(session=session, book_id=book_id)
-        job_id, _ = service.make_segment_job(session=session, artifacts=res.artifacts, book=book, key=key,
-                                             tokens=tokens, replacing=state.job_id)
+        job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
+                                                   key=key, tokens=tokens, replacing=state.job_id)
+        if created and route is not None:
+            queries.set_job_route(session=session, job_ids=[job_id], routed_to=routed_to, route=route)
     return job_id
 
 
@@ -242,8 +250,9 @@ def plan_task(self: Task, book_id: str) -> int:
 
 
 @celery_app.task(name=wire.BOOK_TOKENIZE_TASK, bind=True, max_retries=MAX_RETRIES)
-def tokenize_task(self: Task, book_id: str, key: str) -> str:
-    return str(_run(self, book_id, lambda res: tokenize(book_id, key, res)))
+def tokenize_task(self: Task, book_id: str, key: str, routed_to: str | None = None,
+                  route: str | None = None) -> str:
+    return str(_run(self, book_id, lambda res: tokenize(book_id, key, res, routed_to, route)))
 
 
 @celery_app.task(name=wire.BOOK_CHAPTER_TASK, bind=True, max_retries=None)

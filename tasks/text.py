@@ -1,7 +1,8 @@
 """`job.tokenize`: a text job's speech tokens, on a CPU worker, then its `synth`.
 
     job.tokenize(job_id)   the job's text through the guide voice and the S3 tokenizer
-                           (`app.text_tokens`) -> the job's tokens -> `synth` sent to the gpu queue
+                           (`app.text_tokens`) -> the job's tokens -> `synth` sent to a GPU
+                           worker (`app.routing`)
 
 Idempotent: a redelivery after the tokens were stored only sends `synth` again (the GPU worker claims a
 job once, so a second message is dropped there); a job cancelled meanwhile is left alone. A text that
@@ -16,7 +17,7 @@ import logging
 
 from celery import Task
 
-from app import jobs, wire
+from app import jobs, routing, wire
 from app.db import queries
 from app.db.models import JobStatus
 from app.db.session import session_scope
@@ -41,6 +42,7 @@ def tokenize_job(job_id: str, res: Resources) -> str:
                      "no such job" if job is None else job.status)
             return "stopped"
         done, text, language, priority = queries.is_tokenized(job), job.text, job.language, job.priority
+        voice_id = job.voice_id
     if not done:
         if text is None:
             raise WavefarmError(f"job {job_id} has neither tokens nor text")
@@ -59,7 +61,9 @@ def tokenize_job(job_id: str, res: Resources) -> str:
             if res.settings.model_dir is None:
                 queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
         log.info("job.tokenize %s: %d tokens from %d characters", job_id, len(tokens), len(text))
-    wire.send_synth(celery_app, res.settings, job_id, priority)
+    with session_scope(res.sessions) as session:
+        routing.send_routed(session=session, sender=celery_app, settings=res.settings, job_id=job_id,
+                            voice_id=voice_id, priority=priority)
     return "sent"
 
 

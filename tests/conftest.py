@@ -54,7 +54,7 @@ if XDIST_WORKER not in DB_SETS:
 BROKER_DB, RESULT_DB, FEATURE_DB = DB_SETS[XDIST_WORKER]
 LOCK_DB = 13
 PG_ADMIN_URL = os.environ.get("WAVEFARM_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-TABLES = ("worker_voices", "jobs", "voices")  # children first
+TABLES = ("install_events", "worker_voices", "jobs", "voices", "workers")  # children first
 SESSION_TAG = f"t{os.getpid()}"
 
 

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app import routing
 from app.api.deps import ApiContext
 from app.api.limits import BodyLimit
 from app.api.metrics import HttpMetrics, StateCollector, http_metrics
@@ -46,14 +47,30 @@ def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiCo
     """Clients for everything the API talks to (none connects before first use), and its metrics."""
     ctx = ApiContext.build(settings, sender)
     ctx.registry.register(StateCollector(
-        broker=ctx.broker, store=ctx.store, queues=[settings.queue_cpu, settings.queue_gpu],
-        job_counts=lambda: _job_counts(ctx)))
+        broker=ctx.broker, store=ctx.store, queues=lambda: _queues(ctx),
+        job_counts=lambda: _job_counts(ctx), job_routes=lambda: _job_routes(ctx)))
     return ctx
+
+
+def _queues(ctx: ApiContext) -> list[str]:
+    """cpu, gpu, and the own queue of every GPU worker the database knows (`app.routing`)."""
+    try:
+        with ctx.session() as s:
+            workers = queries.list_worker_names(session=s)
+    except OperationalError:  # the database is down (its own metric says so): the two shared queues
+        workers = []
+    return [ctx.settings.queue_cpu, ctx.settings.queue_gpu,
+            *(routing.worker_queue(ctx.settings, name) for name in workers)]
 
 
 def _job_counts(ctx: ApiContext) -> dict[str, int]:
     with ctx.session() as s:
         return queries.count_jobs_by_status(session=s)
+
+
+def _job_routes(ctx: ApiContext) -> dict[str, int]:
+    with ctx.session() as s:
+        return queries.count_jobs_by_route(session=s)
 
 
 def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastAPI:

@@ -3,10 +3,13 @@
 `/metrics` is served from a registry owned by one app instance (several apps in one process, as in
 the tests, never collide). State metrics are read at scrape time, not kept in this process:
   wavefarm_queue_depth{queue}          messages waiting in the broker (Redis: its lists, all priorities;
-                                       RabbitMQ: the queue's ready messages; neither counts delivered ones)
+                                       RabbitMQ: the queue's ready messages; neither counts delivered ones):
+                                       cpu, gpu and each GPU worker's own queue
   wavefarm_prep_path_total{path}       how GPU workers installed job voices (feature-store counters)
   wavefarm_voice_prepare_total{outcome} CPU-side preparations (feature-store counters)
   wavefarm_jobs{status}                jobs in the database by status
+  wavefarm_jobs_routed{route}          jobs in the database by where their latest `synth` went and why
+                                       (`app.routing.ROUTES`: affinity, placed, and the fallbacks)
   wavefarm_source_up{source}           1 when that source answered this scrape
 plus request counts and latencies of the API itself. The GPU worker exports its engine's metrics from
 its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
@@ -34,6 +37,7 @@ QUEUE_DEPTH = "wavefarm_queue_depth"
 PREP_PATH = "wavefarm_prep_path"
 VOICE_PREPARE = "wavefarm_voice_prepare"
 JOBS = "wavefarm_jobs"
+JOBS_ROUTED = "wavefarm_jobs_routed"
 SOURCE_UP = "wavefarm_source_up"
 HTTP_REQUESTS = "wavefarm_http_requests"
 HTTP_SECONDS = "wavefarm_http_request_seconds"
@@ -47,9 +51,11 @@ def broker_queue_depth(broker: Broker | redis.Redis, queue: str) -> int:
 class StateCollector(Collector):
     """Reads queue depths, feature-store counters and job counts at every scrape."""
 
-    def __init__(self, *, broker: Broker | redis.Redis, store: FeatureStore, queues: list[str],
-                 job_counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, *, broker: Broker | redis.Redis, store: FeatureStore,
+                 queues: list[str] | Callable[[], list[str]], job_counts: Callable[[], dict[str, int]],
+                 job_routes: Callable[[], dict[str, int]] = dict) -> None:
         self.broker, self.store, self.queues, self.job_counts = broker, store, queues, job_counts
+        self.job_routes = job_routes
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(SOURCE_UP, "1 when the source answered this scrape", labels=["source"])
@@ -65,7 +71,7 @@ class StateCollector(Collector):
 
     def _queues(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(QUEUE_DEPTH, "messages waiting in the broker", labels=["queue"])
-        for queue in self.queues:
+        for queue in self.queues() if callable(self.queues) else self.queues:
             depth.add_metric([queue], broker_queue_depth(self.broker, queue))
         yield depth
 
@@ -83,6 +89,11 @@ class StateCollector(Collector):
         for status, count in sorted(self.job_counts().items()):
             family.add_metric([status], count)
         yield family
+        routed = GaugeMetricFamily(JOBS_ROUTED, "jobs in the database by the route of their latest synth",
+                                   labels=["route"])
+        for route, count in sorted(self.job_routes().items()):
+            routed.add_metric([route], count)
+        yield routed
 
 
 def http_metrics(registry: CollectorRegistry) -> tuple[Counter, Histogram]:

@@ -176,6 +176,10 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text)
     output_path: Mapped[str | None] = mapped_column(String(255))
     worker: Mapped[str | None] = mapped_column(String(255))
+    # Where its latest `synth` was sent (`app.routing`): a GPU worker's own queue (that worker's name),
+    # or None for the shared gpu queue; `route` says why (`app.routing.ROUTES`).
+    routed_to: Mapped[str | None] = mapped_column(String(255))
+    route: Mapped[str | None] = mapped_column(String(32))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
@@ -201,6 +205,24 @@ class WorkerVoice(Base):
     installed_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used: Mapped[datetime] = mapped_column(default=utcnow)
     pinned: Mapped[int] = mapped_column(Integer, default=0)  # live jobs using the install
+    nbytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class InstallEvent(Base):
+    """The history of installs: one row per voice installed on a GPU worker, closed when it was evicted
+    or when the worker's process ended without evicting it (a restart: `evicted_at` with `lost`).
+    `worker_voices` says what a worker holds now; this says what every worker installed, and for how
+    long (the cluster test and the affinity benchmark count installs here)."""
+
+    __tablename__ = "install_events"
+    __table_args__ = (Index("ix_install_events_worker_voice", "worker_id", "voice_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    worker_id: Mapped[str] = mapped_column(String(255))
+    voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"))
+    installed_at: Mapped[datetime] = mapped_column(default=utcnow)
+    evicted_at: Mapped[datetime | None]
+    lost: Mapped[bool] = mapped_column(Boolean, default=False)  # its process ended holding it
     nbytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 

@@ -9,7 +9,8 @@ DO NOTHING (SQLite and PostgreSQL both have it).
     voices       voice rows, preparation states, uses, live jobs, referenced artifact paths
     jobs         job creation (idempotent), attempts, progress, finishing, cancelling, listing
     installs     which voices each GPU worker holds, pins, last use
-    workers      GPU worker incarnations and heartbeats; held and orphaned jobs, releasing a claim
+    workers      GPU worker incarnations and heartbeats; held and orphaned jobs, releasing a claim;
+                 the routing reads (live workers, backlogs, voice holders) and job routes
     maintenance  stale live jobs and abandoned ready voices, for the sweep
     books        books, chapters, segments and their jobs, per-chapter progress
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
@@ -48,6 +49,7 @@ from app.db.queries.books import (
 from app.db.queries.installs import (
     clear_worker_voices,
     get_worker_voice,
+    list_install_events,
     list_worker_voices,
     pin_worker_voice,
     record_install,
@@ -87,12 +89,19 @@ from app.db.queries.voices import (
 from app.db.queries.workers import (
     CLAIM_HOLD_S,
     beat,
+    count_jobs_by_route,
     get_worker,
     is_held,
+    list_gone_workers,
     list_orphaned_jobs,
+    list_worker_names,
+    live_workers,
     mark_worker_stopped,
     register_worker,
     release_job,
+    set_job_route,
+    voice_holders,
+    worker_backlogs,
 )
 
 __all__ = [
@@ -128,6 +137,7 @@ __all__ = [
     # worker installs
     "get_worker_voice",
     "record_install",
+    "list_install_events",
     "pin_worker_voice",
     "remove_worker_voice",
     "list_worker_voices",
@@ -141,6 +151,14 @@ __all__ = [
     "is_held",
     "list_orphaned_jobs",
     "release_job",
+    # routing
+    "live_workers",
+    "worker_backlogs",
+    "voice_holders",
+    "set_job_route",
+    "list_gone_workers",
+    "list_worker_names",
+    "count_jobs_by_route",
     # maintenance
     "list_stale_live_jobs",
     "touch_job",

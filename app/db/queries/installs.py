@@ -1,11 +1,12 @@
-"""Worker installs: which voices each GPU worker holds, their pins and last use."""
+"""Worker installs: which voices each GPU worker holds, their pins and last use, and the history of
+installs (`install_events`: every install, when it ended and how)."""
 
 from __future__ import annotations
 
 from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import WorkerVoice, utcnow
+from app.db.models import InstallEvent, WorkerVoice, utcnow
 
 
 def get_worker_voice(*, session: Session, worker_id: str, voice_id: str) -> WorkerVoice | None:
@@ -23,8 +24,26 @@ def record_install(*, session: Session, worker_id: str, voice_id: str, nbytes: i
         session.add(row)
     else:
         row.installed_at, row.last_used, row.nbytes = now, now, nbytes
+    _close_events(session, worker_id, voice_id, lost=False)  # installed again: the earlier one ended
+    session.add(InstallEvent(worker_id=worker_id, voice_id=voice_id, installed_at=now, nbytes=nbytes,
+                             lost=False))
     session.flush()
     return row
+
+
+def _close_events(session: Session, worker_id: str, voice_id: str | None, *, lost: bool) -> None:
+    stmt = update(InstallEvent).where(InstallEvent.worker_id == worker_id, InstallEvent.evicted_at.is_(None))
+    if voice_id is not None:
+        stmt = stmt.where(InstallEvent.voice_id == voice_id)
+    session.execute(stmt.values(evicted_at=utcnow(), lost=lost))
+
+
+def list_install_events(*, session: Session, worker_id: str | None = None) -> list[InstallEvent]:
+    """Every install (of one worker, when given), oldest first."""
+    stmt = select(InstallEvent).order_by(InstallEvent.id)
+    if worker_id is not None:
+        stmt = stmt.where(InstallEvent.worker_id == worker_id)
+    return list(session.scalars(stmt))
 
 
 def pin_worker_voice(*, session: Session, worker_id: str, voice_id: str, delta: int = 1) -> None:
@@ -40,6 +59,7 @@ def pin_worker_voice(*, session: Session, worker_id: str, voice_id: str, delta: 
 
 
 def remove_worker_voice(*, session: Session, worker_id: str, voice_id: str) -> bool:
+    _close_events(session, worker_id, voice_id, lost=False)
     row = get_worker_voice(session=session, worker_id=worker_id, voice_id=voice_id)
     if row is None:
         return False
@@ -55,7 +75,9 @@ def list_worker_voices(*, session: Session, worker_id: str) -> list[WorkerVoice]
 
 
 def clear_worker_voices(*, session: Session, worker_id: str) -> int:
-    """Forget every install of a worker (it restarted: its device memory is gone)."""
+    """Forget every install of a worker (it restarted: its device memory is gone); their events end as
+    lost."""
+    _close_events(session, worker_id, None, lost=True)
     rows = list_worker_voices(session=session, worker_id=worker_id)
     for row in rows:
         session.delete(row)

@@ -7,16 +7,20 @@ worker that claimed it (the worker's `started_at` is not later than the job's) a
 stopped. A second delivery of a held job does not claim it (`claim_job_attempt`). A job is *orphaned*
 when the worker that claimed it is gone: stopped, silent for longer than the caller's limit, or started
 again since the claim (a process under the same name that was killed).
+
+The routing queries (`app.routing`) read the same rows: which workers are live, what each has to get
+through, which hold a voice; where each job's `synth` was sent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Job, JobStatus, Worker, utcnow
+from app.db.models import Job, JobStatus, Worker, WorkerVoice, utcnow
 from app.db.queries._common import _insert, _rowcount
 
 CLAIM_HOLD_S = 10.0  # a held job's row is this fresh: progress_interval_s must stay well below it
@@ -90,3 +94,62 @@ def release_job(*, session: Session, job_id: str, attempts: int | None = None,
     if worker is not None:
         stmt = stmt.where(Job.worker == worker)
     return _rowcount(session.execute(stmt.values(status=JobStatus.QUEUED, updated_at=utcnow()))) == 1
+
+
+# Routing (`app.routing`) ------------------------------------------------------------------------------
+
+def live_workers(*, session: Session, beat_after: datetime) -> list[str]:
+    """Node names of the GPU workers that beat since `beat_after` (and did not stop), by name."""
+    stmt = select(Worker.name).where(Worker.heartbeat_at.is_not(None), Worker.heartbeat_at >= beat_after)
+    return list(session.scalars(stmt.order_by(Worker.name)))
+
+
+def worker_backlogs(*, session: Session, workers: Sequence[str]) -> dict[str, int]:
+    """Live jobs each worker has to get through: claimed by it, or queued on its own queue."""
+    backlog = dict.fromkeys(workers, 0)
+    if not workers:
+        return backlog
+    claimed = (select(Job.worker, func.count()).where(Job.status.in_(CLAIMED), Job.worker.in_(workers))
+               .group_by(Job.worker))
+    queued = (select(Job.routed_to, func.count())
+              .where(Job.status == JobStatus.QUEUED, Job.routed_to.in_(workers)).group_by(Job.routed_to))
+    for name, n in [*session.execute(claimed), *session.execute(queued)]:
+        backlog[name] += int(n)
+    return backlog
+
+
+def voice_holders(*, session: Session, voice_id: str, workers: Sequence[str]) -> set[str]:
+    """Of `workers`, those that hold the voice: installed (`worker_voices`), or with live jobs of it
+    claimed or queued on their own queue (the install is under way, or will be)."""
+    if not workers:
+        return set()
+    installed = select(WorkerVoice.worker_id).where(WorkerVoice.voice_id == voice_id,
+                                                     WorkerVoice.worker_id.in_(workers))
+    claimed = select(Job.worker).where(Job.voice_id == voice_id, Job.status.in_(CLAIMED),
+                                       Job.worker.in_(workers))
+    queued = select(Job.routed_to).where(Job.voice_id == voice_id, Job.status == JobStatus.QUEUED,
+                                         Job.routed_to.in_(workers))
+    return {name for stmt in (installed, claimed, queued) for name in session.scalars(stmt) if name}
+
+
+def set_job_route(*, session: Session, job_ids: Sequence[str], routed_to: str | None, route: str) -> None:
+    """Record where the jobs' `synth` went (a worker's own queue, or None: the shared one) and why."""
+    if job_ids:
+        session.execute(update(Job).where(Job.id.in_(list(job_ids)))
+                        .values(routed_to=routed_to, route=route))
+
+
+def list_gone_workers(*, session: Session, silent_before: datetime) -> list[str]:
+    """Node names of the GPU workers that stopped or have not beaten since `silent_before`."""
+    stmt = select(Worker.name).where(or_(Worker.heartbeat_at.is_(None), Worker.heartbeat_at < silent_before))
+    return list(session.scalars(stmt.order_by(Worker.name)))
+
+
+def list_worker_names(*, session: Session) -> list[str]:
+    return list(session.scalars(select(Worker.name).order_by(Worker.name)))
+
+
+def count_jobs_by_route(*, session: Session) -> dict[str, int]:
+    """Jobs in the database by the route of their latest `synth` (`app.routing.ROUTES`)."""
+    stmt = select(Job.route, func.count()).where(Job.route.is_not(None)).group_by(Job.route)
+    return {route: int(n) for route, n in session.execute(stmt)}
