@@ -252,11 +252,11 @@ def _mark_redelivered(message: dict[str, Any]) -> None:
 
 
 def _retarget(message: dict[str, Any], queue: str) -> None:
-    """The message now belongs to `queue` (Celery's queues: exchange and routing key named after the
-    queue): kombu restores it there after a visibility timeout, and a retry is published there."""
+    """The message now belongs to `queue` (the default exchange, routed by queue name, as Celery publishes
+    them): kombu restores it there after a visibility timeout, and a retry is published there."""
     delivery = message.get("properties", {}).get("delivery_info")
     if isinstance(delivery, dict):
-        delivery["exchange"], delivery["routing_key"] = queue, queue
+        delivery["exchange"], delivery["routing_key"] = "", queue
 
 
 def _list_for(queue: str, message: dict[str, Any]) -> str:

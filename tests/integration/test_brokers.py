@@ -1,6 +1,7 @@
 """The two brokers as wavefarm uses them, on the real Redis and the real RabbitMQ: the same job priority
 is served first on both, queue depths are read on both, and the maintenance sweep puts back the jobs of
-a GPU worker that went silent on both (and leaves a live worker's jobs alone).
+a GPU worker that went silent on both (and leaves a live worker's jobs alone), and the jobs waiting on
+a gone worker's own queue are moved to the shared queue with their priorities on both.
 
 Nothing consumes the queues here: messages are published by a wavefarm Celery app (`make_celery`, as
 the API and the CPU workers publish) and taken off with kombu, the way a worker's consumer takes them.
@@ -24,7 +25,8 @@ from app.broker import is_amqp, open_broker
 from app.celery_config import make_celery, redis_options
 from app.db import queries
 from app.db.models import Job, JobStatus, Worker, utcnow
-from app.maintenance import WORKER_GONE_S, SweepReport, resume_orphans
+from app.maintenance import WORKER_GONE_S, SweepReport, move_stranded, resume_orphans
+from app.routing import worker_queue
 from app.settings import Settings
 from app.store import FeatureStore
 from app.wire import send_synth
@@ -138,3 +140,46 @@ def test_an_idle_worker_on_rabbitmq_begins_its_warm_shutdown_within_seconds(
     started = time.monotonic()
     assert worker.stop(timeout=30) == 0
     assert time.monotonic() - started < 5.0, worker.tail()
+
+
+def test_a_gone_workers_own_queue_is_moved_to_the_shared_queue_in_priority_order_on_both_brokers(
+        broker_settings: Settings, db, store: FeatureStore) -> None:
+    """Voice affinity sent jobs to two workers' own queues; one of them stopped beating. The sweep moves
+    its waiting messages, priorities kept, to the shared queue, where they are served by priority with
+    the ones already there; the live worker's queue is left alone."""
+    settings = broker_settings
+    gone, live = "gpu-gone@test", "gpu-live@test"
+    jobs = [send_job(settings, db, store, VOICE_A, 30, seed=n) for n in range(5)]
+    take_all(settings, settings.queue_gpu)  # submitted to the shared queue; sent again below by hand
+    with db.begin() as session:
+        for name in (gone, live):
+            queries.register_worker(session=session, name=name)
+    priorities = dict(zip(jobs, (2, 9, 5, 0, 7), strict=True))
+    app = make_celery(settings)
+    broker = open_broker(settings.broker_url)
+    report = SweepReport()
+    try:
+        for job_id in jobs[:3]:
+            send_synth(app, settings, job_id, priorities[job_id], queue=worker_queue(settings, gone))
+        send_synth(app, settings, jobs[3], priorities[jobs[3]])  # already on the shared queue
+        send_synth(app, settings, jobs[4], priorities[jobs[4]], queue=worker_queue(settings, live))
+        move_stranded(settings=settings, sessions=db, broker=broker, report=report)
+        assert report.jobs_rerouted == []  # both beat just now: nobody is gone
+        long_ago = utcnow() - timedelta(seconds=WORKER_GONE_S + 5)
+        with db.begin() as session:
+            session.execute(update(Worker).where(Worker.name == gone).values(heartbeat_at=long_ago))
+        move_stranded(settings=settings, sessions=db, broker=broker, report=report)
+        assert sorted(report.jobs_rerouted) == sorted(jobs[:3])
+        assert broker.queue_depth(worker_queue(settings, gone)) == 0
+        order = take_all(settings, settings.queue_gpu)
+        assert [priorities[j] for j in order] == [9, 5, 2, 0]
+        assert take_all(settings, worker_queue(settings, live)) == [jobs[4]]
+        move_stranded(settings=settings, sessions=db, broker=broker, report=report)
+        assert len(report.jobs_rerouted) == 3  # nothing left to move
+    finally:
+        broker.close()
+        app.close()
+    with db() as session:
+        routes = {j: queries.require_job(session=session, job_id=j).route for j in jobs}
+    assert {routes[j] for j in jobs[:3]} == {"shared_worker_gone"}
+    assert routes[jobs[3]] == routes[jobs[4]] == "shared_single"  # as submitted: no second worker then
