@@ -128,27 +128,32 @@ class RedisBroker:
         moved: list[str] = []
         for src_list in priority_lists(src):
             while True:
-                raw = self.client.transaction(lambda pipe, key=src_list: self._move_newest(pipe, key, dst),
-                                              src_list, value_from_callable=True)
-                if raw is None:
+                taken: list[bytes] = []
+
+                def move(pipe: Any, key: str = src_list, out: list[bytes] = taken) -> None:
+                    out[:] = self._move_newest(pipe, key, dst)
+
+                self.client.transaction(move, src_list)
+                if not taken:
                     break
-                moved.extend(_task_id(_loads(raw)))
+                moved.extend(_task_id(_loads(taken[0])))
         return moved
 
     @staticmethod
-    def _move_newest(pipe: Any, src_list: str, dst: str) -> bytes | None:
+    def _move_newest(pipe: Any, src_list: str, dst: str) -> list[bytes]:
         """kombu pushes on the left and serves from the right: taking the newest first and pushing each on
-        the right keeps the moved messages' order, served before what `dst` already holds."""
+        the right keeps the moved messages' order, served before what `dst` already holds. -> [the raw
+        message moved], or [] when the list is empty."""
         raw = pipe.lindex(src_list, 0)
         if raw is None:
-            return None
+            return []
         message = _loads(raw)
         pipe.multi()
         pipe.lpop(src_list)
         if isinstance(message, dict):
             _retarget(message, dst)
             pipe.rpush(_list_for(dst, message), json.dumps(message))
-        return raw  # a message that is not kombu's JSON is dropped: nothing could deliver it
+        return [raw]  # a message that is not kombu's JSON is dropped: nothing could deliver it
 
     def close(self) -> None:
         self.client.close()

@@ -46,10 +46,10 @@ from app.broker import Broker, RedisBroker, as_broker, open_broker
 from app.db import queries
 from app.db.models import JobStatus, utcnow
 from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.routing import QUEUE_SEP, send_routed, worker_queue
 from app.settings import Settings
 from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice
-from app.routing import QUEUE_SEP, send_routed, worker_queue
 from app.wire import BOOK_CHAPTER_TASK, TaskSender, send_tokenize, tokenize_task_id
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ def move_stranded(*, settings: Settings, sessions: sessionmaker[Session], broker
     """Part 2 (module docstring): a gone worker's own queue, emptied into the shared gpu queue."""
     broker = as_broker(broker)
     with session_scope(sessions) as session:
-        gone = queries.list_gone_workers(session=session, silent_before=utcnow() - timedelta(seconds=WORKER_GONE_S))
+        silent_before = utcnow() - timedelta(seconds=WORKER_GONE_S)
+        gone = queries.list_gone_workers(session=session, silent_before=silent_before)
     for name in gone:
         moved = broker.move_queue(worker_queue(settings, name), settings.queue_gpu)
         if not moved:
@@ -161,7 +162,8 @@ class _PutBack:
     def message(self, session: Session, job_id: str, priority: int) -> None:
         tag = self.unacked.get(job_id)
         if self.redis is not None and tag is not None and self.redis.restore(tag, self.settings.queue_gpu):
-            queries.set_job_route(session=session, job_ids=[job_id], routed_to=None, route="shared_worker_gone")
+            queries.set_job_route(session=session, job_ids=[job_id], routed_to=None,
+                                  route="shared_worker_gone")
             return
         job = queries.require_job(session=session, job_id=job_id)
         send_routed(session=session, sender=self.sender, settings=self.settings, job_id=job_id,

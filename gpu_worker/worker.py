@@ -17,11 +17,18 @@ streaming does not claim it (`queries.is_held`); it is not dropped either, but c
 later (a Celery retry with a countdown), so that if that worker dies the job still has a message. A job
 sent back to the queue (`Reject`, the database or Redis away) is released first, so its next delivery
 claims it at once.
+
+Peers: every live GPU worker also looks after the ones that died (`recover_peers`, every heartbeat):
+the jobs waiting on a gone worker's own queue are moved to the shared queue and the jobs it held are put
+back, as the maintenance sweep does (parts 2 and 3), so with several GPU workers a SIGKILLed one's jobs
+run again about `WORKER_GONE_S` after it died, whatever the sweep's interval. Of two workers doing it at
+once, each job is put back by one (the moves and releases are atomic).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import Celery, Task, signals
@@ -33,12 +40,12 @@ from app.celery_config import make_celery
 from app.db import queries
 from app.db.models import LIVE_JOB_STATUSES
 from app.db.session import session_scope
-from app.maintenance import SweepReport, resume_orphans
+from app.maintenance import SweepReport, move_stranded, resume_orphans
 from app.routing import worker_queue
 from app.settings import Settings, get_settings
 from app.wire import SYNTH_TASK, TaskSender
 from gpu_worker.job import TRANSIENT, JobRun
-from gpu_worker.runtime import Runtime, current_runtime, runtime
+from gpu_worker.runtime import HEARTBEAT_S, Runtime, current_runtime, runtime
 from gpu_worker.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -99,6 +106,40 @@ def release(rt: Runtime, job_id: str) -> None:
         log.warning("synth %s: claim not released: %s", job_id, exc)
 
 
+def recover_peers(rt: Runtime, sender: TaskSender) -> SweepReport:
+    """One look at the GPU workers that are gone (module docstring): their queues and their jobs."""
+    report = SweepReport()
+    broker = open_broker(rt.settings.broker_url)
+    try:
+        move_stranded(settings=rt.settings, sessions=rt.sessions, broker=broker, report=report)
+        resume_orphans(settings=rt.settings, sessions=rt.sessions, broker=broker, sender=sender,
+                       report=report)
+    except TRANSIENT as exc:  # the next beat tries again
+        log.warning("worker %s: gone peers not looked after: %s", rt.worker_id, exc)
+    finally:
+        broker.close()
+    if report.jobs_rerouted or report.jobs_resumed:
+        log.warning("worker %s: %d jobs moved off gone workers' queues, %d of their jobs queued again",
+                    rt.worker_id, len(report.jobs_rerouted), len(report.jobs_resumed))
+    return report
+
+
+class PeerWatch(threading.Thread):
+    """`recover_peers` every heartbeat, on its own thread, until the worker stops."""
+
+    def __init__(self, rt: Runtime, sender: TaskSender, every_s: float = HEARTBEAT_S) -> None:
+        super().__init__(name="wavefarm-peer-watch", daemon=True)
+        self.rt, self.sender, self.every_s = rt, sender, every_s
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            try:
+                recover_peers(self.rt, self.sender)
+            except Exception:  # never stop looking: the next beat may succeed
+                log.exception("worker %s: looking after gone peers failed", self.rt.worker_id)
+
+
 def resume_previous(rt: Runtime, sender: TaskSender) -> list[str]:
     """Put back the jobs this node name's previous process held when it died (its claims predate this
     process's registration); the maintenance sweep does the same for workers that never come back."""
@@ -128,6 +169,7 @@ def _build_on_start(sender: Any = None, **_: Any) -> None:
     rt = runtime(getattr(sender, "hostname", None) or "gpu-worker")
     Watchdog(rt.loop, rt.settings.step_deadline_s).start()
     resume_previous(rt, celery)
+    PeerWatch(rt, celery).start()
 
 
 @signals.worker_shutdown.connect

@@ -16,8 +16,9 @@
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
 overtakes every queued segment); `synth` is sent by name to the queue `app.routing` chooses for the
-book's voice (one GPU worker's own, or the shared gpu queue), so this module never imports the GPU worker. Flower shows every task by name; `book.chapter` sends `task-progress` events with the
-book's progress while it waits. The work itself (plans, token sources, chapter files, progress) is
+book's voice (one GPU worker's own, or the shared gpu queue), so this module never imports the GPU worker.
+Flower shows every task by name; `book.chapter` sends `task-progress` events with the book's progress
+while it waits. The work itself (plans, token sources, chapter files, progress) is
 `app.books`'s; this module schedules it.
 """
 
@@ -78,7 +79,8 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment,
         job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
                                                    key=segment.key, tokens=tokens, replacing=state.job_id)
         if created:
-            queries.set_job_route(session=session, job_ids=[job_id], routed_to=route.worker, route=route.reason)
+            queries.set_job_route(session=session, job_ids=[job_id], routed_to=route.worker,
+                                  route=route.reason)
         session.commit()
         return _sig(wire.SYNTH_TASK, job_id, task_id=job_id, **gpu) if created else None
     if state.job_id is not None or state.error is not None:  # failed or cancelled before: start afresh

@@ -87,7 +87,8 @@ def test_the_shared_queue_when_affinity_is_off_there_is_one_worker_or_none(sessi
     assert route(session, settings, voices[0]) == routing.Route(shared, None, "shared_single")  # auto
     assert route(session, settings, voices[0], voice_affinity="on").reason == "affinity"  # on: even one
     live(session, B)
-    assert route(session, settings, voices[0], voice_affinity="off") == routing.Route(shared, None, "shared_off")
+    off = route(session, settings, voices[0], voice_affinity="off")
+    assert off == routing.Route(shared, None, "shared_off")
     silent_for(session, A, 3600)
     silent_for(session, B, 3600)
     assert route(session, settings, voices[0], voice_affinity="on").reason == "shared_no_worker"

@@ -152,4 +152,4 @@ def list_worker_names(*, session: Session) -> list[str]:
 def count_jobs_by_route(*, session: Session) -> dict[str, int]:
     """Jobs in the database by the route of their latest `synth` (`app.routing.ROUTES`)."""
     stmt = select(Job.route, func.count()).where(Job.route.is_not(None)).group_by(Job.route)
-    return {route: int(n) for route, n in session.execute(stmt)}
+    return {str(route): int(n) for route, n in session.execute(stmt)}

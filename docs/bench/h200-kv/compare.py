@@ -1,12 +1,18 @@
 """GPU check: the new flow (lean cache, batched encoder) against the old one (af2d197) on the same rows."""
-import sys, time, torch
+import sys
 from pathlib import Path
+
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1])); sys.path.insert(0, str(Path(__file__).resolve().parent))
+import os
+
 from measure import old_module
+
 from gpu_worker.loading import load_dummy
 from gpu_worker.model.config import ModelArgs
-from gpu_worker.model.flow import FlowCache, trim_cache
-import os
+from gpu_worker.model.flow import trim_cache
+
 dev = torch.device(os.environ.get("DEV", "cuda"))
 if os.environ.get("NO_TF32"):
     torch.backends.cudnn.allow_tf32 = False
