@@ -14,12 +14,16 @@ import torch
 from celery.exceptions import Reject
 
 from app.audio import load_reference
+from app.broker import open_broker
+from app.celery_config import make_celery
 from app.db import queries
 from app.db.models import JobStatus
 from app.errors import EngineFailure
 from app.features import PromptHostFeatures, host_half
 from app.keys import COUNTER_PREP_PATH, feature_key
+from app.settings import Settings
 from app.store import FeatureStore
+from app.wire import priority_lists, send_prepare
 from gpu_worker.adapters import StoreFeatures
 from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.job import JobRun
@@ -248,3 +252,33 @@ def test_stored_features_with_a_nan_are_not_installed_the_job_prepares_inline(ma
     assert result["status"] == "succeeded" and result["prep_path"] == "failed"
     repaired = PromptHostFeatures.from_bytes(rt.store.get(voice_id))
     assert bool(torch.isfinite(repaired.mel80).all())
+
+
+def test_a_voice_waiting_behind_a_deep_cpu_queue_is_prepared_inline_at_once(make_runtime, sessions) -> None:
+    """The cpu queue really holds more than `prep_queue_full` (default 64) preparations: a job whose voice
+    is still pending there does not wait out its prep wait (here a minute) but is prepared at once."""
+    rt = make_runtime(prep_wait_ms=60_000)
+    bound = rt.settings.prep_queue_full
+    assert bound == Settings().prep_queue_full == 64
+    producer = make_celery(rt.settings)
+    broker = open_broker(rt.settings.broker_url)
+    try:
+        for n in range(bound):
+            send_prepare(producer, rt.settings, f"{n:064x}")
+        assert broker.queue_depth(rt.settings.queue_cpu) == bound
+        time.sleep(rt.cpu_backlog.TTL_S)
+        assert not rt.cpu_backlog.full()  # as deep as the bound: the preparation may still come in time
+        send_prepare(producer, rt.settings, f"{bound:064x}")
+        time.sleep(rt.cpu_backlog.TTL_S)
+        job_id = submit(rt, sessions, VOICE_B, n_tokens=30)  # its voice is pending: nobody consumes the queue
+        assert job_row(sessions, job_id).prep_path is None
+        started = time.monotonic()
+        result = JobRun(rt, RecordingTask(), job_id).run()
+        took = time.monotonic() - started
+    finally:
+        broker.client.delete(*priority_lists(rt.settings.queue_cpu))
+        broker.close()
+        producer.close()
+    assert result["status"] == "succeeded" and result["prep_path"] == "queue_full"
+    assert job_row(sessions, job_id).prep_path == "queue_full"
+    assert took < 30, f"{took:.1f} s: it waited for a preparation that could not start in time"
