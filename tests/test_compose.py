@@ -18,7 +18,7 @@ from app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 BACKING = {"broker", "results", "features", "postgres"}
-SERVICES = BACKING | {"migrate", "api", "cpu-worker", "gpu-worker", "flower"}
+SERVICES = BACKING | {"migrate", "api", "cpu-worker", "gpu-worker-0", "flower"}
 WAVEFARM_SERVICES = SERVICES - BACKING
 INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?([-?])([^}]*))?\}")
 
@@ -110,11 +110,29 @@ def test_redis_roles_results_never_evict_feature_store_is_an_lru_cache(compose: 
     assert features[features.index("--maxmemory-policy") + 1].endswith("-lru")
 
 
-def test_gpu_worker_reserves_an_nvidia_gpu(compose: dict[str, Any]) -> None:
-    gpu = compose["services"]["gpu-worker"]
-    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-    assert gpu["environment"]["WAVEFARM_DEVICE"] == "cuda"
+def gpu_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in compose["services"].items() if name.startswith("gpu-worker-")}
+
+
+def test_each_gpu_worker_service_pins_its_own_gpu_under_a_fixed_hostname(compose: dict[str, Any]) -> None:
+    """One service per GPU: a device id each, a hostname each (its node name and own queue survive a
+    re-created container), the same worker command."""
+    gpus = gpu_services(compose)
+    assert list(gpus) == [f"gpu-worker-{n}" for n in range(len(gpus))]
+    for n, (name, gpu) in enumerate(gpus.items()):
+        devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "device_ids": [str(n)], "capabilities": ["gpu"]}], name
+        assert gpu["hostname"] == f"gpu-{n}"
+        assert gpu["environment"]["WAVEFARM_DEVICE"] == "cuda"
+        assert gpu["command"][:2] == ["wavefarm", "gpu-worker"] and "--hostname" not in gpu["command"]
+
+
+def test_cpu_workers_scale_with_docker_compose_scale(compose: dict[str, Any]) -> None:
+    """`--scale cpu-worker=3` needs replicas that clash on nothing: no fixed container name, hostname or
+    published port (each replica's node name comes from its own hostname)."""
+    cpu = compose["services"]["cpu-worker"]
+    assert not {"container_name", "hostname", "ports"} & set(cpu)
+    assert "--hostname" not in cpu["command"]
 
 
 def test_flower_basic_auth_comes_from_the_environment(compose: dict[str, Any]) -> None:
