@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app.api.schemas import BookOut, JobOut, VoiceOut
-from app.books.service import BookOptions, cancel, submit_book
+from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
 from app.books.status import book_status, output_file
 from app.context import Context
 from app.db import queries
@@ -73,7 +73,7 @@ class LocalClient:
                     base_dir: Path) -> dict[str, Any]:
         ctx = self.ctx
         options = BookOptions(output_format=form["output_format"], m4b=form["m4b"] == "true",
-                              target_lufs=float(form["target_lufs"]) if "target_lufs" in form else None,
+                              target_lufs=target_lufs_field(form.get("target_lufs")),
                               seed=int(form["seed"]), priority=int(form["priority"]))
         with ctx.session() as s:
             book_id = submit_book(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,

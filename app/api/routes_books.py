@@ -56,7 +56,8 @@ _BOOK_FORM_SCHEMA = {
                         "description": "default: from the file name"},
         "output_format": {"type": "string", "enum": [f.value for f in OutputFormat], "default": "flac"},
         "m4b": {"type": "boolean", "default": True},
-        "target_lufs": {"type": "number", "minimum": -70, "maximum": -5},
+        "target_lufs": {"type": "string", "default": "-20",
+                        "description": "chapter loudness, LUFS (-70..-5), or off: measured, not normalised"},
         "seed": {"type": "integer", "minimum": 0, "default": 0},
         "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
         "title": {"type": "string"}, "author": {"type": "string"},
@@ -128,7 +129,8 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
             ("voice_id", "book_format", "output_format", "title", "author", "language", "m4b", "chapters")}
     options = service.BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=(text["m4b"] or "true").lower() not in ("false", "0", "no"),
-                          target_lufs=number_field(form.get("target_lufs"), "target_lufs", float),
+                          target_lufs=service.target_lufs_field(text_field(form.get("target_lufs"),
+                                                                           "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,
                           priority=number_field(form.get("priority"), "priority", int) or 0)
     return {"data": data, "filename": book.filename, "book_format": text["book_format"],

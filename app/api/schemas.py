@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
+from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.errors import BadTokens
 from app.speech import OutputFormat
 from app.wire import MAX_PRIORITY
@@ -175,7 +176,8 @@ class BookRequest(BaseModel):
                                                  '[{"tokens": [...]}]}]}')
     output_format: OutputFormatField = OutputFormat.FLAC
     m4b: bool = True
-    target_lufs: float | None = Field(None, ge=-70, le=-5)
+    target_lufs: float | None = Field(DEFAULT_TARGET_LUFS, ge=-70, le=-5,
+                                      description="chapter loudness (LUFS); null: measured, not normalised")
     seed: StrictInt = Field(0, ge=0, le=SEED_MAX,
                             description="fixed by default, so rendering the book again resumes it")
     priority: StrictInt = Field(0, ge=0, le=MAX_PRIORITY,
@@ -193,6 +195,9 @@ class ChapterOut(BaseModel):
     est_seconds: float = Field(description="planned speech (an estimate until rendered)")
     eta_s: float | None
     seconds: float | None = Field(description="length of the assembled chapter file")
+    loudness_lufs: float | None = Field(description="integrated loudness of the assembled file (ITU-R "
+                                        "BS.1770-4), after normalisation")
+    true_peak_dbtp: float | None = Field(description="its true peak (oversampled to 192 kHz)")
     file_url: str | None
 
 
@@ -205,6 +210,7 @@ class BookOut(BaseModel):
     language: str
     output_format: str
     m4b: bool
+    target_lufs: float | None = Field(description="chapter loudness target (LUFS); null: measured only")
     priority: int
     chapters_selected: str | None = Field(description="the chapters of the source this render holds "
                                           "(e.g. 3-7,12); null: all of them")
@@ -227,9 +233,11 @@ class BookOut(BaseModel):
         chapters = [ChapterOut(index=c.index, title=c.title, segments_total=c.segments_total,
                                segments_done=c.segments_done, audio_seconds=round(c.audio_seconds, 2),
                                est_seconds=round(c.est_seconds, 2), eta_s=c.eta_s, seconds=c.seconds,
+                               loudness_lufs=c.loudness_lufs, true_peak_dbtp=c.true_peak_dbtp,
                                file_url=base + c.file if c.file else None) for c in view.chapters]
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
-                   language=b.language, output_format=b.output_format, m4b=b.m4b, priority=b.priority,
+                   language=b.language, output_format=b.output_format, m4b=b.m4b, target_lufs=b.target_lufs,
+                   priority=b.priority,
                    chapters_selected=b.chapters_selected, segments_total=view.segments_total,
                    segments_done=view.segments_done,
                    audio_seconds=round(view.audio_seconds, 2), est_seconds=round(b.est_seconds, 2),

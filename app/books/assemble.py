@@ -1,9 +1,10 @@
 """Rendered segments -> chapter WAV/FLAC files and one M4B audiobook.
 
 `assemble_chapter` concatenates a planned chapter's segment files (looked up by content key) with
-each segment's pause after it, optionally normalises loudness (pyloudnorm, ITU-R BS.1770, to a
-target LUFS, then lowers the gain if the peak would pass -1 dBFS), and records where every segment
-lies. A chapter is assembled in memory (one hour of 24 kHz mono is 350 MB of float32).
+each segment's pause after it and a 5 ms fade at each segment's edges (no click where a segment
+starts or ends away from zero), normalises its loudness to a target (`app.books.loudness`: -20 LUFS
+integrated by default, true peak at most -1 dBTP), measures what it wrote, and records where every
+segment lies. A chapter is assembled in memory (one hour of 24 kHz mono is 350 MB of float32).
 `write_m4b` encodes the chapter files to AAC in an MP4 ("M4B " brand) with PyAV: chapter markers
 at the exact sample where each chapter starts, title/author/album/genre tags, and a JPEG/PNG cover as
 an attached picture. No ffmpeg binary is run. Every file is written to a temporary name beside
@@ -22,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
-import pyloudnorm
 import soundfile as sf
 
 from app.artifacts import atomic_path
 from app.audio import resample, write_audio
+from app.books import loudness
+from app.books.loudness import Loudness
 from app.books.plan import PlanChapter
 from app.errors import BadInput, NotFound
 from app.speech import SAMPLE_RATE, OutputFormat
@@ -34,7 +36,6 @@ from app.speech import SAMPLE_RATE, OutputFormat
 if TYPE_CHECKING:
     from av.container.core import Chapter  # a TypedDict, only in PyAV's stubs
 
-PEAK_CEILING_DBFS = -1.0
 _BLOCK = 1 << 16  # samples per read while encoding
 _COVER_CODECS = {"image/jpeg": ("mjpeg", "yuvj420p"), "image/png": ("png", "rgb24")}
 
@@ -55,6 +56,7 @@ class ChapterAudio:
     sample_rate: int
     samples: int  # whole file, trailing pause included
     segments: tuple[SegmentTiming, ...]
+    loudness: Loudness | None = None  # as written (after normalisation); None in files made before it
 
     @property
     def duration(self) -> float:
@@ -63,14 +65,17 @@ class ChapterAudio:
 
 def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path, *,
                      fmt: str = OutputFormat.FLAC, sample_rate: int = SAMPLE_RATE,
-                     target_lufs: float | None = None) -> ChapterAudio:
-    """Concatenate a chapter's segments (audio[key] -> file) with their pauses into `out`."""
+                     target_lufs: float | None = loudness.DEFAULT_TARGET_LUFS,
+                     fade_ms: float = loudness.FADE_MS) -> ChapterAudio:
+    """Concatenate a chapter's segments (audio[key] -> file), each faded in and out over `fade_ms`, with
+    their pauses into `out`; normalised to `target_lufs` unless it is None. Measured either way."""
     pieces: list[np.ndarray] = []
     timings: list[SegmentTiming] = []
     cursor = 0
     for i, segment in enumerate(chapter.segments):
         where = f"segment {i + 1} of chapter {chapter.index + 1}"
-        wave = read_segment(audio, segment.key, sample_rate, where=where)
+        wave = loudness.fade_edges(read_segment(audio, segment.key, sample_rate, where=where), sample_rate,
+                                   fade_ms)
         pause = np.zeros(round(segment.pause_after_ms * sample_rate / 1000), np.float32)
         timings.append(SegmentTiming(segment.key, segment.text, cursor / sample_rate,
                                      (cursor + len(wave)) / sample_rate))
@@ -78,9 +83,11 @@ def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path,
         cursor += len(wave) + len(pause)
     whole = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
     if target_lufs is not None:
-        whole = normalise_loudness(whole, sample_rate, target_lufs)
+        whole, measured = loudness.normalise(whole, sample_rate, target_lufs)
+    else:
+        measured = loudness.measure(whole, sample_rate)
     write_audio(out, whole, fmt, sample_rate)
-    return ChapterAudio(chapter.index, chapter.title, out, sample_rate, len(whole), tuple(timings))
+    return ChapterAudio(chapter.index, chapter.title, out, sample_rate, len(whole), tuple(timings), measured)
 
 
 def read_segment(audio: Mapping[str, Path], key: str, sample_rate: int, *, where: str) -> np.ndarray:
@@ -93,25 +100,6 @@ def read_segment(audio: Mapping[str, Path], key: str, sample_rate: int, *, where
     if rate != sample_rate:
         mono = resample(mono, rate, sample_rate).numpy()
     return np.ascontiguousarray(mono, dtype=np.float32)
-
-
-def normalise_loudness(wave: np.ndarray, sample_rate: int, target_lufs: float,
-                       peak_dbfs: float = PEAK_CEILING_DBFS) -> np.ndarray:
-    """Gain to `target_lufs` integrated loudness, lowered if the peak would pass `peak_dbfs`.
-
-    Audio shorter than one 400 ms gating block, or silent, is returned unchanged.
-    """
-    if len(wave) < int(0.4 * sample_rate) + 1 or not np.any(wave):
-        return wave
-    loudness = pyloudnorm.Meter(sample_rate).integrated_loudness(wave.astype(np.float64))
-    if not np.isfinite(loudness):
-        return wave
-    gain = 10.0 ** ((target_lufs - loudness) / 20.0)
-    peak = float(np.abs(wave).max()) * gain
-    ceiling = 10.0 ** (peak_dbfs / 20.0)
-    if peak > ceiling:
-        gain *= ceiling / peak
-    return (wave * gain).astype(np.float32)
 
 
 # --- M4B -----------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 Chapters are on the book's timeline (the M4B's), segments both on their chapter file's timeline
 (`start`, `end`) and on the book's (`book_start`, `book_end`); times in seconds, to the millisecond.
+Each chapter carries its measured loudness as written (`integrated_lufs`, `true_peak_dbtp`, and the
+`gain_db` normalisation applied; null for silence).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ def chapter_index(chapters: Sequence[ChapterAudio], *, title: str, author: str) 
     for chapter in chapters:
         out.append({"index": chapter.index, "title": chapter.title, "file": chapter.path.name,
                     "start": round(offset, 3), "end": round(offset + chapter.duration, 3),
+                    "loudness": chapter.loudness.as_dict() if chapter.loudness else None,
                     "segments": [{"key": s.key, "text": s.text,
                                   "start": round(s.start, 3), "end": round(s.end, 3),
                                   "book_start": round(offset + s.start, 3),

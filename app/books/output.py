@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from app.artifacts import write_text
 from app.books.assemble import ChapterAudio, SegmentTiming, assemble_chapter, write_m4b
 from app.books.files import chapter_file_name
 from app.books.index import write_index
+from app.books.loudness import DEFAULT_TARGET_LUFS, FADE_MS, Loudness
 from app.books.plan import BookPlan, PlanChapter, canonical_json
 from app.speech import SAMPLE_RATE, OutputFormat
 
@@ -44,13 +46,14 @@ class BookAudio:
 
 def chapter_recipe(chapter: PlanChapter, *, fmt: str, sample_rate: int, target_lufs: float | None) -> str:
     return hashlib.sha256(canonical_json({
-        "v": 1, "segments": [[s.key, s.pause_after_ms] for s in chapter.segments],
-        "fmt": fmt, "sample_rate": sample_rate, "target_lufs": target_lufs,
+        "v": 2, "segments": [[s.key, s.pause_after_ms] for s in chapter.segments],
+        "fmt": fmt, "sample_rate": sample_rate, "target_lufs": target_lufs, "fade_ms": FADE_MS,
     })).hexdigest()
 
 
 def render_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out_dir: Path, *, fmt: str,
-                   sample_rate: int = SAMPLE_RATE, target_lufs: float | None = None) -> ChapterAudio:
+                   sample_rate: int = SAMPLE_RATE,
+                   target_lufs: float | None = DEFAULT_TARGET_LUFS) -> ChapterAudio:
     """Assemble one chapter file from its rendered segments, with the sidecar that lets `assemble_book`
     reuse it while its inputs stay the same."""
     path = out_dir / chapter_file_name(chapter.index, fmt)
@@ -62,7 +65,8 @@ def render_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out_dir: Pat
 
 
 def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = OutputFormat.FLAC,
-                  sample_rate: int = SAMPLE_RATE, target_lufs: float | None = None, m4b: bool = True,
+                  sample_rate: int = SAMPLE_RATE, target_lufs: float | None = DEFAULT_TARGET_LUFS,
+                  m4b: bool = True,
                   cover: bytes | None = None, cover_type: str | None = None) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +97,8 @@ def _sidecar(path: Path) -> Path:
 
 def _describe(chapter: ChapterAudio, recipe: str) -> dict[str, Any]:
     return {"recipe": recipe, "sample_rate": chapter.sample_rate, "samples": chapter.samples,
-            "segments": [[s.key, s.text, s.start, s.end] for s in chapter.segments]}
+            "segments": [[s.key, s.text, s.start, s.end] for s in chapter.segments],
+            "loudness": chapter.loudness.as_dict(digits=None) if chapter.loudness else None}
 
 
 def _reuse_chapter(chapter: PlanChapter, path: Path, recipe: str) -> ChapterAudio | None:
@@ -105,9 +110,19 @@ def _reuse_chapter(chapter: PlanChapter, path: Path, recipe: str) -> ChapterAudi
             return None
         segments = tuple(SegmentTiming(k, text, start, end) for k, text, start, end in described["segments"])
         rate = int(described["sample_rate"])
-        return ChapterAudio(chapter.index, chapter.title, path, rate, frames, segments)
+        return ChapterAudio(chapter.index, chapter.title, path, rate, frames, segments,
+                            _loudness(described.get("loudness")))
     except (OSError, ValueError, RuntimeError, KeyError, TypeError):  # missing, unreadable, not audio
         return None
+
+
+def _loudness(described: dict[str, Any] | None) -> Loudness | None:
+    if not described:
+        return None
+    def db(name: str) -> float:
+        value = described.get(name)
+        return -math.inf if value is None else float(value)
+    return Loudness(db("integrated_lufs"), db("true_peak_dbtp"), float(described.get("gain_db") or 0.0))
 
 
 def _write_m4b_once(plan: BookPlan, chapters: list[ChapterAudio], book: Path, *, cover: bytes | None,

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
 from app.books import files
+from app.books.assemble import ChapterAudio
 from app.books.output import assemble_book, render_chapter
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, BookStatus
@@ -49,7 +50,8 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
     done = render_chapter(chapter, audio, files.output_dir(artifacts, book_id), fmt=fmt,
                           target_lufs=lufs)  # assemble() reuses the file
     with session_scope(sessions) as session:
-        queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration)
+        queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration,
+                                       **_loudness_columns(done))
         chapters = queries.list_chapters(session=session, book_id=book_id)
         last = all(c.assembled_at is not None for c in chapters) and queries.set_book_status(
             session=session, book_id=book_id, status=BookStatus.ASSEMBLING, only_from=(BookStatus.RENDERING,))
@@ -68,8 +70,16 @@ def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_
     result = assemble_book(files.load_plan(artifacts, book_id), audio, files.output_dir(artifacts, book_id),
                            fmt=fmt, target_lufs=lufs, m4b=m4b, cover=cover, cover_type=cover_type)
     with session_scope(sessions) as session:
+        for chapter in result.chapters:  # a chapter re-assembled here (its file was gone) is measured anew
+            queries.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,
+                                           seconds=chapter.duration, **_loudness_columns(chapter))
         queries.set_book_status(session=session, book_id=book_id, status=BookStatus.SUCCEEDED,
                                 only_from=(BookStatus.ASSEMBLING,))
     log.info("book %s assembled: %d chapters, %.1f s", book_id, len(result.chapters),
              sum(c.duration for c in result.chapters))
     return "succeeded"
+
+
+def _loudness_columns(chapter: ChapterAudio) -> dict[str, float | None]:
+    figures = chapter.loudness.as_dict() if chapter.loudness else {}
+    return {"loudness_lufs": figures.get("integrated_lufs"), "true_peak_dbtp": figures.get("true_peak_dbtp")}

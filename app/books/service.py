@@ -27,6 +27,7 @@ from app import jobs, voices, wire
 from app.artifacts import ArtifactStore
 from app.books.files import store_files
 from app.books.guide_voice import identity, options_for
+from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.books.parse import parse_book
 from app.books.plan import BookPlan, plan_book
 from app.books.select import describe, parse_chapters
@@ -48,7 +49,7 @@ DEFAULT_SEED = 0  # a fixed seed: the same book rendered again has the same keys
 class BookOptions:
     output_format: str = OutputFormat.FLAC
     m4b: bool = True
-    target_lufs: float | None = None
+    target_lufs: float | None = DEFAULT_TARGET_LUFS  # None: chapters are measured, not normalised
     seed: int = DEFAULT_SEED
     priority: int = 0  # job priority of the segments (0..9, larger first); 0 yields to every other job
 
@@ -62,6 +63,19 @@ class BookOptions:
             raise BadInput("seed must be an integer 0..2**63-1")
         if self.target_lufs is not None and not -70.0 <= self.target_lufs <= -5.0:
             raise BadInput("target loudness must be between -70 and -5 LUFS")
+
+
+def target_lufs_field(text: str | None) -> float | None:
+    """A target loudness as a form or the CLI gives it: absent or empty is the default, "off" (or "none")
+    turns normalisation off, anything else is a number of LUFS."""
+    if text is None or not text.strip():
+        return DEFAULT_TARGET_LUFS
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise BadInput(f"target loudness must be a number of LUFS or 'off', not {text!r}") from None
 
 
 # Submission --------------------------------------------------------------------------------------

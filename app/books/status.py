@@ -32,6 +32,8 @@ class ChapterStatus:
     est_seconds: float
     eta_s: float | None
     seconds: float | None  # length of the assembled chapter file
+    loudness_lufs: float | None  # the assembled file's integrated loudness and true peak, as written
+    true_peak_dbtp: float | None
     file: str | None  # its name in the output folder, once assembled
 
 
@@ -77,7 +79,8 @@ def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> 
         chapters.append(ChapterStatus(
             index=row.index, title=row.title, segments_total=total, segments_done=done, audio_seconds=audio_s,
             est_seconds=row.est_seconds, eta_s=round(left / rate, 1) if live and rate else None,
-            seconds=row.seconds, file=file if row.assembled_at and (out / file).is_file() else None))
+            seconds=row.seconds, loudness_lufs=row.loudness_lufs, true_peak_dbtp=row.true_peak_dbtp,
+            file=file if row.assembled_at and (out / file).is_file() else None))
     left = sum(max(c.est_seconds - c.audio_seconds, 0.0) for c in chapters
                if c.segments_done < c.segments_total)
     return BookStatusView(book=book, chapters=chapters,

@@ -45,7 +45,8 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--author")
     render.add_argument("--language", help="BCP 47 tag (default: from the book, else en)")
     render.add_argument("--priority", type=int, default=0, help="segment job priority (0 yields to all)")
-    render.add_argument("--target-lufs", type=float, help="normalise each chapter's loudness")
+    render.add_argument("--target-lufs", help="chapter loudness in LUFS (default -20, true peak at most "
+                        "-1 dBTP), or off: measure, do not normalise")
     render.add_argument("--seed", type=int, default=0)
     render.add_argument("--chapters", help="render only these chapters, counted from 1: e.g. 3-7,12 "
                         "(a later render of the whole book reuses their segments)")
@@ -109,8 +110,10 @@ def cmd_book_status(args: argparse.Namespace) -> int:
           f"{book['audio_seconds']:.1f} s audio{eta}  {book['title']}"
           + (f"  (chapters {book['chapters_selected']})" if book.get("chapters_selected") else ""))
     for c in book["chapters"]:
+        loud = (f"  {c['loudness_lufs']:.1f} LUFS, {c['true_peak_dbtp']:.1f} dBTP"
+                if c.get("loudness_lufs") is not None and c.get("true_peak_dbtp") is not None else "")
         print(f"  {c['index'] + 1:>3}. {c['segments_done']:>4}/{c['segments_total']:<4} "
-              f"{c['audio_seconds']:>7.1f} s  {c['title']}")
+              f"{c['audio_seconds']:>7.1f} s  {c['title']}{loud}")
     if book.get("error"):
         print(f"  error: {book['error']}")
     return 0

@@ -288,6 +288,8 @@ class BookChapter(Base):
     segments_total: Mapped[int] = mapped_column(Integer)
     est_seconds: Mapped[float]
     seconds: Mapped[float | None]
+    loudness_lufs: Mapped[float | None]  # of the assembled file as written (app.books.loudness)
+    true_peak_dbtp: Mapped[float | None]
     scheduled_at: Mapped[datetime | None]  # its segments were sent to render (book.plan's window)
     assembled_at: Mapped[datetime | None]
 

@@ -85,6 +85,11 @@ def test_a_token_book_renders_chapters_assembles_an_m4b_and_resumes_with_nothing
     assert {"book.m4b", "chapters.json", "chapters.vtt", "chapter-001.wav"} <= set(view.files)
     with av.open(str(output_dir(res.artifacts, book_id) / "book.m4b")) as box:
         assert [c["metadata"]["title"] for c in box.chapters()] == ["Part 1", "Part 2", "Part 3"]
+    index = json.loads((output_dir(res.artifacts, book_id) / "chapters.json").read_text())
+    for chapter, entry in zip(view.chapters, index["chapters"], strict=True):  # the default -20 LUFS
+        assert chapter.loudness_lufs == pytest.approx(-20.0, abs=0.2)
+        assert chapter.true_peak_dbtp is not None and chapter.true_peak_dbtp <= -1.0 + 0.01
+        assert entry["loudness"]["integrated_lufs"] == pytest.approx(chapter.loudness_lufs, abs=0.01)
 
     again = submit(res, celery, data, options=BookOptions(output_format="wav"))
     assert books.plan(again, res) == 0  # every segment is reused

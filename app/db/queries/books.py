@@ -164,10 +164,12 @@ def touch_chapter(*, session: Session, book_id: str, index: int) -> None:
                     .values(scheduled_at=utcnow()))
 
 
-def mark_chapter_assembled(*, session: Session, book_id: str, index: int, seconds: float) -> None:
+def mark_chapter_assembled(*, session: Session, book_id: str, index: int, seconds: float,
+                           loudness_lufs: float | None = None, true_peak_dbtp: float | None = None) -> None:
     session.execute(
         update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
-        .values(seconds=seconds, assembled_at=utcnow()))
+        .values(seconds=seconds, loudness_lufs=loudness_lufs, true_peak_dbtp=true_peak_dbtp,
+                assembled_at=utcnow()))
 
 
 @dataclass(frozen=True)

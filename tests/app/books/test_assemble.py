@@ -1,6 +1,7 @@
 """Assembly: chapter files with pauses, loudness, an M4B read back with PyAV, JSON + WebVTT timings."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -10,11 +11,12 @@ import pyloudnorm
 import pytest
 import soundfile as sf
 
-from app.books.assemble import assemble_chapter, normalise_loudness, write_m4b
+from app.books import loudness
+from app.books.assemble import assemble_chapter, write_m4b
 from app.books.index import write_index
 from app.books.output import assemble_book
 from app.books.parse import parse_markdown
-from app.books.plan import plan_book
+from app.books.plan import PlanChapter, PlanSegment, plan_book
 from app.books.text import SegmentOptions
 from app.errors import NotFound
 from tests.app.books.conftest import tiny_png
@@ -84,16 +86,114 @@ def test_a_missing_segment_is_named(rendered, tmp_path):
     assert not (tmp_path / "ch2.wav").exists()
 
 
-def test_loudness_is_normalised_to_the_target_without_clipping():
+def test_loudness_is_normalised_to_the_target_under_the_true_peak_ceiling():
     quiet = tone(3.0, 440, amp=0.01)
-    louder = normalise_loudness(quiet, SR, -20.0)
-    assert pyloudnorm.Meter(SR).integrated_loudness(louder.astype(np.float64)) == pytest.approx(
-        -20.0, abs=0.1
-    )
-    hot = normalise_loudness(quiet, SR, 0.0)  # would need a peak far above full scale
-    assert np.abs(hot).max() == pytest.approx(10 ** (-1 / 20), rel=1e-3)
+    louder, figures = loudness.normalise(quiet, SR, -20.0)
+    measured = pyloudnorm.Meter(SR).integrated_loudness(louder.astype(np.float64))
+    assert measured == pytest.approx(-20.0, abs=0.1)
+    assert figures.integrated_lufs == pytest.approx(measured, abs=1e-6)
+    assert figures.gain_db == pytest.approx(-20.0 - loudness.integrated_loudness(quiet, SR), abs=1e-6)
+    hot, hot_figures = loudness.normalise(quiet, SR, 0.0)  # would need a peak far above full scale
+    assert hot_figures.true_peak_dbtp == pytest.approx(-1.0, abs=0.01)
+    assert hot_figures.integrated_lufs < -1.0
     silence = np.zeros(SR, np.float32)
-    assert normalise_loudness(silence, SR, -20.0) is silence
+    same, nothing = loudness.normalise(silence, SR, -20.0)
+    assert same is silence and nothing.integrated_lufs == nothing.true_peak_dbtp == -math.inf
+    assert nothing.as_dict() == {"integrated_lufs": None, "true_peak_dbtp": None, "gain_db": 0.0}
+
+
+def test_true_peak_finds_the_peak_between_samples():
+    """A sine at a quarter of the rate, sampled 45 degrees off its crests: every sample is at 0.707 of
+    the amplitude, the waveform between them reaches 1.0 (BS.1770-4's reason for oversampling)."""
+
+    def sine(samples):  # tapered over its first and last 10 ms: an abrupt start would ring past 0.5
+        n = np.arange(samples)
+        return loudness.fade_edges(0.5 * np.sin(2 * np.pi * (SR / 4) * n / SR + np.pi / 4), SR, 10.0)
+
+    wave = sine(SR)
+    middle = wave[SR // 10 : -SR // 10]
+    assert 20 * math.log10(np.abs(middle).max()) == pytest.approx(
+        20 * math.log10(0.5 / math.sqrt(2)), abs=0.01
+    )
+    assert 20 * math.log10(np.abs(wave).max()) < -9.0  # every sample well under the waveform's crest
+    assert loudness.true_peak(wave, SR) == pytest.approx(20 * math.log10(0.5), abs=0.05)
+    long = sine(12 * SR)  # across several oversampling blocks: the same figure, no edge effects
+    assert loudness.true_peak(long, SR) == pytest.approx(loudness.true_peak(wave, SR), abs=0.01)
+
+
+def _largest_step(wave: np.ndarray) -> float:
+    return float(np.abs(np.diff(wave.astype(np.float64))).max())
+
+
+def test_joins_between_segments_do_not_click(tmp_path):
+    """Segments that start and end at a crest (the worst case: a step of the full amplitude where they
+    meet a pause or each other) are faded: no sample-to-sample step at a join is larger than the
+    largest step inside the segments' own waveform."""
+
+    def crest_tone(seconds, freq):  # a cosine: it starts at +amp; the length puts its end at a crest too
+        t = np.arange(int(round(seconds * SR))) / SR
+        return (0.5 * np.cos(2 * np.pi * freq * t)).astype(np.float32)
+
+    waves = [crest_tone(0.5, 150), crest_tone(0.4, 200), crest_tone(0.6, 120)]
+    chapter = PlanChapter(
+        0,
+        "One",
+        tuple(
+            PlanSegment(
+                key=f"{i:064x}",
+                kind="tokens",
+                text="",
+                tokens=(1,),
+                audio=None,
+                est_tokens=10,
+                pause_after_ms=pause,
+                paragraph=i,
+            )
+            for i, pause in enumerate((0, 300, 0))
+        ),
+    )
+    audio = {}
+    for seg, wave in zip(chapter.segments, waves, strict=True):
+        audio[seg.key] = tmp_path / f"{seg.key[-4:]}.wav"
+        sf.write(audio[seg.key], wave, SR, subtype="FLOAT")
+    inside = max(_largest_step(w) for w in waves)
+    joins = np.cumsum(
+        [0]
+        + [len(w) + round(s.pause_after_ms * SR / 1000) for w, s in zip(waves, chapter.segments, strict=True)]
+    )
+    for fade_ms, expect_click in ((0.0, True), (loudness.FADE_MS, False)):
+        out = assemble_chapter(
+            chapter, audio, tmp_path / f"ch-{fade_ms}.wav", fmt="wav", target_lufs=None, fade_ms=fade_ms
+        )
+        pcm, _ = sf.read(out.path, dtype="float32")
+        window = 2 * round(loudness.FADE_MS * SR / 1000)
+        at_joins = max(_largest_step(pcm[max(0, j - window) : j + window]) for j in joins[:-1])
+        at_joins = max(at_joins, abs(float(pcm[0])), abs(float(pcm[-1])))  # the file's own two edges
+        if expect_click:  # without fades the step is the whole amplitude: the test can see a click
+            assert at_joins > 0.45
+        else:
+            assert at_joins <= inside * 1.01, (at_joins, inside)
+        assert out.samples == joins[-1]  # fades change no length
+
+
+def test_chapters_are_normalised_by_default_and_measured_either_way(rendered, tmp_path):
+    plan, audio, _ = rendered
+    chapter = plan.chapters[0]
+    default = assemble_chapter(chapter, audio, tmp_path / "default.flac")
+    pcm, _ = sf.read(default.path, dtype="float64")
+    assert pyloudnorm.Meter(SR).integrated_loudness(pcm) == pytest.approx(
+        loudness.DEFAULT_TARGET_LUFS, abs=0.2
+    )
+    assert default.loudness.integrated_lufs == pytest.approx(loudness.DEFAULT_TARGET_LUFS, abs=0.2)
+    assert default.loudness.true_peak_dbtp <= loudness.TRUE_PEAK_CEILING_DBTP + 0.01
+    off = assemble_chapter(chapter, audio, tmp_path / "off.flac", target_lufs=None)
+    raw, _ = sf.read(off.path, dtype="float64")
+    assert off.loudness.gain_db == 0.0
+    assert off.loudness.integrated_lufs == pytest.approx(
+        pyloudnorm.Meter(SR).integrated_loudness(raw), abs=0.01
+    )
+    assert abs(default.loudness.gain_db) > 0.1  # one gain is the whole difference between the two
+    np.testing.assert_allclose(pcm, raw * 10 ** (default.loudness.gain_db / 20), atol=1e-4)
 
 
 def test_m4b_has_the_chapters_times_and_metadata_of_its_inputs(rendered, tmp_path):

@@ -158,6 +158,25 @@ def test_api_renders_the_chapters_a_form_or_a_manifest_selects(client: TestClien
     assert refused.status_code == 422 and "the book has 2 chapters" in refused.json()["reason"]
 
 
+def test_api_normalises_chapters_to_minus_20_lufs_unless_told_otherwise(client: TestClient) -> None:
+    def form(**data):
+        return client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode()),
+                                               "reference": ("r.wav", wav_bytes())}, data=data)
+    assert form().json()["target_lufs"] == -20.0
+    assert form(target_lufs="-16.5").json()["target_lufs"] == -16.5
+    off = form(target_lufs="off").json()
+    assert off["target_lufs"] is None
+    bad = form(target_lufs="loud")
+    assert bad.status_code == 422 and "a number of LUFS or 'off'" in bad.json()["reason"]
+    assert form(target_lufs="-3").status_code == 422  # outside -70..-5
+    inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
+    as_json = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline})
+    assert as_json.json()["target_lufs"] == -20.0
+    measured_only = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline,
+                                                   "target_lufs": None})
+    assert measured_only.status_code == 202 and measured_only.json()["target_lufs"] is None
+
+
 def test_api_refuses_bad_books_with_4xx_and_the_reason(client: TestClient) -> None:
     ref = ("r.wav", wav_bytes())
     r = client.post("/v1/books", files={"book": ("b.txt", b"\x00" * 500), "reference": ref})
