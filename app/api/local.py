@@ -73,6 +73,7 @@ class LocalClient:
                     base_dir: Path) -> dict[str, Any]:
         ctx = self.ctx
         options = BookOptions(output_format=form["output_format"], m4b=form["m4b"] == "true",
+                              mp3=form.get("mp3") == "true",
                               target_lufs=target_lufs_field(form.get("target_lufs")),
                               seed=int(form["seed"]), priority=int(form["priority"]))
         with ctx.session() as s:
@@ -81,6 +82,7 @@ class LocalClient:
                                   base_dir=base_dir, voice_id=voice if isinstance(voice, str) else None,
                                   reference_bytes=voice if isinstance(voice, bytes) else None,
                                   title=form.get("title"), author=form.get("author"),
+                                  narrator=form.get("narrator"), description=form.get("description"),
                                   language=form.get("language"), chapters=form.get("chapters"))
         return self.book(book_id)
 

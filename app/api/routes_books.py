@@ -36,11 +36,12 @@ from app.speech import OutputFormat
 router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})
 
-FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "target_lufs", "seed",
-               "priority", "title", "author", "language", "chapters")
+FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "target_lufs",
+               "seed", "priority", "title", "author", "narrator", "description", "language", "chapters")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
+               ".mp3": "audio/mpeg",
                ".json": "application/json", ".vtt": "text/vtt"}
 
 
@@ -56,11 +57,14 @@ _BOOK_FORM_SCHEMA = {
                         "description": "default: from the file name"},
         "output_format": {"type": "string", "enum": [f.value for f in OutputFormat], "default": "flac"},
         "m4b": {"type": "boolean", "default": True},
+        "mp3": {"type": "boolean", "default": False, "description": "an MP3 per chapter too (ID3 tags)"},
         "target_lufs": {"type": "string", "default": "-20",
                         "description": "chapter loudness, LUFS (-70..-5), or off: measured, not normalised"},
         "seed": {"type": "integer", "minimum": 0, "default": 0},
         "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
         "title": {"type": "string"}, "author": {"type": "string"},
+        "narrator": {"type": "string", "description": "for the M4B's and MP3s' tags (composer)"},
+        "description": {"type": "string", "description": "for the tags; default: the book's own"},
         "language": {"type": "string", "description": "of the text, for the guide voice (e.g. en)"},
         "chapters": {"type": "string", "description": "render only these chapters, counted from 1: 3-7,12"},
     },
@@ -100,10 +104,15 @@ def _parse_json(body: bytes) -> dict[str, Any]:
         req = BookRequest.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
-    options = service.BookOptions(output_format=req.output_format, m4b=req.m4b, target_lufs=req.target_lufs,
-                          seed=req.seed, priority=req.priority)
+    options = service.BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3,
+                                  target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
     return {"data": json.dumps(req.manifest).encode(), "book_format": "manifest", "voice_id": req.voice_id,
-            "options": options, "chapters": req.chapters}
+            "options": options, "chapters": req.chapters, "narrator": req.narrator,
+            "description": req.description}
+
+
+def _flag(text: str | None, default: bool) -> bool:
+    return default if text is None else text.lower() not in ("false", "0", "no", "off")
 
 
 async def _form_fields(request: Request, ctx: ApiContext) -> dict[str, Any]:
@@ -126,15 +135,17 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     if reference is not None and not isinstance(reference, UploadFile):
         raise BadInput("reference must be an uploaded file")
     text = {name: text_field(form.get(name), name) for name in
-            ("voice_id", "book_format", "output_format", "title", "author", "language", "m4b", "chapters")}
+            ("voice_id", "book_format", "output_format", "title", "author", "narrator", "description",
+             "language", "m4b", "mp3", "chapters")}
     options = service.BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
-                          m4b=(text["m4b"] or "true").lower() not in ("false", "0", "no"),
+                          m4b=_flag(text["m4b"], True), mp3=_flag(text["mp3"], False),
                           target_lufs=service.target_lufs_field(text_field(form.get("target_lufs"),
                                                                            "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,
                           priority=number_field(form.get("priority"), "priority", int) or 0)
     return {"data": data, "filename": book.filename, "book_format": text["book_format"],
             "voice_id": text["voice_id"], "title": text["title"], "author": text["author"],
+            "narrator": text["narrator"], "description": text["description"],
             "language": text["language"], "chapters": text["chapters"], "options": options,
             "reference_bytes": (await read_upload(reference, ctx.settings.max_reference_bytes,
                                                   "reference audio")) if reference else None}

@@ -176,6 +176,9 @@ class BookRequest(BaseModel):
                                                  '[{"tokens": [...]}]}]}')
     output_format: OutputFormatField = OutputFormat.FLAC
     m4b: bool = True
+    mp3: bool = Field(False, description="an MP3 per chapter too, with ID3 tags")
+    narrator: str | None = Field(None, max_length=500, description="for the tags; default: the manifest's")
+    description: str | None = Field(None, max_length=10_000, description="for the tags")
     target_lufs: float | None = Field(DEFAULT_TARGET_LUFS, ge=-70, le=-5,
                                       description="chapter loudness (LUFS); null: measured, not normalised")
     seed: StrictInt = Field(0, ge=0, le=SEED_MAX,
@@ -207,9 +210,12 @@ class BookOut(BaseModel):
     status: str = Field(description="queued | rendering | assembling | succeeded | failed | cancelled")
     title: str
     author: str
+    narrator: str = Field(description="for the players' tags (composer)")
+    description: str
     language: str
     output_format: str
     m4b: bool
+    mp3: bool
     target_lufs: float | None = Field(description="chapter loudness target (LUFS); null: measured only")
     priority: int
     chapters_selected: str | None = Field(description="the chapters of the source this render holds "
@@ -236,8 +242,9 @@ class BookOut(BaseModel):
                                loudness_lufs=c.loudness_lufs, true_peak_dbtp=c.true_peak_dbtp,
                                file_url=base + c.file if c.file else None) for c in view.chapters]
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
-                   language=b.language, output_format=b.output_format, m4b=b.m4b, target_lufs=b.target_lufs,
-                   priority=b.priority,
+                   narrator=view.narrator, description=view.description,
+                   language=b.language, output_format=b.output_format, m4b=b.m4b, mp3=b.mp3,
+                   target_lufs=b.target_lufs, priority=b.priority,
                    chapters_selected=b.chapters_selected, segments_total=view.segments_total,
                    segments_done=view.segments_done,
                    audio_seconds=round(view.audio_seconds, 2), est_seconds=round(b.est_seconds, 2),

@@ -6,8 +6,14 @@ starts or ends away from zero), normalises its loudness to a target (`app.books.
 integrated by default, true peak at most -1 dBTP), measures what it wrote, and records where every
 segment lies. A chapter is assembled in memory (one hour of 24 kHz mono is 350 MB of float32).
 `write_m4b` encodes the chapter files to AAC in an MP4 ("M4B " brand) with PyAV: chapter markers
-at the exact sample where each chapter starts, title/author/album/genre tags, and a JPEG/PNG cover as
-an attached picture. No ffmpeg binary is run. Every file is written to a temporary name beside
+at the exact sample where each chapter starts, the book's tags (`BookTags`) and a JPEG/PNG cover as
+an attached picture. `write_mp3` encodes one chapter file to MP3 with ID3v2.3 tags (chapter title,
+book, author, narrator, track n/N, the cover as APIC). No ffmpeg binary is run.
+
+Tags, as audiobook players read them (the convention Audible's and the community's taggers follow):
+title and album the book (an MP3's title: its chapter), artist and album artist the author,
+composer the narrator, genre "Audiobook", the description as `description` (MP4 `desc`) and
+`comment`. Every file is written to a temporary name beside
 its target and renamed into place (`os.replace`), so a reader never sees half a file.
 The chapter index (JSON + WebVTT) is `app.books.index`; the whole book, reusing the chapter files
 whose inputs have not changed, is `app.books.output`.
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import av
 import numpy as np
 import soundfile as sf
+from mutagen import id3
 
 from app.artifacts import atomic_path
 from app.audio import resample, write_audio
@@ -38,6 +45,20 @@ if TYPE_CHECKING:
 
 _BLOCK = 1 << 16  # samples per read while encoding
 _COVER_CODECS = {"image/jpeg": ("mjpeg", "yuvj420p"), "image/png": ("png", "rgb24")}
+
+
+@dataclass(frozen=True)
+class BookTags:
+    title: str
+    author: str = ""
+    narrator: str = ""
+    description: str = ""
+
+    def common(self) -> dict[str, str]:
+        """The tags every output of the book carries (empty ones left out)."""
+        tags = {"album": self.title, "artist": self.author, "album_artist": self.author,
+                "composer": self.narrator, "genre": "Audiobook", "comment": self.description}
+        return {k: v for k, v in tags.items() if v}
 
 
 @dataclass(frozen=True)
@@ -104,7 +125,7 @@ def read_segment(audio: Mapping[str, Path], key: str, sample_rate: int, *, where
 
 # --- M4B -----------------------------------------------------------------------------------------
 
-def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, title: str, author: str,
+def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, tags: BookTags,
               cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000) -> None:
     """Encode the chapter files, in order, into one AAC M4B with a chapter marker per file."""
     if not chapters:
@@ -113,10 +134,9 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, title: str, author
     if any(c.sample_rate != rate for c in chapters):
         raise ValueError("chapters have different sample rates")
     with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"brand": "M4B "}) as box:
-        for key, value in {"title": title, "album": title, "artist": author, "album_artist": author,
-                           "genre": "Audiobook"}.items():
-            if value:
-                box.metadata[key] = value
+        box.metadata.update({"title": tags.title, **tags.common()})
+        if tags.description:
+            box.metadata["description"] = tags.description
         stream = box.add_stream("aac", rate=rate, layout="mono")
         stream.bit_rate = bitrate
         picture = _cover_stream(box, cover_type) if cover else None
@@ -130,6 +150,41 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, title: str, author
             packet = av.Packet(cover)
             packet.stream, packet.pts, packet.dts = picture, 0, 0
             box.mux(packet)
+
+
+def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, tracks: int,
+              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000) -> None:
+    """One chapter file -> an MP3 (LAME, constant bitrate) with ID3v2.3 tags: the chapter's title, the
+    book's tags, track `track`/`tracks`, the description as a comment, the cover as the front cover.
+
+    PyAV encodes; mutagen writes the tags (ffmpeg's ID3 writer keeps a comment as a TXXX frame, which
+    players do not show as the comment)."""
+    if cover and cover_type not in _COVER_CODECS:
+        raise BadInput(f"cover type {cover_type!r} is not one of {sorted(_COVER_CODECS)}")
+    rate = chapter.sample_rate
+    with atomic_path(out) as tmp:
+        with av.open(str(tmp), "w", format="mp3", options={"write_id3v2": "0"}) as box:
+            stream = box.add_stream("libmp3lame", rate=rate, layout="mono")
+            stream.bit_rate = bitrate
+            _encode_file(box, stream, chapter.path, rate, 0)
+            for packet in stream.encode(None):
+                box.mux(packet)
+        common = tags.common()
+        frames: list[id3.Frame] = [id3.TIT2(encoding=3, text=chapter.title or f"Chapter {track}"),
+                  id3.TRCK(encoding=3, text=f"{track}/{tracks}")]
+        for key, kind in (("album", id3.TALB), ("artist", id3.TPE1), ("album_artist", id3.TPE2),
+                           ("composer", id3.TCOM), ("genre", id3.TCON)):
+            if key in common:
+                frames.append(kind(encoding=3, text=common[key]))
+        if tags.description:
+            frames.append(id3.COMM(encoding=3, lang="eng", desc="", text=tags.description))
+        if cover and cover_type:
+            frames.append(id3.APIC(encoding=3, mime=cover_type, type=id3.PictureType.COVER_FRONT,
+                                   desc="cover", data=cover))
+        tagged = id3.ID3()
+        for each in frames:
+            tagged.add(each)
+        tagged.save(tmp, v2_version=3)
 
 
 def _markers(chapters: Sequence[ChapterAudio], rate: int) -> list[Chapter]:

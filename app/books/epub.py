@@ -59,9 +59,10 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
     chapters = _chapters(archive, spine, toc)
     cover, cover_type = _cover(archive, opf, items, href)
     return finish_book(chapters, title=title or _dc(opf, "title") or "Untitled",
-                       author=author or _dc(opf, "creator"),
+                       author=author or _author(opf),
                        language=language or _dc(opf, "language") or "en",
-                       limits=limits, cover=cover, cover_type=cover_type)
+                       limits=limits, cover=cover, cover_type=cover_type, narrator=_narrator(opf),
+                       description=_description(opf))
 
 
 class _NoDtdParser(SafeET.DefusedXMLParser):
@@ -125,6 +126,41 @@ def _rootfile(container: ET.Element) -> str:
 def _dc(opf: ET.Element, name: str) -> str:
     el = opf.find(f"opf:metadata/dc:{name}", NS)
     return " ".join((el.text or "").split()) if el is not None else ""
+
+
+def _people(opf: ET.Element, *tags: str) -> list[tuple[str, str]]:
+    """(MARC relator code, name) of each dc:<tag>, in order: EPUB 2's opf:role attribute or EPUB 3's
+    <meta refines="#id" property="role">; "" when none is given."""
+    refined = {(m.get("refines") or "").lstrip("#"): (m.text or "").strip().lower()
+               for m in opf.iterfind("opf:metadata/opf:meta", NS) if m.get("property") == "role"}
+    people = []
+    for tag in tags:
+        for el in opf.iterfind(f"opf:metadata/dc:{tag}", NS):
+            role = el.get(f"{{{NS['opf']}}}role") or refined.get(el.get("id") or "", "")
+            people.append((role.strip().lower(), " ".join((el.text or "").split())))
+    return [(role, name) for role, name in people if name]
+
+
+def _author(opf: ET.Element) -> str:
+    """The first dc:creator not marked as another role (a narrator, an illustrator ...)."""
+    creators = _people(opf, "creator")
+    return next((name for role, name in creators if role in ("", "aut")), creators[0][1] if creators else "")
+
+
+def _narrator(opf: ET.Element) -> str:
+    return ", ".join(dict.fromkeys(name for role, name in _people(opf, "creator", "contributor")
+                                   if role == "nrt"))
+
+
+def _description(opf: ET.Element) -> str:
+    """dc:description as plain text: publishers often put escaped HTML in it."""
+    el = opf.find("opf:metadata/dc:description", NS)
+    if el is None or not (el.text or "").strip():
+        return ""
+    parser = _TextParser()
+    parser.feed(el.text or "")
+    parser.close()
+    return "\n".join(text for kind, text in parser.events if kind == "para")
 
 
 # --- table of contents ---------------------------------------------------------------------------

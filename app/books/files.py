@@ -3,7 +3,8 @@
     books/<book id>/plan.json   the plan (`app.books.plan.BookPlan`), written once at submission
                     meta.json   cover type, the manifest's folder (CLI books with source audio)
                     cover       the cover image, when the book has one
-                    out/        chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt (+ sidecars)
+                    out/        chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt, and with
+                                mp3 chapter-001.mp3 ... (+ sidecars)
 
 A book's plan never changes once written, so `load_plan` keeps the last plans it read (a book's
 thousand segment tasks read it once per process, not a thousand times).
@@ -81,7 +82,7 @@ def chapter_file_name(index: int, fmt: str) -> str:
 def is_output(name: str) -> bool:
     """A finished output's name: the M4B, the index, a chapter file (not sidecars or temp files)."""
     return name in OUTPUT_NAMES or (
-        name.startswith("chapter-") and name.endswith((".wav", ".flac")) and "/" not in name)
+        name.startswith("chapter-") and name.endswith((".wav", ".flac", ".mp3")) and "/" not in name)
 
 
 def list_outputs(artifacts: ArtifactStore, book_id: str) -> list[str]:

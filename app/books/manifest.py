@@ -29,7 +29,7 @@ from app.books.source import (
 from app.errors import BadInput, BadTokens
 from app.speech import check_tokens
 
-_BOOK_KEYS = {"title", "author", "language", "chapters", "format", "version"}
+_BOOK_KEYS = {"title", "author", "narrator", "description", "language", "chapters", "format", "version"}
 _CHAPTER_KEYS = {"title", "segments"}
 _SEGMENT_KEYS = {"tokens", "audio"}
 
@@ -58,7 +58,8 @@ def parse_manifest(data: bytes, *, limits: BookLimits = DEFAULT_LIMITS,
     if count > limits.max_segments:
         raise BadInput(f"the manifest has {count} segments; the limit is {limits.max_segments}")
     return finish_book(chapters, title=_text(doc, "title", "Untitled"), author=_text(doc, "author", ""),
-                       language=_text(doc, "language", "en"), limits=limits)
+                       language=_text(doc, "language", "en"), limits=limits,
+                       narrator=_text(doc, "narrator", ""), description=_text(doc, "description", ""))
 
 
 def _chapter(raw: Any, index: int, limits: BookLimits, base_dir: Path | None) -> SourceChapter:

@@ -1,13 +1,14 @@
 """A whole book's outputs in one folder, reusing every chapter file whose inputs have not changed.
 
     out_dir/chapter-001.flac (+ .json)  ...  book.m4b (+ .json)  chapters.json  chapters.vtt
+            chapter-001.mp3 (+ .json) ...        with mp3=True
 
 Each chapter file has a sidecar naming its *recipe* - the sha256 of its segments' content keys and
 pauses and of the assembly options - and the segment timings. The sidecar is removed before the
 audio is replaced and written after it, so after a crash at any point a file is either described
 correctly or re-assembled. Re-running after an interruption, or after an edit to one paragraph,
-re-assembles only the chapters whose recipe changed; the M4B is re-encoded only when a chapter, a
-title, the metadata or the cover changed. Files of chapters that no longer exist are removed.
+re-assembles only the chapters whose recipe changed; the M4B (and each MP3) is re-encoded only when
+its chapters, a title, the tags or the cover changed. Files of chapters that no longer exist are removed.
 """
 
 from __future__ import annotations
@@ -17,31 +18,33 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import soundfile as sf
 
 from app.artifacts import write_text
-from app.books.assemble import ChapterAudio, SegmentTiming, assemble_chapter, write_m4b
+from app.books.assemble import BookTags, ChapterAudio, SegmentTiming, assemble_chapter, write_m4b, write_mp3
 from app.books.files import chapter_file_name
 from app.books.index import write_index
 from app.books.loudness import DEFAULT_TARGET_LUFS, FADE_MS, Loudness
 from app.books.plan import BookPlan, PlanChapter, canonical_json
 from app.speech import SAMPLE_RATE, OutputFormat
 
-_CHAPTER_FILE_RE = re.compile(r"chapter-\d{3,}\.(wav|flac)(\.json)?")
+_CHAPTER_FILE_RE = re.compile(r"chapter-\d{3,}\.(wav|flac|mp3)(\.json)?")
 
 
 @dataclass(frozen=True)
 class BookAudio:
     chapters: tuple[ChapterAudio, ...]
     m4b: Path | None
+    mp3s: tuple[Path, ...]
     index_json: Path
     index_vtt: Path
     reused: tuple[int, ...]  # chapter indices taken as they were
     m4b_reused: bool
+    mp3s_reused: tuple[int, ...] = ()
 
 
 def chapter_recipe(chapter: PlanChapter, *, fmt: str, sample_rate: int, target_lufs: float | None) -> str:
@@ -66,7 +69,7 @@ def render_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out_dir: Pat
 
 def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = OutputFormat.FLAC,
                   sample_rate: int = SAMPLE_RATE, target_lufs: float | None = DEFAULT_TARGET_LUFS,
-                  m4b: bool = True,
+                  m4b: bool = True, mp3: bool = False,
                   cover: bytes | None = None, cover_type: str | None = None) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -81,14 +84,23 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
         else:
             reused.append(chapter.index)
         chapters.append(done)
+    tags = BookTags(plan.title, plan.author, plan.narrator, plan.description)
     book, m4b_reused = None, False
     if m4b:
         book = out_dir / "book.m4b"
-        m4b_reused = _write_m4b_once(plan, chapters, book, cover=cover, cover_type=cover_type)
+        m4b_reused = _write_m4b_once(tags, chapters, book, cover=cover, cover_type=cover_type)
+    mp3s: list[Path] = []
+    mp3s_reused: list[int] = []
+    for done in chapters if mp3 else []:
+        path = out_dir / chapter_file_name(done.index, "mp3")
+        if _write_mp3_once(tags, done, path, tracks=len(chapters), cover=cover, cover_type=cover_type):
+            mp3s_reused.append(done.index)
+        mp3s.append(path)
     index_json, index_vtt = out_dir / "chapters.json", out_dir / "chapters.vtt"
     write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author)
-    _remove_stale(out_dir, {c.path.name for c in chapters})
-    return BookAudio(tuple(chapters), book, index_json, index_vtt, tuple(reused), m4b_reused)
+    _remove_stale(out_dir, {c.path.name for c in chapters} | {p.name for p in mp3s})
+    return BookAudio(tuple(chapters), book, tuple(mp3s), index_json, index_vtt, tuple(reused), m4b_reused,
+                     tuple(mp3s_reused))
 
 
 def _sidecar(path: Path) -> Path:
@@ -125,23 +137,46 @@ def _loudness(described: dict[str, Any] | None) -> Loudness | None:
     return Loudness(db("integrated_lufs"), db("true_peak_dbtp"), float(described.get("gain_db") or 0.0))
 
 
-def _write_m4b_once(plan: BookPlan, chapters: list[ChapterAudio], book: Path, *, cover: bytes | None,
-                    cover_type: str | None) -> bool:
-    """Encode the M4B unless the one there was made from the same chapters and metadata."""
-    recipe = hashlib.sha256(canonical_json({
-        "v": 1, "title": plan.title, "author": plan.author, "cover_type": cover_type,
+def _encoded_recipe(tags: BookTags, chapters: list[ChapterAudio], cover: bytes | None,
+                    cover_type: str | None, **more: Any) -> str:
+    return hashlib.sha256(canonical_json({
+        "v": 2, "tags": asdict(tags), "cover_type": cover_type,
         "cover": hashlib.sha256(cover).hexdigest() if cover else None,
         "chapters": [[c.title, json.loads(_sidecar(c.path).read_text(encoding="utf-8"))["recipe"]]
-                     for c in chapters],
+                     for c in chapters], **more,
     })).hexdigest()
+
+
+def _up_to_date(path: Path, recipe: str) -> bool:
     try:
-        if book.is_file() and json.loads(_sidecar(book).read_text(encoding="utf-8")).get("recipe") == recipe:
-            return True
+        described = json.loads(_sidecar(path).read_text(encoding="utf-8"))
+        return path.is_file() and described.get("recipe") == recipe
     except (OSError, ValueError):
-        pass
+        return False
+
+
+def _write_m4b_once(tags: BookTags, chapters: list[ChapterAudio], book: Path, *, cover: bytes | None,
+                    cover_type: str | None) -> bool:
+    """Encode the M4B unless the one there was made from the same chapters and metadata."""
+    recipe = _encoded_recipe(tags, chapters, cover, cover_type)
+    if _up_to_date(book, recipe):
+        return True
     _sidecar(book).unlink(missing_ok=True)
-    write_m4b(chapters, book, title=plan.title, author=plan.author, cover=cover, cover_type=cover_type)
+    write_m4b(chapters, book, tags=tags, cover=cover, cover_type=cover_type)
     write_text(_sidecar(book), json.dumps({"recipe": recipe}))
+    return False
+
+
+def _write_mp3_once(tags: BookTags, chapter: ChapterAudio, path: Path, *, tracks: int, cover: bytes | None,
+                    cover_type: str | None) -> bool:
+    """Encode the chapter's MP3 unless the one there was made from the same file, tags and track."""
+    recipe = _encoded_recipe(tags, [chapter], cover, cover_type, track=[chapter.index + 1, tracks])
+    if _up_to_date(path, recipe):
+        return True
+    _sidecar(path).unlink(missing_ok=True)
+    write_mp3(chapter, path, tags=tags, track=chapter.index + 1, tracks=tracks, cover=cover,
+              cover_type=cover_type)
+    write_text(_sidecar(path), json.dumps({"recipe": recipe}))
     return False
 
 

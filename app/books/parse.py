@@ -152,7 +152,8 @@ def parse_markdown(data: bytes, *, title: str | None = None, author: str | None 
     chapters.append(SourceChapter(current_title, tuple(current)))
     return finish_book(chapters, title=book_title or chapters[0].title,
                        author=author or meta.get("author", ""),
-                       language=language or meta.get("lang", meta.get("language", "en")), limits=limits)
+                       language=language or meta.get("lang", meta.get("language", "en")), limits=limits,
+                       narrator=meta.get("narrator", ""), description=meta.get("description", ""))
 
 
 def _markdown_blocks(text: str) -> list[tuple[int, str]]:

@@ -58,6 +58,8 @@ class BookPlan:
     voice_id: str
     chapters: tuple[PlanChapter, ...]
     key: str  # changes when anything the assembled book depends on changes
+    narrator: str = ""  # the players' tags; not spoken, not in any segment's key
+    description: str = ""
 
     def segments(self) -> Iterator[tuple[PlanChapter, PlanSegment]]:
         for chapter in self.chapters:
@@ -83,7 +85,8 @@ class BookPlan:
                 PlanSegment(**{**s, "tokens": None if s["tokens"] is None else tuple(s["tokens"])})
                 for s in c["segments"]))
             for c in data["chapters"])
-        return cls(data["title"], data["author"], data["language"], data["voice_id"], chapters, data["key"])
+        return cls(data["title"], data["author"], data["language"], data["voice_id"], chapters, data["key"],
+                   data.get("narrator", ""), data.get("description", ""))
 
 
 def canonical_json(value: Any) -> bytes:
@@ -117,10 +120,12 @@ def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, A
     if not chapters:
         raise BadInput("the book has nothing to speak after normalisation")
     book_key = hashlib.sha256(canonical_json({
-        "v": KEY_VERSION, "title": book.title, "author": book.author,
+        "v": KEY_VERSION, "title": book.title, "author": book.author, "narrator": book.narrator,
+        "description": book.description,
         "chapters": [[c.title, [[s.key, s.pause_after_ms] for s in c.segments]] for c in chapters],
     })).hexdigest()
-    return BookPlan(book.title, book.author, book.language, voice_id, tuple(chapters), book_key)
+    return BookPlan(book.title, book.author, book.language, voice_id, tuple(chapters), book_key,
+                    book.narrator, book.description)
 
 
 def _text(source: SourceChapter, language: str, voice_id: str, key_options: Mapping[str, Any],

@@ -65,10 +65,10 @@ def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_
             return str(book.status)
         audio = {s.key: artifacts.path(s.output_path or "")
                  for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
-        fmt, lufs, m4b = book.output_format, book.target_lufs, book.m4b
+        fmt, lufs, m4b, mp3 = book.output_format, book.target_lufs, book.m4b, book.mp3
     cover, cover_type = files.load_cover(artifacts, book_id)
     result = assemble_book(files.load_plan(artifacts, book_id), audio, files.output_dir(artifacts, book_id),
-                           fmt=fmt, target_lufs=lufs, m4b=m4b, cover=cover, cover_type=cover_type)
+                           fmt=fmt, target_lufs=lufs, m4b=m4b, mp3=mp3, cover=cover, cover_type=cover_type)
     with session_scope(sessions) as session:
         for chapter in result.chapters:  # a chapter re-assembled here (its file was gone) is measured anew
             queries.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,

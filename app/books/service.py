@@ -31,7 +31,7 @@ from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.books.parse import parse_book
 from app.books.plan import BookPlan, plan_book
 from app.books.select import describe, parse_chapters
-from app.books.source import BookLimits, SourceBook
+from app.books.source import BookLimits, SourceBook, with_metadata
 from app.books.status import require_book
 from app.db import queries
 from app.db.models import Book, BookStatus
@@ -49,6 +49,7 @@ DEFAULT_SEED = 0  # a fixed seed: the same book rendered again has the same keys
 class BookOptions:
     output_format: str = OutputFormat.FLAC
     m4b: bool = True
+    mp3: bool = False  # an MP3 per chapter too (ID3-tagged), beside the chapter files
     target_lufs: float | None = DEFAULT_TARGET_LUFS  # None: chapters are measured, not normalised
     seed: int = DEFAULT_SEED
     priority: int = 0  # job priority of the segments (0..9, larger first); 0 yields to every other job
@@ -107,14 +108,17 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
                 voice_id: str | None = None, options: BookOptions = BookOptions(), title: str | None = None,
                 author: str | None = None, language: str | None = None,
                 base_dir: Path | None = None, limits: BookLimits | None = None,
-                chapters: str | None = None) -> str:
+                chapters: str | None = None, narrator: str | None = None,
+                description: str | None = None) -> str:
     """Accept a book and return its id. Raises BadInput (and kin) or NotFound before anything runs.
 
     `base_dir` (CLI only) lets a manifest name source audio files inside that folder; `chapters` ("3-7,12",
     `app.books.select`) renders only those chapters."""
     options.check()
-    source = parse_book(data, fmt=book_format, filename=filename, title=title, author=author,
-                        language=language, base_dir=base_dir, limits=limits or BookLimits())
+    limits = limits or BookLimits()
+    source = with_metadata(parse_book(data, fmt=book_format, filename=filename, title=title, author=author,
+                                      language=language, base_dir=base_dir, limits=limits),
+                           narrator=narrator, description=description, limits=limits)
     selected = None
     if chapters is not None:
         indices = parse_chapters(chapters, len(source.chapters))
@@ -130,7 +134,7 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
                for c in plan.chapters]
     queries.create_book(session=session, book_id=book_id, voice_id=voice, title=plan.title,
                         author=plan.author, language=plan.language, plan_key=plan.key,
-                        output_format=options.output_format, m4b=options.m4b,
+                        output_format=options.output_format, m4b=options.m4b, mp3=options.mp3,
                         target_lufs=options.target_lufs, seed=options.seed, priority=options.priority,
                         chapters=planned, chapters_selected=selected)
     session.commit()

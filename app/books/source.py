@@ -9,7 +9,7 @@ other; `parse.parse_book` picks one by format.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.errors import BadInput
 from app.speech import TOKEN_RATE
@@ -27,7 +27,8 @@ class BookLimits:
     max_epub_bytes: int = 64 * 1024 * 1024
     max_paragraph_chars: int = 100_000
     max_title_chars: int = 500  # a book's or a chapter's title (they are stored, shown and spoken)
-    max_author_chars: int = 500
+    max_author_chars: int = 500  # the narrator too
+    max_description_chars: int = 10_000
     max_chapters: int = 2_000
     max_segments: int = 200_000
     max_segment_tokens: int = TOKEN_RATE * 600  # a manifest item of at most 10 minutes
@@ -65,6 +66,29 @@ class SourceBook:
     chapters: tuple[SourceChapter, ...]
     cover: bytes | None = None
     cover_type: str | None = None  # "image/jpeg" or "image/png"
+    narrator: str = ""  # for the players' tags (M4B, MP3); not spoken
+    description: str = ""  # plain text, one paragraph per line
+
+
+def with_metadata(book: SourceBook, *, narrator: str | None = None, description: str | None = None,
+                  limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
+    """The book with a narrator and description given by the request in place of its own."""
+    if narrator is not None:
+        book = replace(book, narrator=clean_line(narrator))
+    if description is not None:
+        book = replace(book, description=clean_description(description))
+    _check_length("the narrator", book.narrator, limits.max_author_chars)
+    _check_length("the description", book.description, limits.max_description_chars)
+    return book
+
+
+def clean_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def clean_description(text: str) -> str:
+    """Whitespace collapsed within lines, blank lines dropped: a description as players show it."""
+    return "\n".join(line for line in (clean_line(raw) for raw in text.splitlines()) if line)
 
 
 def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
@@ -88,7 +112,8 @@ def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
 
 
 def finish_book(chapters: list[SourceChapter], *, title: str, author: str, language: str,
-                limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None) -> SourceBook:
+                limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None,
+                narrator: str = "", description: str = "") -> SourceBook:
     """Drop empty chapters and check the limits every reader shares."""
     kept = [c for c in chapters if c.paragraphs or c.items]
     if not any(c.paragraphs or c.items for c in kept):
@@ -106,8 +131,9 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
     language = (language or "en").strip().lower().replace("_", "-")
     if not _LANGUAGE_RE.fullmatch(language):
         raise BadInput(f"language {language[:40]!r} is not a language tag such as 'en' or 'pt-br'")
-    return SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
+    book = SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
                       chapters=tuple(kept), cover=cover, cover_type=cover_type)
+    return with_metadata(book, narrator=narrator, description=description, limits=limits)
 
 
 def _check_length(what: str, text: str, limit: int) -> None:

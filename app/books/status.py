@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from app.artifacts import ArtifactStore
-from app.books.files import chapter_file_name, is_output, list_outputs, output_dir
+from app.books.files import chapter_file_name, is_output, list_outputs, load_plan, output_dir
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, utcnow
 from app.errors import NotFound
@@ -46,6 +46,8 @@ class BookStatusView:
     audio_seconds: float
     eta_s: float | None
     files: list[str]
+    narrator: str = ""  # from the plan: the players' tags
+    description: str = ""
 
 
 def require_book(*, session: Session, book_id: str) -> Book:
@@ -87,7 +89,15 @@ def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> 
                           segments_total=sum(c.segments_total for c in chapters),
                           segments_done=sum(c.segments_done for c in chapters), audio_seconds=done_s,
                           eta_s=round(left / rate, 1) if live and rate else (0.0 if not live else None),
-                          files=list_outputs(artifacts, book_id))
+                          files=list_outputs(artifacts, book_id), **_tags(artifacts, book_id))
+
+
+def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, str]:
+    try:
+        plan = load_plan(artifacts, book_id)
+    except (OSError, ValueError, KeyError):  # a book whose files were removed still has a status
+        return {}
+    return {"narrator": plan.narrator, "description": plan.description}
 
 
 def output_file(*, session: Session, artifacts: ArtifactStore, book_id: str, name: str) -> Path:

@@ -43,6 +43,9 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--wait", action="store_true", help="show progress until done, then download")
     render.add_argument("--title")
     render.add_argument("--author")
+    render.add_argument("--narrator", help="for the M4B's and MP3s' tags (default: the book's own, if any)")
+    render.add_argument("--description", help="for the tags (default: the book's own, if any)")
+    render.add_argument("--mp3", action="store_true", help="an MP3 per chapter too (ID3-tagged)")
     render.add_argument("--language", help="BCP 47 tag (default: from the book, else en)")
     render.add_argument("--priority", type=int, default=0, help="segment job priority (0 yields to all)")
     render.add_argument("--target-lufs", help="chapter loudness in LUFS (default -20, true peak at most "
@@ -58,8 +61,9 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
     """The book's options as the API's form fields."""
     form = {"output_format": "flac" if args.book_output == "m4b" else args.book_output,
             "m4b": "true" if args.book_output == "m4b" else "false", "seed": str(args.seed),
-            "priority": str(args.priority)}
+            "priority": str(args.priority), "mp3": "true" if args.mp3 else "false"}
     form.update({k: str(v) for k, v in (("title", args.title), ("author", args.author),
+                                        ("narrator", args.narrator), ("description", args.description),
                                         ("language", args.language), ("target_lufs", args.target_lufs),
                                         ("chapters", args.chapters))
                  if v is not None})

@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -264,6 +265,7 @@ class Book(Base):
     plan_key: Mapped[str] = mapped_column(String(64))  # app.books.plan.BookPlan.key
     output_format: Mapped[str] = mapped_column(String(8), default=OutputFormat.FLAC)
     m4b: Mapped[bool] = mapped_column(Boolean, default=True)
+    mp3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # MP3s per chapter too
     target_lufs: Mapped[float | None]
     seed: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0)

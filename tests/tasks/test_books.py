@@ -8,6 +8,8 @@ import json
 from collections.abc import Iterator
 
 import av
+import mutagen.id3
+import mutagen.mp4
 import numpy as np
 import pytest
 import soundfile as sf
@@ -96,6 +98,27 @@ def test_a_token_book_renders_chapters_assembles_an_m4b_and_resumes_with_nothing
     edited = submit(res, celery, manifest_book([[30, 41], [25], [50, 30, 30]]),
                     options=BookOptions(output_format="wav"))
     assert books.plan(edited, res) == 1  # only the changed segment
+
+
+def test_a_book_with_mp3s_gets_one_tagged_mp3_per_chapter_and_its_narrator_in_every_file(
+        res: Resources, celery: Celery) -> None:
+    data = manifest_book([[30], [25, 20]])
+    book_id = submit(res, celery, data, options=BookOptions(mp3=True), narrator="Ben Narrow",
+                     description="Two parts.")
+    books.plan(book_id, res)
+    render_live_jobs(res, book_id)
+    assert [books.check_chapter(book_id, i, res) for i in range(2)] == ["assembled"] * 2
+    assert books.assemble(book_id, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    assert view.book.mp3 and {"chapter-001.mp3", "chapter-002.mp3", "book.m4b"} <= set(view.files)
+    out = output_dir(res.artifacts, book_id)
+    for n, title in ((1, "Part 1"), (2, "Part 2")):
+        tags = mutagen.id3.ID3(out / f"chapter-00{n}.mp3")
+        assert (str(tags["TIT2"]), str(tags["TRCK"]), str(tags["TCOM"])) == (title, f"{n}/2", "Ben Narrow")
+        assert str(tags["TALB"]) == "Tokens" and tags.getall("COMM")[0].text == ["Two parts."]
+    m4b = mutagen.mp4.MP4(out / "book.m4b").tags
+    assert m4b["\xa9wrt"] == ["Ben Narrow"] and m4b["desc"] == ["Two parts."]
 
 
 def test_chosen_chapters_render_alone_and_a_later_whole_render_reuses_their_segments(

@@ -60,11 +60,12 @@ function addVoice(data) {
 function bookForm(form) {
   const data = new FormData();
   data.append("book", form.elements.book.files[0]);
-  for (const name of ["title", "author", "language", "chapters", "output_format"]) {
+  for (const name of ["title", "author", "narrator", "language", "chapters", "output_format", "target_lufs"]) {
     const value = form.elements[name].value.trim();
     if (value) data.append(name, value);
   }
   data.append("m4b", form.elements.m4b.checked ? "true" : "false");
+  data.append("mp3", form.elements.mp3.checked ? "true" : "false");
   addVoice(data);
   return data;
 }
@@ -200,6 +201,7 @@ function seconds(s) {
 function renderBook(card, book) {
   const p = card.parts;
   p.title.textContent = (book.title || "(untitled book)") + (book.author ? `, by ${book.author}` : "") +
+    (book.narrator ? `, read by ${book.narrator}` : "") +
     (book.chapters_selected ? ` · chapters ${book.chapters_selected}` : "");
   p.progress.max = Math.max(book.segments_total, 1);
   p.progress.value = book.segments_done;
@@ -240,8 +242,10 @@ function renderChapter(card, chapter) {
   const bar = $("progress", row);
   bar.max = Math.max(chapter.segments_total, 1);
   bar.value = chapter.segments_done;
+  const loudness = chapter.loudness_lufs !== null && chapter.true_peak_dbtp !== null
+    ? ` · ${chapter.loudness_lufs.toFixed(1)} LUFS, peak ${chapter.true_peak_dbtp.toFixed(1)} dBTP` : "";
   $(".summary", row).textContent = `${chapter.segments_done}/${chapter.segments_total} · ` +
-    (chapter.seconds !== null ? seconds(chapter.seconds) : `${seconds(chapter.audio_seconds)} so far`);
+    (chapter.seconds !== null ? seconds(chapter.seconds) : `${seconds(chapter.audio_seconds)} so far`) + loudness;
   const media = $(".media", row);
   if (chapter.file_url && media.dataset.url !== chapter.file_url) {
     media.dataset.url = chapter.file_url;

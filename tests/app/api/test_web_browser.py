@@ -137,12 +137,18 @@ def test_a_book_uploaded_through_the_page_renders_and_every_chapter_plays_and_do
     book_file.write_text(MARKDOWN_BOOK)
     page.set_input_files("#reference", SAMPLES / "voice_a.wav")
     page.set_input_files("#book-file", book_file)
+    page.fill("#book-form input[name=narrator]", "Ben Narrow")
+    page.check("#book-form input[name=mp3]")
     page.click("#book-form button[type=submit]")
 
     card = page.locator("article.book")
     expect(card.locator(".status")).to_have_text("succeeded", timeout=BOOK_TIMEOUT_MS)
     book = httpx.get(f"{stack}/v1/books/{card.get_attribute('data-id')}", headers=AUTH).json()
     expect(card.locator("tr.chapter")).to_have_count(3)
+    expect(card.locator("header h3")).to_contain_text("read by Ben Narrow")
+    for c in book["chapters"]:  # each chapter's measured loudness, as the API reports it
+        expect(card.locator(f'tr.chapter[data-index="{c["index"]}"] .summary')).to_contain_text(
+            f'{c["loudness_lufs"]:.1f} LUFS, peak {c["true_peak_dbtp"]:.1f} dBTP')
     chapters = audio_durations(page, "article.book tr.chapter audio")
     assert chapters == pytest.approx([c["seconds"] for c in book["chapters"]], abs=0.05)
     (whole,) = audio_durations(page, "article.book .whole audio")
@@ -151,6 +157,7 @@ def test_a_book_uploaded_through_the_page_renders_and_every_chapter_plays_and_do
     links = card.locator(".files a")
     names = links.all_text_contents()
     assert set(names) == {"chapter-001.flac", "chapter-002.flac", "chapter-003.flac", "book.m4b",
+                          "chapter-001.mp3", "chapter-002.mp3", "chapter-003.mp3",
                           "chapters.json", "chapters.vtt"}
     for i, name in enumerate(names):
         href = links.nth(i).get_attribute("href")

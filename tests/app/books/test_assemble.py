@@ -6,13 +6,16 @@ import re
 from pathlib import Path
 
 import av
+import mutagen.id3
+import mutagen.mp3
+import mutagen.mp4
 import numpy as np
 import pyloudnorm
 import pytest
 import soundfile as sf
 
 from app.books import loudness
-from app.books.assemble import assemble_chapter, write_m4b
+from app.books.assemble import BookTags, assemble_chapter, write_m4b, write_mp3
 from app.books.index import write_index
 from app.books.output import assemble_book
 from app.books.parse import parse_markdown
@@ -22,6 +25,9 @@ from app.errors import NotFound
 from tests.app.books.conftest import tiny_png
 
 SR = 24000
+TAGS = BookTags(
+    "The Lighthouse Keeper", "Ada Quill", "Ben Narrow", "A keeper, a storm.\nAnd a boat that came back."
+)
 AAC_FRAME = 1024 / SR  # one AAC frame, the tolerance on read-back times
 
 
@@ -206,11 +212,17 @@ def test_m4b_has_the_chapters_times_and_metadata_of_its_inputs(rendered, tmp_pat
     write_m4b(
         chapters,
         book,
-        title="The Lighthouse Keeper",
-        author="Ada Quill",
+        tags=TAGS,
         cover=tiny_png(),
         cover_type="image/png",
     )
+    tagged = mutagen.mp4.MP4(book).tags  # read by another library than the one that wrote it
+    assert tagged["\xa9nam"] == tagged["\xa9alb"] == ["The Lighthouse Keeper"]
+    assert tagged["\xa9ART"] == tagged["aART"] == ["Ada Quill"]
+    assert tagged["\xa9wrt"] == ["Ben Narrow"]  # the narrator, as audiobook players read it
+    assert tagged["desc"] == tagged["\xa9cmt"] == [TAGS.description]
+    assert tagged["\xa9gen"] == ["Audiobook"]
+    assert bytes(tagged["covr"][0]) == tiny_png()
     with av.open(str(book)) as box:
         marks = box.chapters()
         assert box.metadata["title"] == "The Lighthouse Keeper" and box.metadata["artist"] == "Ada Quill"
@@ -279,6 +291,35 @@ def test_json_and_webvtt_indexes_agree_with_the_audio(rendered, tmp_path):
         assert sf.info(Path(tmp_path / entry["file"])).duration == pytest.approx(chapter.duration, abs=1e-6)
         offset += chapter.duration
     assert index["duration"] == pytest.approx(offset, abs=1e-3)
+
+
+def test_an_mp3_per_chapter_carries_id3_tags_the_cover_and_the_chapters_audio(rendered, tmp_path):
+    plan, audio, _ = rendered
+    chapters = [assemble_chapter(c, audio, tmp_path / f"ch{c.index + 1}.flac") for c in plan.chapters]
+    for chapter in chapters:
+        out = tmp_path / f"ch{chapter.index + 1}.mp3"
+        write_mp3(chapter, out, tags=TAGS, track=chapter.index + 1, tracks=3, cover=tiny_png(),
+                  cover_type="image/png")
+        id3 = mutagen.id3.ID3(out)
+        assert id3.version[:2] == (2, 3)
+        assert str(id3["TIT2"]) == chapter.title and str(id3["TALB"]) == "The Lighthouse Keeper"
+        assert str(id3["TPE1"]) == str(id3["TPE2"]) == "Ada Quill"
+        assert str(id3["TCOM"]) == "Ben Narrow" and str(id3["TCON"]) == "Audiobook"
+        assert str(id3["TRCK"]) == f"{chapter.index + 1}/3"
+        assert id3.getall("COMM")[0].text == [TAGS.description]
+        picture = id3.getall("APIC")[0]
+        assert picture.mime == "image/png" and picture.data == tiny_png()
+        mp3 = mutagen.mp3.MP3(out)
+        assert mp3.info.sample_rate == SR and mp3.info.channels == 1
+        # MP3 frames are 576 samples at 24 kHz; LAME pads the start and the end by less than a few frames.
+        assert mp3.info.length == pytest.approx(chapter.duration, abs=0.1)
+        with av.open(str(out)) as box:  # it decodes, to about the chapter's loudness
+            pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in box.decode(audio=0)])
+        original, _ = sf.read(chapter.path, dtype="float64")
+        meter = pyloudnorm.Meter(SR)
+        assert meter.integrated_loudness(pcm.astype(np.float64)) == pytest.approx(
+            meter.integrated_loudness(original), abs=0.5
+        )
 
 
 def test_assemble_book_writes_every_output_beside_each_other(rendered, tmp_path):

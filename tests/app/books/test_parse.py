@@ -85,6 +85,42 @@ def test_epub_spine_order_wins_and_a_document_listed_twice_is_read_once():
     ]
 
 
+OPF_NS = 'xmlns:opf="http://www.idpf.org/2007/opf"'
+
+
+def test_epub_narrator_and_description_come_from_the_package_document():
+    epub2 = make_epub(
+        opf_extra=(
+            f'<dc:contributor {OPF_NS} opf:role="nrt">Ben  Narrow</dc:contributor>'
+            f'<dc:contributor {OPF_NS} opf:role="ill">Ink Hand</dc:contributor>'
+            "<dc:description>&lt;p&gt;Three &lt;b&gt;tales&lt;/b&gt; of clocks.&lt;/p&gt;"
+            "&lt;p&gt;And one of a bell &amp;amp; its keeper.&lt;/p&gt;</dc:description>"
+        )
+    )
+    book = parse_epub(epub2)
+    assert book.author == "Ida North" and book.narrator == "Ben Narrow"
+    assert book.description == "Three tales of clocks.\nAnd one of a bell & its keeper."
+    epub3 = make_epub(  # EPUB 3: roles refine the element by id; a creator who narrates is not the author
+        opf_extra='<dc:creator id="n1">Cara Voice</dc:creator>'
+        '<meta refines="#n1" property="role" scheme="marc:relators">nrt</meta>'
+    )
+    book = parse_epub(epub3)
+    assert book.author == "Ida North" and book.narrator == "Cara Voice" and book.description == ""
+
+
+def test_markdown_and_manifest_carry_a_narrator_and_a_description():
+    md = b"---\ntitle: T\nnarrator: Ben Narrow\ndescription: A short one.\n---\n# One\n\nText here."
+    book = parse_markdown(md)
+    assert (book.narrator, book.description) == ("Ben Narrow", "A short one.")
+    manifest = {"title": "M", "narrator": "N", "description": "Line one.\n\n  Line   two.",
+                "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
+    book = parse_manifest(json.dumps(manifest).encode())
+    assert (book.narrator, book.description) == ("N", "Line one.\nLine two.")
+    too_long = {**manifest, "description": "x" * 10_001}
+    with pytest.raises(BadInput, match="the description is 10001 characters"):
+        parse_manifest(json.dumps(too_long).encode())
+
+
 def test_epub_without_any_text_is_refused():
     docs = [("a.xhtml", "A", "<p>  </p><img src='x.png'/>"), ("b.xhtml", "B", "<script>x = 1</script>")]
     with pytest.raises(BadInput, match="no text to read"):

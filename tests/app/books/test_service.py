@@ -169,6 +169,9 @@ def test_api_normalises_chapters_to_minus_20_lufs_unless_told_otherwise(client: 
     bad = form(target_lufs="loud")
     assert bad.status_code == 422 and "a number of LUFS or 'off'" in bad.json()["reason"]
     assert form(target_lufs="-3").status_code == 422  # outside -70..-5
+    tagged = form(mp3="true", narrator="Ben Narrow", description="Three tales.").json()
+    assert tagged["mp3"] is True and form().json()["mp3"] is False
+    assert (tagged["narrator"], tagged["description"]) == ("Ben Narrow", "Three tales.")
     inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
     as_json = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline})
     assert as_json.json()["target_lufs"] == -20.0

@@ -1,4 +1,5 @@
-"""book_chapters.loudness_lufs, book_chapters.true_peak_dbtp: a chapter file's measured loudness
+"""book_chapters.loudness_lufs, book_chapters.true_peak_dbtp: a chapter file's measured loudness;
+books.mp3: an MP3 per chapter besides the chapter files
 
 Revision ID: 0009
 Revises: 0008
@@ -6,6 +7,7 @@ Create Date: 2026-12-03
 
 Integrated loudness (LUFS, ITU-R BS.1770-4) and true peak (dBTP) of the assembled chapter as written,
 after normalisation (`app.books.loudness`); NULL until the chapter is assembled, and for silence.
+Books submitted before this revision made no MP3s (false).
 """
 
 from collections.abc import Sequence
@@ -20,6 +22,8 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("books") as batch:
+        batch.add_column(sa.Column("mp3", sa.Boolean(), nullable=False, server_default=sa.false()))
     with op.batch_alter_table("book_chapters") as batch:
         batch.add_column(sa.Column("loudness_lufs", sa.Double(), nullable=True))
         batch.add_column(sa.Column("true_peak_dbtp", sa.Double(), nullable=True))
@@ -29,3 +33,5 @@ def downgrade() -> None:
     with op.batch_alter_table("book_chapters") as batch:
         batch.drop_column("true_peak_dbtp")
         batch.drop_column("loudness_lufs")
+    with op.batch_alter_table("books") as batch:
+        batch.drop_column("mp3")
