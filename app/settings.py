@@ -102,6 +102,11 @@ class Settings(BaseSettings):
         default=25 * 3600, ge=1, description="speech tokens per job (25 per second of audio)"
     )
 
+    # Books.
+    lexicon: Path | None = Field(
+        default=None, description="a pronunciation lexicon file (JSON or YAML, docs/BOOKS.md) every book's "
+        "text goes through; a book's own lexicon is laid over it")
+
     # Jobs.
     visibility_timeout_s: int = Field(default=6 * 3600, ge=1, description="must exceed the longest job")
     progress_interval_s: float = Field(default=1.0, gt=0)

@@ -83,6 +83,7 @@ class LocalClient:
                                   reference_bytes=voice if isinstance(voice, bytes) else None,
                                   title=form.get("title"), author=form.get("author"),
                                   narrator=form.get("narrator"), description=form.get("description"),
+                                  lexicon=form["lexicon"].encode() if form.get("lexicon") else None,
                                   language=form.get("language"), chapters=form.get("chapters"))
         return self.book(book_id)
 

@@ -179,6 +179,8 @@ class BookRequest(BaseModel):
     mp3: bool = Field(False, description="an MP3 per chapter too, with ID3 tags")
     narrator: str | None = Field(None, max_length=500, description="for the tags; default: the manifest's")
     description: str | None = Field(None, max_length=10_000, description="for the tags")
+    lexicon: dict[str, Any] | None = Field(None, description='pronunciation: {"words": {...}, "patterns": '
+                                           '[...]} (docs/BOOKS.md)')
     target_lufs: float | None = Field(DEFAULT_TARGET_LUFS, ge=-70, le=-5,
                                       description="chapter loudness (LUFS); null: measured, not normalised")
     seed: StrictInt = Field(0, ge=0, le=SEED_MAX,

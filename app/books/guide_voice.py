@@ -16,7 +16,8 @@ a fresh process per call, repeats exactly). Plan keys do not depend on it: a key
 the guide voice, and whichever rendering is stored first is reused.
 
 Languages: any espeak-ng voice name ("en-us", "de", "fr" ...); the text should already be
-normalised (`app.books.text`).
+normalised (`app.books.text`). `[[...]]` in the text is espeak-ng phoneme mnemonics (both backends):
+only a pronunciation lexicon's entry puts it there (`app.books.lexicon`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ _VOICE_RE = re.compile(r"[a-z]{2,3}(-[a-z0-9]{1,8}){0,3}(\+[a-z0-9]{1,16})?")  #
 _SYNC_OUTPUT = 2  # AUDIO_OUTPUT_SYNCHRONOUS
 _DONT_EXIT = 0x8000  # espeakINITIALIZE_DONT_EXIT: report errors instead of exiting the process
 _CHARS_UTF8 = 1
+_PHONEMES = 0x100  # espeakPHONEMES: [[...]] is phoneme mnemonics, as the espeak-ng binary reads it too
 _RATE, _PITCH = 1, 3  # espeak_PARAMETER
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
@@ -99,7 +101,7 @@ class _Library:
             self.lib.espeak_SetParameter(_PITCH, options.pitch, 0)
             self._chunks = []
             data = text.encode()
-            status = self.lib.espeak_Synth(data, len(data) + 1, 0, 0, 0, _CHARS_UTF8, None, None)
+            status = self.lib.espeak_Synth(data, len(data) + 1, 0, 0, 0, _CHARS_UTF8 | _PHONEMES, None, None)
             self.lib.espeak_Synchronize()
             if status != 0:
                 raise RuntimeError(f"espeak_Synth failed ({status})")

@@ -2,12 +2,13 @@
 
 A segment's key is the sha256 of what decides its audio and nothing else:
     (kind, content, voice id, source options)
-where content is the normalised text (kind "text"), the speech tokens ("tokens"), or the source
-audio file's sha256 ("audio"), and source options are the caller's render options (seed, model ...)
-plus, for text, the guide voice's identity (`app.books.guide_voice.identity`). Position, chapter,
-title and pauses are not in it, so re-rendering a book reuses every finished segment, an edit to one
-paragraph changes only that paragraph's keys, and a repeated sentence is rendered once. Pauses live on
-the segments and in the plan's own `key`, which names the assembled output.
+where content is the normalised text as said (kind "text", after the pronunciation lexicon,
+`app.books.lexicon`), the speech tokens ("tokens"), or the source audio file's sha256 ("audio"), and
+source options are the caller's render options (seed, model ...) plus, for text, the guide voice's
+identity (`app.books.guide_voice.identity`). Position, chapter, title and pauses are not in it, so
+re-rendering a book reuses every finished segment, an edit to one paragraph (or to one lexicon entry)
+changes only the keys of the segments it changes, and a repeated sentence is rendered once. Pauses live
+on the segments and in the plan's own `key`, which names the assembled output.
 
 The plan is plain data; `to_dict` gives JSON for Celery and the database.
 """
@@ -21,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from app.books.lexicon import EMPTY, Lexicon
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
 from app.books.text import DEFAULT_OPTIONS, SegmentOptions, segment_chapter
 from app.errors import BadInput
@@ -41,6 +43,11 @@ class PlanSegment:
     est_tokens: int
     pause_after_ms: int
     paragraph: int  # index in the source chapter (-1: the spoken title; items: the item's index)
+    say: str = ""  # kind "text": what the guide voice says (after the lexicon), when it is not `text`
+
+    @property
+    def spoken(self) -> str:
+        return self.say or self.text
 
 
 @dataclass(frozen=True)
@@ -101,8 +108,9 @@ def segment_key(*, kind: Kind, content: str | list[int], voice_id: str, options:
 
 def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, Any] | None = None,
               guide_options: Mapping[str, Any] | None = None, options: SegmentOptions = DEFAULT_OPTIONS,
-              limits: BookLimits = DEFAULT_LIMITS) -> BookPlan:
-    """Plan every chapter. `render_options` go into every key, `guide_options` into text keys."""
+              limits: BookLimits = DEFAULT_LIMITS, lexicon: Lexicon = EMPTY) -> BookPlan:
+    """Plan every chapter. `render_options` go into every key, `guide_options` into text keys; the
+    lexicon changes what text segments say (and so their keys), not what they show."""
     if not _VOICE_ID_RE.fullmatch(voice_id):
         raise BadInput(f"voice id {voice_id!r} is not a sha256 hex digest")
     common = dict(render_options or {})
@@ -111,7 +119,7 @@ def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, A
     count = 0
     for source in book.chapters:
         segments = (_items(source, voice_id, common, options) if source.items
-                    else _text(source, book.language, voice_id, text_options, options))
+                    else _text(source, book.language, voice_id, text_options, options, lexicon))
         count += len(segments)
         if count > limits.max_segments:
             raise BadInput(f"the book makes more than {limits.max_segments} segments; split it")
@@ -129,11 +137,15 @@ def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, A
 
 
 def _text(source: SourceChapter, language: str, voice_id: str, key_options: Mapping[str, Any],
-          options: SegmentOptions) -> list[PlanSegment]:
-    return [PlanSegment(key=segment_key(kind="text", content=s.text, voice_id=voice_id, options=key_options),
-                        kind="text", text=s.text, tokens=None, audio=None, est_tokens=s.est_tokens,
-                        pause_after_ms=s.pause_after_ms, paragraph=s.paragraph)
-            for s in segment_chapter(source.title, source.paragraphs, language=language, options=options)]
+          options: SegmentOptions, lexicon: Lexicon) -> list[PlanSegment]:
+    out = []
+    for s in segment_chapter(source.title, source.paragraphs, language=language, options=options):
+        said = lexicon.apply(s.text)
+        key = segment_key(kind="text", content=said, voice_id=voice_id, options=key_options)
+        out.append(PlanSegment(key=key, kind="text", text=s.text, tokens=None, audio=None,
+                               est_tokens=s.est_tokens, pause_after_ms=s.pause_after_ms,
+                               paragraph=s.paragraph, say=said if said != s.text else ""))
+    return out
 
 
 def _items(source: SourceChapter, voice_id: str, key_options: Mapping[str, Any],

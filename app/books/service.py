@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from app import jobs, voices, wire
 from app.artifacts import ArtifactStore
 from app.books.files import store_files
 from app.books.guide_voice import identity, options_for
+from app.books.lexicon import EMPTY, Lexicon, load_lexicon, parse_lexicon
 from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.books.parse import parse_book
 from app.books.plan import BookPlan, plan_book
@@ -87,10 +89,11 @@ def render_options(settings: Settings, options: BookOptions) -> dict[str, Any]:
             "preset": settings.model_preset}
 
 
-def plan_source(source: SourceBook, *, settings: Settings, voice_id: str, options: BookOptions) -> BookPlan:
+def plan_source(source: SourceBook, *, settings: Settings, voice_id: str, options: BookOptions,
+                lexicon: Lexicon = EMPTY) -> BookPlan:
     guide = identity(options_for(source.language)) if any(c.paragraphs for c in source.chapters) else None
     return plan_book(source, voice_id=voice_id, render_options=render_options(settings, options),
-                     guide_options=guide)
+                     guide_options=guide, lexicon=lexicon)
 
 
 def _voice(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
@@ -109,16 +112,19 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
                 author: str | None = None, language: str | None = None,
                 base_dir: Path | None = None, limits: BookLimits | None = None,
                 chapters: str | None = None, narrator: str | None = None,
-                description: str | None = None) -> str:
+                description: str | None = None, lexicon: bytes | Mapping[str, Any] | None = None) -> str:
     """Accept a book and return its id. Raises BadInput (and kin) or NotFound before anything runs.
 
     `base_dir` (CLI only) lets a manifest name source audio files inside that folder; `chapters` ("3-7,12",
-    `app.books.select`) renders only those chapters."""
+    `app.books.select`) renders only those chapters; `lexicon` (a JSON/YAML file's bytes or parsed data,
+    `app.books.lexicon`) is laid over the service's default one."""
     options.check()
     limits = limits or BookLimits()
     source = with_metadata(parse_book(data, fmt=book_format, filename=filename, title=title, author=author,
                                       language=language, base_dir=base_dir, limits=limits),
                            narrator=narrator, description=description, limits=limits)
+    own = parse_lexicon(lexicon) if lexicon is not None else EMPTY
+    pronounce = own.over(load_lexicon(settings.lexicon))
     selected = None
     if chapters is not None:
         indices = parse_chapters(chapters, len(source.chapters))
@@ -126,7 +132,7 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
         selected = describe(indices)
     voice = _voice(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
                    reference_bytes=reference_bytes, voice_id=voice_id)
-    plan = plan_source(source, settings=settings, voice_id=voice, options=options)
+    plan = plan_source(source, settings=settings, voice_id=voice, options=options, lexicon=pronounce)
     book_id = str(uuid.uuid4())
     store_files(artifacts, book_id, plan, source, base_dir)
     planned = [queries.PlannedChapter(c.title, [(s.key, s.kind) for s in c.segments],

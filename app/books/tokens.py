@@ -58,7 +58,7 @@ class GuideVoiceText:
     ready_at_plan = False
 
     def tokens(self, segment: PlanSegment, book: BookContext) -> list[int]:
-        return _tokenize(speak(segment.text, options_for(book.language)), book)
+        return _tokenize(speak(segment.spoken, options_for(book.language)), book)
 
 
 class SourceSpeech:

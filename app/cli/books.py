@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument, voice_id_for
+from app.errors import BadInput
 
 BAR_ROOM = 64  # what a progress bar needs beside its label: counts, rate, status, audio seconds, ETA
 
@@ -46,6 +47,7 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--narrator", help="for the M4B's and MP3s' tags (default: the book's own, if any)")
     render.add_argument("--description", help="for the tags (default: the book's own, if any)")
     render.add_argument("--mp3", action="store_true", help="an MP3 per chapter too (ID3-tagged)")
+    render.add_argument("--lexicon", type=Path, help="a pronunciation lexicon, JSON or YAML (docs/BOOKS.md)")
     render.add_argument("--language", help="BCP 47 tag (default: from the book, else en)")
     render.add_argument("--priority", type=int, default=0, help="segment job priority (0 yields to all)")
     render.add_argument("--target-lufs", help="chapter loudness in LUFS (default -20, true peak at most "
@@ -67,6 +69,11 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
                                         ("language", args.language), ("target_lufs", args.target_lufs),
                                         ("chapters", args.chapters))
                  if v is not None})
+    if args.lexicon is not None:
+        try:
+            form["lexicon"] = read_file(args.lexicon, "lexicon").decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise BadInput(f"the lexicon {args.lexicon} is not UTF-8 text") from None
     return form
 
 

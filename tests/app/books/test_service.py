@@ -70,6 +70,25 @@ def test_submit_plans_the_book_stores_it_and_queues_the_voice_and_the_plan_once(
     assert session.scalar(select(func.count()).select_from(Segment)) == len(plan.unique_keys())
 
 
+def test_the_books_lexicon_over_the_services_default_changes_what_its_segments_say(
+        settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore, tmp_path) -> None:
+    default = tmp_path / "lexicon.yaml"
+    default.write_text("words:\n  Watson: Wotson\n  Smith: Smythe\n")
+    with_default = settings.model_copy(update={"lexicon": default})
+    plain = load_plan(artifacts, submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(),
+                                        filename="b.md"))
+    book_id = submit(with_default, session, store, artifacts, MARKDOWN_BOOK.encode(), filename="b.md",
+                     lexicon=b'{"words": {"Watson": "Whatsun"}}')
+    said = {s.text: s.spoken for _, s in load_plan(artifacts, book_id).segments()}
+    assert any("Whatsun" in v for v in said.values()) and not any("Wotson" in v for v in said.values())
+    assert any("Smythe" in v for v in said.values())  # the default's entry the book did not override
+    changed = [s.text for (_, s), (_, p) in zip(load_plan(artifacts, book_id).segments(), plain.segments(),
+                                                strict=True) if s.key != p.key]
+    assert len(changed) == 2 and all("Watson" in t or "Smith" in t for t in changed)
+    with pytest.raises(BadInput, match="the lexicon must be an object"):
+        submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(), filename="b.md", lexicon=b"[1]")
+
+
 @pytest.mark.parametrize(("data", "kw", "reason"), [
     (b"", {}, "empty"),
     (b"\x00\x01\x02" * 100, {"filename": "b.txt"}, "binary"),
@@ -169,15 +188,31 @@ def test_api_normalises_chapters_to_minus_20_lufs_unless_told_otherwise(client: 
     bad = form(target_lufs="loud")
     assert bad.status_code == 422 and "a number of LUFS or 'off'" in bad.json()["reason"]
     assert form(target_lufs="-3").status_code == 422  # outside -70..-5
-    tagged = form(mp3="true", narrator="Ben Narrow", description="Three tales.").json()
-    assert tagged["mp3"] is True and form().json()["mp3"] is False
-    assert (tagged["narrator"], tagged["description"]) == ("Ben Narrow", "Three tales.")
     inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
     as_json = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline})
     assert as_json.json()["target_lufs"] == -20.0
     measured_only = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline,
                                                    "target_lufs": None})
     assert measured_only.status_code == 202 and measured_only.json()["target_lufs"] is None
+
+
+def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClient) -> None:
+    def form(files=None, **data):
+        files = {"book": ("b.md", MARKDOWN_BOOK.encode()), "reference": ("r.wav", wav_bytes()), **(files or {})}
+        return client.post("/v1/books", files=files, data=data)
+    off = form().json()
+    inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
+    tagged = form(mp3="true", narrator="Ben Narrow", description="Three tales.").json()
+    assert tagged["mp3"] is True and form().json()["mp3"] is False
+    assert (tagged["narrator"], tagged["description"]) == ("Ben Narrow", "Three tales.")
+    lexicon = form(files={"lexicon": ("l.yaml", b"words: [oops]")})
+    assert lexicon.status_code == 422 and "'words' must be a mapping" in lexicon.json()["reason"]
+    as_text = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode())},
+                          data={"voice_id": off["voice_id"], "lexicon": "words: {Watson: Wotson}"})
+    assert as_text.status_code == 202, as_text.text
+    in_json = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline,
+                                             "lexicon": {"words": {"x": {"phonemes": "[["}}}})
+    assert in_json.status_code == 422 and "without brackets" in in_json.json()["reason"]
 
 
 def test_api_refuses_bad_books_with_4xx_and_the_reason(client: TestClient) -> None:

@@ -26,3 +26,25 @@ def test_render_hands_the_chapter_selection_to_the_api_as_its_form_field() -> No
     assert _form(args)["chapters"] == "3-7,12"
     whole = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64])
     assert "chapters" not in _form(whole)
+
+
+def test_render_hands_narrator_mp3_loudness_and_a_lexicon_file_to_the_api(tmp_path) -> None:
+    import pytest
+
+    from app.cli import build_parser
+    from app.cli.books import _form
+    from app.errors import BadInput
+
+    lexicon = tmp_path / "names.yaml"
+    lexicon.write_text("words:\n  Nguyen: {phonemes: \"w'In\"}\n", encoding="utf-8")
+    args = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64, "--mp3",
+                                      "--narrator", "Ben Narrow", "--target-lufs", "off",
+                                      "--lexicon", str(lexicon)])
+    form = _form(args)
+    assert (form["mp3"], form["narrator"], form["target_lufs"]) == ("true", "Ben Narrow", "off")
+    assert form["lexicon"] == lexicon.read_text(encoding="utf-8")
+    plain = _form(build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64]))
+    assert plain["mp3"] == "false" and "lexicon" not in plain and "target_lufs" not in plain
+    lexicon.write_bytes(b"\xff\xfe bad")
+    with pytest.raises(BadInput, match="is not UTF-8 text"):
+        _form(args)
