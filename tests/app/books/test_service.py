@@ -198,7 +198,8 @@ def test_api_normalises_chapters_to_minus_20_lufs_unless_told_otherwise(client: 
 
 def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClient) -> None:
     def form(files=None, **data):
-        files = {"book": ("b.md", MARKDOWN_BOOK.encode()), "reference": ("r.wav", wav_bytes()), **(files or {})}
+        files = {"book": ("b.md", MARKDOWN_BOOK.encode()), "reference": ("r.wav", wav_bytes()),
+                 **(files or {})}
         return client.post("/v1/books", files=files, data=data)
     off = form().json()
     inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
