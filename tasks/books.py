@@ -64,10 +64,10 @@ def _sig(name: str, *args: Any, immutable: bool = True, **options: Any) -> Signa
 
 # book.plan ---------------------------------------------------------------------------------------
 
-def _member(res: Resources, session: Session, book: Book, segment: PlanSegment,
+def _member(res: Resources, session: Session, book: Book, segment: PlanSegment, voice_id: str,
             state: queries.SegmentState, route: routing.Route) -> Signature | None:
     """What renders one segment, or None when nothing needs sending (done, or already rendering). Its
-    `synth` goes where `route` says (one route per chapter: the book's voice)."""
+    `synth` goes where `route` says (one route per voice and chapter)."""
     if state.done and res.artifacts.path(state.output_path or "").is_file():
         return None
     if state.live:
@@ -77,7 +77,8 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment,
     if source.ready_at_plan:  # the segment's own tokens: its job is made now
         tokens = source.tokens(segment, BookContext())
         job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
-                                                   key=segment.key, tokens=tokens, replacing=state.job_id)
+                                                   key=segment.key, tokens=tokens, replacing=state.job_id,
+                                                   voice_id=voice_id)
         if created:
             queries.set_job_route(session=session, job_ids=[job_id], routed_to=route.worker,
                                   route=route.reason)
@@ -97,14 +98,17 @@ def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, s
     chapter in `seen`: left alone), then book.chapter. Returns how many segments were sent."""
     members = []
     with session_scope(res.sessions) as session:
-        route = routing.route_voice(session=session, settings=res.settings, voice_id=book.voice_id)
+        routes: dict[str, routing.Route] = {}
         for segment in book_plan.chapters[index].segments:
             if segment.key in seen:
                 continue  # a sentence repeated in the book renders once
             seen.add(segment.key)
             state = queries.segment_state(session=session, key=segment.key)
             assert state is not None  # create_book inserted every key
-            member = _member(res, session, book, segment, state, route)
+            voice = book_plan.voice_of(segment)
+            if voice not in routes:  # one route per voice and chapter: a voice's lines keep to one worker
+                routes[voice] = routing.route_voice(session=session, settings=res.settings, voice_id=voice)
+            member = _member(res, session, book, segment, voice, state, routes[voice])
             if member is not None:
                 members.append(member)
     callback = _sig(wire.BOOK_CHAPTER_TASK, book.id, index, queue=res.settings.queue_cpu)
@@ -183,7 +187,8 @@ def tokenize(book_id: str, key: str, res: Resources, routed_to: str | None = Non
     with session_scope(res.sessions) as session:
         book = queries.require_book(session=session, book_id=book_id)
         job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
-                                                   key=key, tokens=tokens, replacing=state.job_id)
+                                                   key=key, tokens=tokens, replacing=state.job_id,
+                                                   voice_id=book_plan.voice_of(segment))
         if created and route is not None:
             queries.set_job_route(session=session, job_ids=[job_id], routed_to=routed_to, route=route)
     return job_id

@@ -84,6 +84,7 @@ class LocalClient:
                                   title=form.get("title"), author=form.get("author"),
                                   narrator=form.get("narrator"), description=form.get("description"),
                                   lexicon=form["lexicon"].encode() if form.get("lexicon") else None,
+                                  cast=form["cast"].encode() if form.get("cast") else None,
                                   language=form.get("language"), chapters=form.get("chapters"))
         return self.book(book_id)
 

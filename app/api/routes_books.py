@@ -27,6 +27,7 @@ from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import BookOut, BookRequest, Problem
 from app.books import service, status
+from app.books.cast import MAX_BYTES as CAST_MAX_BYTES
 from app.books.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
 from app.books.source import DEFAULT_LIMITS
 from app.db import queries
@@ -39,7 +40,7 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
 
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "target_lufs",
                "seed", "priority", "title", "author", "narrator", "description", "language", "chapters",
-               "lexicon")
+               "lexicon", "cast")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
@@ -69,6 +70,8 @@ _BOOK_FORM_SCHEMA = {
         "description": {"type": "string", "description": "for the tags; default: the book's own"},
         "lexicon": {"type": "string", "format": "binary",
                     "description": "a pronunciation lexicon, JSON or YAML (docs/BOOKS.md); a file or text"},
+        "cast": {"type": "string", "format": "binary",
+                 "description": "voices for the names the text's markup uses: name -> voice id (JSON, YAML)"},
         "language": {"type": "string", "description": "of the text, for the guide voice (e.g. en)"},
         "chapters": {"type": "string", "description": "render only these chapters, counted from 1: 3-7,12"},
     },
@@ -112,7 +115,15 @@ def _parse_json(body: bytes) -> dict[str, Any]:
                                   target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
     return {"data": json.dumps(req.manifest).encode(), "book_format": "manifest", "voice_id": req.voice_id,
             "options": options, "chapters": req.chapters, "narrator": req.narrator,
-            "description": req.description, "lexicon": req.lexicon}
+            "description": req.description, "lexicon": req.lexicon, "cast": req.cast}
+
+
+async def _file_or_text(value: Any, limit: int) -> bytes | None:
+    """A form field sent as a file or as text -> its bytes (one byte past `limit` at most: the reader
+    refuses it with the reason)."""
+    if isinstance(value, UploadFile):
+        return await value.read(limit + 1)
+    return value.encode() if value else None
 
 
 def _flag(text: str | None, default: bool) -> bool:
@@ -120,7 +131,7 @@ def _flag(text: str | None, default: bool) -> bool:
 
 
 async def _form_fields(request: Request, ctx: ApiContext) -> dict[str, Any]:
-    async with request.form(max_files=3, max_fields=len(FORM_FIELDS),
+    async with request.form(max_files=4, max_fields=len(FORM_FIELDS),
                             max_part_size=DEFAULT_LIMITS.max_text_bytes) as form:
         return await _read_form(form, ctx)
 
@@ -147,11 +158,10 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
                                                                            "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,
                           priority=number_field(form.get("priority"), "priority", int) or 0)
-    lexicon = form.get("lexicon")
-    lexicon_bytes = (await lexicon.read(LEXICON_MAX_BYTES + 1) if isinstance(lexicon, UploadFile)
-                     else lexicon.encode() if lexicon else None)
+    lexicon_bytes = await _file_or_text(form.get("lexicon"), LEXICON_MAX_BYTES)
+    cast_bytes = await _file_or_text(form.get("cast"), CAST_MAX_BYTES)
     return {"data": data, "filename": book.filename, "book_format": text["book_format"],
-            "lexicon": lexicon_bytes,
+            "lexicon": lexicon_bytes, "cast": cast_bytes,
             "voice_id": text["voice_id"], "title": text["title"], "author": text["author"],
             "narrator": text["narrator"], "description": text["description"],
             "language": text["language"], "chapters": text["chapters"], "options": options,

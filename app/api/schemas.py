@@ -181,6 +181,8 @@ class BookRequest(BaseModel):
     description: str | None = Field(None, max_length=10_000, description="for the tags")
     lexicon: dict[str, Any] | None = Field(None, description='pronunciation: {"words": {...}, "patterns": '
                                            '[...]} (docs/BOOKS.md)')
+    cast: dict[str, str] | None = Field(None, description="voices for the names the text's markup uses: "
+                                        "name -> voice id (a manifest book has no markup)")
     target_lufs: float | None = Field(DEFAULT_TARGET_LUFS, ge=-70, le=-5,
                                       description="chapter loudness (LUFS); null: measured, not normalised")
     seed: StrictInt = Field(0, ge=0, le=SEED_MAX,
@@ -214,6 +216,7 @@ class BookOut(BaseModel):
     author: str
     narrator: str = Field(description="for the players' tags (composer)")
     description: str
+    cast: dict[str, str] = Field(description="the voices the text's markup names (folded name -> voice id)")
     language: str
     output_format: str
     m4b: bool
@@ -244,7 +247,7 @@ class BookOut(BaseModel):
                                loudness_lufs=c.loudness_lufs, true_peak_dbtp=c.true_peak_dbtp,
                                file_url=base + c.file if c.file else None) for c in view.chapters]
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
-                   narrator=view.narrator, description=view.description,
+                   narrator=view.narrator, description=view.description, cast=view.cast,
                    language=b.language, output_format=b.output_format, m4b=b.m4b, mp3=b.mp3,
                    target_lufs=b.target_lufs, priority=b.priority,
                    chapters_selected=b.chapters_selected, segments_total=view.segments_total,

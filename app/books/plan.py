@@ -19,12 +19,13 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from app.books.cast import NARRATOR, VoiceState, check_cast, split_runs
 from app.books.lexicon import EMPTY, Lexicon
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
-from app.books.text import DEFAULT_OPTIONS, SegmentOptions, segment_chapter
+from app.books.text import DEFAULT_OPTIONS, SegmentOptions, TextSegment, segment_chapter, segment_paragraph
 from app.errors import BadInput
 from app.speech import TOKEN_RATE
 
@@ -44,6 +45,7 @@ class PlanSegment:
     pause_after_ms: int
     paragraph: int  # index in the source chapter (-1: the spoken title; items: the item's index)
     say: str = ""  # kind "text": what the guide voice says (after the lexicon), when it is not `text`
+    voice: str = ""  # the voice id, when it is not the book's (a cast member's line, `app.books.cast`)
 
     @property
     def spoken(self) -> str:
@@ -67,6 +69,14 @@ class BookPlan:
     key: str  # changes when anything the assembled book depends on changes
     narrator: str = ""  # the players' tags; not spoken, not in any segment's key
     description: str = ""
+    cast: dict[str, str] = field(default_factory=dict)  # folded voice name -> voice id, as the book uses
+
+    def voice_of(self, segment: PlanSegment) -> str:
+        return segment.voice or self.voice_id
+
+    def voices(self) -> list[str]:
+        """Every voice the book speaks in, the book's own first."""
+        return list(dict.fromkeys([self.voice_id, *(s.voice for _, s in self.segments() if s.voice)]))
 
     def segments(self) -> Iterator[tuple[PlanChapter, PlanSegment]]:
         for chapter in self.chapters:
@@ -93,7 +103,7 @@ class BookPlan:
                 for s in c["segments"]))
             for c in data["chapters"])
         return cls(data["title"], data["author"], data["language"], data["voice_id"], chapters, data["key"],
-                   data.get("narrator", ""), data.get("description", ""))
+                   data.get("narrator", ""), data.get("description", ""), dict(data.get("cast", {})))
 
 
 def canonical_json(value: Any) -> bytes:
@@ -108,23 +118,28 @@ def segment_key(*, kind: Kind, content: str | list[int], voice_id: str, options:
 
 def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, Any] | None = None,
               guide_options: Mapping[str, Any] | None = None, options: SegmentOptions = DEFAULT_OPTIONS,
-              limits: BookLimits = DEFAULT_LIMITS, lexicon: Lexicon = EMPTY) -> BookPlan:
+              limits: BookLimits = DEFAULT_LIMITS, lexicon: Lexicon = EMPTY,
+              cast: Mapping[str, str] | None = None) -> BookPlan:
     """Plan every chapter. `render_options` go into every key, `guide_options` into text keys; the
-    lexicon changes what text segments say (and so their keys), not what they show."""
+    lexicon changes what text segments say (and so their keys), not what they show; `cast` maps the
+    voice names of the text's markup (folded, `app.books.cast`) to voice ids."""
     if not _VOICE_ID_RE.fullmatch(voice_id):
         raise BadInput(f"voice id {voice_id!r} is not a sha256 hex digest")
+    voices = _Voices(voice_id, dict(cast or {}))
     common = dict(render_options or {})
     text_options = {**common, "guide": dict(guide_options or {}), "language": book.language}
     chapters: list[PlanChapter] = []
     count = 0
     for source in book.chapters:
         segments = (_items(source, voice_id, common, options) if source.items
-                    else _text(source, book.language, voice_id, text_options, options, lexicon))
+                    else _text(source, book.language, voices, text_options, options, lexicon,
+                               where=f"chapter {len(chapters) + 1}"))
         count += len(segments)
         if count > limits.max_segments:
             raise BadInput(f"the book makes more than {limits.max_segments} segments; split it")
         if segments:
             chapters.append(PlanChapter(len(chapters), source.title, tuple(segments)))
+    check_cast(voices.used, voices.cast)
     if not chapters:
         raise BadInput("the book has nothing to speak after normalisation")
     book_key = hashlib.sha256(canonical_json({
@@ -133,18 +148,50 @@ def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, A
         "chapters": [[c.title, [[s.key, s.pause_after_ms] for s in c.segments]] for c in chapters],
     })).hexdigest()
     return BookPlan(book.title, book.author, book.language, voice_id, tuple(chapters), book_key,
-                    book.narrator, book.description)
+                    book.narrator, book.description, {n: voices.cast[n] for n in sorted(voices.used)})
 
 
-def _text(source: SourceChapter, language: str, voice_id: str, key_options: Mapping[str, Any],
-          options: SegmentOptions, lexicon: Lexicon) -> list[PlanSegment]:
+@dataclass
+class _Voices:
+    book: str  # the book's own voice id (the narrator)
+    cast: dict[str, str]  # folded name -> voice id
+    used: dict[str, str] = field(default_factory=dict)  # folded name -> where it first occurs
+
+    def id_of(self, name: str, where: str) -> str:
+        """"" for the narrator (the book's voice), else the cast member's id (a missing one is recorded)."""
+        if name == NARRATOR:
+            return ""
+        self.used.setdefault(name, where)
+        voice = self.cast.get(name, "")
+        return "" if voice == self.book else voice
+
+
+def _text(source: SourceChapter, language: str, voices: _Voices, key_options: Mapping[str, Any],
+          options: SegmentOptions, lexicon: Lexicon, *, where: str) -> list[PlanSegment]:
+    state = VoiceState()
+    spoken: list[tuple[str, TextSegment]] = [  # the title: the narrator's, a paragraph's pause after it
+        ("", replace(s, pause_after_ms=options.paragraph_pause_ms))
+        for s in segment_chapter(source.title, (), language=language, options=options)]
+    for i, paragraph in enumerate(source.paragraphs):
+        runs = split_runs(paragraph, state)
+        for j, (name, text) in enumerate(runs):
+            voice = voices.id_of(name, f"{where}, paragraph {i + 1}")
+            pieces = segment_paragraph(text, i, language=language, options=options)
+            if pieces and j < len(runs) - 1:  # the paragraph goes on in another voice: a sentence's pause,
+                clause = text.rstrip("\"'”’» ").endswith((",", ";", ":"))  # a clause's after a comma
+                pause = options.clause_pause_ms if clause else options.sentence_pause_ms
+                pieces[-1] = replace(pieces[-1], pause_after_ms=pause)
+            spoken += [(voice, p) for p in pieces]
+    if spoken:
+        voice, last = spoken[-1]
+        spoken[-1] = (voice, replace(last, pause_after_ms=options.chapter_pause_ms))
     out = []
-    for s in segment_chapter(source.title, source.paragraphs, language=language, options=options):
+    for voice, s in spoken:
         said = lexicon.apply(s.text)
-        key = segment_key(kind="text", content=said, voice_id=voice_id, options=key_options)
+        key = segment_key(kind="text", content=said, voice_id=voice or voices.book, options=key_options)
         out.append(PlanSegment(key=key, kind="text", text=s.text, tokens=None, audio=None,
                                est_tokens=s.est_tokens, pause_after_ms=s.pause_after_ms,
-                               paragraph=s.paragraph, say=said if said != s.text else ""))
+                               paragraph=s.paragraph, say=said if said != s.text else "", voice=voice))
     return out
 
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from app import jobs, voices, wire
 from app.artifacts import ArtifactStore
+from app.books.cast import parse_cast
 from app.books.files import store_files
 from app.books.guide_voice import identity, options_for
 from app.books.lexicon import EMPTY, Lexicon, load_lexicon, parse_lexicon
@@ -90,10 +91,10 @@ def render_options(settings: Settings, options: BookOptions) -> dict[str, Any]:
 
 
 def plan_source(source: SourceBook, *, settings: Settings, voice_id: str, options: BookOptions,
-                lexicon: Lexicon = EMPTY) -> BookPlan:
+                lexicon: Lexicon = EMPTY, cast: Mapping[str, str] | None = None) -> BookPlan:
     guide = identity(options_for(source.language)) if any(c.paragraphs for c in source.chapters) else None
     return plan_book(source, voice_id=voice_id, render_options=render_options(settings, options),
-                     guide_options=guide, lexicon=lexicon)
+                     guide_options=guide, lexicon=lexicon, cast=cast)
 
 
 def _voice(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
@@ -112,12 +113,14 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
                 author: str | None = None, language: str | None = None,
                 base_dir: Path | None = None, limits: BookLimits | None = None,
                 chapters: str | None = None, narrator: str | None = None,
-                description: str | None = None, lexicon: bytes | Mapping[str, Any] | None = None) -> str:
+                description: str | None = None, lexicon: bytes | Mapping[str, Any] | None = None,
+                cast: bytes | Mapping[str, Any] | None = None) -> str:
     """Accept a book and return its id. Raises BadInput (and kin) or NotFound before anything runs.
 
     `base_dir` (CLI only) lets a manifest name source audio files inside that folder; `chapters` ("3-7,12",
     `app.books.select`) renders only those chapters; `lexicon` (a JSON/YAML file's bytes or parsed data,
-    `app.books.lexicon`) is laid over the service's default one."""
+    `app.books.lexicon`) is laid over the service's default one; `cast` (JSON/YAML bytes or parsed data,
+    `app.books.cast`) maps the voice names of the text's markup to stored voices, each prepared once."""
     options.check()
     limits = limits or BookLimits()
     source = with_metadata(parse_book(data, fmt=book_format, filename=filename, title=title, author=author,
@@ -132,10 +135,14 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
         selected = describe(indices)
     voice = _voice(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
                    reference_bytes=reference_bytes, voice_id=voice_id)
-    plan = plan_source(source, settings=settings, voice_id=voice, options=options, lexicon=pronounce)
+    plan = plan_source(source, settings=settings, voice_id=voice, options=options, lexicon=pronounce,
+                       cast=parse_cast(cast) if cast is not None else {})
+    for member in plan.voices()[1:]:  # the cast's voices the book uses: each prepared once for all its lines
+        _voice(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
+               reference_bytes=None, voice_id=member)
     book_id = str(uuid.uuid4())
     store_files(artifacts, book_id, plan, source, base_dir)
-    planned = [queries.PlannedChapter(c.title, [(s.key, s.kind) for s in c.segments],
+    planned = [queries.PlannedChapter(c.title, [(s.key, s.kind, plan.voice_of(s)) for s in c.segments],
                                       sum(s.est_tokens for s in c.segments) / TOKEN_RATE)
                for c in plan.chapters]
     queries.create_book(session=session, book_id=book_id, voice_id=voice, title=plan.title,
@@ -162,18 +169,21 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
 # Segment jobs ------------------------------------------------------------------------------------
 
 def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, key: str,
-                     tokens: list[int], replacing: str | None) -> tuple[str, bool]:
-    """A queued job rendering `tokens` for segment `key`, linked to the key. Returns (job id, created).
+                     tokens: list[int], replacing: str | None,
+                     voice_id: str | None = None) -> tuple[str, bool]:
+    """A queued job rendering `tokens` for segment `key` in `voice_id` (default: the book's voice), linked
+    to the key. Returns (job id, created).
 
     When another render linked its own job first, that job is returned and nothing is created. The
     caller commits, then sends `synth` for a created job."""
     token_list = check_tokens(tokens)
-    job, _ = jobs.new_job(session=session, artifacts=artifacts, voice_id=book.voice_id, tokens=token_list,
+    voice_id = voice_id or book.voice_id
+    job, _ = jobs.new_job(session=session, artifacts=artifacts, voice_id=voice_id, tokens=token_list,
                           seed=book.seed, output_format=book.output_format, priority=book.priority)
     job_id, tokens_path = job.id, job.tokens_path
     if queries.link_segment_job(session=session, key=key, job_id=job_id, replacing=replacing,
                                 n_tokens=len(token_list)):
-        queries.add_voice_use(session=session, voice_id=book.voice_id)
+        queries.add_voice_use(session=session, voice_id=voice_id)
         return job_id, True
     session.rollback()
     if tokens_path:

@@ -7,9 +7,10 @@ seconds rendered, an ETA from the rate so far, per book and per chapter, and its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -48,6 +49,7 @@ class BookStatusView:
     files: list[str]
     narrator: str = ""  # from the plan: the players' tags
     description: str = ""
+    cast: dict[str, str] = field(default_factory=dict)  # from the plan: folded voice name -> voice id
 
 
 def require_book(*, session: Session, book_id: str) -> Book:
@@ -92,12 +94,12 @@ def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> 
                           files=list_outputs(artifacts, book_id), **_tags(artifacts, book_id))
 
 
-def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, str]:
+def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, Any]:
     try:
         plan = load_plan(artifacts, book_id)
     except (OSError, ValueError, KeyError):  # a book whose files were removed still has a status
         return {}
-    return {"narrator": plan.narrator, "description": plan.description}
+    return {"narrator": plan.narrator, "description": plan.description, "cast": dict(plan.cast)}
 
 
 def output_file(*, session: Session, artifacts: ArtifactStore, book_id: str, name: str) -> Path:

@@ -7,11 +7,14 @@ where a manifest may also name source audio files beside it.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from app.books.cast import parse_cast
 from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument, voice_id_for
 from app.errors import BadInput
 
@@ -48,6 +51,8 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--description", help="for the tags (default: the book's own, if any)")
     render.add_argument("--mp3", action="store_true", help="an MP3 per chapter too (ID3-tagged)")
     render.add_argument("--lexicon", type=Path, help="a pronunciation lexicon, JSON or YAML (docs/BOOKS.md)")
+    render.add_argument("--cast", type=Path, help="voices for the names the text's markup uses, JSON or "
+                        "YAML: name -> voice id or reference audio file (relative to the cast file)")
     render.add_argument("--language", help="BCP 47 tag (default: from the book, else en)")
     render.add_argument("--priority", type=int, default=0, help="segment job priority (0 yields to all)")
     render.add_argument("--target-lufs", help="chapter loudness in LUFS (default -20, true peak at most "
@@ -77,11 +82,30 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
     return form
 
 
+def cast_ids(api: Any, path: Path) -> dict[str, str]:
+    """The cast file with every reference audio file uploaded (once each) and named by its voice id."""
+    cast = parse_cast(read_file(path, "cast file"), allow_files=True, what=f"the cast {path}")
+    out: dict[str, str] = {}
+    for name, value in cast.items():
+        if re.fullmatch(r"[0-9a-f]{64}", value):
+            out[name] = value
+            continue
+        reference = (path.parent / value).resolve()
+        if not reference.is_file():
+            raise BadInput(f"the cast {path}: the voice of {name!r}, {value!r}, is neither a voice id nor "
+                           "a reference audio file")
+        out[name] = voice_id_for(api, str(reference))
+    return out
+
+
 def cmd_book_render(args: argparse.Namespace) -> int:
     voice_argument(args.voice)  # a bad --voice is refused before the book is read
     data = read_file(args.book, "book file")
+    form = _form(args)
     api = client(args)
-    book = api.submit_book(data, args.book.name, voice_id_for(api, args.voice), _form(args),
+    if args.cast is not None:
+        form["cast"] = json.dumps(cast_ids(api, args.cast))
+    book = api.submit_book(data, args.book.name, voice_id_for(api, args.voice), form,
                            args.book.resolve().parent)
     print(book["id"])
     if not (args.wait or args.out):

@@ -21,7 +21,7 @@ from app.books.service import BookOptions, submit_book
 from app.books.status import book_status
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
-from app.errors import BadInput
+from app.errors import BadInput, NotFound
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
 from tasks.celery_app import make_celery
@@ -180,6 +180,61 @@ def test_text_segments_are_tokenized_into_jobs_once(res: Resources, celery: Cele
         row = queries.require_job(session=session, job_id=job)
         assert row.n_tokens > 10 and all(0 <= t < 6561 for t in row.tokens)
         assert queries.get_segment(session=session, key=keys[0]).jobs_created == 1
+
+
+VOICED_BOOK = b"""# Crossing
+
+## One
+
+The ferry left at dawn. {Alice}"I see gulls," she said.
+
+{voice: Alice}
+They were loud.
+"""
+
+
+def test_a_cast_members_lines_render_in_their_voice_and_recasting_renders_only_them(
+        res: Resources, celery: Celery) -> None:
+    from app.voices import register_voice
+
+    with res.sessions() as session:
+        alice, _ = register_voice(settings=res.settings, session=session, sender=celery, store=res.store,
+                                  artifacts=res.artifacts, reference_bytes=wav_bytes(freq=330.0))
+        other, _ = register_voice(settings=res.settings, session=session, sender=celery, store=res.store,
+                                  artifacts=res.artifacts, reference_bytes=wav_bytes(freq=440.0))
+    book_id = submit(res, celery, VOICED_BOOK, filename="b.md", cast=f"Alice: {alice}".encode())
+    assert books.plan(book_id, res) == 5  # title, narration, Alice's quotation, "she said", her passage
+    plan = output_plan(res, book_id)
+    narrator = plan.voice_id
+    by_text = {s.text: s for _, s in plan.segments()}
+    jobs = {}
+    for text, segment in by_text.items():
+        job_id = books.tokenize(book_id, segment.key, res)
+        with res.sessions() as session:
+            jobs[text] = queries.require_job(session=session, job_id=job_id).voice_id
+    assert jobs == {"One": narrator, "The ferry left at dawn.": narrator, "I see gulls": alice,
+                    "she said.": narrator, "They were loud.": alice}
+    with res.sessions() as session:  # the segments' rows name their voice too
+        assert {queries.get_segment(session=session, key=s.key).voice_id for s in by_text.values()} == {
+            narrator, alice}
+    render_live_jobs(res, book_id)
+    assert books.check_chapter(book_id, 0, res) == "assembled" and books.assemble(book_id, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    assert view.cast == {"alice": alice}
+
+    recast = submit(res, celery, VOICED_BOOK, filename="b.md", cast=f"Alice: {other}".encode())
+    assert books.plan(recast, res) == 2  # only Alice's two lines render again
+    with pytest.raises(BadInput, match="the cast does not map: 'alice'"):
+        submit(res, celery, VOICED_BOOK, filename="b.md")
+    with pytest.raises(NotFound):
+        submit(res, celery, VOICED_BOOK, filename="b.md", cast=f'Alice: "{"0" * 64}"'.encode())
+
+
+def output_plan(res: Resources, book_id: str):
+    from app.books.files import load_plan
+
+    return load_plan(res.artifacts, book_id)
 
 
 def test_a_cancelled_book_tokenizes_nothing_more_and_its_chapters_stop_waiting(res: Resources,

@@ -28,7 +28,7 @@ from app.errors import NotFound
 @dataclass(frozen=True)
 class PlannedChapter:
     title: str
-    keys: Sequence[tuple[str, str]]  # (segment key, kind) in reading order, repeats included
+    keys: Sequence[tuple[str, str, str]]  # (segment key, kind, voice id) in reading order, repeats included
     est_seconds: float
 
 
@@ -46,18 +46,18 @@ def create_book(*, session: Session, book_id: str, voice_id: str, title: str, au
                 submitted_at=now, updated_at=now)
     session.add(book)
     session.flush()
-    kinds = {key: kind for c in chapters for key, kind in c.keys}
+    kinds = {key: (kind, voice) for c in chapters for key, kind, voice in c.keys}
     if kinds:
         session.execute(
             _insert(session, Segment)
-            .values([{"key": k, "voice_id": voice_id, "kind": kind, "jobs_created": 0, "created_at": now,
-                      "updated_at": now} for k, kind in kinds.items()])
+            .values([{"key": k, "voice_id": voice, "kind": kind, "jobs_created": 0, "created_at": now,
+                      "updated_at": now} for k, (kind, voice) in kinds.items()])
             .on_conflict_do_nothing(index_elements=["key"]))
     for index, chapter in enumerate(chapters):
         session.add(BookChapter(book_id=book_id, index=index, title=chapter.title,
                                 segments_total=len(chapter.keys), est_seconds=chapter.est_seconds))
         session.add_all(BookSegment(book_id=book_id, chapter=index, position=pos, key=key)
-                        for pos, (key, _) in enumerate(chapter.keys))
+                        for pos, (key, _, _) in enumerate(chapter.keys))
     session.flush()
     return book
 

@@ -18,7 +18,7 @@ from app.books.service import BookOptions, cancel_book, make_segment_job, submit
 from app.books.status import book_status
 from app.db import queries
 from app.db.models import Book, BookStatus, JobStatus, Segment
-from app.errors import BadInput
+from app.errors import BadInput, NotFound
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
@@ -68,6 +68,23 @@ def test_submit_plans_the_book_stores_it_and_queues_the_voice_and_the_plan_once(
                    filename="b.md")
     assert again != book_id  # a second render of the same book shares every segment row
     assert session.scalar(select(func.count()).select_from(Segment)) == len(plan.unique_keys())
+
+
+def test_a_cast_voice_is_prepared_once_for_the_book_and_an_unknown_one_is_refused(
+        settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore) -> None:
+    from app.voices import register_voice
+
+    sender = RecordingSender()
+    alice, _ = register_voice(settings=settings, session=session, sender=sender, store=store,
+                              artifacts=artifacts, reference_bytes=wav_bytes(freq=330.0))
+    book = b"# B\n\n## One\n\n{Alice}\"Hello.\" {voice: alice} Again. {Alice}\"And again.\""
+    for _ in range(2):  # two renders of the book: still one preparation per voice
+        submit(settings, session, store, artifacts, book, sender=sender, filename="b.md",
+               cast=f"Alice: {alice}".encode())
+    prepared = [args[0] for name, args, _ in sender.sent if name == "voice.prepare"]
+    assert sorted(prepared) == sorted(set(prepared)) and alice in prepared and len(prepared) == 2
+    with pytest.raises(NotFound):
+        submit(settings, session, store, artifacts, book, filename="b.md", cast={"Alice": "f" * 64})
 
 
 def test_the_books_lexicon_over_the_services_default_changes_what_its_segments_say(
@@ -214,6 +231,14 @@ def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClien
     in_json = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline,
                                              "lexicon": {"words": {"x": {"phonemes": "[["}}}})
     assert in_json.status_code == 422 and "without brackets" in in_json.json()["reason"]
+    voiced = b"# B\n\n## One\n\n{Ann}\"Hello,\" she said."
+    cast_file = ("cast.yaml", f"Ann: {off['voice_id']}")
+    cast = client.post("/v1/books", files={"book": ("b.md", voiced), "cast": cast_file},
+                       data={"voice_id": tagged["voice_id"]})
+    assert cast.status_code == 202, cast.text
+    assert cast.json()["cast"] == {"ann": off["voice_id"]}
+    uncast = client.post("/v1/books", files={"book": ("b.md", voiced)}, data={"voice_id": off["voice_id"]})
+    assert uncast.status_code == 422 and "the cast does not map: 'ann'" in uncast.json()["reason"]
 
 
 def test_api_refuses_bad_books_with_4xx_and_the_reason(client: TestClient) -> None:

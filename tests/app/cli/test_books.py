@@ -48,3 +48,30 @@ def test_render_hands_narrator_mp3_loudness_and_a_lexicon_file_to_the_api(tmp_pa
     lexicon.write_bytes(b"\xff\xfe bad")
     with pytest.raises(BadInput, match="is not UTF-8 text"):
         _form(args)
+
+
+def test_a_cast_file_names_voices_by_id_or_by_a_reference_file_that_is_uploaded_once(tmp_path) -> None:
+    import pytest
+
+    from app.cli.books import cast_ids
+    from app.errors import BadInput
+    from tests.support.audio import wav_bytes
+
+    class Api:
+        def __init__(self) -> None:
+            self.uploads: list[bytes] = []
+
+        def add_voice(self, data: bytes) -> dict:
+            self.uploads.append(data)
+            return {"id": f"{len(self.uploads):064x}", "notes": []}
+
+    (tmp_path / "voices").mkdir()
+    (tmp_path / "voices" / "bob.wav").write_bytes(wav_bytes(freq=330.0))
+    cast = tmp_path / "cast.yaml"
+    cast.write_text(f"Alice: '{'a1' * 32}'\nBob: voices/bob.wav\n")
+    api = Api()
+    assert cast_ids(api, cast) == {"alice": "a1" * 32, "bob": f"{1:064x}"}
+    assert api.uploads == [wav_bytes(freq=330.0)]  # the file beside the cast, uploaded as Bob's voice
+    cast.write_text("Carol: voices/carol.wav\n")
+    with pytest.raises(BadInput, match="'carol', 'voices/carol.wav', is neither a voice id nor a reference"):
+        cast_ids(api, cast)
