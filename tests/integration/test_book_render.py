@@ -185,6 +185,52 @@ def test_markdown_and_epub_books_render_with_the_voice_prepared_once_and_an_edit
     assert len(new) == 1 and all(j.status == JobStatus.SUCCEEDED for j in new.values())
 
 
+VOICED_BOOK = """# Two Voices
+
+## One
+
+The ferry left at dawn, and the gulls followed it out of the harbour.
+
+{Mara}"Do you see the island yet?" she asked. The captain shook his head.
+
+{voice: Mara}
+Not yet. I waited at the rail until the fog lifted. Then the cliffs came out of the grey.
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_book_in_two_voices_prepares_each_once_and_decodes_their_lines_together(
+        gpu, env, worker_sessions) -> None:
+    """A narrator and a cast member: each voice prepared once and installed once, each line's job in its
+    voice, and lines of both voices in flight in the engine at the same time (its batched steps)."""
+    settings, app, store = env
+    mara_reference = (SAMPLES / "voice_b.wav").read_bytes()
+    store.delete(load_reference(mara_reference)[1])  # prepared by this test too
+    with worker_sessions() as session:
+        from app.voices import register_voice
+
+        mara, _ = register_voice(settings=settings, session=session, sender=app, store=store,
+                                 artifacts=ArtifactStore(settings.artifact_root),
+                                 reference_bytes=mara_reference)
+    paths_before = store.counters(COUNTER_PREP_PATH)
+    book = submit(env, worker_sessions, VOICED_BOOK.encode(), filename="voices.md", cast={"Mara": mara})
+    view = wait_book(settings, worker_sessions, book)
+    check_outputs(settings, view, ["One"])
+    assert view.cast == {"mara": mara}
+    jobs = segment_jobs(worker_sessions, book)
+    narrator = load_reference(REFERENCE)[1]
+    voices = {j.voice_id for j in jobs.values()}
+    assert voices == {narrator, mara}
+    lines = {j.voice_id: sum(1 for k in jobs.values() if k.voice_id == j.voice_id) for j in jobs.values()}
+    assert lines[mara] >= 4 and lines[narrator] >= 3
+    after = store.counters(COUNTER_PREP_PATH)
+    delta = {p: after.get(p, 0) - paths_before.get(p, 0) for p in after}
+    assert sum(n for p, n in delta.items() if p != "already_installed") == 2, delta  # one install per voice
+    spans = {v: [(j.started_at, j.finished_at) for j in jobs.values() if j.voice_id == v] for v in voices}
+    overlap = any(a0 < b1 and b0 < a1 for a0, a1 in spans[narrator] for b0, b1 in spans[mara])
+    assert overlap, spans  # SLOTS=4 and both voices' lines queued together: they share engine steps
+
+
 def token_manifest(chapters: int, segments: int, tokens: int, salt: int) -> bytes:
     return json.dumps({"title": f"Tokens {salt}", "chapters": [
         {"title": f"Part {c + 1}", "segments": [
