@@ -29,6 +29,7 @@ from app.api.schemas import BookOut, BookRequest, Problem
 from app.books import service, status
 from app.books.cast import MAX_BYTES as CAST_MAX_BYTES
 from app.books.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
+from app.books.parse import FORMATS
 from app.books.source import DEFAULT_LIMITS
 from app.db import queries
 from app.errors import BadInput
@@ -52,11 +53,11 @@ _BOOK_FORM_SCHEMA = {
     "type": "object", "required": ["book"],
     "properties": {
         "book": {"type": "string", "format": "binary",
-                 "description": "the book: plain text, Markdown, EPUB or a JSON manifest of tokens"},
+                 "description": "the book: plain text, Markdown, EPUB, HTML, PDF, DOCX or a JSON manifest"},
         "voice_id": {"type": "string", "minLength": 64, "maxLength": 64,
                      "description": "a stored voice (or send `reference`)"},
         "reference": {"type": "string", "format": "binary", "description": "reference audio for the voice"},
-        "book_format": {"type": "string", "enum": ["text", "markdown", "epub", "manifest"],
+        "book_format": {"type": "string", "enum": list(FORMATS),
                         "description": "default: from the file name"},
         "output_format": {"type": "string", "enum": [f.value for f in OutputFormat], "default": "flac"},
         "m4b": {"type": "boolean", "default": True},

@@ -1,9 +1,11 @@
-"""Book files -> `SourceBook`: plain text, Markdown, EPUB, or a JSON manifest of speech tokens.
+"""Book files -> `SourceBook`: plain text, Markdown, EPUB, HTML, PDF, DOCX, or a JSON manifest of speech
+tokens.
 
 `parse_book` picks the reader by `fmt` or sniffs it; the readers refuse with `BadInput` and a reason:
 empty or binary input, non-UTF-8 text, over-size files or paragraphs, too many chapters, broken or
-bomb-like EPUBs (`app.books.epub`), malformed manifests (`app.books.manifest`). What every reader shares
-(decoding text, the limits, finishing a book) is in `app.books.source`.
+bomb-like EPUBs (`app.books.epub`) and DOCX files (`app.books.word`), PDFs without a text layer
+(`app.books.pdf`), malformed manifests (`app.books.manifest`); HTML is `app.books.webpage`. What
+every reader shares (decoding text, the limits, finishing a book) is in `app.books.source`.
 
 - Plain text: paragraphs are separated by blank lines (or, in a file without any blank line, are
   single lines); a short paragraph such as "Chapter 3", "CHAPTER IV. The Storm", "Prologue" starts a
@@ -22,10 +24,14 @@ from pathlib import Path
 
 from app.books.epub import parse_epub
 from app.books.manifest import parse_manifest
+from app.books.pdf import parse_pdf
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, decode_text, finish_book
+from app.books.webpage import parse_html
+from app.books.word import parse_docx
 from app.errors import BadInput
 
-FORMATS = ("text", "markdown", "epub", "manifest")
+_HTML_START_RE = re.compile(rb"\s*<(!doctype html|html)[\s>]", re.IGNORECASE)
+FORMATS = ("text", "markdown", "epub", "html", "pdf", "docx", "manifest")
 
 
 def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = None, title: str | None = None,
@@ -35,6 +41,12 @@ def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = No
     fmt = fmt or sniff_format(data, filename)
     if fmt == "epub":
         return parse_epub(data, title=title, author=author, language=language, limits=limits)
+    if fmt == "html":
+        return parse_html(data, title=title, author=author, language=language, limits=limits)
+    if fmt == "pdf":
+        return parse_pdf(data, title=title, author=author, language=language, limits=limits)
+    if fmt == "docx":
+        return parse_docx(data, title=title, author=author, language=language, limits=limits)
     if fmt == "manifest":
         return parse_manifest(data, limits=limits, base_dir=base_dir)
     if fmt == "markdown":
@@ -46,8 +58,14 @@ def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = No
 
 def sniff_format(data: bytes, filename: str | None = None) -> str:
     suffix = Path(filename).suffix.lower() if filename else ""
+    if data[:5] == b"%PDF-" or suffix == ".pdf":
+        return "pdf"
+    if suffix == ".docx" or (data[:4] == b"PK\x03\x04" and b"word/document.xml" in data[:65536]):
+        return "docx"
     if data[:4] == b"PK\x03\x04" or suffix == ".epub":
         return "epub"
+    if suffix in (".html", ".htm", ".xhtml") or _HTML_START_RE.match(data[:1024]):
+        return "html"
     if suffix in (".md", ".markdown"):
         return "markdown"
     if suffix == ".json" or data.lstrip()[:1] == b"{":

@@ -33,7 +33,8 @@ class BookLimits:
     max_segments: int = 200_000
     max_segment_tokens: int = TOKEN_RATE * 600  # a manifest item of at most 10 minutes
     max_audio_bytes: int = 200 * 1024 * 1024  # a manifest's source audio file (CLI only)
-    epub_max_entries: int = 10_000
+    max_pdf_pages: int = 5_000
+    epub_max_entries: int = 10_000  # these four bound a DOCX's zip too
     epub_max_unpacked: int = 256 * 1024 * 1024  # all entries together, uncompressed
     epub_max_entry: int = 32 * 1024 * 1024
     epub_max_ratio: int = 100  # uncompressed / compressed, for entries over 1 MiB

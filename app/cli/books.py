@@ -39,7 +39,8 @@ def add_commands(sub: Any) -> None:
 
     render = action("render", "submit a book; --wait follows it and writes its files to --out",
                     cmd_book_render)
-    render.add_argument("book", type=Path, help="a .txt, .md, .epub or .json manifest file")
+    render.add_argument("book", type=Path,
+                        help="a .txt, .md, .epub, .html, .pdf, .docx or .json manifest file")
     render.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
     render.add_argument("--out", type=Path, help="folder for the chapter files, book.m4b and the index")
     render.add_argument("--format", dest="book_output", choices=("m4b", "flac", "wav"), default="m4b",

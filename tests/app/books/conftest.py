@@ -171,3 +171,63 @@ def markdown_book() -> bytes:
 @pytest.fixture
 def epub_book() -> bytes:
     return make_epub(cover=tiny_png())
+
+
+def make_pdf(pages: list[list[str]], *, outline: list[tuple[str, int]] | None = None,
+             info: dict[str, str] | None = None, password: str | None = None) -> bytes:
+    """A PDF with a real text layer (Helvetica, one line per string), written by hand and then given an
+    outline (title, 0-based page), document information and, optionally, a user password by pypdf."""
+    from pypdf import PdfReader, PdfWriter
+
+    def escape(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>", ""]
+    kids = []
+    for lines in pages:
+        ops = "BT /F1 11 Tf 72 740 Td 14 TL " + " ".join(f"({escape(line)}) Tj T*" for line in lines) + " ET"
+        stream = ops.encode("latin-1")
+        objects.append(f"<< /Length {len(stream)} >>\nstream\n{ops}\nendstream")
+        content = len(objects)
+        objects.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {content} 0 R "
+                       f"/Resources << /Font << /F1 FONT 0 R >> >> >>")
+        kids.append(len(objects))
+    objects.append("<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    font = len(objects)
+    objects = [o.replace("FONT", str(font)) for o in objects]
+    objects[1] = f"<< /Type /Pages /Kids [{' '.join(f'{k} 0 R' for k in kids)}] /Count {len(kids)} >>"
+    out = io.BytesIO()
+    out.write(b"%PDF-1.4\n")
+    offsets = []
+    for i, body in enumerate(objects, start=1):
+        offsets.append(out.tell())
+        out.write(f"{i} 0 obj\n{body}\nendobj\n".encode("latin-1"))
+    xref = out.tell()
+    out.write(f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode())
+    for offset in offsets:
+        out.write(f"{offset:010d} 00000 n \n".encode())
+    out.write(f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode())
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(out.getvalue())))
+    for title, page in outline or []:
+        writer.add_outline_item(title, page)
+    if info:
+        writer.add_metadata(info)
+    if password is not None:
+        writer.encrypt(password)
+    final = io.BytesIO()
+    writer.write(final)
+    return final.getvalue()
+
+
+def make_docx(blocks: list[tuple[str, str]], *, core: dict[str, str] | None = None) -> bytes:
+    """A DOCX from (style, text) paragraphs ("Title", "Heading 1", "Heading 2", "" for body text)."""
+    import docx
+
+    document = docx.Document()
+    for style, text in blocks:
+        document.add_paragraph(text, style=style or None)
+    for key, value in (core or {}).items():
+        setattr(document.core_properties, key, value)
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()

@@ -241,6 +241,24 @@ def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClien
     assert uncast.status_code == 422 and "the cast does not map: 'ann'" in uncast.json()["reason"]
 
 
+def test_api_takes_html_pdf_and_docx_books(client: TestClient) -> None:
+    from tests.app.books.conftest import make_docx, make_pdf
+
+    page = b"<html><body><h1>One</h1><p>Some text here.</p><h1>Two</h1><p>More.</p></body></html>"
+    books = {"b.html": page,
+             "b.pdf": make_pdf([["Chapter 1", "Some text here, on a line of its own, long enough."],
+                                ["Chapter 2", "More text here, on a line of its own, long enough."]]),
+             "b.docx": make_docx([("Heading 1", "One"), ("", "Some text here."), ("Heading 1", "Two"),
+                                  ("", "More.")])}
+    for name, data in books.items():
+        r = client.post("/v1/books", files={"book": (name, data), "reference": ("r.wav", wav_bytes())})
+        assert r.status_code == 202, (name, r.text)
+        assert len(r.json()["chapters"]) == 2, name
+    broken = client.post("/v1/books", files={"book": ("b.pdf", b"%PDF-1.4 nothing"),
+                                             "reference": ("r.wav", wav_bytes())})
+    assert broken.status_code == 422 and "PDF" in broken.json()["reason"]
+
+
 def test_api_refuses_bad_books_with_4xx_and_the_reason(client: TestClient) -> None:
     ref = ("r.wav", wav_bytes())
     r = client.post("/v1/books", files={"book": ("b.txt", b"\x00" * 500), "reference": ref})

@@ -1,0 +1,68 @@
+"""DOCX (Word) -> `SourceBook`: chapters at headings, read with python-docx.
+
+- Chapters at paragraphs styled "Heading 1" (with one "Heading 1" over several "Heading 2", the
+  "Heading 2"s, as in Markdown); a "Title" paragraph is the book's title. Tables, headers, footers and
+  comments are not read.
+- Title, author, description and language from the document's core properties (title, author,
+  subject, language).
+- Safety, as for an EPUB: the zip is checked from its central directory before anything is inflated
+  (`app.books.safezip`: entries, sizes, ratios), and an XML part that declares a DTD or an entity
+  refuses the document; python-docx's parser never resolves entities either.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+from app.books.safezip import SafeArchive
+from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, finish_book
+from app.books.webpage import chapters_at_headings
+from app.errors import BadInput
+
+_DECLARATION_RE = re.compile(rb"<\s*!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
+_HEADING_RE = re.compile(r"heading\s*([1-6])", re.IGNORECASE)
+
+
+def parse_docx(data: bytes, *, title: str | None = None, author: str | None = None,
+               language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
+    import docx
+    from docx.opc.exceptions import PackageNotFoundError
+
+    archive = SafeArchive(data, limits, kind="DOCX")
+    for name in archive.zip.namelist():
+        if name.endswith((".xml", ".rels")) and _declares(archive.read(name)):
+            raise BadInput(f"the DOCX part {name!r} declares a DTD or an entity; refused (nothing is "
+                           "expanded)")
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except (PackageNotFoundError, KeyError, ValueError) as exc:
+        raise BadInput(f"not a readable DOCX: {type(exc).__name__}: {str(exc)[:200]}") from exc
+    blocks: list[tuple[int, str]] = []
+    book_title = ""
+    for paragraph in document.paragraphs:
+        text = " ".join(paragraph.text.split())
+        if not text:
+            continue
+        style = (paragraph.style.name if paragraph.style is not None else "") or ""
+        if style.lower() == "title" and not book_title:
+            book_title = text
+            continue
+        heading = _HEADING_RE.fullmatch(style.strip())
+        blocks.append((int(heading.group(1)) if heading else 0, text))
+    core = document.core_properties
+    book_title = title or book_title or " ".join((core.title or "").split())
+    return finish_book(chapters_at_headings(blocks, book_title), title=book_title or "Untitled",
+                       author=author or " ".join((core.author or "").split()),
+                       language=language or (core.language or "").strip() or "en", limits=limits,
+                       description=" ".join((core.subject or "").split()))
+
+
+def _declares(content: bytes) -> bool:
+    """A DOCTYPE or ENTITY declaration in an XML part, in UTF-8 or UTF-16."""
+    if _DECLARATION_RE.search(content):
+        return True
+    for encoding in ("utf-16-le", "utf-16-be"):
+        if _DECLARATION_RE.search(content.decode(encoding, errors="ignore").encode("utf-8", "ignore")):
+            return True
+    return False
