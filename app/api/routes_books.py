@@ -39,9 +39,9 @@ from app.speech import OutputFormat
 router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})
 
-FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "target_lufs",
-               "seed", "priority", "title", "author", "narrator", "description", "language", "chapters",
-               "lexicon", "cast")
+FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "timed",
+               "target_lufs", "seed", "priority", "title", "author", "narrator", "description", "language",
+               "chapters", "lexicon", "cast")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
@@ -62,6 +62,8 @@ _BOOK_FORM_SCHEMA = {
         "output_format": {"type": "string", "enum": [f.value for f in OutputFormat], "default": "flac"},
         "m4b": {"type": "boolean", "default": True},
         "mp3": {"type": "boolean", "default": False, "description": "an MP3 per chapter too (ID3 tags)"},
+        "timed": {"type": "boolean", "default": False,
+                  "description": "subtitles: each cue's speech placed at its start time"},
         "target_lufs": {"type": "string", "default": "-20",
                         "description": "chapter loudness, LUFS (-70..-5), or off: measured, not normalised"},
         "seed": {"type": "integer", "minimum": 0, "default": 0},
@@ -112,7 +114,7 @@ def _parse_json(body: bytes) -> dict[str, Any]:
         req = BookRequest.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
-    options = service.BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3,
+    options = service.BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3, timed=req.timed,
                                   target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
     return {"data": json.dumps(req.manifest).encode(), "book_format": "manifest", "voice_id": req.voice_id,
             "options": options, "chapters": req.chapters, "narrator": req.narrator,
@@ -152,9 +154,10 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
         raise BadInput("reference must be an uploaded file")
     text = {name: text_field(form.get(name), name) for name in
             ("voice_id", "book_format", "output_format", "title", "author", "narrator", "description",
-             "language", "m4b", "mp3", "chapters")}
+             "language", "m4b", "mp3", "timed", "chapters")}
     options = service.BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=_flag(text["m4b"], True), mp3=_flag(text["mp3"], False),
+                          timed=_flag(text["timed"], False),
                           target_lufs=service.target_lufs_field(text_field(form.get("target_lufs"),
                                                                            "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,

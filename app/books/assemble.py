@@ -87,17 +87,27 @@ class ChapterAudio:
 def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path, *,
                      fmt: str = OutputFormat.FLAC, sample_rate: int = SAMPLE_RATE,
                      target_lufs: float | None = loudness.DEFAULT_TARGET_LUFS,
-                     fade_ms: float = loudness.FADE_MS) -> ChapterAudio:
+                     fade_ms: float = loudness.FADE_MS, timed: bool = False) -> ChapterAudio:
     """Concatenate a chapter's segments (audio[key] -> file), each faded in and out over `fade_ms`, with
-    their pauses into `out`; normalised to `target_lufs` unless it is None. Measured either way."""
+    their pauses into `out`; normalised to `target_lufs` unless it is None. Measured either way.
+
+    `timed` (subtitles): a segment with a cue start begins there, or right after the one before it when
+    that one runs late; the gap is silence, and no pause is added before a timed segment."""
     pieces: list[np.ndarray] = []
     timings: list[SegmentTiming] = []
     cursor = 0
-    for i, segment in enumerate(chapter.segments):
+    segments = chapter.segments
+    for i, segment in enumerate(segments):
         where = f"segment {i + 1} of chapter {chapter.index + 1}"
         wave = loudness.fade_edges(read_segment(audio, segment.key, sample_rate, where=where), sample_rate,
                                    fade_ms)
-        pause = np.zeros(round(segment.pause_after_ms * sample_rate / 1000), np.float32)
+        if timed and segment.start_ms >= 0:
+            start = round(segment.start_ms * sample_rate / 1000)
+            if start > cursor:
+                pieces.append(np.zeros(start - cursor, np.float32))
+                cursor = start
+        next_timed = timed and i + 1 < len(segments) and segments[i + 1].start_ms >= 0
+        pause = np.zeros(0 if next_timed else round(segment.pause_after_ms * sample_rate / 1000), np.float32)
         timings.append(SegmentTiming(segment.key, segment.text, cursor / sample_rate,
                                      (cursor + len(wave)) / sample_rate))
         pieces += [wave, pause]

@@ -47,40 +47,45 @@ class BookAudio:
     mp3s_reused: tuple[int, ...] = ()
 
 
-def chapter_recipe(chapter: PlanChapter, *, fmt: str, sample_rate: int, target_lufs: float | None) -> str:
-    return hashlib.sha256(canonical_json({
+def chapter_recipe(chapter: PlanChapter, *, fmt: str, sample_rate: int, target_lufs: float | None,
+                   timed: bool = False) -> str:
+    recipe: dict[str, Any] = {
         "v": 2, "segments": [[s.key, s.pause_after_ms] for s in chapter.segments],
-        "fmt": fmt, "sample_rate": sample_rate, "target_lufs": target_lufs, "fade_ms": FADE_MS,
-    })).hexdigest()
+        "fmt": fmt, "sample_rate": sample_rate, "target_lufs": target_lufs, "fade_ms": FADE_MS}
+    if timed:
+        recipe["timed"] = [s.start_ms for s in chapter.segments]
+    return hashlib.sha256(canonical_json(recipe)).hexdigest()
 
 
 def render_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out_dir: Path, *, fmt: str,
                    sample_rate: int = SAMPLE_RATE,
-                   target_lufs: float | None = DEFAULT_TARGET_LUFS) -> ChapterAudio:
+                   target_lufs: float | None = DEFAULT_TARGET_LUFS, timed: bool = False) -> ChapterAudio:
     """Assemble one chapter file from its rendered segments, with the sidecar that lets `assemble_book`
     reuse it while its inputs stay the same."""
     path = out_dir / chapter_file_name(chapter.index, fmt)
-    recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs)
+    recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs, timed=timed)
     _sidecar(path).unlink(missing_ok=True)
-    done = assemble_chapter(chapter, audio, path, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs)
+    done = assemble_chapter(chapter, audio, path, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs,
+                            timed=timed)
     write_text(_sidecar(path), json.dumps(_describe(done, recipe)))
     return done
 
 
 def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = OutputFormat.FLAC,
                   sample_rate: int = SAMPLE_RATE, target_lufs: float | None = DEFAULT_TARGET_LUFS,
-                  m4b: bool = True, mp3: bool = False,
+                  m4b: bool = True, mp3: bool = False, timed: bool = False,
                   cover: bytes | None = None, cover_type: str | None = None) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     chapters, reused = [], []
     for chapter in plan.chapters:
         path = out_dir / chapter_file_name(chapter.index, fmt)
-        recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs)
+        recipe = chapter_recipe(chapter, fmt=fmt, sample_rate=sample_rate, target_lufs=target_lufs,
+                                timed=timed)
         done = _reuse_chapter(chapter, path, recipe)
         if done is None:
             done = render_chapter(chapter, audio, out_dir, fmt=fmt, sample_rate=sample_rate,
-                                  target_lufs=target_lufs)
+                                  target_lufs=target_lufs, timed=timed)
         else:
             reused.append(chapter.index)
         chapters.append(done)

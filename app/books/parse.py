@@ -26,12 +26,13 @@ from app.books.epub import parse_epub
 from app.books.manifest import parse_manifest
 from app.books.pdf import parse_pdf
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, decode_text, finish_book
+from app.books.subtitles import parse_subtitles
 from app.books.webpage import parse_html
 from app.books.word import parse_docx
 from app.errors import BadInput
 
 _HTML_START_RE = re.compile(rb"\s*<(!doctype html|html)[\s>]", re.IGNORECASE)
-FORMATS = ("text", "markdown", "epub", "html", "pdf", "docx", "manifest")
+FORMATS = ("text", "markdown", "epub", "html", "pdf", "docx", "srt", "vtt", "manifest")
 
 
 def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = None, title: str | None = None,
@@ -45,6 +46,8 @@ def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = No
         return parse_html(data, title=title, author=author, language=language, limits=limits)
     if fmt == "pdf":
         return parse_pdf(data, title=title, author=author, language=language, limits=limits)
+    if fmt in ("srt", "vtt"):
+        return parse_subtitles(data, fmt=fmt, title=title, author=author, language=language, limits=limits)
     if fmt == "docx":
         return parse_docx(data, title=title, author=author, language=language, limits=limits)
     if fmt == "manifest":
@@ -66,6 +69,10 @@ def sniff_format(data: bytes, filename: str | None = None) -> str:
         return "epub"
     if suffix in (".html", ".htm", ".xhtml") or _HTML_START_RE.match(data[:1024]):
         return "html"
+    if suffix == ".srt":
+        return "srt"
+    if suffix == ".vtt" or data.lstrip(b"\xef\xbb\xbf")[:6] == b"WEBVTT":
+        return "vtt"
     if suffix in (".md", ".markdown"):
         return "markdown"
     if suffix == ".json" or data.lstrip()[:1] == b"{":

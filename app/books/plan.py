@@ -25,7 +25,14 @@ from typing import Any, Literal
 from app.books.cast import NARRATOR, VoiceState, check_cast, split_runs
 from app.books.lexicon import EMPTY, Lexicon
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
-from app.books.text import DEFAULT_OPTIONS, SegmentOptions, TextSegment, segment_chapter, segment_paragraph
+from app.books.text import (
+    DEFAULT_OPTIONS,
+    SegmentOptions,
+    TextSegment,
+    segment_chapter,
+    segment_cue,
+    segment_paragraph,
+)
 from app.errors import BadInput
 from app.speech import TOKEN_RATE
 
@@ -46,6 +53,7 @@ class PlanSegment:
     paragraph: int  # index in the source chapter (-1: the spoken title; items: the item's index)
     say: str = ""  # kind "text": what the guide voice says (after the lexicon), when it is not `text`
     voice: str = ""  # the voice id, when it is not the book's (a cast member's line, `app.books.cast`)
+    start_ms: int = -1  # subtitles: where its cue starts on the chapter's timeline (-1: no cue starts here)
 
     @property
     def spoken(self) -> str:
@@ -171,12 +179,17 @@ def _text(source: SourceChapter, language: str, voices: _Voices, key_options: Ma
     state = VoiceState()
     spoken: list[tuple[str, TextSegment]] = [  # the title: the narrator's, a paragraph's pause after it
         ("", replace(s, pause_after_ms=options.paragraph_pause_ms))
-        for s in segment_chapter(source.title, (), language=language, options=options)]
+        for s in segment_chapter(source.title, (), language=language, options=options)
+        if not source.starts_ms]  # subtitles start at their first cue, untitled
+    starts: dict[int, int] = {}  # index in `spoken` -> its cue's start
     for i, paragraph in enumerate(source.paragraphs):
         runs = split_runs(paragraph, state)
+        if source.starts_ms:
+            starts[len(spoken)] = source.starts_ms[i]
         for j, (name, text) in enumerate(runs):
             voice = voices.id_of(name, f"{where}, paragraph {i + 1}")
-            pieces = segment_paragraph(text, i, language=language, options=options)
+            split = segment_cue if source.starts_ms else segment_paragraph
+            pieces = split(text, i, language=language, options=options)
             if pieces and j < len(runs) - 1:  # the paragraph goes on in another voice: a sentence's pause,
                 clause = text.rstrip("\"'”’» ").endswith((",", ";", ":"))  # a clause's after a comma
                 pause = options.clause_pause_ms if clause else options.sentence_pause_ms
@@ -186,12 +199,13 @@ def _text(source: SourceChapter, language: str, voices: _Voices, key_options: Ma
         voice, last = spoken[-1]
         spoken[-1] = (voice, replace(last, pause_after_ms=options.chapter_pause_ms))
     out = []
-    for voice, s in spoken:
+    for n, (voice, s) in enumerate(spoken):
         said = lexicon.apply(s.text)
         key = segment_key(kind="text", content=said, voice_id=voice or voices.book, options=key_options)
         out.append(PlanSegment(key=key, kind="text", text=s.text, tokens=None, audio=None,
                                est_tokens=s.est_tokens, pause_after_ms=s.pause_after_ms,
-                               paragraph=s.paragraph, say=said if said != s.text else "", voice=voice))
+                               paragraph=s.paragraph, say=said if said != s.text else "", voice=voice,
+                               start_ms=starts.get(n, -1)))
     return out
 
 

@@ -45,10 +45,10 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
         if not all(s.done for s in states):
             return "waiting", False
         audio = {s.key: artifacts.path(s.output_path or "") for s in states}
-        fmt, lufs = book.output_format, book.target_lufs
+        fmt, lufs, timed = book.output_format, book.target_lufs, book.timed
     chapter = files.load_plan(artifacts, book_id).chapters[index]
     done = render_chapter(chapter, audio, files.output_dir(artifacts, book_id), fmt=fmt,
-                          target_lufs=lufs)  # assemble() reuses the file
+                          target_lufs=lufs, timed=timed)  # assemble() reuses the file
     with session_scope(sessions) as session:
         queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration,
                                        **_loudness_columns(done))
@@ -65,10 +65,11 @@ def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_
             return str(book.status)
         audio = {s.key: artifacts.path(s.output_path or "")
                  for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
-        fmt, lufs, m4b, mp3 = book.output_format, book.target_lufs, book.m4b, book.mp3
+        fmt, lufs, m4b, mp3, timed = book.output_format, book.target_lufs, book.m4b, book.mp3, book.timed
     cover, cover_type = files.load_cover(artifacts, book_id)
     result = assemble_book(files.load_plan(artifacts, book_id), audio, files.output_dir(artifacts, book_id),
-                           fmt=fmt, target_lufs=lufs, m4b=m4b, mp3=mp3, cover=cover, cover_type=cover_type)
+                           fmt=fmt, target_lufs=lufs, m4b=m4b, mp3=mp3, timed=timed, cover=cover,
+                           cover_type=cover_type)
     with session_scope(sessions) as session:
         for chapter in result.chapters:  # a chapter re-assembled here (its file was gone) is measured anew
             queries.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,

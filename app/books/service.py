@@ -53,6 +53,7 @@ class BookOptions:
     output_format: str = OutputFormat.FLAC
     m4b: bool = True
     mp3: bool = False  # an MP3 per chapter too (ID3-tagged), beside the chapter files
+    timed: bool = False  # subtitles: each cue's speech at its start time
     target_lufs: float | None = DEFAULT_TARGET_LUFS  # None: chapters are measured, not normalised
     seed: int = DEFAULT_SEED
     priority: int = 0  # job priority of the segments (0..9, larger first); 0 yields to every other job
@@ -148,6 +149,7 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
     queries.create_book(session=session, book_id=book_id, voice_id=voice, title=plan.title,
                         author=plan.author, language=plan.language, plan_key=plan.key,
                         output_format=options.output_format, m4b=options.m4b, mp3=options.mp3,
+                        timed=options.timed,
                         target_lufs=options.target_lufs, seed=options.seed, priority=options.priority,
                         chapters=planned, chapters_selected=selected)
     session.commit()

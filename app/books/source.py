@@ -57,6 +57,7 @@ class SourceChapter:
     title: str
     paragraphs: tuple[str, ...] = ()  # text books: raw paragraphs, not yet normalised
     items: tuple[SourceItem, ...] = ()  # manifests
+    starts_ms: tuple[int, ...] = ()  # subtitles: each paragraph is one cue, starting here; one segment each
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,9 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
                 narrator: str = "", description: str = "") -> SourceBook:
     """Drop empty chapters and check the limits every reader shares."""
     kept = [c for c in chapters if c.paragraphs or c.items]
+    for chapter in kept:
+        if chapter.starts_ms and len(chapter.starts_ms) != len(chapter.paragraphs):
+            raise ValueError("a chapter of cues has a start for each cue")
     if not any(c.paragraphs or c.items for c in kept):
         raise BadInput("the book has no text to read")
     if len(kept) > limits.max_chapters:

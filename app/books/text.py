@@ -274,6 +274,17 @@ def segment_paragraph(paragraph: str, index: int, *, language: str = "en",
     return segments
 
 
+def segment_cue(text: str, index: int, *, language: str = "en",
+                options: SegmentOptions = DEFAULT_OPTIONS) -> list[TextSegment]:
+    """One subtitle cue -> one segment (several only when it is over the length limit, cut at clauses)."""
+    spoken = " ".join(split_sentences(normalise(text, language), language))
+    pieces = (_cut(spoken, options.max_chars) if len(spoken) > options.max_chars
+              else [spoken] if spoken else [])
+    return [TextSegment(piece, estimate_tokens(piece, options),
+                        options.sentence_pause_ms if j == len(pieces) - 1 else options.clause_pause_ms, index)
+            for j, piece in enumerate(pieces)]
+
+
 def segment_chapter(title: str, paragraphs: Iterable[str], *, language: str = "en",
                     options: SegmentOptions = DEFAULT_OPTIONS) -> list[TextSegment]:
     """A chapter's paragraphs (raw text) -> segments; the last one carries the chapter pause."""

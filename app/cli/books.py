@@ -40,7 +40,7 @@ def add_commands(sub: Any) -> None:
     render = action("render", "submit a book; --wait follows it and writes its files to --out",
                     cmd_book_render)
     render.add_argument("book", type=Path,
-                        help="a .txt, .md, .epub, .html, .pdf, .docx or .json manifest file")
+                        help="a .txt, .md, .epub, .html, .pdf, .docx, .srt, .vtt or .json manifest file")
     render.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
     render.add_argument("--out", type=Path, help="folder for the chapter files, book.m4b and the index")
     render.add_argument("--format", dest="book_output", choices=("m4b", "flac", "wav"), default="m4b",
@@ -51,6 +51,8 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--narrator", help="for the M4B's and MP3s' tags (default: the book's own, if any)")
     render.add_argument("--description", help="for the tags (default: the book's own, if any)")
     render.add_argument("--mp3", action="store_true", help="an MP3 per chapter too (ID3-tagged)")
+    render.add_argument("--timed", action="store_true",
+                        help="subtitles (.srt, .vtt): each cue's speech at its start time")
     render.add_argument("--lexicon", type=Path, help="a pronunciation lexicon, JSON or YAML (docs/BOOKS.md)")
     render.add_argument("--cast", type=Path, help="voices for the names the text's markup uses, JSON or "
                         "YAML: name -> voice id or reference audio file (relative to the cast file)")
@@ -69,7 +71,8 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
     """The book's options as the API's form fields."""
     form = {"output_format": "flac" if args.book_output == "m4b" else args.book_output,
             "m4b": "true" if args.book_output == "m4b" else "false", "seed": str(args.seed),
-            "priority": str(args.priority), "mp3": "true" if args.mp3 else "false"}
+            "priority": str(args.priority), "mp3": "true" if args.mp3 else "false",
+            "timed": "true" if args.timed else "false"}
     form.update({k: str(v) for k, v in (("title", args.title), ("author", args.author),
                                         ("narrator", args.narrator), ("description", args.description),
                                         ("language", args.language), ("target_lufs", args.target_lufs),

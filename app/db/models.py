@@ -266,6 +266,7 @@ class Book(Base):
     output_format: Mapped[str] = mapped_column(String(8), default=OutputFormat.FLAC)
     m4b: Mapped[bool] = mapped_column(Boolean, default=True)
     mp3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # MP3s per chapter too
+    timed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # cues at their times
     target_lufs: Mapped[float | None]
     seed: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0)

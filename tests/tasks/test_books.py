@@ -231,6 +231,31 @@ def test_a_cast_members_lines_render_in_their_voice_and_recasting_renders_only_t
         submit(res, celery, VOICED_BOOK, filename="b.md", cast=f'Alice: "{"0" * 64}"'.encode())
 
 
+SUBTITLES = b"""1
+00:00:02,000 --> 00:00:03,000
+Where is everyone?
+
+2
+00:00:30,000 --> 00:00:31,000
+They left at dawn.
+"""
+
+
+def test_a_timed_subtitle_book_places_each_cue_at_its_start(res: Resources, celery: Celery) -> None:
+    book_id = submit(res, celery, SUBTITLES, filename="film.srt", options=BookOptions(timed=True, m4b=False))
+    assert books.plan(book_id, res) == 2
+    for _, segment in output_plan(res, book_id).segments():
+        books.tokenize(book_id, segment.key, res)
+    render_live_jobs(res, book_id)
+    assert books.check_chapter(book_id, 0, res) == "assembled" and books.assemble(book_id, res) == "succeeded"
+    index = json.loads((output_dir(res.artifacts, book_id) / "chapters.json").read_text())
+    starts = [s["start"] for s in index["chapters"][0]["segments"]]
+    assert starts == [2.0, 30.0]
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    assert view.book.timed and view.chapters[0].seconds > 30.0
+
+
 def output_plan(res: Resources, book_id: str):
     from app.books.files import load_plan
 

@@ -34,13 +34,14 @@ class PlannedChapter:
 
 def create_book(*, session: Session, book_id: str, voice_id: str, title: str, author: str, language: str,
                 plan_key: str, output_format: str, m4b: bool, target_lufs: float | None, seed: int,
-                priority: int, mp3: bool = False, chapters: Sequence[PlannedChapter],
+                priority: int, mp3: bool = False, timed: bool = False, chapters: Sequence[PlannedChapter],
                 chapters_selected: str | None = None) -> Book:
     """Insert a queued book, its chapters, where each segment sits, and every segment not known yet."""
     now = utcnow()
     total = sum(len(c.keys) for c in chapters)
     book = Book(id=book_id, voice_id=voice_id, status=BookStatus.QUEUED, title=title, author=author,
                 language=language, plan_key=plan_key, output_format=output_format, m4b=m4b, mp3=mp3,
+                timed=timed,
                 target_lufs=target_lufs, seed=seed, priority=priority, segments_total=total,
                 est_seconds=sum(c.est_seconds for c in chapters), chapters_selected=chapters_selected,
                 submitted_at=now, updated_at=now)
