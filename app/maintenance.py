@@ -21,7 +21,12 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
    updates its row every `progress_interval_s`, so it is never stale. Redis only: RabbitMQ cannot list a
    queue's messages, and it loses none of a dead consumer's (part 2 covers the jobs of gone workers).
    A text job not tokenized yet has no `synth`: its `job.tokenize` (cpu queue) is looked for instead,
-   and sent again when it is missing. "The broker" is the shared gpu queue and every GPU worker's own;
+   and sent again when it is missing. "The broker" is the shared gpu queue and every GPU worker's own.
+   A job still `queued` (never claimed, or released) whose only message is delivered and
+   unacknowledged is not held by any live worker either: a GPU worker takes one message per free slot
+   (prefetch multiplier 1) and claims it at once, so such a message belonged to a worker killed before
+   its claim (no claim, so part 3 cannot see it). Its message is put back at the head of its queue (on
+   Redis it would wait for the visibility timeout, 6 h by default);
 5. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
 6. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
    failed or cancelled) for `STALLED_CHAPTER_AFTER_S` without the chapter being assembled gets its
@@ -174,11 +179,16 @@ def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker
                   sender: TaskSender, report: SweepReport) -> None:
     """Part 4 (module docstring): quiet live jobs without any message are sent again (Redis only)."""
     present: set[str] | None = set()
-    for queue in gpu_queues(settings, sessions):
+    queues = gpu_queues(settings, sessions)
+    for queue in queues:
         found = as_broker(broker).task_ids(queue)
         present = None if found is None or present is None else present | found
     if present is None:
         return  # RabbitMQ: cannot tell; it keeps every message it confirmed (part 3 covers gone workers)
+    redis_broker = as_broker(broker)
+    assert isinstance(redis_broker, RedisBroker)  # only kombu's Redis transport lists its messages
+    waiting = set().union(*(redis_broker.waiting_ids(q) for q in queues)) if queues else set()
+    held = {task: (tag, q) for q in queues for task, tag in redis_broker.unacked(q).items()}
     cutoff = utcnow() - timedelta(seconds=settings.stuck_job_after_s)
     with session_scope(sessions) as session:
         jobs = queries.list_stale_live_jobs(session=session, updated_before=cutoff)
@@ -194,8 +204,17 @@ def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker
                 log.warning("maintenance: text job %s had no job.tokenize message; sent again", job_id)
                 report.jobs_requeued.append(job_id)
             continue
+        if job_id in held and job_id not in waiting and status == JobStatus.QUEUED:
+            tag, queue = held[job_id]  # unclaimed, quiet, delivered: its consumer died before claiming it
+            with session_scope(sessions) as session:
+                queries.touch_job(session=session, job_id=job_id)
+            if redis_broker.restore(tag, queue):
+                log.warning("maintenance: job %s was delivered to a worker that never claimed it; its "
+                            "message is back in %s", job_id, queue)
+                report.jobs_requeued.append(job_id)
+            continue
         if job_id in present:
-            continue  # waiting its turn, or held by a worker (redelivered after the visibility timeout)
+            continue  # waiting its turn, or held by a worker that claimed it (part 3 covers gone ones)
         with session_scope(sessions) as session:
             if status == JobStatus.QUEUED:
                 queries.touch_job(session=session, job_id=job_id)

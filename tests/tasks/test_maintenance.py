@@ -80,21 +80,47 @@ def test_a_stale_job_without_a_broker_message_is_sent_again_once(
     assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == []  # now it has one
 
 
-def test_an_unacknowledged_message_counts_as_present(settings, sessions, artifacts, store, broker,
-                                                     celery) -> None:
-    submit(settings, sessions, store, artifacts, celery)
+def _deliver_without_ack(broker, settings) -> str:
+    """Pop the queued synth message into kombu's unacked hash, as a consumer that took it would: its tag."""
     raw = broker.rpop(settings.queue_gpu) or next(
         broker.rpop(f"{settings.queue_gpu}\x06\x16{n}") for n in range(1, 10)
         if broker.llen(f"{settings.queue_gpu}\x06\x16{n}"))
     tag = json.loads(raw)["properties"]["delivery_tag"]
     broker.hset("unacked", tag, json.dumps([json.loads(raw), "", settings.queue_gpu]))
+    broker.zadd("unacked_index", {tag: time.time()})
+    return tag
+
+
+def test_an_unacknowledged_message_of_a_claimed_job_counts_as_present(settings, sessions, artifacts, store,
+                                                                      broker, celery) -> None:
+    job_id = submit(settings, sessions, store, artifacts, celery)
+    tag = _deliver_without_ack(broker, settings)
     try:
-        with sessions() as session:
-            session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
+        with sessions() as session:  # claimed (its worker's fate is part 3's), quiet for long
+            session.execute(update(Job).values(status="running", attempts=1, worker="gpu@elsewhere",
+                                               updated_at=utcnow() - timedelta(hours=2)))
             session.commit()
         assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == []
+        assert broker.hexists("unacked", tag)
     finally:
         broker.hdel("unacked", tag)
+        broker.zrem("unacked_index", tag)
+    assert job_id
+
+
+def test_a_quiet_queued_job_delivered_to_a_worker_that_never_claimed_it_goes_back_to_its_queue(
+        settings, sessions, artifacts, store, broker, celery) -> None:
+    """A GPU worker SIGKILLed between taking a message and claiming its job: no claim for part 3 to see,
+    and on Redis the message would sit unacknowledged for the visibility timeout (6 h)."""
+    job_id = submit(settings, sessions, store, artifacts, celery)
+    tag = _deliver_without_ack(broker, settings)
+    with sessions() as session:
+        session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
+        session.commit()
+    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == [job_id]
+    assert not broker.hexists("unacked", tag)  # moved, not copied: one message
+    assert broker_task_ids(broker, settings.queue_gpu) == {job_id}
+    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == []  # waiting now
 
 
 def test_finished_and_recent_jobs_are_left_alone(settings, sessions, artifacts, store, broker,
