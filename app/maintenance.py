@@ -32,7 +32,10 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
    failed or cancelled) for `STALLED_CHAPTER_AFTER_S` without the chapter being assembled gets its
    `book.chapter` sent again. Its trigger, the chord over the chapter's segment jobs, never fires when
    one of them was sent again by parts 3 or 4 (a re-sent message carries no chord), and `book.chapter` is
-   idempotent, so sending it again is always safe.
+   idempotent, so sending it again is always safe. A scheduled chapter with a segment that has no job
+   (and no error) for `stuck_job_after_s` was being sent when its CPU worker died: its book gets its
+   `book.plan` again, which sends every scheduled, unassembled chapter's segments that are neither done
+   nor rendering (idempotent too: a text segment's tokenize finds a job made meanwhile).
 It does not touch the GPU workers' installs (theirs to reclaim) and does not retry failed jobs.
 """
 
@@ -55,7 +58,7 @@ from app.routing import QUEUE_SEP, send_routed, worker_queue
 from app.settings import Settings
 from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice
-from app.wire import BOOK_CHAPTER_TASK, TaskSender, send_tokenize, tokenize_task_id
+from app.wire import BOOK_CHAPTER_TASK, BOOK_PLAN_TASK, TaskSender, send_tokenize, tokenize_task_id
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +242,18 @@ def resume_chapters(*, settings: Settings, sessions: sessionmaker[Session], send
     cutoff = utcnow() - timedelta(seconds=STALLED_CHAPTER_AFTER_S)
     with session_scope(sessions) as session:
         stalled = queries.list_stalled_chapters(session=session, settled_before=cutoff)
+        unsent = queries.list_unsent_chapters(
+            session=session, scheduled_before=utcnow() - timedelta(seconds=settings.stuck_job_after_s))
+    for book_id in dict.fromkeys(book for book, _ in unsent):
+        with session_scope(sessions) as session:
+            for book, index in unsent:
+                if book == book_id:
+                    queries.touch_chapter(session=session, book_id=book_id, index=index)
+        sender.send_task(BOOK_PLAN_TASK, args=[book_id], queue=settings.queue_cpu)
+        chapters = [index for book, index in unsent if book == book_id]
+        log.warning("maintenance: book %s chapters %s were scheduled but some segments never sent; "
+                    "book.plan sent again", book_id, [i + 1 for i in chapters])
+        report.chapters_resumed += [f"{book_id}/{i}" for i in chapters]
     for book_id, index in stalled:
         with session_scope(sessions) as session:
             queries.touch_chapter(session=session, book_id=book_id, index=index)

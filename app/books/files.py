@@ -1,7 +1,8 @@
 """A book's files under the artifact root, named by us, never by a client:
 
     books/<book id>/plan.json   the plan (`app.books.plan.BookPlan`), written once at submission
-                    meta.json   cover type, the manifest's folder (CLI books with source audio)
+                    meta.json   cover type, the manifest's folder (CLI books with source audio), and what
+                                the book's status shows of the plan (narrator, description, cast)
                     cover       the cover image, when the book has one
                     out/        chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt, and with
                                 mp3 chapter-001.mp3 ... (+ sidecars)
@@ -42,7 +43,8 @@ def store_files(artifacts: ArtifactStore, book_id: str, plan: BookPlan, source: 
     if source.cover:
         (folder / "cover").write_bytes(source.cover)
     meta = {"cover_type": source.cover_type if source.cover else None,
-            "base_dir": str(base_dir.resolve()) if base_dir is not None else None}
+            "base_dir": str(base_dir.resolve()) if base_dir is not None else None,
+            "narrator": plan.narrator, "description": plan.description, "cast": plan.cast}
     write_text(folder / "meta.json", json.dumps(meta))
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.artifacts import ArtifactStore
-from app.books.files import chapter_file_name, is_output, list_outputs, load_plan, output_dir
+from app.books.files import chapter_file_name, is_output, list_outputs, load_meta, output_dir
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, utcnow
 from app.errors import NotFound
@@ -95,11 +95,13 @@ def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> 
 
 
 def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, Any]:
+    """From the book's small meta.json, not its plan (which a long book makes megabytes long)."""
     try:
-        plan = load_plan(artifacts, book_id)
-    except (OSError, ValueError, KeyError):  # a book whose files were removed still has a status
+        meta = load_meta(artifacts, book_id)
+    except (OSError, ValueError):  # a book whose files were removed still has a status
         return {}
-    return {"narrator": plan.narrator, "description": plan.description, "cast": dict(plan.cast)}
+    return {"narrator": str(meta.get("narrator") or ""), "description": str(meta.get("description") or ""),
+            "cast": dict(meta.get("cast") or {})}
 
 
 def output_file(*, session: Session, artifacts: ArtifactStore, book_id: str, name: str) -> Path:

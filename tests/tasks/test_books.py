@@ -298,6 +298,48 @@ def test_chapters_are_sent_in_a_window_so_a_long_book_never_floods_the_gpu_queue
     assert books.plan(book_id, res) == 0  # a redelivered book.plan of a finished book does nothing
 
 
+def test_a_chapter_whose_sending_died_part_way_is_sent_again_by_the_sweep(res: Resources,
+                                                                         celery: Celery) -> None:
+    """A CPU worker killed in book.plan (or book.chapter) after marking a chapter scheduled and before
+    sending all of its segments: those segments have no job and nothing would ever make one. Found by
+    scripts/long_book.py (a 300-chapter book stopped 12 segments short). The sweep sends book.plan again."""
+    from datetime import timedelta
+
+    import redis
+    from sqlalchemy import delete, update
+
+    from app.db.models import BookChapter, Job, Segment, utcnow
+    from app.maintenance import sweep
+
+    book_id = submit(res, celery, manifest_book([[30, 40, 41], [25]]))
+    assert books.plan(book_id, res) == 4
+    with res.sessions() as session:  # chapter 1's last two segments were never sent
+        lost = queries.book_segment_states(session=session, book_id=book_id, chapter=0)[1:]
+        session.execute(update(Segment).where(Segment.key.in_([s.key for s in lost])).values(job_id=None))
+        session.execute(delete(Job).where(Job.id.in_([s.job_id for s in lost])))
+        session.commit()
+    broker = redis.Redis.from_url(res.settings.broker_url)
+
+    def run():
+        return sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
+                     broker=broker, sender=celery)
+
+    try:
+        assert run().chapters_resumed == []  # scheduled just now: book.plan may still be sending
+        with res.sessions() as session:
+            session.execute(update(BookChapter).values(
+                scheduled_at=utcnow() - timedelta(seconds=res.settings.stuck_job_after_s + 5)))
+            session.commit()
+        assert run().chapters_resumed == [f"{book_id}/0"]
+        assert run().chapters_resumed == []  # touched: not again until another period has passed
+        assert books.plan(book_id, res) == 2  # what the re-sent book.plan does: the two, nothing else
+        with res.sessions() as session:
+            states = queries.book_segment_states(session=session, book_id=book_id)
+        assert all(s.job_id for s in states)
+    finally:
+        broker.close()
+
+
 def test_a_chapter_whose_segments_settled_without_its_chord_is_checked_again_by_the_sweep(
         res: Resources, celery: Celery) -> None:
     """A segment job sent again by the sweep (its message was lost with a killed worker) carries no chord:

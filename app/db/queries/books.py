@@ -158,6 +158,27 @@ def list_stalled_chapters(*, session: Session, settled_before: Any) -> list[tupl
     return [(str(book_id), int(index)) for book_id, index in session.execute(stmt)]
 
 
+def list_unsent_chapters(*, session: Session, scheduled_before: Any) -> list[tuple[str, int]]:
+    """(book id, index) of the chapters of rendering books scheduled before `scheduled_before`, not
+    assembled, with a segment that has neither a job nor an error: the `book.plan` or `book.chapter`
+    that was sending them died part-way (a CPU worker killed between marking the chapter scheduled and
+    sending its last segment), so nothing will ever render that segment."""
+    unsent = (
+        select(BookSegment.key)
+        .join(Segment, Segment.key == BookSegment.key)
+        .where(BookSegment.book_id == BookChapter.book_id, BookSegment.chapter == BookChapter.index,
+               Segment.job_id.is_(None), Segment.error.is_(None))
+    )
+    stmt = (
+        select(BookChapter.book_id, BookChapter.index)
+        .join(Book, Book.id == BookChapter.book_id)
+        .where(Book.status == BookStatus.RENDERING, BookChapter.scheduled_at < scheduled_before,
+               BookChapter.assembled_at.is_(None), unsent.exists())
+        .order_by(BookChapter.book_id, BookChapter.index)
+    )
+    return [(str(book_id), int(index)) for book_id, index in session.execute(stmt)]
+
+
 def touch_chapter(*, session: Session, book_id: str, index: int) -> None:
     """Stamp a chapter's scheduled_at again: its `book.chapter` was just sent anew, so it is not stalled
     until it has had time to run (`list_stalled_chapters`)."""
