@@ -26,6 +26,7 @@ from urllib.parse import unquote
 import defusedxml
 import defusedxml.ElementTree as SafeET
 
+from app.books.blocks import BlockText
 from app.books.safezip import SafeArchive
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, finish_book
 from app.errors import BadInput
@@ -225,27 +226,22 @@ class _NavParser(HTMLParser):
 
 # --- content documents ---------------------------------------------------------------------------
 
-class _TextParser(HTMLParser):
+class _TextParser(BlockText):
     """XHTML -> events: ("anchor", id) where an element with an id starts, ("para", text) per block."""
 
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
+        super().__init__()
         self.events: list[tuple[str, str]] = []
-        self.title = ""
-        self._buffer: list[str] = []
-        self._skip = 0
-        self._in_title = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in _SKIPPED:
-            self._skip += 1
-            self._in_title = tag == "title"
+            self.skip(title=tag == "title")
             return
         if tag in _BLOCKS:
-            self._flush()
+            self.flush()
         anchor = dict(attrs).get("id") or (dict(attrs).get("name") if tag == "a" else None)
-        if anchor and not self._skip:
-            self._flush()
+        if anchor and not self.skipping:
+            self.flush()
             self.events.append(("anchor", anchor))
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -254,26 +250,12 @@ class _TextParser(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         if tag in _SKIPPED:
-            self._skip = max(0, self._skip - 1)
-            self._in_title = False
+            self.unskip()
         elif tag in _BLOCKS:
-            self._flush()
+            self.flush()
 
-    def handle_data(self, data: str) -> None:
-        if self._in_title:
-            self.title += data
-        elif not self._skip:
-            self._buffer.append(data)
-
-    def close(self) -> None:
-        super().close()
-        self._flush()
-
-    def _flush(self) -> None:
-        text = " ".join("".join(self._buffer).split())
-        self._buffer = []
-        if text:
-            self.events.append(("para", text))
+    def emit(self, text: str) -> None:
+        self.events.append(("para", text))
 
 
 def _chapters(archive: SafeArchive, spine: list[str], toc: list[TocEntry]) -> list[SourceChapter]:

@@ -2,8 +2,10 @@
 steps each reader ends with (decoding a text file, finishing a book: empty chapters dropped, limits and
 language checked).
 
-The readers (`parse` for text and Markdown, `epub`, `manifest`) import this module and nothing of each
-other; `parse.parse_book` picks one by format.
+The readers (`parse` for text and Markdown, `epub`, `webpage`, `pdf`, `word`, `subtitles`, `manifest`)
+import this module (and the markup readers `blocks`) and nothing of each other, except that a PDF
+without an outline is read as plain text (`pdf` calls `parse.parse_text`); `parse.parse_book` picks
+one by format.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ entity is refused, as an EPUB is.
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
-
-from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, decode_text, finish_book
+from app.books.blocks import BlockText, chapters_at_headings
+from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, decode_text, finish_book
 from app.errors import BadInput
 
 _HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
@@ -22,18 +21,14 @@ _SKIPPED = {"script", "style", "head", "nav", "template", "noscript", "svg", "ma
             "select", "textarea", "iframe", "object", "audio", "video", "canvas"}
 
 
-class _PageParser(HTMLParser):
+class _PageParser(BlockText):
     """Collects (heading level or 0, text) blocks in order, and the page's metadata."""
 
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
+        super().__init__()
         self.blocks: list[tuple[int, str]] = []
         self.meta: dict[str, str] = {}
-        self.title = ""
         self.language = ""
-        self._buffer: list[str] = []
-        self._skip = 0
-        self._in_title = False
         self._level = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -42,14 +37,11 @@ class _PageParser(HTMLParser):
             self.language = values["lang"]
         if tag == "meta" and values.get("name", "").lower() in ("author", "description"):
             self.meta[values["name"].lower()] = " ".join(values.get("content", "").split())
-        if tag == "title":
-            self._in_title = True
-            return
-        if tag in _SKIPPED:
-            self._skip += 1
+        if tag in _SKIPPED or tag == "title":
+            self.skip(title=tag == "title")
             return
         if tag in _BLOCKS:
-            self._flush()
+            self.flush()
             self._level = _HEADINGS.get(tag, 0)
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -65,28 +57,17 @@ class _PageParser(HTMLParser):
             raise BadInput("the HTML page declares an entity; refused (nothing is expanded)")
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "title":
-            self._in_title = False
-        elif tag in _SKIPPED:
-            self._skip = max(0, self._skip - 1)
+        if tag in _SKIPPED or tag == "title":
+            self.unskip()
         elif tag in _BLOCKS:
-            self._flush()
+            self.flush()
 
-    def handle_data(self, data: str) -> None:
-        if self._in_title:
-            self.title += data
-        elif not self._skip:
-            self._buffer.append(data)
+    def emit(self, text: str) -> None:
+        self.blocks.append((self._level, text))
+        self._level = 0
 
-    def close(self) -> None:
-        super().close()
-        self._flush()
-
-    def _flush(self) -> None:
-        text = " ".join("".join(self._buffer).split())
-        self._buffer = []
-        if text:
-            self.blocks.append((self._level, text))
+    def flush(self) -> None:
+        super().flush()
         self._level = 0
 
 
@@ -100,29 +81,6 @@ def parse_html(data: bytes, *, title: str | None = None, author: str | None = No
                        author=author or parser.meta.get("author", ""),
                        language=language or parser.language or "en", limits=limits,
                        description=parser.meta.get("description", ""))
-
-
-def chapters_at_headings(blocks: list[tuple[int, str]], book_title: str) -> list[SourceChapter]:
-    """(heading level or 0, text) blocks -> chapters at the chapter level: with exactly one level-1
-    heading over level-2 ones, level 2 (the level-1 heading is the book's title); else the top level used.
-    Text before the first chapter heading is a chapter titled by the book (dropped by `finish_book` when
-    empty); deeper headings are read as paragraphs."""
-    levels = [level for level, _ in blocks if level]
-    chapter_level = min(levels) if levels else 0
-    if levels.count(1) == 1 and 2 in levels:
-        chapter_level = 2
-    chapters: list[SourceChapter] = []
-    current_title, current = book_title or "Untitled", list[str]()
-    for level, text in blocks:
-        if level and level < chapter_level:
-            continue  # the book's title heading
-        if level and level == chapter_level:
-            chapters.append(SourceChapter(current_title, tuple(current)))
-            current_title, current = text, []
-        else:
-            current.append(text)
-    chapters.append(SourceChapter(current_title, tuple(current)))
-    return chapters
 
 
 def _first_heading(blocks: list[tuple[int, str]]) -> str:

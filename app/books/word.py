@@ -15,9 +15,9 @@ from __future__ import annotations
 import io
 import re
 
+from app.books.blocks import chapters_at_headings
 from app.books.safezip import SafeArchive
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, finish_book
-from app.books.webpage import chapters_at_headings
 from app.errors import BadInput
 
 _DECLARATION_RE = re.compile(rb"<\s*!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
