@@ -124,8 +124,9 @@ def wait(sessions: Any, artifacts: ArtifactStore, book_id: str, until: Any, time
         if view.book.status in ("failed", "cancelled"):
             raise RuntimeError(f"book {view.book.status}: {view.book.error}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"book still {view.book.status} at {view.segments_done}/{view.segments_total}; "
-                               f"not done: {stuck(sessions, book_id)}\n{cluster.tails(8)}")
+            raise RuntimeError(f"book still {view.book.status} at {view.segments_done}/"
+                               f"{view.segments_total}; not done: {stuck(sessions, book_id)}\n"
+                               f"{cluster.tails(8)}")
         if view.segments_done // 500 != last:
             last = view.segments_done // 500
             print(f"  {view.book.status}: {view.segments_done}/{view.segments_total} segments", flush=True)
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for name, kind in (("g1", "gpu"), ("c1", "cpu")):
             cluster.start(kind, name)
         cluster.wait_ready()
-        sampler = RssSampler({name: pid for name, pid in cluster.pids().items()})
+        sampler = RssSampler(dict(cluster.pids()))
         sampler.start()
         data = manifest(args.chapters, args.segments, args.tokens)
         t0 = time.monotonic()
@@ -186,7 +187,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         db_path = Path(settings.database_url.removeprefix("sqlite:///"))
         out = output_dir(artifacts, book_id)
         return {
-            "chapters": len(final.chapters), "segments": final.segments_total, "tokens_per_segment": args.tokens,
+            "chapters": len(final.chapters), "segments": final.segments_total,
+            "tokens_per_segment": args.tokens,
             "audio_s": round(final.audio_seconds, 1), "status": final.book.status,
             "segments_done_at_kill": done_at_kill,
             "rendered_twice": int(attempts[0] or 0) - int(attempts[1] or 0),

@@ -212,7 +212,6 @@ def test_a_book_in_two_voices_prepares_each_once_and_decodes_their_lines_togethe
         mara, _ = register_voice(settings=settings, session=session, sender=app, store=store,
                                  artifacts=ArtifactStore(settings.artifact_root),
                                  reference_bytes=mara_reference)
-    paths_before = store.counters(COUNTER_PREP_PATH)
     book = submit(env, worker_sessions, VOICED_BOOK.encode(), filename="voices.md", cast={"Mara": mara})
     view = wait_book(settings, worker_sessions, book)
     check_outputs(settings, view, ["One"])
@@ -223,9 +222,11 @@ def test_a_book_in_two_voices_prepares_each_once_and_decodes_their_lines_togethe
     assert voices == {narrator, mara}
     lines = {j.voice_id: sum(1 for k in jobs.values() if k.voice_id == j.voice_id) for j in jobs.values()}
     assert lines[mara] >= 4 and lines[narrator] >= 3
-    after = store.counters(COUNTER_PREP_PATH)
-    delta = {p: after.get(p, 0) - paths_before.get(p, 0) for p in after}
-    assert sum(n for p, n in delta.items() if p != "already_installed") == 2, delta  # one install per voice
+    # One install per voice at most: Mara's is new; the narrator's may still be installed from the
+    # module's earlier tests (the GPU worker is shared and keeps two voices).
+    installs = {v: [j.prep_path for j in jobs.values()
+                    if j.voice_id == v and j.prep_path != "already_installed"] for v in voices}
+    assert len(installs[mara]) == 1 and len(installs[narrator]) <= 1, installs
     spans = {v: [(j.started_at, j.finished_at) for j in jobs.values() if j.voice_id == v] for v in voices}
     overlap = any(a0 < b1 and b0 < a1 for a0, a1 in spans[narrator] for b0, b1 in spans[mara])
     assert overlap, spans  # SLOTS=4 and both voices' lines queued together: they share engine steps
