@@ -11,7 +11,13 @@ database, which every process shares: the workers' heartbeats (`workers`), their
 `route_voice` decides; every decision is one of `ROUTES`, recorded on the job (`jobs.route`, exported by
 the API as `wavefarm_jobs_routed{route}`):
   affinity          a live worker holds the voice (installed, or jobs of it claimed or queued there)
-  placed            nobody holds it: the least busy live worker, by live jobs
+  placed            nobody holds it: the least busy live worker, by live jobs, then by voices installed
+                    (so that, with every worker idle, new voices spread over the workers instead of
+                    piling on the first by name)
+  spilled           every slot of every holder is taken and a worker that does not hold the voice has a
+                    free one: the job starts there now (one more install) rather than queue behind the
+                    holder's jobs; that worker then holds the voice too, and the voice's next jobs go to
+                    whichever holder is less busy
   shared_off        WAVEFARM_VOICE_AFFINITY=off
   shared_single     `auto` and at most one live GPU worker: nothing to choose
   shared_no_worker  `on` and no live GPU worker (their queues would wait for nobody)
@@ -37,8 +43,8 @@ from app.settings import Settings
 from app.wire import TaskSender, send_synth
 
 LIVE_BEAT_S = 30.0  # three missed heartbeats (gpu_worker.runtime.HEARTBEAT_S): no more jobs by affinity
-ROUTES = ("affinity", "placed", "shared_off", "shared_single", "shared_no_worker", "shared_saturated",
-          "shared_worker_gone")
+ROUTES = ("affinity", "placed", "spilled", "shared_off", "shared_single", "shared_no_worker",
+          "shared_saturated", "shared_worker_gone")
 QUEUE_SEP = "."
 
 
@@ -69,8 +75,20 @@ def route_voice(*, session: Session, settings: Settings, voice_id: str) -> Route
         return shared(settings, "shared_no_worker")
     backlog = queries.worker_backlogs(session=session, workers=live)
     holders = queries.voice_holders(session=session, voice_id=voice_id, workers=live)
-    reason = "affinity" if holders else "placed"
-    best = min(holders or live, key=lambda name: (backlog[name], name))
+    installed = queries.voices_installed(session=session, workers=live)
+    slots = {name: n or settings.worker_slots
+             for name, n in queries.worker_slots(session=session, workers=live).items()}
+
+    def least_busy(names: list[str] | set[str]) -> str:
+        return min(names, key=lambda name: (backlog[name], installed[name], name))
+
+    if not holders:
+        best, reason = least_busy(live), "placed"
+    else:
+        best, reason = least_busy(holders), "affinity"
+        free = [name for name in live if name not in holders and backlog[name] < slots[name]]
+        if backlog[best] >= slots[best] and free:
+            best, reason = least_busy(free), "spilled"
     if backlog[best] >= settings.affinity_max_backlog:
         return shared(settings, "shared_saturated")
     return Route(worker_queue(settings, best), best, reason)

@@ -9,7 +9,7 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
   wavefarm_voice_prepare_total{outcome} CPU-side preparations (feature-store counters)
   wavefarm_jobs{status}                jobs in the database by status
   wavefarm_jobs_routed{route}          jobs in the database by where their latest `synth` went and why
-                                       (`app.routing.ROUTES`: affinity, placed, and the fallbacks)
+                                       (`app.routing.ROUTES`: affinity, placed, spilled, and the fallbacks)
   wavefarm_source_up{source}           1 when that source answered this scrape
 plus request counts and latencies of the API itself. The GPU worker exports its engine's metrics from
 its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).

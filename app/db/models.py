@@ -194,6 +194,7 @@ class Worker(Base):
     name: Mapped[str] = mapped_column(String(255), primary_key=True)  # the Celery node name (jobs.worker)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime | None] = mapped_column(default=utcnow)
+    slots: Mapped[int | None]  # jobs it streams at once (WAVEFARM_WORKER_SLOTS); NULL: not recorded
 
 
 class WorkerVoice(Base):

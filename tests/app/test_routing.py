@@ -120,6 +120,62 @@ def test_a_saturated_holder_sends_the_job_to_the_shared_queue(session, settings,
         settings.queue_gpu, None, "shared_saturated")
 
 
+def live_with_slots(session: Session, slots: int, *names: str) -> None:
+    for name in names:
+        q.register_worker(session=session, name=name, slots=slots)
+    session.commit()
+
+
+def test_a_holder_with_every_slot_taken_spills_the_job_to_a_worker_with_a_free_slot(
+        session, settings, voices):
+    live_with_slots(session, 2, A, B)
+    q.record_install(session=session, worker_id=A, voice_id=voices[0], nbytes=1)
+    claimed_by(session, voices[0], A, n=1)
+    assert route(session, settings, voices[0]).worker == A  # one slot of A's two is free: affinity
+    claimed_by(session, voices[1], A, n=1)  # now both are taken, and B has two free
+    spilled = route(session, settings, voices[0])
+    assert spilled == routing.Route(f"{settings.queue_gpu}.{B}", B, "spilled")
+    job, _ = new_job(session, voices[0])  # sent there: B holds the voice too from now on
+    q.set_job_route(session=session, job_ids=[job.id], routed_to=B, route=spilled.reason)
+    session.commit()
+    assert q.voice_holders(session=session, voice_id=voices[0], workers=[A, B]) == {A, B}
+    assert route(session, settings, voices[0]) == routing.Route(f"{settings.queue_gpu}.{B}", B, "affinity")
+
+
+def test_a_full_holder_keeps_the_voice_when_no_other_worker_has_a_free_slot(session, settings, voices):
+    live_with_slots(session, 2, A, B)
+    q.record_install(session=session, worker_id=A, voice_id=voices[0], nbytes=1)
+    claimed_by(session, voices[0], A, n=2)
+    claimed_by(session, voices[1], B, n=2)
+    assert route(session, settings, voices[0]) == routing.Route(f"{settings.queue_gpu}.{A}", A, "affinity")
+    claimed_by(session, voices[0], A, n=1)  # A is busier than B now, but B has no free slot either
+    assert route(session, settings, voices[0]).reason == "affinity"
+
+
+def test_slots_a_worker_did_not_record_are_the_routers_own_setting(session, settings, voices):
+    live(session, A, B)  # no slots recorded: the router assumes settings.worker_slots
+    q.record_install(session=session, worker_id=A, voice_id=voices[0], nbytes=1)
+    claimed_by(session, voices[0], A, n=2)
+    assert route(session, settings, voices[0], worker_slots=3).reason == "affinity"
+    assert route(session, settings, voices[0], worker_slots=2).reason == "spilled"
+    assert q.worker_slots(session=session, workers=[A, B]) == {A: None, B: None}
+    live_with_slots(session, 4, A)  # a new incarnation records its own
+    assert q.worker_slots(session=session, workers=[A, B]) == {A: 4, B: None}
+
+
+def test_new_voices_on_idle_workers_spread_by_the_voices_each_has_installed(session, settings, voices):
+    live(session, A, B)
+    q.record_install(session=session, worker_id=A, voice_id=voices[1], nbytes=1)  # idle, but holds one
+    assert route(session, settings, voices[0]) == routing.Route(f"{settings.queue_gpu}.{B}", B, "placed")
+    q.record_install(session=session, worker_id=B, voice_id=voices[0], nbytes=1)
+    q.record_install(session=session, worker_id=B, voice_id=voices[2], nbytes=1)
+    session.commit()
+    assert q.voices_installed(session=session, workers=[A, B]) == {A: 1, B: 2}
+    assert route(session, settings, vid(7)).worker == A
+    claimed_by(session, voices[1], A, n=1)  # busier comes first: live jobs, then voices installed
+    assert route(session, settings, vid(7)).worker == B
+
+
 def test_finished_jobs_are_no_backlog_and_hold_no_voice(session, settings, voices):
     live(session, A, B)
     claimed_by(session, voices[0], A, n=2)

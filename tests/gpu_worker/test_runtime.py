@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from app.db import queries
 from app.dev import SAMPLES
 from app.settings import Settings
 from gpu_worker.accel.onednn import cpu_linear_of
@@ -115,3 +116,9 @@ def test_cuda_graphs_leave_a_cpu_worker_eager_and_their_figures_reach_the_worker
                  'wavefarm_worker_graph_capture_seconds_total{part="vocoder"} 1.5',
                  'wavefarm_worker_graph_bytes{part="vocoder"} 4096.0'):
         assert line in text
+
+
+def test_a_worker_records_its_slots_as_it_registers_for_the_router(make_runtime) -> None:
+    rt = make_runtime(model_preset="tiny", worker_slots=3, micro_batch_size=3)
+    with rt.sessions() as session:
+        assert queries.worker_slots(session=session, workers=[rt.worker_id]) == {rt.worker_id: 3}

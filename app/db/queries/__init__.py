@@ -102,7 +102,9 @@ from app.db.queries.workers import (
     release_job,
     set_job_route,
     voice_holders,
+    voices_installed,
     worker_backlogs,
+    worker_slots,
 )
 
 __all__ = [
@@ -155,6 +157,8 @@ __all__ = [
     # routing
     "live_workers",
     "worker_backlogs",
+    "worker_slots",
+    "voices_installed",
     "voice_holders",
     "set_job_route",
     "list_gone_workers",

@@ -27,12 +27,13 @@ CLAIM_HOLD_S = 10.0  # a held job's row is this fresh: progress_interval_s must 
 CLAIMED = (JobStatus.PREPARING, JobStatus.RUNNING)
 
 
-def register_worker(*, session: Session, name: str) -> Worker:
-    """A worker process starting under `name`: a new incarnation (started now, beating now)."""
+def register_worker(*, session: Session, name: str, slots: int | None = None) -> Worker:
+    """A worker process starting under `name` with `slots` (jobs it streams at once): a new incarnation
+    (started now, beating now)."""
     now = utcnow()
-    stmt = _insert(session, Worker).values(name=name, started_at=now, heartbeat_at=now)
+    stmt = _insert(session, Worker).values(name=name, started_at=now, heartbeat_at=now, slots=slots)
     session.execute(stmt.on_conflict_do_update(index_elements=["name"],
-                                               set_={"started_at": now, "heartbeat_at": now}))
+                                               set_={"started_at": now, "heartbeat_at": now, "slots": slots}))
     worker = session.get(Worker, name, populate_existing=True)
     assert worker is not None
     return worker
@@ -116,6 +117,25 @@ def worker_backlogs(*, session: Session, workers: Sequence[str]) -> dict[str, in
     for name, n in [*session.execute(claimed), *session.execute(queued)]:
         backlog[name] += int(n)
     return backlog
+
+
+def worker_slots(*, session: Session, workers: Sequence[str]) -> dict[str, int | None]:
+    """The slots each worker recorded as it registered (None: a row from before they were recorded)."""
+    slots: dict[str, int | None] = dict.fromkeys(workers)
+    if workers:
+        stmt = select(Worker.name, Worker.slots).where(Worker.name.in_(workers))
+        slots.update((name, n) for name, n in session.execute(stmt).tuples())
+    return slots
+
+
+def voices_installed(*, session: Session, workers: Sequence[str]) -> dict[str, int]:
+    """How many voices each worker has installed now (`worker_voices`)."""
+    held = dict.fromkeys(workers, 0)
+    if workers:
+        stmt = (select(WorkerVoice.worker_id, func.count()).where(WorkerVoice.worker_id.in_(workers))
+                .group_by(WorkerVoice.worker_id))
+        held.update((name, int(n)) for name, n in session.execute(stmt).tuples())
+    return held
 
 
 def voice_holders(*, session: Session, voice_id: str, workers: Sequence[str]) -> set[str]:
