@@ -59,6 +59,14 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
+def _job_record(voice: int, row: Any, t0: Any) -> dict[str, Any]:
+    """What one job went through: where it was routed and ran, how its voice was ready, its first audio."""
+    return {"voice": voice, "route": row.route, "ran_on": (row.worker or "").split("@")[0],
+            "prep_path": row.prep_path, "submitted_s": round((row.submitted_at - t0).total_seconds(), 3),
+            "first_audio_s": round((row.first_audio_at - row.submitted_at).total_seconds(), 3)
+            if row.first_audio_at else None}
+
+
 def run_once(mode: str, jobs: list[tuple[int, list[int], int]], gap_s: float, work: Path) -> dict[str, Any]:
     settings = bench_settings(work, preset="tiny", slots=4, threads=1, redis_dbs=REDIS_DBS, queue="aff",
                               voice_affinity=mode, prep_wait_ms=2000, progress_interval_s=0.5)
@@ -83,9 +91,11 @@ def run_once(mode: str, jobs: list[tuple[int, list[int], int]], gap_s: float, wo
                 break
             time.sleep(0.2)
         ids = []
-        started = time.monotonic()
-        for i, (voice, tokens, seed) in enumerate(jobs):
-            time.sleep(max(0.0, started + i * gap_s - time.monotonic()))
+        started = last = time.monotonic()
+        for voice, tokens, seed in jobs:
+            # at least gap_s between arrivals: a slow submission (the first is) never makes a burst
+            time.sleep(max(0.0, last + gap_s - time.monotonic()) if ids else 0.0)
+            last = time.monotonic()
             with sessions() as session:
                 ids.append(submit_job(settings=settings, session=session, sender=app, store=store,
                                       artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
@@ -108,6 +118,8 @@ def run_once(mode: str, jobs: list[tuple[int, list[int], int]], gap_s: float, wo
             "first_audio_s": {"mean": round(statistics.fmean(latency), 3), "p95": round(p95(latency), 3),
                               "max": round(max(latency), 3)},
             "routes": dict(sorted(Counter(r.route or "" for r in rows).items())),
+            "per_job": [_job_record(voice, r, rows[0].submitted_at) for (voice, _, _), r in zip(jobs, rows,
+                                                                                              strict=True)],
             "wall_s": round(time.monotonic() - started, 1),
         }
     finally:
