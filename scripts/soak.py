@@ -1,88 +1,105 @@
-"""Soak: many jobs through the real stack while jobs are cancelled and workers are killed.
+"""Soak: a two-by-two cluster under load while jobs are cancelled, workers killed and features flushed.
 
-    python scripts/soak.py --jobs 200 --voices 20
+    python scripts/soak.py                                   # 500 jobs, 40 voices, Redis + SQLite
+    python scripts/soak.py --broker rabbitmq --postgres      # the deployed pair: RabbitMQ + PostgreSQL
 
-Starts its own Redis servers (broker + results, and the feature store, optionally capped as an LRU cache;
-temp folder, own ports, no persistence) and a SQLite file, a real CPU worker
-(`tasks.celery_app`, solo pool) and a real GPU worker (`gpu_worker.worker`, thread pool, tiny preset,
-dummy weights, CPU device) as subprocesses, submits jobs through `app.jobs`, cancels a fraction of them
-at random stages (queued, preparing, running, after a random delay), SIGKILLs the GPU worker and the CPU
-worker once each mid-run and starts them again (as a supervisor would), then checks:
-  completed + cancelled + failed == submitted; orphan files == 0; pins == 0; feature-store keys bounded
-  by the number of voices, each with a TTL; worker RSS after warm-up within 10 %.
-Prints a JSON report (and writes it with --report). Exit status 0 when every check holds.
-It never touches any Redis or database but its own.
+Two GPU workers (`wavefarm gpu-worker`: thread pool, tiny preset, dummy weights, CPU device) and two CPU
+workers (`wavefarm cpu-worker`) run as separate processes (`scripts/cluster.py`) on their own Redis
+servers (broker + results on one, the feature store on the next port; temp folder, no persistence), or
+RabbitMQ on a vhost of their own, with one database (a SQLite file, or a PostgreSQL database made for
+the run and dropped after it) and one artifact root. Every setting a user meets is left at its
+default (visibility timeout, heartbeats, stuck-job and maintenance periods: the CPU workers send the
+sweep themselves), but for the model preset, the slots and the queue names.
+
+Jobs of 25..150 tokens are submitted through `app.jobs` over the voices in a shuffled order, a few per
+second; a fifth of them are cancelled (`app.jobs.cancel_job`, as the API does) at a stage drawn for each:
+queued, preparing, running (audio started) or after a random delay. As jobs end, by the share done:
+  15 %  g1 SIGKILLed, started again 5 s later under its name (a supervisor)
+  30 %  c1 SIGKILLed, started again 5 s later
+  45 %  g2 SIGKILLed, started again only after 90 s (its peer takes over its queue and jobs first)
+  50 %  the feature store flushed (every prepared voice lost)
+  60 %  c2 SIGKILLed, started again after 90 s
+Then it checks: submitted = completed + cancelled + failed; no job succeeded twice (the GPU workers'
+Celery logs); every succeeded job has its file; no orphan file (no sweep grace is waited out: whatever
+the run left behind counts); no pin; Redis keys bounded (feature keys at most the voices, each with a
+TTL; the broker's keys without a TTL only kombu's fixed ones); each worker's RSS (its process group,
+its longest-lived process) within 10 % between half-way through that process's life and its peak after.
+Prints a JSON report (`--report` writes it too); exit status 0 when every check holds.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import os
 import random
+import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import redis
-import soundfile as sf
+from sqlalchemy import create_engine, select, text
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parent.parent
+for _path in (REPO, REPO / "scripts"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from cluster import Cluster, reference  # noqa: E402
 
 from app.artifacts import ArtifactStore  # noqa: E402
 from app.celery_config import make_celery  # noqa: E402
 from app.db import queries, upgrade  # noqa: E402
-from app.db.models import DONE_JOB_STATUSES, JobStatus  # noqa: E402
-from app.db.session import make_engine, make_sessionmaker, session_scope  # noqa: E402
-from app.jobs import submit_job  # noqa: E402
+from app.db.models import DONE_JOB_STATUSES, Job, JobStatus, WorkerVoice, utcnow  # noqa: E402
+from app.db.session import make_engine, make_sessionmaker  # noqa: E402
+from app.errors import Conflict  # noqa: E402
+from app.jobs import cancel_job, submit_job  # noqa: E402
 from app.keys import PREFIX  # noqa: E402
-from app.maintenance import run_sweep  # noqa: E402
+from app.routing import LIVE_BEAT_S  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.speech import VOCAB_SIZE  # noqa: E402
 from app.store import FeatureStore  # noqa: E402
-from app.voices import reclaim_abandoned_voice  # noqa: E402
 
 STAGES = ("queued", "preparing", "running", "delay")
+GPU, CPU = ("g1", "g2"), ("c1", "c2")
+# (share of jobs ended, what, worker, seconds until a supervisor starts it again)
+CHAOS = ((0.15, "kill", "g1", 5.0), (0.30, "kill", "c1", 5.0), (0.45, "kill", "g2", 90.0),
+         (0.50, "flush", "features", 0.0), (0.60, "kill", "c2", 90.0))
+SUCCEEDED = re.compile(r"synth\[([0-9a-f-]{36})\] succeeded in [0-9.]+s: \{[^}]*'status': 'succeeded'")
+# kombu's own keys on a Redis broker: they live as long as the broker (queues are lists, one per priority)
+KOMBU_FIXED = re.compile(r"^(_kombu\.binding.*|unacked|unacked_index|unacked_mutex|.*-cpu.*|.*-gpu.*)$")
 
 
-def reference(i: int, seconds: float = 3.0, sr: int = 24000) -> bytes:
-    """A distinct, non-silent reference voice per index (tones + seeded noise)."""
-    rng = np.random.default_rng(i)
-    t = np.arange(int(seconds * sr)) / sr
-    wave = 0.2 * np.sin(2 * np.pi * (110 + 17 * i) * t) + 0.05 * rng.standard_normal(t.shape)
-    buf = io.BytesIO()
-    sf.write(buf, wave.astype(np.float32), sr, format="WAV")
-    return buf.getvalue()
+class Services:
+    """The run's own Redis servers (and RabbitMQ vhost, PostgreSQL database when asked): made at start,
+    removed at the end, so nothing of any other Redis, queue or database is touched."""
 
-
-class Stack:
-    """Own Redis, CPU worker and GPU worker processes; everything stopped by pid at the end."""
-
-    def __init__(self, work: Path, port: int, settings: Settings, feature_maxmemory_mb: int = 0) -> None:
-        self.work, self.port, self.settings = work, port, settings
-        self.feature_maxmemory_mb = feature_maxmemory_mb
+    def __init__(self, work: Path, port: int, broker: str, postgres: bool) -> None:
+        self.work, self.port, self.broker, self.postgres = work, port, broker, postgres
+        self.tag = f"soak{uuid.uuid4().hex[:8]}"
         self.redis: list[subprocess.Popen[bytes]] = []
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
-        self.starts: Counter[str] = Counter()
 
-    def start_redis(self) -> None:
-        """Broker and results on `port`; the feature store on `port + 1`, an LRU cache when capped."""
-        cap = (["--maxmemory", f"{self.feature_maxmemory_mb}mb", "--maxmemory-policy", "volatile-lru"]
-               if self.feature_maxmemory_mb else [])
-        for port, extra in ((self.port, []), (self.port + 1, cap)):
+    def urls(self) -> dict[str, str]:
+        r = f"redis://127.0.0.1:{self.port}"
+        broker = (f"amqp://guest:guest@127.0.0.1:5672/{self.tag}" if self.broker == "rabbitmq" else f"{r}/0")
+        database = (f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.tag}" if self.postgres
+                    else f"sqlite:///{self.work / 'soak.sqlite'}")
+        return {"broker_url": broker, "result_backend": f"{r}/1", "database_url": database,
+                "feature_store_url": f"redis://127.0.0.1:{self.port + 1}/0"}
+
+    def start(self) -> None:
+        for port in (self.port, self.port + 1):
             self.redis.append(subprocess.Popen(
                 ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                 "no", "--dir", str(self.work), *extra], stdout=subprocess.DEVNULL))
+                 "no", "--dir", str(self.work)], stdout=subprocess.DEVNULL))
             client = redis.Redis(port=port)
             for _ in range(100):
                 try:
@@ -91,59 +108,45 @@ class Stack:
                 except redis.ConnectionError:
                     time.sleep(0.05)
             else:
-                raise RuntimeError("own redis-server did not start")
-
-    def env(self) -> dict[str, str]:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        for name, value in self.settings.model_dump(exclude_none=True).items():
-            if hasattr(value, "get_secret_value"):
-                value = value.get_secret_value()
-            env[f"WAVEFARM_{name.upper()}"] = str(value)
-        return env
-
-    def start(self, kind: str) -> subprocess.Popen[bytes]:
-        self.starts[kind] += 1
-        name = f"soak-{kind}@%h"  # the same name after a restart, as a supervisor would run it
-        if kind == "gpu":
-            argv = ["-A", "gpu_worker.worker", "worker", "-Q", self.settings.queue_gpu, "-P", "threads",
-                    "-c", str(self.settings.worker_slots)]
-        else:
-            argv = ["-A", "tasks.celery_app", "worker", "-Q", self.settings.queue_cpu, "-P", "solo"]
-        log = open(self.work / f"{kind}{self.starts[kind]}.log", "wb")  # open while the process lives
-        proc = subprocess.Popen([sys.executable, "-m", "celery", *argv, "-n", name, "-l", "INFO",
-                                 "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                                cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
-        self.workers[kind] = proc
-        return proc
-
-    def kill(self, kind: str) -> None:
-        proc = self.workers[kind]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+                raise RuntimeError(f"redis-server on port {port} did not start")
+        if self.broker == "rabbitmq":
+            for cmd in (["add_vhost", self.tag],
+                        ["set_permissions", "-p", self.tag, "guest", ".*", ".*", ".*"]):
+                subprocess.run(["rabbitmqctl", "-q", *cmd], check=True, capture_output=True)
+        if self.postgres:
+            with _pg_admin() as conn:
+                conn.execute(text(f'CREATE DATABASE "{self.tag}"'))
 
     def stop(self) -> None:
-        for proc in self.workers.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.workers.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         for proc in self.redis:
             proc.terminate()
             proc.wait(10)
+        if self.broker == "rabbitmq":
+            subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.tag], check=False, capture_output=True)
+        if self.postgres:
+            with _pg_admin() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{self.tag}" WITH (FORCE)'))
 
 
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
+def _pg_admin() -> Any:
+    engine = create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
+                           isolation_level="AUTOCOMMIT")
+    return engine.connect()
+
+
+def group_rss_mb(pid: int) -> float | None:
+    """Resident memory of a worker's whole process group (Celery's main process and its pool)."""
+    total, found = 0.0, False
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            if int(Path(status.parent / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pid:
+                continue  # not in the group led by pid (its pgid is field 5 of stat)
+        except (OSError, ValueError, IndexError):
+            continue
+        found = True
+        total += int(fields.get("VmRSS", "0 kB").split()[0]) / 1024.0
+    return total if found else None
 
 
 class Soak:
@@ -151,70 +154,71 @@ class Soak:
         self.args = args
         self.rng = random.Random(args.seed)
         self.work = Path(tempfile.mkdtemp(prefix="wavefarm-soak-"))
-        redis_url = f"redis://127.0.0.1:{args.redis_port}"
+        self.services = Services(self.work, args.redis_port, args.broker, args.postgres)
         self.settings = Settings(
-            database_url=f"sqlite:///{self.work / 'soak.sqlite'}", broker_url=f"{redis_url}/0",
-            result_backend=f"{redis_url}/1", feature_store_url=f"redis://127.0.0.1:{args.redis_port + 1}/0",
-            artifact_root=self.work / "artifacts", queue_cpu="soak-cpu", queue_gpu="soak-gpu",
-            model_preset="tiny", worker_slots=args.slots, micro_batch_size=args.slots, prep_wait_ms=500,
-            voice_cache_capacity=8, feature_ttl_s=900, progress_interval_s=0.2,
-            visibility_timeout_s=args.visibility_timeout_s, job_max_attempts=3, stuck_job_after_s=60,
-            orphan_grace_s=600)
-        upgrade(self.settings.database_url)
-        self.sessions = make_sessionmaker(make_engine(self.settings.database_url))
+            **self.services.urls(), artifact_root=self.work / "artifacts",
+            queue_cpu=f"{self.services.tag}-cpu", queue_gpu=f"{self.services.tag}-gpu", model_preset="tiny",
+            worker_slots=args.slots, micro_batch_size=args.slots)
+        self.cluster = Cluster(self.settings, self.work / "logs")
         self.artifacts = ArtifactStore(self.settings.artifact_root)
-        self.artifacts.ensure_layout()
-        self.stack = Stack(self.work, args.redis_port, self.settings, args.feature_maxmemory_mb)
         self.jobs: list[str] = []
-        self.cancel_plan: dict[str, tuple[str, float]] = {}
+        self.cancel_plan: dict[str, tuple[str, float]] = {}  # job -> (stage, delay), until it is due
+        self.planned = 0
         self.cancelled_at: Counter[str] = Counter()
-        self.rss: dict[str, list[tuple[float, int, float]]] = {"gpu": [], "cpu": []}  # (t, done, MB)
-        self.events: list[str] = []
+        self.rss: dict[str, list[list[tuple[float, float]]]] = {n: [[]] for n in (*GPU, *CPU)}  # per life
+        self.events: list[dict[str, Any]] = []
+        self.restarts: list[tuple[float, str]] = []  # (when, worker)
+        self.redis_keys_peak = {"broker": 0, "features": 0}
         self.t0 = time.monotonic()
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
 
     # -- driving ----------------------------------------------------------------------------------------
     def submit_all(self, store: FeatureStore) -> None:
         refs = [reference(i) for i in range(self.args.voices)]
+        order = [i % self.args.voices for i in range(self.args.jobs)]
+        self.rng.shuffle(order)
         sender = make_celery(self.settings)
         try:
-            for i in range(self.args.jobs):
+            for i, voice in enumerate(order):
                 n = self.rng.randint(self.args.min_tokens, self.args.max_tokens)
                 with self.sessions() as session:
-                    tokens = [self.rng.randrange(VOCAB_SIZE) for _ in range(n)]
                     job_id = submit_job(settings=self.settings, session=session, sender=sender, store=store,
-                                        artifacts=self.artifacts, tokens=tokens,
-                                        reference_bytes=refs[i % len(refs)], seed=i)
-                self.jobs.append(job_id)
+                                        artifacts=self.artifacts, reference_bytes=refs[voice], seed=i,
+                                        tokens=[self.rng.randrange(VOCAB_SIZE) for _ in range(n)])
                 if self.rng.random() < self.args.cancel_fraction:
-                    self.cancel_plan[job_id] = (self.rng.choice(STAGES), self.rng.uniform(0, 10))
+                    self.cancel_plan[job_id] = (STAGES[self.planned % len(STAGES)], self.rng.uniform(0, 5))
+                    self.planned += 1
+                self.jobs.append(job_id)
                 time.sleep(self.args.submit_interval_s)
         finally:
             sender.close()
 
-    def cancel(self, store: FeatureStore, job_id: str, stage: str) -> None:
-        with session_scope(self.sessions) as session:
-            if queries.cancel_job(session=session, job_id=job_id):
-                job = queries.require_job(session=session, job_id=job_id)
-                reclaim_abandoned_voice(session=session, store=store, voice_id=job.voice_id)
-                self.cancelled_at[stage] += 1
-        store.request_cancel(job_id, ttl_s=self.settings.visibility_timeout_s * 10)
-
     def canceller(self, store: FeatureStore, stop: threading.Event) -> None:
-        started = {}
+        seen: dict[str, float] = {}
         while not stop.is_set():
-            for job_id, (stage, delay) in list(self.cancel_plan.items()):
-                with self.sessions() as session:
-                    job = queries.require_job(session=session, job_id=job_id)
-                started.setdefault(job_id, time.monotonic())
-                if job.status in DONE_JOB_STATUSES:
-                    del self.cancel_plan[job_id]
+            plan = dict(self.cancel_plan)
+            with self.sessions() as session:  # one query a round: a stage can last well under a second
+                rows = {job.id: (job.status, job.frames_done)
+                        for job in session.scalars(select(Job).where(Job.id.in_(list(plan))))}
+            for job_id, (stage, delay) in plan.items():
+                status, frames_done = rows[job_id]
+                seen.setdefault(job_id, time.monotonic())
+                if status in DONE_JOB_STATUSES:
+                    del self.cancel_plan[job_id]  # it ended before its stage came
                     continue
-                due = {"queued": job.status == JobStatus.QUEUED,
-                       "preparing": job.status == JobStatus.PREPARING,
-                       "running": job.status == JobStatus.RUNNING and job.frames_done > 0,
-                       "delay": time.monotonic() - started[job_id] >= delay}[stage]
+                due = {"queued": status == JobStatus.QUEUED,
+                       "preparing": status == JobStatus.PREPARING,
+                       "running": status == JobStatus.RUNNING and frames_done > 0,
+                       "delay": time.monotonic() - seen[job_id] >= delay}[stage]
                 if due:
-                    self.cancel(store, job_id, stage)
+                    with self.sessions() as session:
+                        try:
+                            cancel_job(settings=self.settings, session=session, store=store, job_id=job_id)
+                            self.cancelled_at[stage] += 1
+                        except Conflict:
+                            pass  # it ended in between
                     del self.cancel_plan[job_id]
             time.sleep(0.05)
 
@@ -222,173 +226,200 @@ class Soak:
         with self.sessions() as session:
             return Counter(j.status for j in queries.list_jobs(session=session, limit=10 ** 6))
 
-    def sample_rss(self) -> None:
-        done = sum(n for s, n in self.counts().items() if s in DONE_JOB_STATUSES)
-        for kind, proc in self.stack.workers.items():
-            mb = rss_mb(proc.pid)
+    def sample(self, store: FeatureStore, broker: redis.Redis | None) -> None:
+        for name, pid in self.cluster.pids().items():
+            mb = group_rss_mb(pid)
             if mb is not None:
-                self.rss[kind].append((time.monotonic() - self.t0, done, mb))
+                self.rss[name][-1].append((self.now(), mb))
+        self.redis_keys_peak["features"] = max(self.redis_keys_peak["features"], store.client.dbsize())
+        if broker is not None:
+            self.redis_keys_peak["broker"] = max(self.redis_keys_peak["broker"], broker.dbsize())
 
-    def chaos(self, done: int) -> None:
-        """SIGKILL the GPU worker at 30 % and the CPU worker at 50 % of jobs done; start them again."""
-        for kind, at in (("gpu", 0.3), ("cpu", 0.5)):
-            key = f"killed-{kind}"
-            if key not in self.events and done >= at * self.args.jobs:
-                self.stack.kill(kind)
-                self.events.append(key)
-                self.rss[kind].append((time.monotonic() - self.t0, done, -1.0))  # marks the restart
-                time.sleep(0.5)
-                self.stack.start(kind)
+    def chaos(self, ended: int, store: FeatureStore) -> None:
+        for share, what, name, restart_after in CHAOS:
+            key = f"{what} {name}"
+            if any(e["what"] == key for e in self.events) or ended < share * self.args.jobs:
+                continue
+            if what == "kill":
+                self.cluster.kill(name)
+                self.rss[name].append([])  # its next process's samples
+                self.restarts.append((time.monotonic() + restart_after, name))
+            else:
+                store.client.flushdb()
+            self.events.append({"what": key, "at_s": self.now(), "jobs_ended": ended})
+        for when, name in list(self.restarts):
+            if time.monotonic() >= when:
+                self.restarts.remove((when, name))
+                self.cluster.start("gpu" if name in GPU else "cpu", name)
+                self.events.append({"what": f"start {name}", "at_s": self.now(), "jobs_ended": ended})
 
     # -- checks ------------------------------------------------------------------------------------------
-    def finish_checks(self, store: FeatureStore) -> dict[str, Any]:
+    def finish_checks(self, store: FeatureStore, broker: redis.Redis | None) -> dict[str, Any]:
         counts = self.counts()
         with self.sessions() as session:
+            jobs = queries.list_jobs(session=session, limit=10 ** 6)
             referenced = queries.referenced_paths(session=session)
-            pins = sum(w.pinned for w in _all_worker_voices(session))
-            attempts = Counter(j.attempts for j in queries.list_jobs(session=session, limit=10 ** 6))
-            prep_paths = Counter(j.prep_path for j in queries.list_jobs(session=session, limit=10 ** 6)
-                                 if j.status == JobStatus.SUCCEEDED)
-            missing = [j.id for j in queries.list_jobs(session=session, status=JobStatus.SUCCEEDED,
-                                                       limit=10 ** 6)
-                       if not j.output_path or not self.artifacts.path(j.output_path).is_file()]
-        orphans = self.artifacts.list_orphans(referenced=referenced, older_than_s=0)
+            pins = sum(w.pinned for w in session.query(WorkerVoice))
+            installs = queries.list_install_events(session=session)
+        succeeded = [j for j in jobs if j.status == JobStatus.SUCCEEDED]
+        logs = "".join(self.cluster.log_text(n) for n in GPU)
+        said = Counter(SUCCEEDED.findall(logs))
         feature_keys = list(store.client.scan_iter(match=f"{PREFIX}:feat:*"))
         ttls = [store.client.ttl(k) for k in feature_keys]
-        memory = store.client.info("memory")
-        evicted = store.client.info("stats").get("evicted_keys", 0)
-        completed, cancelled, failed = (counts[JobStatus.SUCCEEDED], counts[JobStatus.CANCELLED],
-                                        counts[JobStatus.FAILED])
+        broker_without_ttl = ([] if broker is None else
+                              [k.decode() for k in broker.scan_iter() if broker.ttl(k) < 0
+                               and not KOMBU_FIXED.match(k.decode())])
         return {
-            "submitted": len(self.jobs), "completed": completed, "cancelled": cancelled, "failed": failed,
-            "not_finished": len(self.jobs) - completed - cancelled - failed,
-            "cancelled_at_stage": dict(self.cancelled_at), "attempts": dict(sorted(attempts.items())),
-            "prep_paths": dict(prep_paths), "succeeded_without_file": len(missing),
-            "orphan_files": [str(p.relative_to(self.artifacts.root)) for p in orphans],
-            "pins": pins, "feature_keys": len(feature_keys), "feature_keys_without_ttl":
-                sum(1 for t in ttls if t < 0), "voices": self.args.voices,
-            "feature_store_used_mb": round(memory["used_memory"] / 2**20, 2),
-            "feature_store_maxmemory_mb": self.args.feature_maxmemory_mb or None,
-            "feature_keys_evicted": int(evicted),
+            "submitted": len(self.jobs), "completed": counts[JobStatus.SUCCEEDED],
+            "cancelled": counts[JobStatus.CANCELLED], "failed": counts[JobStatus.FAILED],
+            "not_finished": len(self.jobs) - sum(counts[s] for s in DONE_JOB_STATUSES),
+            "succeeded_twice": sorted(j for j, n in said.items() if n > 1),
+            "succeeded_unsaid": len({j.id for j in succeeded} - set(said)),
+            "cancelled_at_stage": dict(sorted(self.cancelled_at.items())),
+            "attempts": dict(sorted(Counter(j.attempts for j in jobs).items())),
+            "prep_paths": dict(sorted(Counter(j.prep_path or "" for j in succeeded).items())),
+            "routes": dict(sorted(Counter(j.route or "" for j in jobs).items())),
+            "ran_on": dict(sorted(Counter((j.worker or "").split("@")[0] for j in succeeded).items())),
+            "installs": dict(sorted(Counter(e.worker_id.split("@")[0] for e in installs).items())),
+            "succeeded_without_file": sum(1 for j in succeeded if not j.output_path
+                                          or not self.artifacts.path(j.output_path).is_file()),
+            "orphan_files": [str(p.relative_to(self.artifacts.root)) for p in
+                             self.artifacts.list_orphans(referenced=referenced, older_than_s=0)],
+            "pins": pins, "voices": self.args.voices, "feature_keys": len(feature_keys),
+            "feature_keys_without_ttl": sum(1 for t in ttls if t < 0),
+            "broker_keys_without_ttl": broker_without_ttl[:20], "redis_keys_peak": self.redis_keys_peak,
         }
 
     def rss_report(self) -> dict[str, Any]:
-        """RSS of the last (restarted) process of each worker kind: at warm-up end and at the end."""
+        """Per worker, its longest-lived process: RSS half-way through its life (the first half is its
+        warm-up: voices installed, lanes grown to its slots), the peak after that and at the end, and
+        every fifth sample (one a second). Its other processes are listed by their sample counts."""
         out: dict[str, Any] = {}
-        for kind, samples in self.rss.items():
-            last = [s for s in samples[_last_restart(samples) + 1:] if s[2] > 0]
-            if len(last) < 4:
+        for name, lives in self.rss.items():
+            samples = max(lives, key=len)
+            if len(samples) < 8:
+                out[name] = {"samples": len(samples)}
                 continue
-            warm = last[len(last) // 4]
-            peak = max(s[2] for s in last[len(last) // 4:])
-            end = last[-1]
-            out[kind] = {"warm_mb": round(warm[2], 1), "peak_after_warm_mb": round(peak, 1),
-                         "end_mb": round(end[2], 1), "growth_pct": round(100 * (peak - warm[2]) / warm[2], 1),
-                         "samples": len(last)}
+            warm = samples[len(samples) // 2][1]
+            peak = max(mb for _, mb in samples[len(samples) // 2:])
+            out[name] = {"since_s": samples[0][0], "warm_mb": round(warm, 1),
+                         "peak_after_warm_mb": round(peak, 1), "end_mb": round(samples[-1][1], 1),
+                         "growth_pct": round(100 * (peak - warm) / warm, 1), "samples": len(samples),
+                         "processes_samples": [len(life) for life in lives],
+                         "series_mb": [[t, round(mb)] for t, mb in samples[::5]]}  # every 5th sample
         return out
 
+    # -- the run -----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        self.stack.start_redis()
+        self.services.start()
+        upgrade(self.settings.database_url)
+        db_engine = make_engine(self.settings.database_url)
+        self.sessions = make_sessionmaker(db_engine)
+        self.artifacts.ensure_layout()
         store = FeatureStore.from_url(self.settings.feature_store_url, ttl_s=self.settings.feature_ttl_s)
+        broker = None if self.args.broker == "rabbitmq" else redis.Redis.from_url(self.settings.broker_url)
         stop = threading.Event()
+        report: dict[str, Any] = {}
         try:
-            self.stack.start("cpu")
-            self.stack.start("gpu")
-            canceller = threading.Thread(target=self.canceller, args=(store, stop), daemon=True)
-            canceller.start()
-            submitter = threading.Thread(target=self.submit_all, args=(store,), daemon=True)
-            submitter.start()
+            for name in GPU:
+                self.cluster.start("gpu", name)
+            for name in CPU:
+                self.cluster.start("cpu", name)
+            self.cluster.wait_ready()
+            self.wait_live_gpu_workers()
+            self.t0 = time.monotonic()
+            threads = [threading.Thread(target=self.canceller, args=(store, stop), daemon=True),
+                       threading.Thread(target=self.submit_all, args=(store,), daemon=True)]
+            for thread in threads:
+                thread.start()
             deadline = time.monotonic() + self.args.timeout_s
-            last_sweep = time.monotonic()
             while time.monotonic() < deadline:
                 time.sleep(1.0)
-                counts = self.counts()
-                done = sum(n for s, n in counts.items() if s in DONE_JOB_STATUSES)
-                self.sample_rss()
-                self.chaos(done)
-                if time.monotonic() - last_sweep > self.args.sweep_every_s:
-                    sender = make_celery(self.settings)
-                    run_sweep(self.settings, sender)
-                    sender.close()
-                    last_sweep = time.monotonic()
-                if not submitter.is_alive() and done == len(self.jobs):
+                ended = sum(n for s, n in self.counts().items() if s in DONE_JOB_STATUSES)
+                self.sample(store, broker)
+                self.chaos(ended, store)
+                if not threads[1].is_alive() and ended == len(self.jobs) and not self.restarts:
                     break
-            elapsed = time.monotonic() - self.t0
+            report["elapsed_s"] = self.now()
             stop.set()
-            time.sleep(1.0)  # the workers' bookkeeping threads settle (unpins)
-            report = {"elapsed_s": round(elapsed, 1), **self.finish_checks(store), "rss": self.rss_report(),
-                      "events": self.events, "settings": {
-                          "jobs": self.args.jobs, "voices": self.args.voices, "slots": self.args.slots,
-                          "tokens": [self.args.min_tokens, self.args.max_tokens],
-                          "cancel_fraction": self.args.cancel_fraction,
-                          "feature_maxmemory_mb": self.args.feature_maxmemory_mb,
-                          "visibility_timeout_s": self.args.visibility_timeout_s}}
+            time.sleep(2.0)  # the workers' bookkeeping threads settle (unpins)
+            report.update(self.finish_checks(store, broker))
+            report["rss"] = self.rss_report()
         finally:
             stop.set()
             store.close()
-            self.stack.stop()
+            self.cluster.stop_all()
+            db_engine.dispose()
+            if broker is not None:
+                broker.close()
+            self.services.stop()
+        report.update(events=self.events, settings={
+            "jobs": self.args.jobs, "voices": self.args.voices, "slots": self.args.slots,
+            "tokens": [self.args.min_tokens, self.args.max_tokens], "broker": self.args.broker,
+            "database": "postgresql" if self.args.postgres else "sqlite",
+            "cancel_fraction": self.args.cancel_fraction, "submit_interval_s": self.args.submit_interval_s,
+            "visibility_timeout_s": self.settings.visibility_timeout_s,
+            "stuck_job_after_s": self.settings.stuck_job_after_s,
+            "maintenance_interval_s": self.settings.maintenance_interval_s})
         report["checks"] = checks(report)
         report["workdir"] = str(self.work)
         return report
 
-
-def _all_worker_voices(session: Any) -> list[Any]:
-    from sqlalchemy import select
-
-    from app.db.models import WorkerVoice
-
-    return list(session.scalars(select(WorkerVoice)))
-
-
-def _last_restart(samples: list[tuple[float, int, float]]) -> int:
-    marks = [i for i, s in enumerate(samples) if s[2] < 0]
-    return marks[-1] if marks else -1
+    def wait_live_gpu_workers(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with self.sessions() as session:
+                live = queries.live_workers(session=session,
+                                            beat_after=utcnow() - timedelta(seconds=LIVE_BEAT_S))
+            if len(live) == len(GPU):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"GPU workers' heartbeats not seen\n{self.cluster.tails()}")
 
 
 def checks(report: dict[str, Any]) -> dict[str, bool]:
     rss = report["rss"]
     return {
         "all_accounted": report["completed"] + report["cancelled"] + report["failed"] == report["submitted"],
+        "none_succeeded_twice": not report["succeeded_twice"],
+        "nothing_done_without_file": report["succeeded_without_file"] == 0,
         "no_orphan_files": not report["orphan_files"],
         "no_pins": report["pins"] == 0,
-        "feature_keys_bounded": report["feature_keys"] <= report["voices"]
-        and report["feature_keys_without_ttl"] == 0
-        and (not report["feature_store_maxmemory_mb"]
-             or report["feature_store_used_mb"] <= report["feature_store_maxmemory_mb"]),
-        "nothing_done_without_file": report["succeeded_without_file"] == 0,
-        "rss_stable_10pct": bool(rss) and all(abs(v["growth_pct"]) <= 10 for v in rss.values()),
+        "redis_keys_bounded": report["feature_keys"] <= report["voices"]
+        and report["feature_keys_without_ttl"] == 0 and not report["broker_keys_without_ttl"],
+        "rss_flat_10pct": all("growth_pct" in v and abs(v["growth_pct"]) <= 10 for v in rss.values()),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--voices", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--voices", type=int, default=40)
     parser.add_argument("--cancel-fraction", type=float, default=0.2)
     parser.add_argument("--min-tokens", type=int, default=25)
     parser.add_argument("--max-tokens", type=int, default=150)
-    parser.add_argument("--slots", type=int, default=4)
-    parser.add_argument("--submit-interval-s", type=float, default=0.05)
-    parser.add_argument("--visibility-timeout-s", type=int, default=10)
-    parser.add_argument("--sweep-every-s", type=float, default=30.0)
+    parser.add_argument("--slots", type=int, default=4, help="each GPU worker's slots (and micro-batch)")
+    parser.add_argument("--submit-interval-s", type=float, default=0.25)
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
+    parser.add_argument("--postgres", action="store_true", help="a PostgreSQL database on 127.0.0.1:5432 "
+                        "(made for the run, dropped after it) instead of a SQLite file")
     parser.add_argument("--redis-port", type=int, default=6391, help="this port and the next one")
-    parser.add_argument("--feature-maxmemory-mb", type=int, default=0,
-                        help="cap the feature store (volatile-lru), so features are evicted mid-run")
-    parser.add_argument("--timeout-s", type=float, default=1200.0)
+    parser.add_argument("--timeout-s", type=float, default=2400.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", type=Path, help="also write the JSON report here")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs, database, files)")
     args = parser.parse_args(argv)
-    if shutil.which("redis-server") is None:
-        print("soak: needs redis-server on PATH", file=sys.stderr)
-        return 2
+    for tool in ("redis-server", *(["rabbitmqctl"] if args.broker == "rabbitmq" else [])):
+        if shutil.which(tool) is None:
+            print(f"soak: needs {tool} on PATH", file=sys.stderr)
+            return 2
     soak = Soak(args)
     report = soak.run()
-    text = json.dumps(report, indent=2, sort_keys=True)
-    print(text)
+    text_out = json.dumps(report, indent=2, sort_keys=True)
+    print(text_out)
     if args.report:
-        args.report.write_text(text + "\n")
+        args.report.write_text(text_out + "\n")
     if not args.keep:
         shutil.rmtree(soak.work, ignore_errors=True)
     return 0 if all(report["checks"].values()) else 1
