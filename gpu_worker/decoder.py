@@ -2,14 +2,15 @@
 
     open_stream(voice, seed) -> StreamState          close_stream(stream): its lane back (aborted jobs)
     step([ChunkRow(stream, tokens, last), ...]) -> [audio [S_i] per row]
-        = encode each row's chunk (`Flow.encode_chunks`, the conformer caches per stream), one masked
-          CFM solve over the decoder's lanes (`Flow.solve_lanes`: static shapes, no host read, a CUDA
-          graph when `model.flow` is `accel.graphs.GraphedFlow`), the reference's trimming of the
-          conformer caches, then the vocoder with each stream's HiFT streaming state.
+        = the flow over the decoder's lanes (`Flow.step_lanes`: every row's chunk through the encoder
+          and one masked CFM solve, static shapes, no host read, one CUDA graph when `model.flow` is
+          `accel.flow_graphs.GraphedFlow`), then the vocoder with each stream's HiFT streaming state.
 
-Every open stream holds a lane (`model/lanes.py`): slots for its own estimator frames, its conv caches,
-its noise frames and speaker embedding, at fixed addresses; its voice's setup frames are copied once
-into a voice slot that every stream of the voice reads (`voice_slots.VoiceSlots`). A solve covers lanes
+Every open stream holds a lane (`model/lanes.py`): its encoder caches, slots for its own estimator
+frames, its conv caches, its noise frames and speaker embedding, at fixed addresses; its voice's setup
+frames are copied once into a voice slot that every stream of the voice reads (`voice_slots.VoiceSlots`).
+A step's plan (what each lane holds, its chunk's tokens, where its new frames go) is built on the host
+from bookkeeping alone and goes to the device as one copy. A solve covers lanes
 0..B-1, B its highest row's lane + 1 (lanes stay dense, so with a row for every open stream B is the
 number of rows); an open lane without a chunk in the step rides along with no new frames and is left
 as it was. A stream takes its voice's frames into the lanes at its first step, once the engine has made
@@ -25,8 +26,8 @@ keeps its last 3840 samples as the next tail and emits them only after the last 
 once per group of rows with equal shapes (its convolutions are not causal, so rows are never padded).
 
 A step changes its streams only after every row succeeded (the vocoder generators are restored on
-failure, the conv caches committed last, and the solve writes new frames only to slots no row
-reads yet), so a failed step can be retried row by row with the same result.
+failure, the encoder and conv caches committed last, and the solve writes new frames only to slots no
+row reads yet), so a failed step can be retried row by row with the same result.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ from gpu_worker.model.config import (
     HIFT_SOURCE_CACHE,
     LOOKAHEAD_TOKENS,
 )
-from gpu_worker.model.flow import CHUNK_FRAMES, FlowCache, trim_cache
+from gpu_worker.model.encoder_lanes import EncoderShape
+from gpu_worker.model.flow import CHUNK_FRAMES
 from gpu_worker.model.hift import SourceNoise, draw_source_noise
 from gpu_worker.model.lanes import Lane, Lanes, LaneShape
 from gpu_worker.prompt import VoicePrompt, seeded_noise
-from gpu_worker.streams import ChunkRow, plan_chunks
+from gpu_worker.streams import ChunkRow, chunk_frames, plan_chunks
 from gpu_worker.voice_slots import VoiceSlots
 
 
@@ -61,7 +63,6 @@ class StreamState:
     seed: int
     generator: torch.Generator  # vocoder source noise, continues after the noise buffer's draw
     noise: Tensor  # [tail + F, 80]: frames [P, P + tail + F) of its seeded noise buffer, until it has a lane
-    cache: FlowCache  # its conformer caches: the voice's (shared, read-only), then its own
     mel_tail: Tensor  # [1, 80, <= 8]
     source_tail: Tensor  # [1, 1, <= 3840]
     speech_tail: Tensor  # [1, <= 3840]
@@ -111,7 +112,6 @@ class StreamingDecoder:
         return StreamState(
             voice=voice, seed=seed, generator=generator,
             noise=noise[0, :, p : p + self.tail + self.max_new].t().clone(),
-            cache=FlowCache(conformer_cnn=voice.conformer_cnn_cache, conformer_att=voice.conformer_att_cache),
             mel_tail=torch.zeros(1, 80, 0, device=self.device, dtype=hift_dtype),
             source_tail=torch.zeros(1, 1, 0, device=self.device, dtype=torch.float32),
             speech_tail=torch.zeros(1, 0, device=self.device, dtype=torch.float32),
@@ -137,7 +137,8 @@ class StreamingDecoder:
             a = self.model.args.flow
             shape = LaneShape(a.n_timesteps, a.dit.depth, a.dit.num_heads, a.dit.head_dim, a.dit.hidden_size,
                               prompt_len, self.tail, self.max_new)
-            self.lanes = Lanes(shape, device=self.device, dtype=self.dtype, lanes=self._reserve)
+            self.lanes = Lanes(shape, device=self.device, dtype=self.dtype, lanes=self._reserve,
+                               encoder=EncoderShape.of(a.encoder, prompt_len, self.tail))
         if prompt_len != self.lanes.shape.prompt_len:
             raise ValueError(f"a voice prompt of {prompt_len} frames: this decoder's lanes hold prompts of "
                              f"{self.lanes.shape.prompt_len}")
@@ -173,26 +174,25 @@ class StreamingDecoder:
 
     def _decode(self, rows: list[ChunkRow], streams: list[StreamState]) -> list[Tensor]:
         flow, lanes = self.model.flow, self._lanes_for(streams)
-        tokens = [row.tokens.to(self.device, torch.int64)[None] for row in rows]
-        mu, encoded = flow.encode_chunks(tokens, [s.cache for s in streams], [row.last for row in rows])
-        n_new = [m.size(1) for m in mu]
+        n_new = [chunk_frames(row.tokens.numel(), row.last) for row in rows]
         index = [s.lane.index for s in streams]  # type: ignore[union-attr]
         width, frames = self._shape(max(index) + 1, max(n_new))
         plan = lanes.plan(dict(zip(index, n_new, strict=True)), frames, width)
-        padded = mu[0].new_zeros(plan.size(0), frames, mu[0].size(2))
-        for s, m, n in zip(streams, mu, n_new, strict=True):
-            padded[s.lane.index, :n] = m[0]  # type: ignore[union-attr]
+        tokens = lanes.encoder_plan({i: (row.tokens.reshape(-1).cpu(), row.last)
+                                     for i, row in zip(index, rows, strict=True)}, frames, width)
+        both = torch.cat([tokens, plan], dim=1)
         if self.device.type == "cuda":
-            plan = plan.pin_memory()
+            both = both.pin_memory()
+        tokens_plan, solve_plan = both.to(self.device, non_blocking=True).split(
+            [tokens.size(1), plan.size(1)], dim=1)
         window = lanes.shape.window([s.lane.frames for s in streams])  # type: ignore[union-attr]
-        mel, new_conv = flow.solve_lanes(padded, plan.to(self.device, non_blocking=True), lanes, window)
-        caches = [trim_cache(c, s.voice.prompt_len, self.tail) for c, s in zip(encoded, streams, strict=True)]
+        mel, new_conv, encoded = flow.step_lanes(tokens_plan, solve_plan, lanes, window)
         chunk_mels = [mel[s.lane.index : s.lane.index + 1, :, :n]  # type: ignore[union-attr]
                       for s, n in zip(streams, n_new, strict=True)]
         vocoded = self._vocode(streams, chunk_mels)
         lanes.commit_conv(new_conv)  # every row succeeded: from here on the streams move on
-        return [self._commit(row, cache, n, *v) for row, cache, n, v in zip(rows, caches, n_new, vocoded,
-                                                                            strict=True)]
+        lanes.encoder.commit(*encoded)  # type: ignore[union-attr]
+        return [self._commit(row, n, *v) for row, n, v in zip(rows, n_new, vocoded, strict=True)]
 
     def _shape(self, rows: int, frames: int) -> tuple[int, int]:
         """The solve's (lanes, new frames): exactly what the step needs, or the graph bucket holding it
@@ -212,7 +212,8 @@ class StreamingDecoder:
         for s in streams:
             if s.lane is None:
                 s.lane = lanes.acquire(self._slots.attach(lanes, s.voice))
-                lanes.start(s.lane, conv=s.voice.estimator_cnn_cache, noise=s.noise, spk=s.voice.spk[0])
+                lanes.start(s.lane, conv=s.voice.estimator_cnn_cache, noise=s.noise, spk=s.voice.spk[0],
+                            conformer=(s.voice.conformer_cnn_cache, s.voice.conformer_att_cache))
                 self._open[id(s.lane)] = (s.lane, weakref.ref(s))
         return lanes
 
@@ -236,12 +237,10 @@ class StreamingDecoder:
                 out[i] = (speech[j:j + 1].float(), source[j:j + 1].float(), mels[i])
         return out
 
-    def _commit(self, row: ChunkRow, cache: FlowCache, n_new: int, speech: Tensor, source: Tensor,
-                mel: Tensor) -> Tensor:
+    def _commit(self, row: ChunkRow, n_new: int, speech: Tensor, source: Tensor, mel: Tensor) -> Tensor:
         stream = row.stream
         if stream.speech_tail.size(1) > 0:
             speech = _fade_in(speech, stream.speech_tail, self.window)
-        stream.cache = cache
         self.lanes.advance(stream.lane, n_new)  # type: ignore[union-attr, arg-type]
         stream.mel_tail = mel[:, :, -HIFT_MEL_CACHE:].clone()
         stream.source_tail = source[:, :, -HIFT_SOURCE_CACHE:].clone()
@@ -264,7 +263,7 @@ class StreamingDecoder:
             n = row.tokens.numel()
             if n < 1 or (not row.last and n <= LOOKAHEAD_TOKENS):
                 raise ValueError(f"a chunk of {n} tokens cannot be decoded")
-            frames = 2 * n if row.last else 2 * (n - LOOKAHEAD_TOKENS)
+            frames = chunk_frames(n, row.last)
             if frames > self.max_new:
                 raise ValueError(f"a chunk of {n} tokens makes {frames} mel frames; a step takes at most "
                                  f"{self.max_new} (chunks of 25 + 3 tokens)")

@@ -48,6 +48,11 @@ def validate_tokens(tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return torch.tensor(check_tokens(values), dtype=torch.int64)
 
 
+def chunk_frames(tokens: int, last: bool) -> int:
+    """Mel frames a chunk of `tokens` makes: its last 3 are lookahead, unless it is the stream's last."""
+    return MEL_PER_TOKEN * (tokens if last else tokens - LOOKAHEAD_TOKENS)
+
+
 class Chunk(NamedTuple):
     start: int  # first token (inclusive)
     stop: int  # last token (exclusive), lookahead included
@@ -55,8 +60,7 @@ class Chunk(NamedTuple):
 
     @property
     def mel_frames(self) -> int:
-        new_tokens = self.stop - self.start if self.last else self.stop - self.start - LOOKAHEAD_TOKENS
-        return new_tokens * MEL_PER_TOKEN
+        return chunk_frames(self.stop - self.start, self.last)
 
 
 class StreamDecoder(Protocol):

@@ -9,10 +9,11 @@ It reports whether the two runs are bit-identical, the largest difference to eac
 step and install timings, and allocated device memory after each of several repeated rounds. The
 speaker models are the dummy-mode stand-ins (no CAM++/S3 ONNX files are involved).
 
-The same jobs run once more with the decode solve and the vocoder in CUDA graphs (`gpu_worker.accel`'s
-flow_graphs and graphs, what a worker runs with WAVEFARM_CUDA_GRAPHS on CUDA): the graphs held, their
-capture time and memory, and the largest difference to the eager run (TF32 off: within 1e-5, or the
-check fails). On a CPU nothing is captured (the solve still runs in its graph buckets' shapes).
+The same jobs run once more with the decode step's flow (the encoder's chunk and the solve) and the
+vocoder in CUDA graphs (`gpu_worker.accel`'s flow_graphs and graphs, what a worker runs with
+WAVEFARM_CUDA_GRAPHS on CUDA): the graphs held, their capture time and memory, and the largest
+difference to the eager run (TF32 off: within 1e-5, or the check fails). On a CPU nothing is captured
+(the flow still runs in its graph buckets' shapes).
 
 With `--install-batch N` (default 4) it also times N new voices installed one by one against one batched
 setup solve (`install_voices`, the engine's WAVEFARM_INSTALL_BATCH) at `--install-preset` (default full
@@ -136,8 +137,9 @@ def install_batch_timing(device: torch.device, preset: str, voices: int, rounds:
 
 
 def graphs_check(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], eager: dict) -> dict:
-    """The jobs again with the decode solve and the vocoder graphed (as a worker with WAVEFARM_CUDA_GRAPHS
-    on CUDA): their figures and the largest difference to `eager` (exact shapes, no graphs)."""
+    """The jobs again with the decode step's flow and the vocoder graphed (as a worker with
+    WAVEFARM_CUDA_GRAPHS on CUDA): their figures and the largest difference to `eager` (exact shapes,
+    no graphs)."""
     flow, hift = decoder.model.flow, decoder.model.hift
     lanes = decoder.reserve(PROMPT_FRAMES, decoder.micro_batch_size)
     decoder.model.flow = graph_flow(flow, lanes, lanes.capacity)

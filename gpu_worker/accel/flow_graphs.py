@@ -1,23 +1,25 @@
-"""The flow's decode solve in CUDA graphs: `GraphedFlow` wraps a `Flow` with its call signature.
+"""The flow's decode step in CUDA graphs: `GraphedFlow` wraps a `Flow` with its call signature.
 
-A decode step's solve is the estimator over 10 Euler steps with classifier-free guidance: 16 blocks of
-a few dozen kernels each, so some five thousand launches that bound the step on a GPU, not its
-arithmetic. Over the decoder's lanes (`model/lanes.py`) the solve has static shapes and reads every
-state tensor at a fixed address, so it is captured whole, once per shape, and replayed:
+A decode step's flow is the encoder's chunk (ten conformer layers) and the estimator over 10 Euler
+steps with classifier-free guidance (16 blocks of a few dozen kernels each): some five thousand
+launches that bound the step on a GPU, not its arithmetic. Over the decoder's lanes (`model/lanes.py`,
+`model/encoder_lanes.py`) the whole of it has static shapes and reads every state tensor at a fixed
+address, so it is captured whole, once per shape, and replayed:
 
-    bucket(rows, frames) -> the shape a solve runs as: rows up to a power of two (`graphs.row_buckets`,
+    bucket(rows, frames) -> the shape a step runs as: rows up to a power of two (`graphs.row_buckets`,
         capped by `max_rows`; the decoder pads with lanes that ride along), new frames up to 50 (a first
-        or continuing chunk) or 56 (a step with a last chunk of up to 27 tokens)
-    solve_lanes(mu, plan, lanes, window)  `Flow.solve_lanes`, graphed: the inputs copied into a shape's
-        static buffers, its graph replayed; the outputs are the graph's buffers (read them before the
-        next call)
+        or continuing chunk) or 56 (a step with a last chunk of up to 28 tokens)
+    step_lanes(tokens_plan, plan, lanes, window)  `Flow.step_lanes`, graphed: the plans copied into a
+        shape's static buffers, its graph replayed; the outputs are the graph's buffers (read them
+        before the next call)
     capture(lanes)   the steady shapes (continuing chunks, the voice's last 100 frames) at every row
         bucket, as the worker starts; any other shape is captured the second time it is seen, up to
-        `max_graphs`. A capture runs the solve twice first (warm-up) on the real inputs: the solve only
-        writes frame slots no frame that counts holds, so that is harmless
+        `max_graphs`. A capture runs the step twice first (warm-up) on the real inputs: the step writes
+        only frame slots no frame that counts holds, and its encoder buffers and conv caches are
+        outputs the decoder commits later, so that is harmless
 Lanes that grow (more streams than reserved) move their tensors: every graph is dropped and captured
 again (`Lanes.version`). On a CPU, and for shapes past `max_graphs`, it runs the flow eagerly.
-Everything else (the encoder, setup solves) is the inner flow's, eager. The tests drive the
+Everything else (setup solves, `solve_lanes` alone) is the inner flow's, eager. The tests drive the
 static-buffer path on a CPU with a stand-in graph (`_record`) and compare bit for bit.
 """
 
@@ -44,17 +46,19 @@ FRAME_BUCKETS = (MEL_PER_TOKEN * CHUNK_TOKENS, CHUNK_FRAMES)  # 50: a first or c
 Key = tuple[int, int, int]  # rows, new frames, voice window
 
 
+Outputs = tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]  # mel, conv caches, encoder buffers
+
+
 @dataclass
 class _Slot:
-    mu: Tensor  # [B, T, 80]
+    tokens: Tensor  # [B, 4 + T_in] int64
     plan: Tensor  # [B, 3 + T + CAP] int64
-    mel: Tensor | None = None
-    conv: Tensor | None = None
+    out: tuple[Tensor, ...] = ()  # mel, conv, first, second, cnn: the graph's output buffers
     graph: Any = None
 
 
 class GraphedFlow(nn.Module):
-    """`flow.solve_lanes(...)` through static buffers, replayed as CUDA graphs on CUDA."""
+    """`flow.step_lanes(...)` through static buffers, replayed as CUDA graphs on CUDA."""
 
     def __init__(self, flow: Flow, *, max_rows: int = 64, max_graphs: int = 48) -> None:
         super().__init__()
@@ -69,7 +73,7 @@ class GraphedFlow(nn.Module):
         self.capture_s = 0.0
         self.graph_bytes = 0
 
-    def __getattr__(self, name: str) -> Any:  # args, encode_chunks, setup_batch, ...: the flow's
+    def __getattr__(self, name: str) -> Any:  # args, setup_batch, solve_lanes, ...: the flow's
         try:
             return super().__getattr__(name)
         except AttributeError:
@@ -86,22 +90,22 @@ class GraphedFlow(nn.Module):
     def bucket(self, rows: int, frames: int) -> tuple[int, int]:
         return bucket_of(rows, self.rows), bucket_of(frames, FRAME_BUCKETS)
 
-    def solve_lanes(self, mu: Tensor, plan: Tensor, lanes: Lanes, window: int) -> tuple[Tensor, Tensor]:
+    def step_lanes(self, tokens_plan: Tensor, plan: Tensor, lanes: Lanes, window: int) -> Outputs:
         if lanes.version != self._version:  # new tensors: graphs of the old ones would read freed memory
             self._slots.clear()
             self._version = lanes.version
-        key = (mu.size(0), mu.size(1), window)
+        key = (plan.size(0), plan.size(1) - 3 - lanes.shape.capacity, window)
         self._seen[key] += 1
         slot = self._slots.get(key)
         if slot is None and self.capturable and self._seen[key] >= 2 and self.graphs < self.max_graphs:
-            slot = self._capture(key, mu, plan, lanes)
+            slot = self._capture(key, tokens_plan, plan, lanes)
         if slot is None:
-            return self.inner.solve_lanes(mu, plan, lanes, window)
-        slot.mu.copy_(mu)
+            return self.inner.step_lanes(tokens_plan, plan, lanes, window)
+        slot.tokens.copy_(tokens_plan, non_blocking=True)
         slot.plan.copy_(plan, non_blocking=True)
         slot.graph.replay()
-        assert slot.mel is not None and slot.conv is not None
-        return slot.mel, slot.conv
+        mel, conv, *encoded = slot.out
+        return mel, conv, (encoded[0], encoded[1], encoded[2])
 
     @torch.inference_mode()
     def capture(self, lanes: Lanes) -> None:
@@ -111,28 +115,32 @@ class GraphedFlow(nn.Module):
             return
         self._version = lanes.version
         frames, window = FRAME_BUCKETS[0], lanes.shape.tail
-        dtype = next(self.inner.parameters()).dtype
         for rows in self.rows:
             key = (rows, frames, window)
             if self.graphs >= self.max_graphs or rows > lanes.capacity or key in self._slots:
                 continue
-            mu = torch.zeros(rows, frames, 80, device=lanes.device, dtype=dtype)
-            self._capture(key, mu, lanes.plan({}, frames, rows).to(lanes.device), lanes)
+            plan = lanes.plan({}, frames, rows)  # every lane rides along: nothing moves
+            self._capture(key, lanes.encoder_plan({}, frames, rows).to(lanes.device), plan.to(lanes.device),
+                          lanes)
 
-    def _capture(self, key: Key, mu: Tensor, plan: Tensor, lanes: Lanes) -> _Slot:
+    def _capture(self, key: Key, tokens_plan: Tensor, plan: Tensor, lanes: Lanes) -> _Slot:
         start, before = time.perf_counter(), allocated()
-        slot = _Slot(mu.clone(), plan.clone())
+        slot = _Slot(tokens_plan.clone(), plan.clone())
         window = key[2]
-        slot.graph, (slot.mel, slot.conv) = self._record(
-            lambda: self.inner.solve_lanes(slot.mu, slot.plan, lanes, window))
+
+        def run() -> tuple[Tensor, ...]:
+            mel, conv, encoded = self.inner.step_lanes(slot.tokens, slot.plan, lanes, window)
+            return mel, conv, *encoded
+
+        slot.graph, slot.out = self._record(run)
         self._slots[key] = slot
         took = time.perf_counter() - start
         self.capture_s += took
         self.graph_bytes += max(0, allocated() - before)
-        log.info("flow solve graph captured for %d lanes x %d frames (voice window %d) in %.2f s", *key, took)
+        log.info("flow step graph captured for %d lanes x %d frames (voice window %d) in %.2f s", *key, took)
         return slot
 
-    def _record(self, run: Any) -> tuple[Any, tuple[Tensor, Tensor]]:
+    def _record(self, run: Any) -> tuple[Any, tuple[Tensor, ...]]:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         return record(run, self._pool)

@@ -1,9 +1,9 @@
 """Streams decoded by the flow alone (no vocoder), two ways, for the benchmarks and the flow's tests.
 
     LaneFlow(flow, voices, tail=..., max_new=...)   the decoder's way: every stream in a lane of
-        `model.lanes.Lanes`, one static-shape `Flow.solve_lanes` per step (the encoder's caches per
-        stream, trimmed after every chunk); `solve(rows, rows_to=, frames_to=)` pads a solve to a graph
-        bucket's shape, `commit=False` leaves the streams as they were (a step run again)
+        `model.lanes.Lanes` (its encoder caches too), one static-shape `Flow.step_lanes` per step;
+        `solve(rows, rows_to=, frames_to=)` pads a step to a graph bucket's shape, `commit=False` leaves
+        the streams as they were (a step run again)
     PerStreamFlow(flow, voices, tail=...)           the way before the lanes: every stream owns its
         estimator slots (`model.kvcache`), packed into one step's attention buffer at every Euler step
         by `Flow.stream_chunks`; kept to measure the lanes against
@@ -19,9 +19,11 @@ from typing import Any
 
 import torch
 
+from gpu_worker.model.encoder_lanes import EncoderShape
 from gpu_worker.model.flow import Flow, FlowCache, trim_cache
 from gpu_worker.model.kvcache import Workspace
 from gpu_worker.model.lanes import Lane, Lanes, LaneShape
+from gpu_worker.streams import chunk_frames
 
 Row = tuple[Any, torch.Tensor, bool]
 
@@ -29,7 +31,6 @@ Row = tuple[Any, torch.Tensor, bool]
 @dataclass
 class LaneStream:
     lane: Lane
-    cache: FlowCache  # conformer caches only
     mels: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -40,7 +41,8 @@ class LaneFlow:
         self.flow, self.voices = flow, voices
         self.shape = LaneShape(a.n_timesteps, a.dit.depth, a.dit.num_heads, a.dit.head_dim, a.dit.hidden_size,
                                voices[0][1].estimator_att.size(4), tail, max_new)  # type: ignore[union-attr]
-        self.lanes = Lanes(self.shape, device=like.device, dtype=like.dtype, voices=len(voices))
+        self.lanes = Lanes(self.shape, device=like.device, dtype=like.dtype, voices=len(voices),
+                           encoder=EncoderShape.of(a.encoder, self.shape.prompt_len, tail))
         for i, (_, cache) in enumerate(voices):
             self.lanes.put_voice(i, cache.estimator_att)  # type: ignore[arg-type]
         self.streams: list[LaneStream] = []
@@ -51,10 +53,10 @@ class LaneFlow:
         lane = self.lanes.acquire(voice)
         p, s = self.shape.prompt_len, self.shape
         assert cache.estimator_cnn is not None, "a voice's setup cache"
+        assert cache.conformer_cnn is not None and cache.conformer_att is not None
         self.lanes.start(lane, conv=cache.estimator_cnn, noise=noise[0, :, p : p + s.tail + s.max_new].t(),
-                         spk=spk[0])
-        own = FlowCache(conformer_cnn=cache.conformer_cnn, conformer_att=cache.conformer_att)
-        self.streams.append(LaneStream(lane, own))
+                         spk=spk[0], conformer=(cache.conformer_cnn, cache.conformer_att))
+        self.streams.append(LaneStream(lane))
         return self.streams[-1]
 
     def close(self, stream: LaneStream) -> None:
@@ -63,22 +65,20 @@ class LaneFlow:
 
     def solve(self, rows: list[Row], *, rows_to: int = 0, frames_to: int = 0, commit: bool = True
               ) -> list[torch.Tensor]:
-        mu, encoded = self.flow.encode_chunks([t for _, t, _ in rows], [s.cache for s, _, _ in rows],
-                                              [last for _, _, last in rows])
-        n_new = [m.size(1) for m in mu]
-        frames = max(max(n_new), frames_to)
+        n_new = [chunk_frames(t.size(1), last) for _, t, last in rows]
+        frames, width = max(max(n_new), frames_to), max(self.lanes.n_open, rows_to)
         plan = self.lanes.plan({s.lane.index: n for (s, _, _), n in zip(rows, n_new, strict=True)}, frames,
-                               max(self.lanes.n_open, rows_to))
-        padded = mu[0].new_zeros(plan.size(0), frames, mu[0].size(2))
-        for (s, _, _), m, n in zip(rows, mu, n_new, strict=True):
-            padded[s.lane.index, :n] = m[0]
+                               width)
+        tokens = self.lanes.encoder_plan({s.lane.index: (t[0].cpu(), last) for s, t, last in rows}, frames,
+                                         width)
         window = self.shape.window([s.lane.frames for s, _, _ in rows])
-        mel, conv = self.flow.solve_lanes(padded, plan.to(padded.device), self.lanes, window)
+        device = self.lanes.device
+        mel, conv, encoded = self.flow.step_lanes(tokens.to(device), plan.to(device), self.lanes, window)
         out = [mel[s.lane.index : s.lane.index + 1, :, :n] for (s, _, _), n in zip(rows, n_new, strict=True)]
         if commit:
             self.lanes.commit_conv(conv[:, :, : 2 * min(self.lanes.n_open, plan.size(0))])
-            for (s, _, _), cache, n, m in zip(rows, encoded, n_new, out, strict=True):
-                s.cache = trim_cache(cache, self.shape.prompt_len, self.shape.tail)
+            self.lanes.encoder.commit(*encoded)  # type: ignore[union-attr]
+            for (s, _, _), n, m in zip(rows, n_new, out, strict=True):
                 self.lanes.advance(s.lane, n)
                 s.mels.append(m)
         return out

@@ -19,7 +19,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from gpu_worker.bench.decode import steady_rows, warm_streams
 from gpu_worker.bench.workload import BenchSetup
 
-PHASES = (("flow", "encode_chunks", "1 encoder"),
+PHASES = (("flow", "encode_lanes", "1 encoder (over the lanes)"),
+          ("flow", "encode_chunks", "1 encoder"),
           ("flow", "encode_chunk", "1 encoder (one row)"),
           ("flow", "_gather_caches", "2 gather caches"),
           ("flow", "_gather_conv", "2 gather conv caches"),

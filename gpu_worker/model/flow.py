@@ -9,7 +9,10 @@
     solve_chunk_batch(mu, spk [B, 80], noise, caches, cond=None) -> mel [B, 80, max T'], new caches
     stream_chunks(...) = encode_chunks, then one solve_chunk_batch; trim_cache(cache, prompt_len) after it
     solve_lanes(mu [B, T, 80], plan [B, 3 + T + CAP], lanes, window) -> mel [B, 80, T], new conv caches:
-        the same solve over the fixed tensors of `lanes.Lanes`, every shape static (the decoder's; graphs)
+        the same solve over the fixed tensors of `lanes.Lanes`, every shape static
+    step_lanes(tokens_plan [B, 4 + T_in], plan, lanes, window) -> mel, new conv caches, new encoder
+        buffers: a decode step's encoder pass over the lanes' encoder caches (`encode_lanes`) and its
+        solve, every shape static (the decoder's; a CUDA graph in `accel.flow_graphs`)
 Rows of one solve may come from different streams, voices, cache lengths and chunk kinds (first,
 continuing, last, even setup rows with a cond): per-row key masks and causal-conv caches keep a row's mel
 independent of the other rows (up to float rounding, about 1e-6). A row's noise is its own buffer sliced
@@ -37,6 +40,7 @@ from torch import Tensor
 from gpu_worker.model.cfm import CFM
 from gpu_worker.model.config import ATT_CACHE_TAIL, CHUNK_TOKENS, LOOKAHEAD_TOKENS, MEL_PER_TOKEN, FlowArgs
 from gpu_worker.model.encoder import ConformerEncoder
+from gpu_worker.model.encoder_lanes import EncoderLanes, EncoderStep, forward_lanes
 from gpu_worker.model.kvcache import BatchKV, EstimatorKV, Workspace
 from gpu_worker.model.lanes import Lanes, LaneStep
 
@@ -231,6 +235,23 @@ class Flow(nn.Module):
                                          pairs=True)
         padding = torch.arange(mu.size(1), device=mu.device) >= step.n_new[:, None]
         return x.masked_fill(padding[..., None], 0.0).transpose(1, 2), new_conv
+
+    def encode_lanes(self, plan: Tensor, lanes: EncoderLanes) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+        """The encoder over lanes 0..B-1: plan `EncoderLanes.plan(...)` on the device -> mu [B, up T, 80]
+        (zeros past each row's new frames) and the rows' new encoder buffers, for `EncoderLanes.commit`
+        once the step succeeded. Row i's mu equals `encode_chunks`' up to float rounding."""
+        step = EncoderStep.of(lanes.shape, plan)
+        h, first, second, cnn = forward_lanes(self.encoder, self.input_embedding(step.tokens), step, lanes)
+        padding = torch.arange(h.size(1), device=h.device) >= (step.n * lanes.shape.up)[:, None]
+        return self.encoder_proj(h).masked_fill(padding[..., None], 0.0), (first, second, cnn)
+
+    def step_lanes(self, tokens_plan: Tensor, plan: Tensor, lanes: Lanes, window: int
+                   ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
+        """A decode step's flow over lanes 0..B-1: `encode_lanes`, then `solve_lanes` on its mu."""
+        assert lanes.encoder is not None, "lanes built without encoder caches"
+        mu, encoded = self.encode_lanes(tokens_plan, lanes.encoder)
+        mel, new_conv = self.solve_lanes(mu, plan, lanes, window)
+        return mel, new_conv, encoded
 
     def _gather_conv(self, caches: list[FlowCache], like: Tensor) -> Tensor:
         """Per-row estimator conv caches -> [N, depth, 2B, 2C, 2] (zeros for rows without one)."""

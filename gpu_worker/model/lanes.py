@@ -28,8 +28,10 @@ frames T, voice window W) and nothing else; each step's plan is one small int te
     LaneStep.of(lanes, plan on the device, W)   every mask and index from it (the CFM's `StepKV`)
     Lanes.advance(lane, new frames)             after the step: its order and o, trimmed
 Lanes are kept dense (`release` moves the highest lane into the freed one), so a solve whose rows are
-every open stream covers lanes 0..n-1 and no more. Not in here: the encoder's caches (per stream,
-`encoder.py`), the Euler loop (`cfm.py`), which voice holds which slot (`gpu_worker.voice_slots`).
+every open stream covers lanes 0..n-1 and no more. Built with an `EncoderShape`, the lanes also hold
+each stream's encoder caches (`encoder_lanes.EncoderLanes`, moved and grown with the rest), so that a
+whole decode step (`Flow.step_lanes`) has static shapes. Not in here: the Euler loop (`cfm.py`), which
+voice holds which slot (`gpu_worker.voice_slots`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 from torch import Tensor
 
 from gpu_worker.model.dit import GatheredVoice
+from gpu_worker.model.encoder_lanes import EncoderLanes, EncoderShape
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Lane:
     voice: int = 0  # its voice's slot
     frames: int = 0  # o: mel frames generated so far
     order: list[int] = field(default_factory=list)  # the slots it reads, in the reference's order
+    encoded: tuple[int, int] = (0, 0)  # the encoder caches' frames it holds: first stage, second stage
     open: bool = True
 
 
@@ -80,7 +84,7 @@ class Lanes:
     captured over the old tensors must be captured again."""
 
     def __init__(self, shape: LaneShape, *, device: torch.device, dtype: torch.dtype,
-                 lanes: int = 0, voices: int = 1) -> None:
+                 lanes: int = 0, voices: int = 1, encoder: EncoderShape | None = None) -> None:
         if shape.prompt_len < shape.tail:
             raise ValueError(f"lanes need prompts of at least {shape.tail} frames, got {shape.prompt_len}")
         self.shape, self.device, self.dtype = shape, device, dtype
@@ -92,6 +96,7 @@ class Lanes:
         self.spk = self._zeros(0, 80)
         self.voices = self._zeros(0, shape.steps, shape.depth, 2, shape.heads, shape.prompt_len,
                                   2 * shape.head_dim)
+        self.encoder = None if encoder is None else EncoderLanes(encoder, device=device, dtype=dtype)
         self._lanes: list[Lane] = []
         self.reserve(lanes, max(1, voices))
 
@@ -106,7 +111,8 @@ class Lanes:
     def lane_nbytes(self) -> int:
         """Device bytes one lane holds: its frame slots, conv caches, noise and speaker embedding."""
         per = [t[:, :, :1] if t.dim() > 5 else t[:1] for t in (self.own, self.conv, self.noise, self.spk)]
-        return sum(t.numel() * t.element_size() for t in per)
+        encoder = 0 if self.encoder is None else self.encoder.lane_nbytes()
+        return encoder + sum(t.numel() * t.element_size() for t in per)
 
     def voice_nbytes(self) -> int:
         return self.voices[:1].numel() * self.voices.element_size()
@@ -133,15 +139,22 @@ class Lanes:
                 t[:, :, lane.index] = t[:, :, last.index]
             for t in (self.noise, self.spk):
                 t[lane.index] = t[last.index]
+            if self.encoder is not None:
+                self.encoder.move(lane.index, last.index)
             self._lanes[lane.index] = last
             last.index = lane.index
 
-    def start(self, lane: Lane, *, conv: Tensor, noise: Tensor, spk: Tensor) -> None:
+    def start(self, lane: Lane, *, conv: Tensor, noise: Tensor, spk: Tensor,
+              conformer: tuple[Tensor, Tensor] | None = None) -> None:
         """A stream's first state: its voice's conv caches [N, depth, 2, 2C, 2], its noise frames
-        [tail + F, 80] and speaker embedding [80] (its frame slots need nothing: o = 0)."""
+        [tail + F, 80] and speaker embedding [80] (its frame slots need nothing: o = 0); with encoder
+        lanes, its voice's conformer caches (cnn, att) in the reference's layout."""
         self.conv[:, :, lane.index] = conv
         self.noise[lane.index] = noise
         self.spk[lane.index] = spk
+        if self.encoder is not None:
+            assert conformer is not None, "lanes with encoder caches start a lane from its voice's"
+            lane.encoded = self.encoder.start(lane.index, *conformer)
 
     # -- a step's plan ------------------------------------------------------------------------------
     def plan(self, new: dict[int, int], frames: int, rows: int) -> Tensor:
@@ -164,10 +177,21 @@ class Lanes:
             row[3 + frames + torch.tensor(lane.order + write[: max(n, 1)], dtype=torch.int64)] = 1
         return plan
 
+    def encoder_plan(self, chunks: dict[int, tuple[Tensor, bool]], frames: int, rows: int) -> Tensor:
+        """The encoder's plan over lanes 0..rows-1 (`EncoderLanes.plan`): `chunks` maps a lane index to
+        its chunk's tokens [T] and whether it is the stream's last; other lanes ride along (a free one
+        as if full, so that each row has keys to attend to)."""
+        assert self.encoder is not None
+        full = (self.encoder.shape.first_width, self.encoder.shape.second_width)
+        held = [lane.encoded for lane in self._lanes[:rows]] + [full] * max(0, rows - self.n_open)
+        return self.encoder.plan([(h, *chunks.get(i, (None, True))) for i, h in enumerate(held)], frames)
+
     def advance(self, lane: Lane, n_new: int) -> None:
         """A lane's chunk of `n_new` frames is done: they are its newest (in their order), then the
         reference's trim ([:P] + [-tail:] of the whole logical order; the tail is the voice's)."""
         s = self.shape
+        if self.encoder is not None:
+            lane.encoded = self.encoder.held_after(lane.encoded, n_new // self.encoder.shape.up)
         order = self._free(lane, n_new) + lane.order
         shared = self._shared(lane.frames)
         if len(order) + shared > s.prompt_len + s.tail:
@@ -210,6 +234,8 @@ class Lanes:
         if grow_lanes:
             self.own, self.conv = (self._grown(t, 2, lanes) for t in (self.own, self.conv))
             self.noise, self.spk = (self._grown(t, 0, lanes) for t in (self.noise, self.spk))
+            if self.encoder is not None:
+                self.encoder.grow(lanes)
         if grow_voices:
             self.voices = self._grown(self.voices, 0, voices)
         if grow_lanes or grow_voices:

@@ -1,4 +1,4 @@
-"""The decode solve's graph runner (`gpu_worker.accel.flow_graphs`) on a CPU: its buckets' shapes run
+"""The decode step's graph runner (`gpu_worker.accel.flow_graphs`: the encoder and the solve) on a CPU: its buckets' shapes run
 eagerly where nothing is captured, and its static-buffer path is driven by a stand-in graph that
 re-runs the captured call on the same buffers (what a CUDA graph's replay does): the audio must be the
 same bits as the same shapes run eagerly, and within float rounding of the decoder's exact shapes."""
