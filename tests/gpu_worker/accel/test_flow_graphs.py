@@ -1,7 +1,8 @@
-"""The decode step's graph runner (`gpu_worker.accel.flow_graphs`: the encoder and the solve) on a CPU: its buckets' shapes run
-eagerly where nothing is captured, and its static-buffer path is driven by a stand-in graph that
-re-runs the captured call on the same buffers (what a CUDA graph's replay does): the audio must be the
-same bits as the same shapes run eagerly, and within float rounding of the decoder's exact shapes."""
+"""The decode step's graph runner (`gpu_worker.accel.flow_graphs`: the encoder and the solve) on a CPU:
+its buckets' shapes run eagerly where nothing is captured, and its static-buffer path is driven by a
+stand-in graph that re-runs the captured call on the same buffers (what a CUDA graph's replay does):
+the audio must be the same bits as the same shapes run eagerly, and within float rounding of the
+decoder's exact shapes."""
 
 from __future__ import annotations
 
