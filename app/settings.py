@@ -47,8 +47,9 @@ class Settings(BaseSettings):
         "last conv in float32 (deviation: docs/PERFORMANCE.md)"
     )
     cuda_graphs: bool = Field(
-        default=True, description="on a CUDA device, the decode solve and the vocoder run as CUDA graphs, "
-        "their steady shapes captured as the worker starts (gpu_worker.accel); no effect on a CPU")
+        default=True, description="on a CUDA device, each decode step's flow (the encoder's chunk and the "
+        "solve) and the vocoder run as CUDA graphs, their steady shapes captured as the worker starts "
+        "(gpu_worker.accel); no effect on a CPU")
     flow_steps: int = Field(
         default=10, description="Euler steps of the flow's solve: 10 is the reference's; 6 and 8 are faster "
         "and deviate from it (docs/PERFORMANCE.md); a voice installed for one count is not used with another")
