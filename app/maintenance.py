@@ -14,7 +14,11 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
    until the visibility timeout (6 h by default): it is put back in the queue now, or sent again when
    the kill lost it. RabbitMQ requeues a dead consumer's messages by itself, so there a job is sent
    again only when it also stayed quiet for `stuck_job_after_s` (the broker lost it). A restarted GPU
-   worker runs the same part for the jobs its previous process held, as it starts (`gpu_worker.worker`);
+   worker runs the same part for the jobs its previous process held, as it starts (`gpu_worker.worker`).
+   The same pass looks at the jobs such a worker held that ended while it was gone (cancelled, mostly):
+   on Redis their messages wait in `unacked` for the visibility timeout, each beside the partial output
+   the killed worker was writing; they are put back now (`return_settled`), so that a live worker takes
+   each one, finds its job ended, removes the partial and acknowledges the message;
 4. stuck jobs: a live job not updated for `stuck_job_after_s` whose `synth` message is nowhere in the
    broker (waiting, or delivered and unacknowledged) is sent again: the job would otherwise wait forever
    (a broker that lost its data, a message a killed worker had just popped). A job that is running
@@ -70,6 +74,7 @@ WORKER_GONE_S = 60.0  # a GPU worker beats every gpu_worker.runtime.HEARTBEAT_S 
 class SweepReport:
     orphans_removed: list[str] = field(default_factory=list)  # root-relative paths
     jobs_resumed: list[str] = field(default_factory=list)  # orphaned: their worker is gone
+    messages_returned: list[str] = field(default_factory=list)  # of jobs that ended while it was gone
     jobs_requeued: list[str] = field(default_factory=list)  # stuck: no message anywhere
     jobs_rerouted: list[str] = field(default_factory=list)  # moved from a gone worker's own queue
     voices_reclaimed: list[str] = field(default_factory=list)
@@ -126,8 +131,10 @@ def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float
 
 def resume_orphans(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
                    sender: TaskSender, report: SweepReport, worker: str | None = None) -> None:
-    """Part 3 (module docstring): the jobs of gone workers (only `worker`'s, when given) are queued again."""
+    """Part 3 (module docstring): the jobs of gone workers (only `worker`'s, when given) are queued again,
+    and the messages of those that ended meanwhile are put back to be cleared."""
     broker = as_broker(broker)
+    return_settled(settings=settings, sessions=sessions, broker=broker, report=report, worker=worker)
     now = utcnow()
     quiet = now - timedelta(seconds=settings.stuck_job_after_s) if broker.redelivers_dead_consumers else None
     with session_scope(sessions) as session:
@@ -146,6 +153,27 @@ def resume_orphans(*, settings: Settings, sessions: sessionmaker[Session], broke
             put_back.message(session, job_id, priority)
         log.warning("maintenance: job %s was held by a worker that is gone; queued again", job_id)
         report.jobs_resumed.append(job_id)
+
+
+def return_settled(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker,
+                   report: SweepReport, worker: str | None = None) -> None:
+    """Part 3's other half (module docstring): Redis only, RabbitMQ redelivers a dead consumer's
+    messages by itself."""
+    if not isinstance(broker, RedisBroker):
+        return
+    shared = settings.queue_gpu
+    unacked = broker.unacked(shared, prefix=shared + QUEUE_SEP)
+    if not unacked:
+        return
+    with session_scope(sessions) as session:
+        ended = queries.list_ended_on_gone_workers(
+            session=session, job_ids=list(unacked), worker=worker,
+            silent_before=utcnow() - timedelta(seconds=WORKER_GONE_S))
+    for job_id in ended:
+        if broker.restore(unacked[job_id], shared):
+            log.warning("maintenance: job %s ended while the worker holding it was gone; its message is back "
+                        "in %s, for a live worker to clear", job_id, shared)
+            report.messages_returned.append(job_id)
 
 
 class _PutBack:
@@ -289,9 +317,10 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
             log.exception("maintenance: %s failed", name)
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
     log.info("maintenance: %d orphan files removed, %d jobs moved off gone workers' queues, %d jobs of gone "
-             "workers queued again, %d jobs sent again, %d voices reclaimed, %d chapters checked again, "
-             "%d errors", len(report.orphans_removed), len(report.jobs_rerouted),
-             len(report.jobs_resumed), len(report.jobs_requeued),
+             "workers queued again, %d messages of their ended jobs put back, %d jobs sent again, %d voices "
+             "reclaimed, %d chapters checked again, %d errors", len(report.orphans_removed),
+             len(report.jobs_rerouted), len(report.jobs_resumed), len(report.messages_returned),
+             len(report.jobs_requeued),
              len(report.voices_reclaimed), len(report.chapters_resumed), len(report.errors))
     return report
 

@@ -22,8 +22,10 @@ queued, preparing, running (audio started) or after a random delay. As jobs end,
 Then it checks: submitted = completed + cancelled + failed; no job succeeded twice (the GPU workers'
 Celery logs); every succeeded job has its file; no orphan file (no sweep grace is waited out: whatever
 the run left behind counts); no pin; Redis keys bounded (feature keys at most the voices, each with a
-TTL; the broker's keys without a TTL only kombu's fixed ones); each worker's RSS (its process group,
-its longest-lived process) within 10 % between half-way through that process's life and its peak after.
+TTL; in the results database and a Redis broker's, no key without a TTL but kombu's fixed ones: its
+queue lists and unacked bookkeeping); each worker's RSS (its process group; of a GPU worker the process
+that started the most jobs, of a CPU worker the longest-lived) within 10 % between half-way through
+that process's life and its peak after.
 Prints a JSON report (`--report` writes it too); exit status 0 when every check holds.
 """
 
@@ -41,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -166,9 +168,10 @@ class Soak:
         self.planned = 0
         self.cancelled_at: Counter[str] = Counter()
         self.rss: dict[str, list[list[tuple[float, float]]]] = {n: [[]] for n in (*GPU, *CPU)}  # per life
+        self.lives: dict[str, list[datetime]] = {n: [] for n in (*GPU, *CPU)}  # when each process started
         self.events: list[dict[str, Any]] = []
         self.restarts: list[tuple[float, str]] = []  # (when, worker)
-        self.redis_keys_peak = {"broker": 0, "features": 0}
+        self.redis_keys_peak: dict[str, int] = {}
         self.t0 = time.monotonic()
 
     def now(self) -> float:
@@ -226,14 +229,17 @@ class Soak:
         with self.sessions() as session:
             return Counter(j.status for j in queries.list_jobs(session=session, limit=10 ** 6))
 
-    def sample(self, store: FeatureStore, broker: redis.Redis | None) -> None:
+    def sample(self, store: FeatureStore, dbs: dict[str, redis.Redis]) -> None:
         for name, pid in self.cluster.pids().items():
             mb = group_rss_mb(pid)
             if mb is not None:
                 self.rss[name][-1].append((self.now(), mb))
-        self.redis_keys_peak["features"] = max(self.redis_keys_peak["features"], store.client.dbsize())
-        if broker is not None:
-            self.redis_keys_peak["broker"] = max(self.redis_keys_peak["broker"], broker.dbsize())
+        for name, client in {"features": store.client, **dbs}.items():
+            self.redis_keys_peak[name] = max(self.redis_keys_peak.get(name, 0), client.dbsize())
+
+    def start(self, name: str) -> None:
+        self.cluster.start("gpu" if name in GPU else "cpu", name)
+        self.lives[name].append(utcnow())
 
     def chaos(self, ended: int, store: FeatureStore) -> None:
         for share, what, name, restart_after in CHAOS:
@@ -250,11 +256,11 @@ class Soak:
         for when, name in list(self.restarts):
             if time.monotonic() >= when:
                 self.restarts.remove((when, name))
-                self.cluster.start("gpu" if name in GPU else "cpu", name)
+                self.start(name)
                 self.events.append({"what": f"start {name}", "at_s": self.now(), "jobs_ended": ended})
 
     # -- checks ------------------------------------------------------------------------------------------
-    def finish_checks(self, store: FeatureStore, broker: redis.Redis | None) -> dict[str, Any]:
+    def finish_checks(self, store: FeatureStore, dbs: dict[str, redis.Redis]) -> dict[str, Any]:
         counts = self.counts()
         with self.sessions() as session:
             jobs = queries.list_jobs(session=session, limit=10 ** 6)
@@ -266,9 +272,8 @@ class Soak:
         said = Counter(SUCCEEDED.findall(logs))
         feature_keys = list(store.client.scan_iter(match=f"{PREFIX}:feat:*"))
         ttls = [store.client.ttl(k) for k in feature_keys]
-        broker_without_ttl = ([] if broker is None else
-                              [k.decode() for k in broker.scan_iter() if broker.ttl(k) < 0
-                               and not KOMBU_FIXED.match(k.decode())])
+        without_ttl = [f"{name}: {k.decode()}" for name, client in dbs.items() for k in client.scan_iter()
+                       if client.ttl(k) < 0 and not (name == "broker" and KOMBU_FIXED.match(k.decode()))]
         return {
             "submitted": len(self.jobs), "completed": counts[JobStatus.SUCCEEDED],
             "cancelled": counts[JobStatus.CANCELLED], "failed": counts[JobStatus.FAILED],
@@ -287,16 +292,26 @@ class Soak:
                              self.artifacts.list_orphans(referenced=referenced, older_than_s=0)],
             "pins": pins, "voices": self.args.voices, "feature_keys": len(feature_keys),
             "feature_keys_without_ttl": sum(1 for t in ttls if t < 0),
-            "broker_keys_without_ttl": broker_without_ttl[:20], "redis_keys_peak": self.redis_keys_peak,
+            "keys_without_ttl": without_ttl[:20], "redis_keys_peak": self.redis_keys_peak,
+            "redis_keys_end": {name: c.dbsize() for name, c in {"features": store.client, **dbs}.items()},
         }
 
-    def rss_report(self) -> dict[str, Any]:
-        """Per worker, its longest-lived process: RSS half-way through its life (the first half is its
-        warm-up: voices installed, lanes grown to its slots), the peak after that and at the end, and
-        every fifth sample (one a second). Its other processes are listed by their sample counts."""
+    def rss_report(self, jobs: list[Any]) -> dict[str, Any]:
+        """Per worker, the process that did the most: for a GPU worker the one that started the most jobs
+        (a process started again near the end is still warming up), for a CPU worker the longest-lived.
+        Its RSS half-way through its life (the first half is its warm-up: voices installed, lanes grown
+        to its slots), the peak after that and at the end, and every fifth sample (one a second). Its
+        other processes are listed by their sample counts and jobs."""
         out: dict[str, Any] = {}
         for name, lives in self.rss.items():
-            samples = max(lives, key=len)
+            node = self.cluster.node(name)
+            bounds = [*self.lives[name][1:], None]
+            ran = [sum(1 for j in jobs if j.worker == node and j.started_at is not None
+                       and _aware(j.started_at) >= start and (end is None or _aware(j.started_at) < end))
+                   for start, end in zip(self.lives[name], bounds, strict=True)]
+            pick = max(range(len(lives)), key=lambda i: (ran[i], len(lives[i])) if name in GPU
+                       else (len(lives[i]), ran[i]))
+            samples = lives[pick]
             if len(samples) < 8:
                 out[name] = {"samples": len(samples)}
                 continue
@@ -306,6 +321,7 @@ class Soak:
                          "peak_after_warm_mb": round(peak, 1), "end_mb": round(samples[-1][1], 1),
                          "growth_pct": round(100 * (peak - warm) / warm, 1), "samples": len(samples),
                          "processes_samples": [len(life) for life in lives],
+                         "processes_jobs": ran if name in GPU else None, "process": pick,
                          "series_mb": [[t, round(mb)] for t, mb in samples[::5]]}  # every 5th sample
         return out
 
@@ -317,14 +333,14 @@ class Soak:
         self.sessions = make_sessionmaker(db_engine)
         self.artifacts.ensure_layout()
         store = FeatureStore.from_url(self.settings.feature_store_url, ttl_s=self.settings.feature_ttl_s)
-        broker = None if self.args.broker == "rabbitmq" else redis.Redis.from_url(self.settings.broker_url)
+        dbs = {"results": redis.Redis.from_url(self.settings.result_backend)}  # and a Redis broker's
+        if self.args.broker == "redis":
+            dbs["broker"] = redis.Redis.from_url(self.settings.broker_url)
         stop = threading.Event()
         report: dict[str, Any] = {}
         try:
-            for name in GPU:
-                self.cluster.start("gpu", name)
-            for name in CPU:
-                self.cluster.start("cpu", name)
+            for name in (*GPU, *CPU):
+                self.start(name)
             self.cluster.wait_ready()
             self.wait_live_gpu_workers()
             self.t0 = time.monotonic()
@@ -336,22 +352,23 @@ class Soak:
             while time.monotonic() < deadline:
                 time.sleep(1.0)
                 ended = sum(n for s, n in self.counts().items() if s in DONE_JOB_STATUSES)
-                self.sample(store, broker)
+                self.sample(store, dbs)
                 self.chaos(ended, store)
                 if not threads[1].is_alive() and ended == len(self.jobs) and not self.restarts:
                     break
             report["elapsed_s"] = self.now()
             stop.set()
             time.sleep(2.0)  # the workers' bookkeeping threads settle (unpins)
-            report.update(self.finish_checks(store, broker))
-            report["rss"] = self.rss_report()
+            report.update(self.finish_checks(store, dbs))
+            with self.sessions() as session:
+                report["rss"] = self.rss_report(queries.list_jobs(session=session, limit=10 ** 6))
         finally:
             stop.set()
             store.close()
             self.cluster.stop_all()
             db_engine.dispose()
-            if broker is not None:
-                broker.close()
+            for client in dbs.values():
+                client.close()
             self.services.stop()
         report.update(events=self.events, settings={
             "jobs": self.args.jobs, "voices": self.args.voices, "slots": self.args.slots,
@@ -377,6 +394,11 @@ class Soak:
         raise RuntimeError(f"GPU workers' heartbeats not seen\n{self.cluster.tails()}")
 
 
+def _aware(when: datetime) -> datetime:
+    """A database timestamp as an aware UTC datetime (SQLite hands them back naive)."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
 def checks(report: dict[str, Any]) -> dict[str, bool]:
     rss = report["rss"]
     return {
@@ -386,7 +408,7 @@ def checks(report: dict[str, Any]) -> dict[str, bool]:
         "no_orphan_files": not report["orphan_files"],
         "no_pins": report["pins"] == 0,
         "redis_keys_bounded": report["feature_keys"] <= report["voices"]
-        and report["feature_keys_without_ttl"] == 0 and not report["broker_keys_without_ttl"],
+        and report["feature_keys_without_ttl"] == 0 and not report["keys_without_ttl"],
         "rss_flat_10pct": all("growth_pct" in v and abs(v["growth_pct"]) <= 10 for v in rss.values()),
     }
 

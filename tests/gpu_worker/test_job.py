@@ -224,6 +224,21 @@ def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
     assert JobRun(rt, RecordingTask(), str(uuid.uuid4())).run()["status"] == "skipped"  # not ours
 
 
+def test_a_delivery_of_a_job_cancelled_after_its_worker_died_removes_that_workers_partial(
+        make_runtime, sessions) -> None:
+    """A worker killed mid-job leaves `.<job>.wav.*.part`; the job is cancelled while nobody holds it.
+    Its message, put back by the sweep (`app.maintenance.return_settled`), reaches a live worker: the
+    job is not run, and the partial goes."""
+    rt = make_runtime()
+    job_id = submit(rt, sessions, VOICE_A, n_tokens=30)
+    partial = rt.artifacts.root / "outputs" / f".{job_id}.wav.k1ll3d.part"
+    partial.write_bytes(b"RIFF half a file")
+    with sessions.begin() as session:
+        assert queries.cancel_job(session=session, job_id=job_id)
+    assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "skipped"
+    assert not partial.exists() and job_row(sessions, job_id).status == "cancelled"
+
+
 @pytest.mark.parametrize("garbage, reason", [(-1.0, "the constant -1 in all 28800 samples"),
                                              (float("nan"), "NaN or infinite samples")])
 def test_audio_that_is_not_audio_fails_the_job_instead_of_succeeding(make_runtime, sessions, monkeypatch,

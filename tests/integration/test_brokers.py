@@ -127,6 +127,46 @@ def test_the_sweep_puts_back_the_jobs_of_a_worker_gone_silent_and_not_those_of_a
     assert held.status == JobStatus.PREPARING and held.worker == "gpu-live@test"
 
 
+def test_a_job_that_ended_while_its_gone_worker_held_it_gets_its_message_back_on_redis(
+        broker_settings: Settings, db, store: FeatureStore) -> None:
+    """A GPU worker killed mid-job holds its message unacknowledged; the job is cancelled meanwhile, so
+    no part of the sweep resumes it. On Redis the message would wait in `unacked` for the visibility
+    timeout (6 h) beside the partial output; the sweep puts it back now, for a live worker to clear
+    (the partial goes with it: `test_a_delivery_of_a_job_cancelled_after_its_worker_died_...`). RabbitMQ
+    hands it on by itself once the dead consumer's connection is gone."""
+    settings, worker = broker_settings, "gpu-killed@test"
+    amqp = is_amqp(settings.broker_url)
+    job_id = send_job(settings, db, store, VOICE_A, 30, seed=4)
+    long_ago = utcnow() - timedelta(seconds=WORKER_GONE_S + 60)
+    options = {} if amqp else redis_options(settings)
+    app, broker, report = make_celery(settings), open_broker(settings.broker_url), SweepReport()
+    try:
+        with Connection(settings.broker_url, transport_options=options) as conn:
+            held = Queue(settings.queue_gpu)(conn.channel()).get()  # delivered; the worker dies holding it
+            assert held is not None and held.headers["id"] == job_id
+            with db.begin() as session:
+                queries.register_worker(session=session, name=worker)
+            with db.begin() as session:
+                assert queries.claim_job_attempt(session=session, job_id=job_id, worker=worker,
+                                                 max_attempts=3)
+            with db.begin() as session:
+                assert queries.cancel_job(session=session, job_id=job_id)
+                session.execute(update(Worker).where(Worker.name == worker).values(heartbeat_at=long_ago))
+            resume_orphans(settings=settings, sessions=db, broker=broker, sender=app, report=report)
+            assert report.jobs_resumed == []  # it ended: nothing to run again
+            if not amqp:
+                assert report.messages_returned == [job_id]
+                assert take_all(settings, settings.queue_gpu) == [job_id]  # back, for a live worker to clear
+                resume_orphans(settings=settings, sessions=db, broker=broker, sender=app, report=report)
+                assert report.messages_returned == [job_id]  # once
+        if amqp:  # the consumer's connection closed: RabbitMQ hands the message on by itself
+            assert report.messages_returned == []
+            assert take_all(settings, settings.queue_gpu) == [job_id]
+    finally:
+        broker.close()
+        app.close()
+
+
 def test_an_idle_worker_on_rabbitmq_begins_its_warm_shutdown_within_seconds(
         sqlite_url: str, artifacts: ArtifactStore, amqp_url: str, tmp_path) -> None:
     """Its event loop would otherwise sleep up to 10 s before it reads the SIGTERM (10.9 s measured

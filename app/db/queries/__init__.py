@@ -93,6 +93,7 @@ from app.db.queries.workers import (
     count_jobs_by_route,
     get_worker,
     is_held,
+    list_ended_on_gone_workers,
     list_gone_workers,
     list_orphaned_jobs,
     list_worker_names,
@@ -153,6 +154,7 @@ __all__ = [
     "get_worker",
     "is_held",
     "list_orphaned_jobs",
+    "list_ended_on_gone_workers",
     "release_job",
     # routing
     "live_workers",

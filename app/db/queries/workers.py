@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Job, JobStatus, Worker, WorkerVoice, utcnow
+from app.db.models import DONE_JOB_STATUSES, Job, JobStatus, Worker, WorkerVoice, utcnow
 from app.db.queries._common import _insert, _rowcount
 
 CLAIM_HOLD_S = 10.0  # a held job's row is this fresh: progress_interval_s must stay well below it
@@ -82,6 +82,21 @@ def list_orphaned_jobs(*, session: Session, silent_before: datetime, worker: str
     if quiet_before is not None:
         stmt = stmt.where(Job.updated_at < quiet_before)
     return list(session.scalars(stmt))
+
+
+def list_ended_on_gone_workers(*, session: Session, job_ids: Sequence[str], silent_before: datetime,
+                               worker: str | None = None) -> list[str]:
+    """Of `job_ids`, those that ended (succeeded, failed, cancelled) and were last claimed by a worker
+    that is gone, as `list_orphaned_jobs` means it (only `worker`'s, when given)."""
+    if not job_ids:
+        return []
+    gone = or_(Worker.heartbeat_at.is_(None), Worker.heartbeat_at < silent_before,
+               Worker.started_at > Job.started_at)
+    stmt = (select(Job.id).join(Worker, Worker.name == Job.worker)
+            .where(Job.id.in_(list(job_ids)), Job.status.in_(DONE_JOB_STATUSES), gone))
+    if worker is not None:
+        stmt = stmt.where(Job.worker == worker)
+    return list(session.scalars(stmt.order_by(Job.id)))
 
 
 def release_job(*, session: Session, job_id: str, attempts: int | None = None,
