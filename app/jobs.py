@@ -28,14 +28,13 @@ from app.db.models import Job, JobKind, JobStatus
 from app.errors import BadInput, BadTokens, Conflict, Gone
 from app.keys import check_job_id, check_voice_id, known_id
 from app.settings import Settings
-from app.speech import OutputFormat, check_tokens
+from app.speech import MAX_SEED, OutputFormat, check_tokens
 from app.store import FeatureStore
 from app.text_tokens import check_text
 
 log = logging.getLogger(__name__)
 
 INLINE_TOKENS_MAX = 4096  # longer token lists go to the artifact store instead of the jobs row
-MAX_SEED = 2**63 - 1
 IDEMPOTENCY_KEY_MAX = 128
 
 

@@ -107,6 +107,22 @@ class Settings(BaseSettings):
     lexicon: Path | None = Field(
         default=None, description="a pronunciation lexicon file (JSON or YAML, docs/BOOKS.md) every book's "
         "text goes through; a book's own lexicon is laid over it")
+    lexicon_budget_s: float = Field(
+        default=10.0, gt=0, description="wall seconds a book's lexicon patterns may take in all, over every "
+        "segment; past it the book is refused")
+    book_parse_timeout_s: float = Field(
+        default=300.0, gt=0, description="wall seconds a CPU worker's child process may spend reading and "
+        "planning one book (docs/RELIABILITY.md, \"Hostile input\")")
+    book_parse_cpu_s: int = Field(
+        default=120, ge=1, description="CPU seconds of that child (RLIMIT_CPU); a 1,000-page PDF took 14 s")
+    book_parse_memory_mb: int = Field(
+        default=2048, ge=256, description="address space of that child, MB (RLIMIT_AS)")
+    book_parse_output_mb: int = Field(
+        default=256, ge=16, description="largest file that child may write, MB (RLIMIT_FSIZE): the plan, "
+        "the cover")
+    book_max_timed_span_s: float = Field(
+        default=48 * 3600.0, gt=0, description="a timed subtitle book's cues must start within this many "
+        "seconds (its chapter file is that long)")
 
     # Jobs.
     visibility_timeout_s: int = Field(default=6 * 3600, ge=1, description="must exceed the longest job")

@@ -22,6 +22,7 @@ from app.errors import BadTokens
 VOCAB_SIZE = 6561  # ids 0..6560
 SILENCE_TOKEN = 4218
 TOKEN_RATE = 25  # tokens per second of speech
+MAX_SEED = 2**63 - 1  # a job's (and a book's) noise seed: 0..MAX_SEED
 
 
 def check_tokens(tokens: Iterable[Any], *, max_tokens: int | None = None, where: str = "") -> list[int]:

@@ -25,6 +25,7 @@ PREPARE_TASK = "voice.prepare"  # cpu queue: the host half of a voice (tasks/voi
 SYNTH_TASK = "synth"  # gpu queue: one job (gpu_worker/worker.py); its task id is the job id
 JOB_TOKENIZE_TASK = "job.tokenize"  # cpu queue, tasks/text.py: a text job's tokens, then its `synth`
 SWEEP_TASK = "maintenance.sweep"  # cpu queue (tasks/maintenance.py)
+BOOK_PARSE_TASK = "book.parse"  # cpu queue, tasks/books.py: read and plan a submitted book (bounded child)
 BOOK_PLAN_TASK = "book.plan"  # cpu queue, tasks/books.py: start or resume a book
 BOOK_TOKENIZE_TASK = "book.tokenize"
 BOOK_CHAPTER_TASK = "book.chapter"

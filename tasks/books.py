@@ -1,5 +1,9 @@
-"""Book tasks on the CPU queue: fan a book out into segment jobs, tokenize, assemble chapters and the book.
+"""Book tasks on the CPU queue: read a book, fan it out into segment jobs, tokenize, assemble chapters and
+the book.
 
+    book.parse(book_id)            read and plan a submitted book in a bounded child process
+                                   (`app.books.intake.read_book`): queued and book.plan sent, or failed
+                                   with the reason
     book.plan(book_id)             the segments without finished audio -> one chord per chapter:
                                      group(segment members) | book.chapter(book_id, index)
                                    a member is `synth` (a segment whose token source is ready at planning:
@@ -32,7 +36,7 @@ from celery.canvas import Signature
 from sqlalchemy.orm import Session
 
 from app import routing, wire
-from app.books import files, render, service, status
+from app.books import files, intake, render, service, status
 from app.books.plan import BookPlan, PlanSegment
 from app.books.tokens import BookContext, source_for
 from app.db import queries
@@ -60,6 +64,14 @@ MAX_RETRIES = 3  # infrastructure errors (Redis, database) before a task gives u
 
 def _sig(name: str, *args: Any, immutable: bool = True, **options: Any) -> Signature:
     return celery_app.signature(name, args=args, immutable=immutable, **options)
+
+
+# book.parse --------------------------------------------------------------------------------------
+
+def parse(book_id: str, res: Resources) -> str:
+    svc = intake.Services(settings=res.settings, sessions=res.sessions, store=res.store,
+                          artifacts=res.artifacts, sender=celery_app)
+    return intake.read_book(book_id, svc)
 
 
 # book.plan ---------------------------------------------------------------------------------------
@@ -244,11 +256,20 @@ def _run(task: Task, book_id: str, body: Any) -> Any:
         raise task.retry(exc=exc, countdown=2**task.request.retries) from exc
     except BookStopped:
         raise
+    except MemoryError:  # Celery treats it as fatal to the worker: here it fails the book, the worker goes on
+        log.exception("%s %s: out of memory", task.name, book_id)
+        _fail_book(book_id, res, f"{task.name}: ran out of memory on the CPU worker")
+        raise BookStopped(f"book {book_id}: out of memory") from None
     except Exception as exc:  # boundary: one book fails with the reason, the worker goes on
         if not isinstance(exc, WavefarmError | OSError):
             log.exception("%s %s: unexpected error", task.name, book_id)
         _fail_book(book_id, res, f"{task.name}: {type(exc).__name__}: {exc}")
         raise
+
+
+@celery_app.task(name=wire.BOOK_PARSE_TASK, bind=True, max_retries=MAX_RETRIES)
+def parse_task(self: Task, book_id: str) -> str:
+    return str(_run(self, book_id, lambda res: parse(book_id, res)))
 
 
 @celery_app.task(name=wire.BOOK_PLAN_TASK, bind=True, max_retries=MAX_RETRIES)

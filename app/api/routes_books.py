@@ -7,12 +7,16 @@
     POST /v1/books/{id}/cancel
     GET  /v1/books/{id}/files/{name}  chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt
 
-A bad book is refused at submission (422 with the reason), before anything is queued. Thin HTTP adapters
-over `app.books.service` and `app.books.status`; the bodies are in `app.api.schemas`.
+The API never reads a book: what can be refused without reading it (options, sizes, the language tag, the
+chapter selection, the voice) is a 4xx at once; the upload is stored as it streams and the book answers
+202 in `parsing`; a CPU worker reads it in a bounded child process and the book becomes `queued` or
+`failed` with the reason (`app.books.intake`). Thin HTTP adapters over `app.books.intake`,
+`app.books.service` and `app.books.status`; the bodies are in `app.api.schemas`.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Annotated, Any
 
@@ -26,11 +30,12 @@ from starlette.datastructures import FormData, UploadFile
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import BookOut, BookRequest, Problem
-from app.books import service, status
+from app.books import intake, service, status
 from app.books.cast import MAX_BYTES as CAST_MAX_BYTES
 from app.books.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
 from app.books.parse import FORMATS
 from app.books.source import DEFAULT_LIMITS
+from app.books.submission import BookOptions, Submission, target_lufs_field
 from app.db import queries
 from app.errors import BadInput
 from app.speech import MEDIA_TYPES as AUDIO_MEDIA_TYPES
@@ -92,8 +97,8 @@ def _book_out(ctx: ApiContext, book_id: str) -> BookOut:
 
 def _submit(ctx: ApiContext, fields: dict[str, Any]) -> BookOut:
     with ctx.session() as s:
-        book_id = service.submit_book(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                      artifacts=ctx.artifacts, **fields)
+        book_id = intake.accept_book(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                     artifacts=ctx.artifacts, **fields)
     return _book_out(ctx, book_id)
 
 
@@ -110,15 +115,21 @@ async def _json_fields(request: Request) -> dict[str, Any]:
 
 
 def _parse_json(body: bytes) -> dict[str, Any]:
+    """The request's JSON (pydantic bounds its nesting); the manifest inside is read by a CPU worker."""
     try:
         req = BookRequest.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
-    options = service.BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3, timed=req.timed,
-                                  target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
-    return {"data": json.dumps(req.manifest).encode(), "book_format": "manifest", "voice_id": req.voice_id,
-            "options": options, "chapters": req.chapters, "narrator": req.narrator,
-            "description": req.description, "lexicon": req.lexicon, "cast": req.cast}
+    options = BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3, timed=req.timed,
+                          target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
+    submission = Submission(options=options, book_format="manifest", chapters=req.chapters,
+                            narrator=req.narrator, description=req.description)
+    return {"source": io.BytesIO(json.dumps(req.manifest).encode()), "submission": submission,
+            "voice_id": req.voice_id, "lexicon": _json_bytes(req.lexicon), "cast": _json_bytes(req.cast)}
+
+
+def _json_bytes(value: dict[str, Any] | None) -> bytes | None:
+    return None if value is None else json.dumps(value).encode()
 
 
 async def _file_or_text(value: Any, limit: int) -> bytes | None:
@@ -133,10 +144,6 @@ def _flag(text: str | None, default: bool) -> bool:
     return default if text is None else text.lower() not in ("false", "0", "no", "off")
 
 
-async def _form_fields(request: Request, ctx: ApiContext) -> dict[str, Any]:
-    async with request.form(max_files=4, max_fields=len(FORM_FIELDS),
-                            max_part_size=DEFAULT_LIMITS.max_text_bytes) as form:
-        return await _read_form(form, ctx)
 
 
 async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
@@ -146,29 +153,28 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     book = form.get("book")
     if not isinstance(book, UploadFile):
         raise BadInput("send the book as a file in the 'book' field")
-    data = await book.read(DEFAULT_LIMITS.max_epub_bytes + 1)
-    if len(data) > DEFAULT_LIMITS.max_epub_bytes:
-        raise BadInput(f"the book is larger than {DEFAULT_LIMITS.max_epub_bytes} bytes")
     reference = form.get("reference")
     if reference is not None and not isinstance(reference, UploadFile):
         raise BadInput("reference must be an uploaded file")
     text = {name: text_field(form.get(name), name) for name in
             ("voice_id", "book_format", "output_format", "title", "author", "narrator", "description",
              "language", "m4b", "mp3", "timed", "chapters")}
-    options = service.BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
+    options = BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=_flag(text["m4b"], True), mp3=_flag(text["mp3"], False),
                           timed=_flag(text["timed"], False),
-                          target_lufs=service.target_lufs_field(text_field(form.get("target_lufs"),
-                                                                           "target_lufs")),
+                          target_lufs=target_lufs_field(text_field(form.get("target_lufs"), "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,
                           priority=number_field(form.get("priority"), "priority", int) or 0)
-    lexicon_bytes = await _file_or_text(form.get("lexicon"), LEXICON_MAX_BYTES)
-    cast_bytes = await _file_or_text(form.get("cast"), CAST_MAX_BYTES)
-    return {"data": data, "filename": book.filename, "book_format": text["book_format"],
-            "lexicon": lexicon_bytes, "cast": cast_bytes,
-            "voice_id": text["voice_id"], "title": text["title"], "author": text["author"],
-            "narrator": text["narrator"], "description": text["description"],
-            "language": text["language"], "chapters": text["chapters"], "options": options,
+    submission = Submission(options=options, filename=book.filename, book_format=text["book_format"],
+                            title=text["title"], author=text["author"], narrator=text["narrator"],
+                            description=text["description"], language=text["language"],
+                            chapters=text["chapters"])
+    # The book's file is handed on as the form spooled it (to disk past 1 MB): copied in chunks to the
+    # book's folder, never read whole into this process.
+    return {"source": book.file, "submission": submission,
+            "lexicon": await _file_or_text(form.get("lexicon"), LEXICON_MAX_BYTES),
+            "cast": await _file_or_text(form.get("cast"), CAST_MAX_BYTES),
+            "voice_id": text["voice_id"],
             "reference_bytes": (await read_upload(reference, ctx.settings.max_reference_bytes,
                                                   "reference audio")) if reference else None}
 
@@ -178,16 +184,17 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
                         422: {"model": Problem}})
 async def create_book(request: Request, response: Response, ctx: Ctx) -> BookOut:
     """Submit a book. Multipart: `book` file + `voice_id` or `reference`; JSON: an inline token manifest.
-    Returns at once (202); follow GET /v1/books/{id}."""
+    Returns at once (202, `parsing`): a CPU worker reads it; follow GET /v1/books/{id}."""
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("application/json"):
-        fields = await _json_fields(request)
+        book = await run_in_threadpool(_submit, ctx, await _json_fields(request))
     elif ctype.startswith("multipart/form-data"):
-        fields = await _form_fields(request, ctx)
+        async with request.form(max_files=4, max_fields=len(FORM_FIELDS),
+                                max_part_size=DEFAULT_LIMITS.max_text_bytes) as form:
+            book = await run_in_threadpool(_submit, ctx, await _read_form(form, ctx))  # the form's files live
     else:
         raise HTTPException(415, detail="send multipart/form-data (a book file) or application/json "
                                         "(an inline manifest)")
-    book = await run_in_threadpool(_submit, ctx, fields)
     response.headers["Location"] = f"/v1/books/{book.id}"
     return book
 

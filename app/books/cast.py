@@ -137,6 +137,8 @@ def _load(data: bytes | str, what: str) -> Any:
         raise BadInput(f"{what} is not UTF-8 text") from None
     except (ValueError, yaml.YAMLError) as exc:
         raise BadInput(f"{what} is neither JSON nor YAML: {str(exc).splitlines()[0][:200]}") from None
+    except RecursionError:
+        raise BadInput(f"{what} is nested too deeply (a cast is one mapping of names to voices)") from None
 
 
 def check_cast(used: Mapping[str, str], cast: Mapping[str, str]) -> None:

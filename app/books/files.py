@@ -1,6 +1,11 @@
 """A book's files under the artifact root, named by us, never by a client:
 
-    books/<book id>/plan.json   the plan (`app.books.plan.BookPlan`), written once at submission
+    books/<book id>/request.json  what the client asked (`app.books.submission`), from submission on
+                    source      the upload, until a CPU worker has read it (then removed)
+                    lexicon     a lexicon and a cast sent with it, likewise
+                    cast
+                    outcome.json  what reading it gave (`app.books.planner`), then plan.json ...
+                    plan.json   the plan (`app.books.plan.BookPlan`), written once, when the book is read
                     meta.json   cover type, the manifest's folder (CLI books with source audio), and what
                                 the book's status shows of the plan (narrator, description, cast)
                     cover       the cover image, when the book has one
@@ -19,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from app.artifacts import ArtifactStore, write_text
+from app.artifacts import ArtifactStore, atomic_path, write_text
 from app.books.plan import BookPlan
 from app.books.source import SourceBook
 
@@ -35,13 +40,13 @@ def output_dir(artifacts: ArtifactStore, book_id: str) -> Path:
     return book_dir(artifacts, book_id) / "out"
 
 
-def store_files(artifacts: ArtifactStore, book_id: str, plan: BookPlan, source: SourceBook,
-                base_dir: Path | None) -> None:
-    folder = book_dir(artifacts, book_id)
+def store_files(folder: Path, plan: BookPlan, source: SourceBook, base_dir: Path | None) -> None:
+    """A planned book's files in its folder (`book_dir`): plan, meta and cover."""
     folder.mkdir(parents=True, exist_ok=True)
     write_text(folder / "plan.json", json.dumps(plan.to_dict(), ensure_ascii=False))
     if source.cover:
-        (folder / "cover").write_bytes(source.cover)
+        with atomic_path(folder / "cover") as tmp:
+            tmp.write_bytes(source.cover)
     meta = {"cover_type": source.cover_type if source.cover else None,
             "base_dir": str(base_dir.resolve()) if base_dir is not None else None,
             "narrator": plan.narrator, "description": plan.description, "cast": plan.cast}

@@ -93,6 +93,10 @@ class _Library:
             self._chunks.append(np.ctypeslib.as_array(wav, shape=(count,)).copy())
         return 0
 
+    def has_voice(self, voice: str) -> bool:
+        with self.lock:
+            return bool(self.lib.espeak_SetVoiceByName(voice.encode()) == 0)
+
     def speak(self, text: str, options: GuideOptions) -> np.ndarray:
         with self.lock:
             if self.lib.espeak_SetVoiceByName(options.voice.encode()) != 0:
@@ -161,13 +165,21 @@ def options_for(language: str) -> GuideOptions:
     first = GuideOptions.for_language(language)
     candidates = dict.fromkeys([first.voice, language.split("-")[0]])
     for voice in candidates:
-        options = GuideOptions(voice=voice, rate_wpm=first.rate_wpm, pitch=first.pitch)
-        try:
-            speak("a", options)
-        except BadInput:
-            continue
-        return options
+        if _VOICE_RE.fullmatch(voice) and has_voice(voice):
+            return GuideOptions(voice=voice, rate_wpm=first.rate_wpm, pitch=first.pitch)
     raise BadInput(f"no guide voice speaks language {language!r} (espeak-ng has none of {list(candidates)})")
+
+
+def has_voice(voice: str) -> bool:
+    """Whether espeak-ng has this voice, asked without speaking (no audio, nothing resampled)."""
+    lib = _library()
+    if lib is not None:
+        return lib.has_voice(voice)
+    binary = _binary()
+    if binary is None:
+        raise RuntimeError("no guide voice: install the espeakng-loader wheel (or the espeak-ng package)")
+    done = subprocess.run([binary, "-q", "-v", voice, "--", "a"], capture_output=True, timeout=60, check=False)
+    return done.returncode == 0 and not done.stderr.strip()
 
 
 def speak(text: str, options: GuideOptions = GuideOptions()) -> np.ndarray:

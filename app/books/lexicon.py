@@ -15,14 +15,19 @@ re-renders exactly the segments whose said text changes. Words are tried longest
 in order; a replacement is never matched again. The book's lexicon is laid over the service's default
 one (`WAVEFARM_LEXICON`, a file): an entry of the book wins over the default's for the same word.
 
-Phonemes go to espeak-ng inside `[[...]]`. Book text itself cannot make a phoneme span: a `[[` or `]]`
-in the text is said as a single bracket. A pattern comes from a client, so each one is compiled and run
-with a time limit (a pattern that backtracks catastrophically is refused, not left to hang a worker).
+Phonemes go to espeak-ng inside `[[...]]`, and only a word entry's `{phonemes: ...}` puts them there:
+every bracket in the book's text, in a respelling or in a pattern's output is read as a parenthesis,
+so no nesting (`[[[[x]]]]`) or pattern can open a phoneme span. Patterns come from a client, so they are
+bounded three ways: at most MAX_PATTERNS of them, each run with a time limit per segment
+(PATTERN_TIMEOUT_S: one that backtracks catastrophically is refused), and all of them together within
+a budget per book (`Budget`, `WAVEFARM_LEXICON_BUDGET_S`): many patterns that each stay under their own
+limit cannot add up to minutes.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +40,11 @@ from app.errors import BadInput
 
 MAX_BYTES = 1024 * 1024
 MAX_ENTRIES = 10_000
+MAX_PATTERNS = 256  # a real lexicon has a few patterns and many words
 MAX_ENTRY_CHARS = 200  # a word, a phrase, a respelling, phonemes or a pattern
 PATTERN_TIMEOUT_S = 0.1  # per pattern and segment (a sane pattern takes microseconds on a sentence)
+DEFAULT_BUDGET_S = 10.0  # every pattern over every segment of one book (WAVEFARM_LEXICON_BUDGET_S)
+_BRACKETS = str.maketrans("[]", "()")  # outside a phoneme entry, a bracket is read as a parenthesis
 _PHONEMES_RE = regex.compile(r"[^\[\]\n]+")  # anything but brackets and newlines
 _GROUP_REF_RE = regex.compile(r"\\(\d+)|\\g<(\w+)>")
 
@@ -69,19 +77,40 @@ class Lexicon:
         """This lexicon laid over `default`: its words win, its patterns run first."""
         return Lexicon({**default.words, **self.words}, self.patterns + default.patterns)
 
-    def apply(self, text: str) -> str:
-        """The text as the guide voice should say it."""
-        text = text.replace("[[", "[").replace("]]", "]")
+    def apply(self, text: str, budget: Budget | None = None) -> str:
+        """The text as the guide voice should say it; `budget` bounds the patterns' time over a book."""
+        text = text.translate(_BRACKETS)
         if not self:
             return text
+        budget = budget or Budget()
         pieces: list[tuple[str, bool]] = [(text, False)]  # (text, already replaced)
         if self.words:
             pieces = _split(pieces, _words_regex(tuple(sorted(self.words))),
-                            lambda m: self.words[_fold(m.group(0))])
+                            lambda m: self.words[_fold(m.group(0))], None)
         for pattern in self.patterns:
             compiled = _pattern(pattern.match)
-            pieces = _split(pieces, compiled, lambda m, p=pattern: m.expand(p.say))
+            pieces = _split(pieces, compiled, lambda m, p=pattern: m.expand(p.say).translate(_BRACKETS),
+                            budget)
         return "".join(t for t, _ in pieces)
+
+
+class Budget:
+    """The time a book's lexicon patterns may take in all, over every segment (wall seconds)."""
+
+    def __init__(self, seconds: float = DEFAULT_BUDGET_S) -> None:
+        self.seconds = seconds
+        self.left = seconds
+
+    def timeout(self) -> float:
+        """The limit for the next run of one pattern over one segment."""
+        if self.left <= 0:
+            raise self.exhausted()
+        return min(PATTERN_TIMEOUT_S, self.left)
+
+    def exhausted(self) -> BadInput:
+        return BadInput(f"the lexicon's patterns took more than {self.seconds:g} s in all on this book (the "
+                        "budget per book, WAVEFARM_LEXICON_BUDGET_S); use fewer or simpler patterns, or "
+                        "word entries")
 
 
 EMPTY = Lexicon()
@@ -101,6 +130,8 @@ def parse_lexicon(data: bytes | str | Mapping[str, Any], what: str = "the lexico
             doc = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError) as exc:
             raise BadInput(f"{what} is neither JSON nor YAML: {str(exc).splitlines()[0][:200]}") from None
+        except RecursionError:
+            raise BadInput(f"{what} is nested too deeply (a lexicon is two levels deep)") from None
     else:
         doc = data
     if doc is None:
@@ -108,6 +139,9 @@ def parse_lexicon(data: bytes | str | Mapping[str, Any], what: str = "the lexico
     if not isinstance(doc, dict) or set(doc) - {"words", "patterns"}:
         raise BadInput(f"{what} must be an object with 'words' (a mapping) and/or 'patterns' (a list)")
     words = _check_words(doc.get("words") or {}, what)
+    if isinstance(doc.get("patterns"), list) and len(doc["patterns"]) > MAX_PATTERNS:
+        raise BadInput(f"{what} has {len(doc['patterns'])} patterns; the limit is {MAX_PATTERNS} (use word "
+                       "entries for words and phrases)")
     patterns = _check_patterns(doc.get("patterns") or [], what)
     if len(words) + len(patterns) > MAX_ENTRIES:
         raise BadInput(f"{what} has {len(words) + len(patterns)} entries; the limit is {MAX_ENTRIES}")
@@ -141,7 +175,7 @@ def _check_words(words: Any, what: str) -> dict[str, str]:
                                f"brackets, 1..{MAX_ENTRY_CHARS} characters")
             text = f"[[{phonemes.strip()}]]"
         elif isinstance(said, str) and said.strip() and len(said) <= MAX_ENTRY_CHARS:
-            text = " ".join(said.replace("[[", "[").replace("]]", "]").split())
+            text = " ".join(said.translate(_BRACKETS).split())
         else:
             raise BadInput(f"{what}: {word!r} must map to a respelling (text) or {{phonemes: ...}}")
         out[_fold(word)] = text
@@ -201,20 +235,17 @@ def _pattern(match: str) -> regex.Pattern[str]:
     return regex.compile(match, regex.V0)
 
 
-def _split(pieces: Iterable[tuple[str, bool]], compiled: regex.Pattern[str],
-           replace: Any) -> list[tuple[str, bool]]:
-    """Replace matches in the pieces not replaced yet; replacements are marked so nothing matches them."""
+def _split(pieces: Iterable[tuple[str, bool]], compiled: regex.Pattern[str], replace: Any,
+           budget: Budget | None) -> list[tuple[str, bool]]:
+    """Replace matches in the pieces not replaced yet; replacements are marked so nothing matches them.
+    A client's pattern (`budget` given) runs with a time limit and spends from the book's budget."""
     out: list[tuple[str, bool]] = []
     for text, done in pieces:
         if done:
             out.append((text, True))
             continue
         pos = 0
-        try:
-            matches = list(compiled.finditer(text, timeout=PATTERN_TIMEOUT_S))
-        except TimeoutError:
-            raise BadInput(f"a lexicon pattern took over {PATTERN_TIMEOUT_S} s on one sentence "
-                           f"({compiled.pattern[:40]!r}); simplify it") from None
+        matches = list(compiled.finditer(text)) if budget is None else _timed(compiled, text, budget)
         for m in matches:
             if m.start() == m.end():
                 continue
@@ -222,3 +253,17 @@ def _split(pieces: Iterable[tuple[str, bool]], compiled: regex.Pattern[str],
             pos = m.end()
         out.append((text[pos:], False))
     return [(t, d) for t, d in out if t]
+
+
+def _timed(compiled: regex.Pattern[str], text: str, budget: Budget) -> list[regex.Match[str]]:
+    timeout = budget.timeout()
+    start = time.perf_counter()
+    try:
+        return list(compiled.finditer(text, timeout=timeout))
+    except TimeoutError:
+        if timeout < PATTERN_TIMEOUT_S:
+            raise budget.exhausted() from None
+        raise BadInput(f"a lexicon pattern took over {PATTERN_TIMEOUT_S} s on one sentence "
+                       f"({compiled.pattern[:40]!r}); simplify it") from None
+    finally:
+        budget.left -= time.perf_counter() - start

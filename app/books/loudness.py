@@ -22,8 +22,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pyloudnorm
-from scipy.signal import resample_poly
 
 DEFAULT_TARGET_LUFS = -20.0
 TRUE_PEAK_CEILING_DBTP = -1.0
@@ -52,12 +50,16 @@ class Loudness:
 def integrated_loudness(wave: np.ndarray, rate: int) -> float:
     if len(wave) <= int(0.4 * rate) or not np.any(wave):
         return _SILENT_DB
+    import pyloudnorm  # here, not at the top: importing this module for its constants stays light
+
     value = float(pyloudnorm.Meter(rate).integrated_loudness(wave.astype(np.float64)))
     return value if math.isfinite(value) else _SILENT_DB
 
 
 def true_peak(wave: np.ndarray, rate: int) -> float:
     """The largest absolute value of `wave` oversampled to >= 192 kHz, in dB (dBTP); -inf for silence."""
+    from scipy.signal import resample_poly
+
     if not np.any(wave):
         return _SILENT_DB
     factor = max(1, math.ceil(TRUE_PEAK_RATE / rate))

@@ -31,7 +31,7 @@ _HYPHENATED_RE = re.compile(r"(\w)-$")
 def parse_pdf(data: bytes, *, title: str | None = None, author: str | None = None,
               language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import DependencyError, PyPdfError
 
     if len(data) > limits.max_epub_bytes:
         raise BadInput(f"the PDF is {len(data)} bytes; the limit is {limits.max_epub_bytes}")
@@ -48,8 +48,8 @@ def parse_pdf(data: bytes, *, title: str | None = None, author: str | None = Non
         info: Any = reader.metadata or {}
     except BadInput:
         raise
-    except (PdfReadError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError,
-            NotImplementedError) as exc:
+    except (PyPdfError, DependencyError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+            RecursionError, NotImplementedError, OverflowError) as exc:
         raise BadInput(f"not a readable PDF: {type(exc).__name__}: {str(exc)[:200]}") from exc
     if not any(t.strip() for t in texts):
         raise BadInput("the PDF has no text layer (a scanned book?): run OCR on it first")

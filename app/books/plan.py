@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from app.books.cast import NARRATOR, VoiceState, check_cast, split_runs
-from app.books.lexicon import EMPTY, Lexicon
+from app.books.lexicon import EMPTY, Budget, Lexicon
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
 from app.books.text import (
     DEFAULT_OPTIONS,
@@ -127,10 +127,12 @@ def segment_key(*, kind: Kind, content: str | list[int], voice_id: str, options:
 def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, Any] | None = None,
               guide_options: Mapping[str, Any] | None = None, options: SegmentOptions = DEFAULT_OPTIONS,
               limits: BookLimits = DEFAULT_LIMITS, lexicon: Lexicon = EMPTY,
-              cast: Mapping[str, str] | None = None) -> BookPlan:
+              cast: Mapping[str, str] | None = None, lexicon_budget: Budget | None = None) -> BookPlan:
     """Plan every chapter. `render_options` go into every key, `guide_options` into text keys; the
-    lexicon changes what text segments say (and so their keys), not what they show; `cast` maps the
-    voice names of the text's markup (folded, `app.books.cast`) to voice ids."""
+    lexicon changes what text segments say (and so their keys), not what they show, its patterns within
+    `lexicon_budget` over the whole book; `cast` maps the voice names of the text's markup (folded,
+    `app.books.cast`) to voice ids."""
+    budget = lexicon_budget or Budget()
     if not _VOICE_ID_RE.fullmatch(voice_id):
         raise BadInput(f"voice id {voice_id!r} is not a sha256 hex digest")
     voices = _Voices(voice_id, dict(cast or {}))
@@ -140,7 +142,7 @@ def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, A
     count = 0
     for source in book.chapters:
         segments = (_items(source, voice_id, common, options) if source.items
-                    else _text(source, book.language, voices, text_options, options, lexicon,
+                    else _text(source, book.language, voices, text_options, options, lexicon, budget,
                                where=f"chapter {len(chapters) + 1}"))
         count += len(segments)
         if count > limits.max_segments:
@@ -175,7 +177,7 @@ class _Voices:
 
 
 def _text(source: SourceChapter, language: str, voices: _Voices, key_options: Mapping[str, Any],
-          options: SegmentOptions, lexicon: Lexicon, *, where: str) -> list[PlanSegment]:
+          options: SegmentOptions, lexicon: Lexicon, budget: Budget, *, where: str) -> list[PlanSegment]:
     state = VoiceState()
     spoken: list[tuple[str, TextSegment]] = [  # the title: the narrator's, a paragraph's pause after it
         ("", replace(s, pause_after_ms=options.paragraph_pause_ms))
@@ -200,7 +202,7 @@ def _text(source: SourceChapter, language: str, voices: _Voices, key_options: Ma
         spoken[-1] = (voice, replace(last, pause_after_ms=options.chapter_pause_ms))
     out = []
     for n, (voice, s) in enumerate(spoken):
-        said = lexicon.apply(s.text)
+        said = lexicon.apply(s.text, budget)
         key = segment_key(kind="text", content=said, voice_id=voice or voices.book, options=key_options)
         out.append(PlanSegment(key=key, kind="text", text=s.text, tokens=None, audio=None,
                                est_tokens=s.est_tokens, pause_after_ms=s.pause_after_ms,

@@ -135,12 +135,19 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
             if len(paragraph) > limits.max_paragraph_chars:
                 raise BadInput(f"paragraph {pi + 1} of chapter {ci + 1} ({chapter.title!r}) is "
                                f"{len(paragraph)} characters; the limit is {limits.max_paragraph_chars}")
-    language = (language or "en").strip().lower().replace("_", "-")
-    if not _LANGUAGE_RE.fullmatch(language):
-        raise BadInput(f"language {language[:40]!r} is not a language tag such as 'en' or 'pt-br'")
+    language = check_language_tag(language or "en")
     book = SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
                       chapters=tuple(kept), cover=cover, cover_type=cover_type)
     return with_metadata(book, narrator=narrator, description=description, limits=limits)
+
+
+def check_language_tag(language: str) -> str:
+    """A BCP 47 tag as a book or the request gives it -> lower case with hyphens; BadInput if it is not
+    one (its spelling only: whether a guide voice speaks it is `app.books.guide_voice`'s question)."""
+    tag = language.strip().lower().replace("_", "-")
+    if not _LANGUAGE_RE.fullmatch(tag):
+        raise BadInput(f"language {tag[:40]!r} is not a language tag such as 'en' or 'pt-br'")
+    return tag
 
 
 def _check_length(what: str, text: str, limit: int) -> None:

@@ -45,7 +45,7 @@ def _srt(text: str) -> list[tuple[int, str]]:
 
     try:
         return [(_ms(s.start), _clean(s.content)) for s in srt.parse(text)]
-    except (srt.SRTParseError, ValueError) as exc:
+    except (srt.SRTParseError, ValueError, OverflowError) as exc:
         raise BadInput(f"not a valid SRT file: {str(exc)[:200]}") from exc
 
 
@@ -55,7 +55,7 @@ def _vtt(text: str) -> list[tuple[int, str]]:
 
     try:
         captions = webvtt.from_buffer(io.StringIO(text))
-    except (MalformedFileError, ValueError, IndexError) as exc:
+    except (MalformedFileError, ValueError, IndexError, OverflowError) as exc:
         raise BadInput(f"not a valid WebVTT file: {str(exc)[:200]}") from exc
     out = []
     for caption in captions.captions:

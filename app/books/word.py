@@ -6,8 +6,9 @@
 - Title, author, description and language from the document's core properties (title, author,
   subject, language).
 - Safety, as for an EPUB: the zip is checked from its central directory before anything is inflated
-  (`app.books.safezip`: entries, sizes, ratios), and an XML part that declares a DTD or an entity
-  refuses the document; python-docx's parser never resolves entities either.
+  (`app.books.safezip`: entries, sizes, ratios); every part is then read (a bad CRC refuses the
+  document), and a part that declares a DTD or an entity, whatever its name and encoding, refuses it;
+  python-docx's parser never resolves entities either.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def parse_docx(data: bytes, *, title: str | None = None, author: str | None = No
     from docx.opc.exceptions import PackageNotFoundError
 
     archive = SafeArchive(data, limits, kind="DOCX")
-    for name in archive.zip.namelist():
-        if name.endswith((".xml", ".rels")) and _declares(archive.read(name)):
+    for name in archive.zip.namelist():  # every part, whatever its name: each is read (and CRC-checked)
+        if declares_dtd(archive.read(name)):
             raise BadInput(f"the DOCX part {name!r} declares a DTD or an entity; refused (nothing is "
                            "expanded)")
     try:
@@ -58,11 +59,26 @@ def parse_docx(data: bytes, *, title: str | None = None, author: str | None = No
                        description=" ".join((core.subject or "").split()))
 
 
-def _declares(content: bytes) -> bool:
-    """A DOCTYPE or ENTITY declaration in an XML part, in UTF-8 or UTF-16."""
-    if _DECLARATION_RE.search(content):
-        return True
-    for encoding in ("utf-16-le", "utf-16-be"):
+_ENCODINGS = ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
+
+
+def declares_dtd(content: bytes) -> bool:
+    """A DOCTYPE or ENTITY declaration in a part, in any encoding the XML parser behind python-docx
+    (libxml2) reads: found in the bytes as each of them, and asked of libxml2 itself (with entities and
+    DTDs off), so neither a part's name nor its encoding hides one."""
+    for encoding in _ENCODINGS:
         if _DECLARATION_RE.search(content.decode(encoding, errors="ignore").encode("utf-8", "ignore")):
             return True
-    return False
+    return _libxml2_sees_dtd(content)
+
+
+def _libxml2_sees_dtd(content: bytes) -> bool:
+    from lxml import etree
+
+    parser = etree.XMLParser(resolve_entities=False, load_dtd=False, no_network=True, huge_tree=False)
+    try:
+        root = etree.fromstring(content, parser)
+    except (etree.XMLSyntaxError, ValueError):
+        return False  # not XML that libxml2 reads: python-docx cannot read it either
+    info = root.getroottree().docinfo
+    return bool(info.doctype) or info.internalDTD is not None or info.externalDTD is not None

@@ -229,7 +229,8 @@ class InstallEvent(Base):
 
 
 class BookStatus(enum.StrEnum):
-    QUEUED = "queued"
+    PARSING = "parsing"  # accepted and stored; a CPU worker reads and plans it in a bounded child process
+    QUEUED = "queued"  # planned: chapters and segments recorded, book.plan sent
     RENDERING = "rendering"
     ASSEMBLING = "assembling"
     SUCCEEDED = "succeeded"
@@ -237,7 +238,7 @@ class BookStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-LIVE_BOOK_STATUSES = (BookStatus.QUEUED, BookStatus.RENDERING, BookStatus.ASSEMBLING)
+LIVE_BOOK_STATUSES = (BookStatus.PARSING, BookStatus.QUEUED, BookStatus.RENDERING, BookStatus.ASSEMBLING)
 
 
 class SegmentKind(enum.StrEnum):
@@ -260,6 +261,7 @@ class Book(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
     voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"))
     status: Mapped[str] = mapped_column(String(16), default=BookStatus.QUEUED)
+    parse_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # book.parse runs
     title: Mapped[str] = mapped_column(Text)
     author: Mapped[str] = mapped_column(Text, default="")
     language: Mapped[str] = mapped_column(String(35), default="en")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import (
@@ -32,35 +32,68 @@ class PlannedChapter:
     est_seconds: float
 
 
+INSERT_CHUNK = 500  # rows per INSERT: SQLite allows 32,766 bound variables in one statement
+
+
 def create_book(*, session: Session, book_id: str, voice_id: str, title: str, author: str, language: str,
-                plan_key: str, output_format: str, m4b: bool, target_lufs: float | None, seed: int,
-                priority: int, mp3: bool = False, timed: bool = False, chapters: Sequence[PlannedChapter],
-                chapters_selected: str | None = None) -> Book:
-    """Insert a queued book, its chapters, where each segment sits, and every segment not known yet."""
+                output_format: str, m4b: bool, target_lufs: float | None, seed: int, priority: int,
+                mp3: bool = False, timed: bool = False) -> Book:
+    """Insert a submitted book, `parsing`: its chapters and segments come once it is read
+    (`add_book_plan`)."""
     now = utcnow()
-    total = sum(len(c.keys) for c in chapters)
-    book = Book(id=book_id, voice_id=voice_id, status=BookStatus.QUEUED, title=title, author=author,
-                language=language, plan_key=plan_key, output_format=output_format, m4b=m4b, mp3=mp3,
-                timed=timed,
-                target_lufs=target_lufs, seed=seed, priority=priority, segments_total=total,
-                est_seconds=sum(c.est_seconds for c in chapters), chapters_selected=chapters_selected,
+    book = Book(id=book_id, voice_id=voice_id, status=BookStatus.PARSING, title=title, author=author,
+                language=language, plan_key="", output_format=output_format, m4b=m4b, mp3=mp3, timed=timed,
+                target_lufs=target_lufs, seed=seed, priority=priority, segments_total=0, est_seconds=0.0,
                 submitted_at=now, updated_at=now)
     session.add(book)
     session.flush()
-    kinds = {key: (kind, voice) for c in chapters for key, kind, voice in c.keys}
-    if kinds:
-        session.execute(
-            _insert(session, Segment)
-            .values([{"key": k, "voice_id": voice, "kind": kind, "jobs_created": 0, "created_at": now,
-                      "updated_at": now} for k, (kind, voice) in kinds.items()])
-            .on_conflict_do_nothing(index_elements=["key"]))
-    for index, chapter in enumerate(chapters):
-        session.add(BookChapter(book_id=book_id, index=index, title=chapter.title,
-                                segments_total=len(chapter.keys), est_seconds=chapter.est_seconds))
-        session.add_all(BookSegment(book_id=book_id, chapter=index, position=pos, key=key)
-                        for pos, (key, _, _) in enumerate(chapter.keys))
-    session.flush()
     return book
+
+
+def start_book_parse(*, session: Session, book_id: str) -> int | None:
+    """Count one more reading of a `parsing` book; its attempts so far, or None if it is not parsing."""
+    result = session.execute(
+        update(Book).where(Book.id == book_id, Book.status == BookStatus.PARSING)
+        .values(parse_attempts=Book.parse_attempts + 1, updated_at=utcnow()))
+    if _rowcount(result) != 1:
+        return None
+    return int(session.scalar(select(Book.parse_attempts).where(Book.id == book_id)) or 0)
+
+
+def add_book_plan(*, session: Session, book_id: str, title: str, author: str, language: str, plan_key: str,
+                  chapters: Sequence[PlannedChapter], chapters_selected: str | None = None) -> bool:
+    """Record a read book's chapters, where each segment sits and every segment not known yet, and move
+    it from `parsing` to `queued`; False (nothing written) if it is no longer parsing (cancelled).
+    Rows go in chunks of INSERT_CHUNK, so a book of 200,000 segments stays under SQLite's limits."""
+    now = utcnow()
+    result = session.execute(
+        update(Book).where(Book.id == book_id, Book.status == BookStatus.PARSING)
+        .values(status=BookStatus.QUEUED, title=title, author=author, language=language, plan_key=plan_key,
+                segments_total=sum(len(c.keys) for c in chapters),
+                est_seconds=sum(c.est_seconds for c in chapters), chapters_selected=chapters_selected,
+                updated_at=now))
+    if _rowcount(result) != 1:
+        return False
+    kinds = {key: (kind, voice) for c in chapters for key, kind, voice in c.keys}
+    rows = [{"key": k, "voice_id": voice, "kind": kind, "jobs_created": 0, "created_at": now,
+             "updated_at": now} for k, (kind, voice) in kinds.items()]
+    for chunk in _chunks(rows):
+        session.execute(_insert(session, Segment).values(chunk)
+                        .on_conflict_do_nothing(index_elements=["key"]))
+    session.execute(insert(BookChapter), [
+        {"book_id": book_id, "index": index, "title": c.title, "segments_total": len(c.keys),
+         "est_seconds": c.est_seconds} for index, c in enumerate(chapters)])
+    placed = [{"book_id": book_id, "chapter": index, "position": pos, "key": key}
+              for index, c in enumerate(chapters) for pos, (key, _, _) in enumerate(c.keys)]
+    for chunk in _chunks(placed):
+        session.execute(insert(BookSegment), chunk)
+    session.flush()
+    return True
+
+
+def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    for start in range(0, len(rows), INSERT_CHUNK):
+        yield rows[start:start + INSERT_CHUNK]
 
 
 def get_book(*, session: Session, book_id: str) -> Book | None:

@@ -1,0 +1,133 @@
+"""What a client asked for when it submitted a book, kept beside the upload until a CPU worker reads it.
+
+    BookOptions       how the book renders (format, M4B, MP3s, timing, loudness, seed, priority)
+    Submission        the options and the request's own fields (title, language, chapters ...);
+                      `check()` is everything the API decides without reading the book
+    SubmittedFiles    where the upload and its companions lie in the book's folder
+
+The API stores the upload as it arrives (`source`), the request as `request.json`, and a lexicon or
+cast sent with it as they came (`lexicon`, `cast`): none of them is parsed in the API. A CPU worker
+reads them in a bounded child process (`app.books.planner`, run by `app.books.intake`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app import wire
+from app.books.loudness import DEFAULT_TARGET_LUFS
+from app.books.parse import FORMATS
+from app.books.select import parse_chapters
+from app.books.source import DEFAULT_LIMITS, BookLimits, check_language_tag
+from app.errors import BadInput
+from app.speech import MAX_SEED, OutputFormat
+
+DEFAULT_SEED = 0  # a fixed seed: the same book rendered again has the same keys, so it resumes
+
+
+@dataclass(frozen=True)
+class BookOptions:
+    output_format: str = OutputFormat.FLAC
+    m4b: bool = True
+    mp3: bool = False  # an MP3 per chapter too (ID3-tagged), beside the chapter files
+    timed: bool = False  # subtitles: each cue's speech at its start time
+    target_lufs: float | None = DEFAULT_TARGET_LUFS  # None: chapters are measured, not normalised
+    seed: int = DEFAULT_SEED
+    priority: int = 0  # job priority of the segments (0..9, larger first); 0 yields to every other job
+
+    def check(self) -> None:
+        if self.output_format not in tuple(OutputFormat):
+            raise BadInput(f"book format {self.output_format!r} is not one of "
+                           f"{[f.value for f in OutputFormat]} (the M4B comes with either)")
+        if isinstance(self.priority, bool) or not 0 <= self.priority <= wire.MAX_PRIORITY:
+            raise BadInput(f"priority must be an integer 0..{wire.MAX_PRIORITY}")
+        if isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise BadInput("seed must be an integer 0..2**63-1")
+        if self.target_lufs is not None and not -70.0 <= self.target_lufs <= -5.0:
+            raise BadInput("target loudness must be between -70 and -5 LUFS")
+
+
+def target_lufs_field(text: str | None) -> float | None:
+    """A target loudness as a form or the CLI gives it: absent or empty is the default, "off" (or "none")
+    turns normalisation off, anything else is a number of LUFS."""
+    if text is None or not text.strip():
+        return DEFAULT_TARGET_LUFS
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise BadInput(f"target loudness must be a number of LUFS or 'off', not {text!r}") from None
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A book request without its files. Fields left None come from the book itself."""
+
+    options: BookOptions = field(default_factory=BookOptions)
+    filename: str | None = None
+    book_format: str | None = None  # None: sniffed from the upload's first bytes and its name
+    title: str | None = None
+    author: str | None = None
+    language: str | None = None
+    narrator: str | None = None
+    description: str | None = None
+    chapters: str | None = None  # "3-7,12" (`app.books.select`)
+    base_dir: str | None = None  # CLI `--local` only: the folder a manifest's audio files are read from
+
+    def check(self, limits: BookLimits = DEFAULT_LIMITS) -> None:
+        """What can be refused without reading the book: options, format name, field lengths, the
+        language tag's spelling and the chapter selection's."""
+        self.options.check()
+        if self.book_format is not None and self.book_format not in FORMATS:
+            raise BadInput(f"book format {self.book_format!r} is not one of {', '.join(FORMATS)}")
+        for what, value, limit in (("title", self.title, limits.max_title_chars),
+                                   ("author", self.author, limits.max_author_chars),
+                                   ("narrator", self.narrator, limits.max_author_chars),
+                                   ("description", self.description, limits.max_description_chars),
+                                   ("file name", self.filename, 1000)):
+            if value is not None and len(value) > limit:
+                raise BadInput(f"the {what} is {len(value)} characters; the limit is {limit}")
+        if self.language is not None:
+            check_language_tag(self.language)
+        if self.chapters is not None:
+            parse_chapters(self.chapters, limits.max_chapters)  # its spelling; the book's count comes later
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Submission:
+        data: dict[str, Any] = json.loads(text)
+        return cls(**{**data, "options": BookOptions(**data["options"])})
+
+
+@dataclass(frozen=True)
+class SubmittedFiles:
+    """A submitted book's inputs in its folder (books/<id>/), as the API stored them."""
+
+    folder: Path
+
+    @property
+    def source(self) -> Path:
+        return self.folder / "source"
+
+    @property
+    def request(self) -> Path:
+        return self.folder / "request.json"
+
+    @property
+    def lexicon(self) -> Path:
+        return self.folder / "lexicon"
+
+    @property
+    def cast(self) -> Path:
+        return self.folder / "cast"
+
+    def remove_inputs(self) -> None:
+        """The upload and its companions, once read (the request stays: it says what was asked)."""
+        for path in (self.source, self.lexicon, self.cast):
+            path.unlink(missing_ok=True)
