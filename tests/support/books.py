@@ -57,3 +57,22 @@ def submit_and_read(*, settings: Settings, session: Session, store: FeatureStore
                           data=data, **kw)
     return book_id, read_now(settings=settings, session=session, store=store, artifacts=artifacts,
                              book_id=book_id, sender=sender)
+
+
+def read_in(ctx: Any, book_id: str) -> str:
+    """Read a `parsing` book with an app's context (`app.state.ctx` of a TestClient's app), as a CPU
+    worker's `book.parse` would."""
+    svc = intake.Services(settings=ctx.settings, sessions=ctx.sessions, store=ctx.store,
+                          artifacts=ctx.artifacts, sender=ctx.sender)
+    return intake.read_book(book_id, svc)
+
+
+def post_and_read(client: Any, **request: Any) -> Any:
+    """POST /v1/books, then read the book as a CPU worker would; -> the POST's response, with the book's
+    status after reading as `.book` (None when the POST was refused)."""
+    response = client.post("/v1/books", **request)
+    response.book = None
+    if response.status_code == 202:
+        read_in(client.app.state.ctx, response.json()["id"])
+        response.book = client.get(f"/v1/books/{response.json()['id']}").json()
+    return response

@@ -46,9 +46,15 @@ def manifest_book(chapters: list[list[int]]) -> bytes:
 
 
 def submit(res: Resources, celery: Celery, data: bytes, **kw) -> str:
+    """Submit a book and run its `book.parse` here (the reading child process is the real one); a book
+    that reading refuses raises BadInput with the book's reason, as the API's status would show it."""
     with res.sessions() as session:
-        return submit_book(settings=res.settings, session=session, sender=celery, store=res.store,
-                           artifacts=res.artifacts, data=data, reference_bytes=wav_bytes(), **kw)
+        book_id = submit_book(settings=res.settings, session=session, sender=celery, store=res.store,
+                              artifacts=res.artifacts, data=data, reference_bytes=wav_bytes(), **kw)
+    if books.parse(book_id, res) == "failed":
+        with res.sessions() as session:
+            raise BadInput(queries.require_book(session=session, book_id=book_id).error or "")
+    return book_id
 
 
 def render_live_jobs(res: Resources, book_id: str) -> int:
@@ -144,12 +150,15 @@ def test_chosen_chapters_render_alone_and_a_later_whole_render_reuses_their_segm
 @pytest.mark.parametrize(("chapters", "says"), [
     ("5", "the book has 4 chapters, so there is no chapter 5"), ("0-2", "counted from 1"),
     ("3-1", "runs backwards"), ("two", "'two' is not a number"), ("", "give numbers and ranges")])
-def test_a_selection_the_book_cannot_meet_is_refused_before_anything_is_stored(
+def test_a_selection_the_book_cannot_meet_is_refused_and_leaves_nothing_to_render(
         res: Resources, celery: Celery, chapters: str, says: str) -> None:
+    """A malformed selection is refused at submission; one past the book's chapters once it is read
+    (the book fails with the reason, its files removed)."""
     with pytest.raises(BadInput, match=says):
         submit(res, celery, manifest_book([[30], [25], [50], [26]]), chapters=chapters)
     with res.sessions() as session:
-        assert queries.list_books(session=session, limit=10) == []
+        assert [b.status for b in queries.list_books(session=session, limit=10)] in ([], [BookStatus.FAILED])
+    assert not any((res.artifacts.root / "books").glob("*/*"))
 
 
 def test_a_failed_segment_fails_the_book_with_its_reason_and_a_new_render_retries_it(
@@ -227,7 +236,7 @@ def test_a_cast_members_lines_render_in_their_voice_and_recasting_renders_only_t
     assert books.plan(recast, res) == 2  # only Alice's two lines render again
     with pytest.raises(BadInput, match="the cast does not map: 'alice'"):
         submit(res, celery, VOICED_BOOK, filename="b.md")
-    with pytest.raises(NotFound):
+    with pytest.raises(BadInput, match=f"the cast names voices that are not stored: {'0' * 64}"):
         submit(res, celery, VOICED_BOOK, filename="b.md", cast=f'Alice: "{"0" * 64}"'.encode())
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.books.guide_voice import GuideOptions, speak
-from app.books.lexicon import EMPTY, load_lexicon, parse_lexicon
+from app.books.lexicon import EMPTY, Budget, load_lexicon, parse_lexicon
 from app.books.parse import parse_markdown
 from app.books.plan import plan_book
 from app.errors import BadInput
@@ -36,7 +36,28 @@ def test_words_phrases_and_patterns_are_said_as_the_lexicon_says():
     # A replacement is never matched again: "Doc" from "Doctor" does not become anything else.
     chained = parse_lexicon({"words": {"Doctor": "Doc", "Doc": "Document"}})
     assert chained.apply("Doctor Doc") == "Doc Document"
-    assert EMPTY.apply("a [[b]] c") == "a [b] c"  # book text cannot make a phoneme span
+    assert EMPTY.apply("a [[b]] c") == "a ((b)) c"  # book text cannot make a phoneme span
+
+
+@pytest.mark.parametrize("text", ["[[h@'loU]]", "[[[[h@'loU]]]]", "[[[h@'loU]]]", "[ [h@'loU] ]", "x[[[[[y"])
+def test_no_nesting_of_brackets_in_the_text_makes_a_phoneme_span(text: str) -> None:
+    """`[[[[x]]]]` once became `[[x]]` (one replace pass): a phoneme span the book's text built itself."""
+    lexicon = parse_lexicon({"words": {"Nguyen": {"phonemes": "w'In"}, "hello": "hel low [[x]]"},
+                             "patterns": [{"match": r"(\[+\w)", "say": r"[\1"}]})
+    for lex in (EMPTY, lexicon):
+        said = lex.apply(f"{text} hello Nguyen")
+        assert said.count("[[") == said.count("]]") == (1 if lex else 0), said
+        assert "[[" not in said.replace("[[w'In]]", ""), said
+
+
+def test_patterns_are_limited_in_number_and_share_one_time_budget_per_book() -> None:
+    with pytest.raises(BadInput, match="300 patterns; the limit is 256"):
+        parse_lexicon({"patterns": [{"match": f"w{i}", "say": "x"} for i in range(300)]})
+    slow = parse_lexicon({"patterns": [{"match": f"(a|aa)+c{i}", "say": "x"} for i in range(50)]})
+    budget = Budget(0.05)
+    with pytest.raises(BadInput, match="took more than 0.05 s in all on this book"):
+        for _ in range(1000):  # each call well under PATTERN_TIMEOUT_S; together over the budget
+            slow.apply("a" * 22 + " b", budget)
 
 
 def test_a_book_lexicon_lies_over_the_default(tmp_path: Path):

@@ -1,5 +1,6 @@
 """Book submission, status and cancel (app.books.service) and the /v1/books routes, on both databases and
-real Redis; no workers: what would be enqueued is recorded, or sent to queues nobody consumes."""
+real Redis; no workers: what would be enqueued is recorded, or sent to queues nobody consumes, and the
+book is read here as a CPU worker's `book.parse` reads it (the reading child process is the real one)."""
 
 from __future__ import annotations
 
@@ -23,20 +24,19 @@ from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
-
-
-class RecordingSender:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any, dict[str, Any]]] = []
-
-    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
-        self.sent.append((name, args, options))
+from tests.support.books import RecordingSender, post_and_read, read_in, read_now
 
 
 def submit(settings, session, store, artifacts, data: bytes, sender=None, **kw) -> str:
+    """Submit a book and read it; a book that reading refuses raises BadInput with the book's reason."""
     kw.setdefault("reference_bytes", wav_bytes())
-    return submit_book(settings=settings, session=session, sender=sender or RecordingSender(), store=store,
-                       artifacts=artifacts, data=data, **kw)
+    sender = sender or RecordingSender()
+    book_id = submit_book(settings=settings, session=session, sender=sender, store=store,
+                          artifacts=artifacts, data=data, **kw)
+    if read_now(settings=settings, session=session, store=store, artifacts=artifacts, book_id=book_id,
+                sender=sender) == "failed":
+        raise BadInput(queries.require_book(session=session, book_id=book_id).error or "")
+    return book_id
 
 
 def manifest(*chapters: list[list[int]]) -> bytes:
@@ -51,7 +51,8 @@ def test_submit_plans_the_book_stores_it_and_queues_the_voice_and_the_plan_once(
     book_id = submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(), sender=sender,
                      filename="b.md", options=BookOptions(priority=2))
     assert [(name, opts["queue"]) for name, _, opts in sender.sent] == [
-        ("voice.prepare", settings.queue_cpu), ("book.plan", settings.queue_cpu)]
+        ("voice.prepare", settings.queue_cpu), ("book.parse", settings.queue_cpu),
+        ("book.plan", settings.queue_cpu)]
     book = queries.require_book(session=session, book_id=book_id)
     assert (book.status, book.title, book.author, book.priority) == ("queued", "The Lighthouse Keeper",
                                                                        "Ada Quill", 2)
@@ -83,7 +84,7 @@ def test_a_cast_voice_is_prepared_once_for_the_book_and_an_unknown_one_is_refuse
                cast=f"Alice: {alice}".encode())
     prepared = [args[0] for name, args, _ in sender.sent if name == "voice.prepare"]
     assert sorted(prepared) == sorted(set(prepared)) and alice in prepared and len(prepared) == 2
-    with pytest.raises(NotFound):
+    with pytest.raises(BadInput, match=f"the cast names voices that are not stored: {'f' * 64}"):
         submit(settings, session, store, artifacts, book, filename="b.md", cast={"Alice": "f" * 64})
 
 
@@ -107,21 +108,38 @@ def test_the_books_lexicon_over_the_services_default_changes_what_its_segments_s
 
 
 @pytest.mark.parametrize(("data", "kw", "reason"), [
-    (b"", {}, "empty"),
+    (b"", {}, "the book is empty"),
+    (b"Title\n\nSome text.", {"options": BookOptions(output_format="mp3")}, "book format"),
+    (b"Title\n\nSome text.", {"options": BookOptions(priority=12)}, "priority"),
+    (b"Title\n\nSome text.", {"language": "not a tag"}, "is not a language tag"),
+    (b"Title\n\nSome text.", {"chapters": "3-1"}, "runs backwards"),
+])
+def test_what_needs_no_reading_is_refused_at_submission_before_anything_is_stored(
+        settings, session, store, artifacts, data: bytes, kw: dict, reason: str) -> None:
+    sender = RecordingSender()
+    with pytest.raises(BadInput, match=reason):
+        submit_book(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
+                    data=data, reference_bytes=wav_bytes(), **kw)
+    assert session.scalar(select(func.count()).select_from(Book)) == 0
+    assert not [name for name, _, _ in sender.sent if name.startswith("book.")]
+    assert not any((artifacts.root / "books").glob("*"))
+
+
+@pytest.mark.parametrize(("data", "kw", "reason"), [
     (b"\x00\x01\x02" * 100, {"filename": "b.txt"}, "binary"),
     (b'{"chapters": []}', {}, "non-empty 'chapters'"),
     (manifest([[1, 2, 99999]]), {}, "not an integer in 0..6560"),
     (b"Title\n\nSome text.", {"language": "xx-yy"}, "no guide voice"),
-    (b"Title\n\nSome text.", {"options": BookOptions(output_format="mp3")}, "book format"),
-    (b"Title\n\nSome text.", {"options": BookOptions(priority=12)}, "priority"),
 ])
-def test_bad_books_are_refused_with_the_reason_before_anything_is_stored(
+def test_a_book_refused_once_read_fails_with_the_reason_and_nothing_is_planned(
         settings, session, store, artifacts, data: bytes, kw: dict, reason: str) -> None:
     sender = RecordingSender()
     with pytest.raises(BadInput, match=reason):
         submit(settings, session, store, artifacts, data, sender=sender, **kw)
-    assert session.scalar(select(func.count()).select_from(Book)) == 0
+    book = session.scalars(select(Book)).one()
+    assert book.status == BookStatus.FAILED and reason in (book.error or "") and book.segments_total == 0
     assert not [name for name, _, _ in sender.sent if name == "book.plan"]
+    assert not any((artifacts.root / "books").glob("*"))
 
 
 def test_cancel_stops_the_books_live_segment_jobs_but_not_one_another_live_book_needs(
@@ -163,12 +181,15 @@ def test_api_takes_a_book_upload_and_an_inline_manifest_and_reports_progress(cli
     assert r.status_code == 202, r.text
     book = r.json()
     assert r.headers["location"] == f"/v1/books/{book['id']}"
+    assert (book["status"], book["title"], book["chapters"]) == ("parsing", "b", [])  # not read yet
+    read_in(client.app.state.ctx, book["id"])
+    book = client.get(f"/v1/books/{book['id']}").json()
     assert book["status"] == "queued" and len(book["chapters"]) == 3 and book["segments_done"] == 0
-    assert client.get(f"/v1/books/{book['id']}").json()["title"] == "The Lighthouse Keeper"
+    assert book["title"] == "The Lighthouse Keeper"
     assert [b["id"] for b in client.get("/v1/books").json()] == [book["id"]]
     inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
-    r = client.post("/v1/books", json={"voice_id": book["voice_id"], "manifest": inline})
-    assert r.status_code == 202 and r.json()["segments_total"] == 1
+    r = post_and_read(client, json={"voice_id": book["voice_id"], "manifest": inline})
+    assert r.status_code == 202 and r.book["segments_total"] == 1
     missing = client.get(f"/v1/books/{book['id']}/files/book.m4b")
     assert missing.status_code == 404 and missing.json()["error"] == "NotFound"
     assert client.get(f"/v1/books/{book['id']}/files/..%2Fplan.json").status_code == 404
@@ -177,21 +198,23 @@ def test_api_takes_a_book_upload_and_an_inline_manifest_and_reports_progress(cli
 
 
 def test_api_renders_the_chapters_a_form_or_a_manifest_selects(client: TestClient) -> None:
-    r = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode()),
-                                        "reference": ("r.wav", wav_bytes())}, data={"chapters": "1,3"})
+    r = post_and_read(client, files={"book": ("b.md", MARKDOWN_BOOK.encode()),
+                                     "reference": ("r.wav", wav_bytes())}, data={"chapters": "1,3"})
     assert r.status_code == 202, r.text
-    book = r.json()
+    book = r.book
     assert book["chapters_selected"] == "1,3" and len(book["chapters"]) == 2
-    whole = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode())},
-                        data={"voice_id": book["voice_id"]}).json()
+    whole = post_and_read(client, files={"book": ("b.md", MARKDOWN_BOOK.encode())},
+                          data={"voice_id": book["voice_id"]}).book
     assert whole["chapters_selected"] is None
     assert [c["title"] for c in book["chapters"]] == [whole["chapters"][i]["title"] for i in (0, 2)]
     inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}, {"segments": [{"tokens": [3]}]}]}
-    r = client.post("/v1/books", json={"voice_id": book["voice_id"], "manifest": inline, "chapters": "2"})
-    assert r.status_code == 202 and r.json()["segments_total"] == 1 and r.json()["chapters_selected"] == "2"
-    refused = client.post("/v1/books", json={"voice_id": book["voice_id"], "manifest": inline,
-                                             "chapters": "3"})
-    assert refused.status_code == 422 and "the book has 2 chapters" in refused.json()["reason"]
+    r = post_and_read(client, json={"voice_id": book["voice_id"], "manifest": inline, "chapters": "2"})
+    assert r.book["segments_total"] == 1 and r.book["chapters_selected"] == "2"
+    refused = post_and_read(client, json={"voice_id": book["voice_id"], "manifest": inline, "chapters": "3"})
+    assert refused.book["status"] == "failed" and "the book has 2 chapters" in refused.book["error"]
+    malformed = client.post("/v1/books", json={"voice_id": book["voice_id"], "manifest": inline,
+                                               "chapters": "2-1"})
+    assert malformed.status_code == 422 and "runs backwards" in malformed.json()["reason"]
 
 
 def test_api_normalises_chapters_to_minus_20_lufs_unless_told_otherwise(client: TestClient) -> None:
@@ -217,28 +240,29 @@ def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClien
     def form(files=None, **data):
         files = {"book": ("b.md", MARKDOWN_BOOK.encode()), "reference": ("r.wav", wav_bytes()),
                  **(files or {})}
-        return client.post("/v1/books", files=files, data=data)
-    off = form().json()
+        return post_and_read(client, files=files, data=data)
+    off = form().book
     inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
-    tagged = form(mp3="true", narrator="Ben Narrow", description="Three tales.").json()
-    assert tagged["mp3"] is True and form().json()["mp3"] is False
+    tagged = form(mp3="true", narrator="Ben Narrow", description="Three tales.").book
+    assert tagged["mp3"] is True and form().book["mp3"] is False
     assert (tagged["narrator"], tagged["description"]) == ("Ben Narrow", "Three tales.")
     lexicon = form(files={"lexicon": ("l.yaml", b"words: [oops]")})
-    assert lexicon.status_code == 422 and "'words' must be a mapping" in lexicon.json()["reason"]
-    as_text = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode())},
-                          data={"voice_id": off["voice_id"], "lexicon": "words: {Watson: Wotson}"})
-    assert as_text.status_code == 202, as_text.text
-    in_json = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline,
-                                             "lexicon": {"words": {"x": {"phonemes": "[["}}}})
-    assert in_json.status_code == 422 and "without brackets" in in_json.json()["reason"]
+    assert lexicon.status_code == 202 and lexicon.book["status"] == "failed"
+    assert "'words' must be a mapping" in lexicon.book["error"]
+    as_text = post_and_read(client, files={"book": ("b.md", MARKDOWN_BOOK.encode())},
+                            data={"voice_id": off["voice_id"], "lexicon": "words: {Watson: Wotson}"})
+    assert as_text.book["status"] == "queued", as_text.book
+    in_json = post_and_read(client, json={"voice_id": off["voice_id"], "manifest": inline,
+                                          "lexicon": {"words": {"x": {"phonemes": "[["}}}})
+    assert in_json.book["status"] == "failed" and "without brackets" in in_json.book["error"]
     voiced = b"# B\n\n## One\n\n{Ann}\"Hello,\" she said."
     cast_file = ("cast.yaml", f"Ann: {off['voice_id']}")
-    cast = client.post("/v1/books", files={"book": ("b.md", voiced), "cast": cast_file},
-                       data={"voice_id": tagged["voice_id"]})
-    assert cast.status_code == 202, cast.text
-    assert cast.json()["cast"] == {"ann": off["voice_id"]}
-    uncast = client.post("/v1/books", files={"book": ("b.md", voiced)}, data={"voice_id": off["voice_id"]})
-    assert uncast.status_code == 422 and "the cast does not map: 'ann'" in uncast.json()["reason"]
+    cast = post_and_read(client, files={"book": ("b.md", voiced), "cast": cast_file},
+                         data={"voice_id": tagged["voice_id"]})
+    assert cast.book["status"] == "queued", cast.book
+    assert cast.book["cast"] == {"ann": off["voice_id"]}
+    uncast = post_and_read(client, files={"book": ("b.md", voiced)}, data={"voice_id": off["voice_id"]})
+    assert "the cast does not map: 'ann'" in uncast.book["error"]
 
 
 def test_api_takes_html_pdf_and_docx_books(client: TestClient) -> None:
@@ -251,22 +275,27 @@ def test_api_takes_html_pdf_and_docx_books(client: TestClient) -> None:
              "b.docx": make_docx([("Heading 1", "One"), ("", "Some text here."), ("Heading 1", "Two"),
                                   ("", "More.")])}
     for name, data in books.items():
-        r = client.post("/v1/books", files={"book": (name, data), "reference": ("r.wav", wav_bytes())})
+        r = post_and_read(client, files={"book": (name, data), "reference": ("r.wav", wav_bytes())})
         assert r.status_code == 202, (name, r.text)
-        assert len(r.json()["chapters"]) == 2, name
-    broken = client.post("/v1/books", files={"book": ("b.pdf", b"%PDF-1.4 nothing"),
-                                             "reference": ("r.wav", wav_bytes())})
-    assert broken.status_code == 422 and "PDF" in broken.json()["reason"]
+        assert len(r.book["chapters"]) == 2, name
+    broken = post_and_read(client, files={"book": ("b.pdf", b"%PDF-1.4 nothing"),
+                                          "reference": ("r.wav", wav_bytes())})
+    assert broken.book["status"] == "failed" and "PDF" in broken.book["error"]
 
 
-def test_api_refuses_bad_books_with_4xx_and_the_reason(client: TestClient) -> None:
+def test_api_refuses_what_it_can_at_once_and_a_bad_book_once_read_with_the_reason(
+        client: TestClient) -> None:
     ref = ("r.wav", wav_bytes())
-    r = client.post("/v1/books", files={"book": ("b.txt", b"\x00" * 500), "reference": ref})
-    assert r.status_code == 422 and "binary" in r.json()["reason"]
+    r = post_and_read(client, files={"book": ("b.txt", b"\x00" * 500), "reference": ref})
+    assert r.status_code == 202 and r.book["status"] == "failed" and "binary" in r.book["error"]
     audio_manifest = b'{"chapters": [{"segments": [{"audio": "x.wav"}]}]}'
-    r = client.post("/v1/books", files={"book": ("b.json", audio_manifest), "reference": ref})
-    assert r.status_code == 422 and "tokens" in r.json()["reason"]
+    r = post_and_read(client, files={"book": ("b.json", audio_manifest), "reference": ref})
+    assert "tokens" in r.book["error"]
     r = client.post("/v1/books", files={"book": ("b.md", b"# A\n\ntext")}, data={"voice_id": "0" * 64})
     assert r.status_code == 404
+    r = client.post("/v1/books", files={"book": ("b.md", b""), "reference": ref})
+    assert r.status_code == 422 and "empty" in r.json()["reason"]
+    r = client.post("/v1/books", files={"book": ("b.md", b"x"), "reference": ref}, data={"language": "12"})
+    assert r.status_code == 422 and "not a language tag" in r.json()["reason"]
     assert client.post("/v1/books", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
     assert client.get("/v1/books/not-a-uuid").status_code == 404
