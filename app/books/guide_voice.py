@@ -178,7 +178,8 @@ def has_voice(voice: str) -> bool:
     binary = _binary()
     if binary is None:
         raise RuntimeError("no guide voice: install the espeakng-loader wheel (or the espeak-ng package)")
-    done = subprocess.run([binary, "-q", "-v", voice, "--", "a"], capture_output=True, timeout=60, check=False)
+    done = subprocess.run([binary, "-q", "-v", voice, "--", "a"], capture_output=True, timeout=60,
+                          check=False)
     return done.returncode == 0 and not done.stderr.strip()
 
 

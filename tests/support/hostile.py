@@ -87,7 +87,8 @@ def deep_outline_pdf(depth: int = 20_000) -> bytes:
     for level in range(depth):
         me, parent = 7 + level, 6 + level
         child = b" /First %d 0 R /Last %d 0 R /Count 1" % (me + 1, me + 1) if level + 1 < depth else b""
-        objects.append(b"<< /Title (Level %d) /Parent %d 0 R /Dest [3 0 R /Fit]%s >>" % (level, parent, child))
+        objects.append(b"<< /Title (Level %d) /Parent %d 0 R /Dest [3 0 R /Fit]%s >>"
+                       % (level, parent, child))
     return _pdf(objects)
 
 

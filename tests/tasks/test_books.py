@@ -21,7 +21,7 @@ from app.books.service import BookOptions, submit_book
 from app.books.status import book_status
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
-from app.errors import BadInput, NotFound
+from app.errors import BadInput
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
 from tasks.celery_app import make_celery

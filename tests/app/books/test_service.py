@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,7 +18,7 @@ from app.books.service import BookOptions, cancel_book, make_segment_job, submit
 from app.books.status import book_status
 from app.db import queries
 from app.db.models import Book, BookStatus, JobStatus, Segment
-from app.errors import BadInput, NotFound
+from app.errors import BadInput
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
