@@ -1,7 +1,8 @@
 """Text -> speech tokens for a single job: the books' `text` token source, for a whole text at once.
 
-    check_text(text, language, max_tokens)   at submission, cheap (no torch, no espeak-ng): the text
-                                             normalised and cut into segments, its language tag checked,
+    check_text(text, language, max_tokens)   at submission, cheap (no torch, no speech): the text
+                                             normalised and cut into segments, its language tag checked
+                                             and spoken by a guide voice (espeak-ng is asked, not run),
                                              its estimated length within the job limit; BadInput if not
     text_tokens(text, language, model_dir)   on a CPU worker (`job.tokenize`): each segment spoken by the
                                              guide voice (espeak-ng), followed by its pause in silence,
@@ -39,6 +40,9 @@ def check_text(text: str, language: str, *, max_tokens: int) -> list[TextSegment
     """The text's segments, as `text_tokens` will speak them; BadInput for no text, a bad language tag
     or an estimated length over `max_tokens` (such a text is a book: POST /v1/books)."""
     check_language(language)
+    from app.books.guide_voice import options_for  # loads espeak-ng's library once per process
+
+    options_for(language.lower())  # a language no guide voice speaks is refused now, not on a worker
     if not isinstance(text, str) or not text.strip():
         raise BadInput("text is empty")
     if len(text) > MAX_TEXT_CHARS:

@@ -1,9 +1,12 @@
-"""Operations: /healthz (database and both Redis reachable) and /metrics (Prometheus text)."""
+"""Operations: /healthz (database, broker and feature store reachable; the default lexicon readable when
+one is configured) and /metrics (Prometheus text)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -11,6 +14,7 @@ from sqlalchemy import text
 
 from app.api.deps import ApiContext, Ctx
 from app.api.schemas import Health
+from app.books.lexicon import load_lexicon
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["operations"])
@@ -23,6 +27,8 @@ def _check(ctx: ApiContext) -> dict[str, str]:
         "broker": ctx.broker.ping,
         "feature_store": ctx.store.client.ping,
     }
+    if ctx.settings.lexicon is not None:  # every book goes through it: one that cannot be read refuses all
+        probes["lexicon"] = lambda: _lexicon(ctx.settings.lexicon)
     for name, probe in probes.items():
         try:
             probe()
@@ -35,6 +41,18 @@ def _check(ctx: ApiContext) -> dict[str, str]:
     return checks
 
 
+def _lexicon(path: Path | None) -> None:
+    """Read and check the default lexicon, once per version of the file (healthz is polled often)."""
+    assert path is not None
+    stat = path.stat()
+    _read_lexicon(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4)
+def _read_lexicon(path: str, _mtime_ns: int, _size: int) -> None:
+    load_lexicon(Path(path))
+
+
 def _select_one(ctx: ApiContext) -> None:
     with ctx.session() as s:
         s.execute(text("SELECT 1"))
@@ -42,8 +60,9 @@ def _select_one(ctx: ApiContext) -> None:
 
 @router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
 def healthz(response: Response, ctx: Ctx) -> Health:
-    """200 when the database, the broker and the feature store all answer; 503 says which did not, and
-    the kind of failure (an exception's class name); the details are in the server's log."""
+    """200 when the database, the broker and the feature store all answer (and the default lexicon, when
+    one is configured, can be read); 503 says which did not, and the kind of failure (an exception's class
+    name); the details are in the server's log."""
     checks = _check(ctx)
     healthy = all(v == "ok" for v in checks.values())
     if not healthy:

@@ -71,6 +71,7 @@ def test_bad_text_jobs_are_refused_with_the_reason(client: TestClient, reference
     voice_id = upload_voice(client, reference).json()["id"]
     for body, says in (({"tokens": [1], "text": "Hi."}, "exactly one of tokens or text"),
                        ({"text": "Hi.", "language": "../x"}, "language must be a tag"),
+                       ({"text": "Hi.", "language": "xx-yy"}, "no guide voice speaks language 'xx-yy'"),
                        ({"text": "   "}, "text is empty"),
                        ({"tokens": [1], "language": "de"}, "language goes with text"),
                        ({}, "tokens are missing (send tokens, or text)")):

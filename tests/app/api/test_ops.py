@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,9 @@ from app.keys import COUNTER_PREP_PATH
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.api.helpers import finish, make_client, submit, upload_voice
+from tests.app.books.conftest import MARKDOWN_BOOK
+from tests.support.audio import wav_bytes
+from tests.support.books import post_and_read
 
 
 def test_bearer_token_is_required_when_configured(settings: Settings) -> None:
@@ -47,6 +51,21 @@ def test_healthz_checks_database_and_both_redis(client: TestClient, settings: Se
         assert checks == {"database": "ok", "broker": "ok", "feature_store": "ConnectionError"}
         assert "127.0.0.1" not in response.text  # the component and the kind; the details are logged
         assert "feature_store failed: ConnectionError" in caplog.text and "127.0.0.1:1" in caplog.text
+
+
+def test_healthz_is_degraded_while_the_default_lexicon_cannot_be_read_and_books_say_so_without_its_path(
+        settings: Settings, tmp_path: Path) -> None:
+    lexicon = tmp_path / "secret-folder" / "lexicon.yaml"
+    for client in make_client(settings.model_copy(update={"lexicon": lexicon})):
+        missing = client.get("/healthz")
+        assert missing.status_code == 503 and missing.json()["checks"]["lexicon"] == "FileNotFoundError"
+        book = post_and_read(client, files={"book": ("b.md", MARKDOWN_BOOK.encode()),
+                                            "reference": ("r.wav", wav_bytes())}).book
+        assert book["status"] == "failed" and "default lexicon (WAVEFARM_LEXICON) cannot be read" in book["error"]
+        assert "secret-folder" not in book["error"]
+        lexicon.parent.mkdir()
+        lexicon.write_text("words:\n  Watson: Wotson\n")
+        assert client.get("/healthz").json()["checks"]["lexicon"] == "ok"
 
 
 def test_metrics_report_queues_prep_paths_and_job_counts(client: TestClient, settings: Settings,
