@@ -39,7 +39,10 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
    idempotent, so sending it again is always safe. A scheduled chapter with a segment that has no job
    (and no error) for `stuck_job_after_s` was being sent when its CPU worker died: its book gets its
    `book.plan` again, which sends every scheduled, unassembled chapter's segments that are neither done
-   nor rendering (idempotent too: a text segment's tokenize finds a job made meanwhile).
+   nor rendering (idempotent too: a text segment's tokenize finds a job made meanwhile);
+7. books: a book folder without a row (the API died before committing it) is removed once older than
+   `orphan_grace_s`, and a book left `parsing` by a reader that died gets `book.parse` again
+   (`app.books.upkeep`).
 It does not touch the GPU workers' installs (theirs to reclaim) and does not retry failed jobs.
 """
 
@@ -54,6 +57,7 @@ import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
+from app.books import upkeep
 from app.broker import Broker, RedisBroker, as_broker, open_broker
 from app.db import queries
 from app.db.models import JobStatus, utcnow
@@ -79,6 +83,8 @@ class SweepReport:
     jobs_rerouted: list[str] = field(default_factory=list)  # moved from a gone worker's own queue
     voices_reclaimed: list[str] = field(default_factory=list)
     chapters_resumed: list[str] = field(default_factory=list)  # "<book id>/<chapter index>"
+    books_removed: list[str] = field(default_factory=list)  # folders without a row
+    books_reparsed: list[str] = field(default_factory=list)  # book.parse sent again
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -309,6 +315,10 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
         ("abandoned voices", lambda: reclaim_voices(sessions=sessions, store=store, report=report)),
         ("stalled chapters", lambda: resume_chapters(settings=settings, sessions=sessions, sender=sender,
                                                      report=report)),
+        ("book folders", lambda: report.books_removed.extend(upkeep.remove_orphan_books(
+            sessions=sessions, artifacts=artifacts, grace_s=grace))),
+        ("books parsing", lambda: report.books_reparsed.extend(upkeep.resume_parsing(
+            settings=settings, sessions=sessions, sender=sender))),
     )
     for name, part in parts:
         try:
@@ -318,10 +328,11 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
     log.info("maintenance: %d orphan files removed, %d jobs moved off gone workers' queues, %d jobs of gone "
              "workers queued again, %d messages of their ended jobs put back, %d jobs sent again, %d voices "
-             "reclaimed, %d chapters checked again, %d errors", len(report.orphans_removed),
-             len(report.jobs_rerouted), len(report.jobs_resumed), len(report.messages_returned),
-             len(report.jobs_requeued),
-             len(report.voices_reclaimed), len(report.chapters_resumed), len(report.errors))
+             "reclaimed, %d chapters checked again, %d book folders removed, %d books read again, %d errors",
+             len(report.orphans_removed), len(report.jobs_rerouted), len(report.jobs_resumed),
+             len(report.messages_returned), len(report.jobs_requeued), len(report.voices_reclaimed),
+             len(report.chapters_resumed), len(report.books_removed), len(report.books_reparsed),
+             len(report.errors))
     return report
 
 

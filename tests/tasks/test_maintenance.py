@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from datetime import timedelta
 
 import numpy as np
@@ -14,12 +15,14 @@ from sqlalchemy import update
 from app import cli
 from app.artifacts import ArtifactStore
 from app.db import queries
-from app.db.models import Job, JobStatus, VoiceStatus, utcnow
+from app.books.service import submit_book
+from app.db.models import Book, Job, JobStatus, VoiceStatus, utcnow
 from app.features import host_half
 from app.jobs import submit_job
 from app.maintenance import broker_task_ids, sweep
 from app.settings import Settings
 from app.store import FeatureStore
+from tests.app.helpers import queued
 from tests.conftest import settings_env
 from tests.support.audio import wav_bytes
 
@@ -62,6 +65,33 @@ def test_old_orphan_files_are_removed_and_referenced_or_young_ones_kept(
         [f"outputs/{partial.name}", f"tmp/{stray_tmp.name}", orphan_ref])
     assert artifacts.path(reference).exists() and young.exists() and not partial.exists()
     assert report.errors == []
+
+
+def test_a_book_folder_without_a_row_is_removed_and_a_book_whose_reader_died_is_read_again(
+        settings, sessions, artifacts: ArtifactStore, store, broker, celery) -> None:
+    stray = artifacts.root / "books" / str(uuid.uuid4())  # the API died between the upload and its row
+    stray.mkdir(parents=True)
+    (stray / "source").write_bytes(b"a book")
+    with sessions() as session:
+        kept = submit_book(settings=settings, session=session, sender=celery, store=store, artifacts=artifacts,
+                           data=b"Title\n\nSome text.", filename="b.txt", reference_bytes=wav_bytes())
+        dying = submit_book(settings=settings, session=session, sender=celery, store=store,
+                            artifacts=artifacts, data=b"Title\n\nMore text.", filename="c.txt",
+                            voice_id=queries.require_book(session=session, book_id=kept).voice_id)
+        assert queries.start_book_parse(session=session, book_id=dying) == 1  # a reader started, then died
+        session.execute(update(Book).where(Book.id == dying).values(
+            updated_at=utcnow() - timedelta(seconds=settings.book_parse_timeout_s + settings.stuck_job_after_s
+                                            + 5)))
+        session.commit()
+    for folder in (stray, stray.parent / kept, stray.parent / dying):
+        age(folder, 7200)
+    for key in broker.keys(f"{settings.queue_cpu}*"):
+        broker.delete(key)
+    report = run(settings, sessions, artifacts, store, broker, celery, grace_s=3600)
+    assert (report.books_removed, report.books_reparsed, report.errors) == ([stray.name], [dying], [])
+    assert not stray.exists() and (stray.parent / kept / "source").exists()
+    assert [(m["task"], m["args"]) for m in queued(broker, settings.queue_cpu)] == [("book.parse", [dying])]
+    assert run(settings, sessions, artifacts, store, broker, celery, grace_s=3600).books_reparsed == []
 
 
 def test_a_stale_job_without_a_broker_message_is_sent_again_once(
