@@ -212,7 +212,8 @@ class ChapterOut(BaseModel):
 class BookOut(BaseModel):
     id: str
     voice_id: str
-    status: str = Field(description="queued | rendering | assembling | succeeded | failed | cancelled")
+    status: str = Field(description="parsing (stored, a CPU worker reads it) | queued | rendering | "
+                        "assembling | succeeded | failed | cancelled")
     title: str
     author: str
     narrator: str = Field(description="for the players' tags (composer)")

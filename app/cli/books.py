@@ -132,9 +132,12 @@ def follow_book(api: Any, book_id: str, poll_s: float = 1.0) -> dict[str, Any]:
     book = api.book(book_id)
     with tqdm(total=book["segments_total"] or None, unit="seg", desc=bar_label(book["title"])) as bar:
         while True:
+            if bar.desc != bar_label(book["title"]):  # read: the book's own title replaces the file's
+                bar.set_description_str(bar_label(book["title"]))
             bar.total = book["segments_total"] or bar.total
             eta = f", ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
-            bar.set_postfix_str(f"{book['status']}, {book['audio_seconds']:.0f} s audio{eta}")
+            what = "reading the book" if book["status"] == "parsing" else f"{book['audio_seconds']:.0f} s audio"
+            bar.set_postfix_str(f"{book['status']}, {what}{eta}")
             bar.update(book["segments_done"] - bar.n)
             if book["status"] in ("succeeded", "failed", "cancelled"):
                 return book

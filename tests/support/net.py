@@ -18,6 +18,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LOOP_THREAD = "uvicorn-event-loop"  # the thread the server's event loop runs on (tests ask)
+
+
 @contextmanager
 def serving(settings: Settings) -> Iterator[str]:
     """The API on `settings` (tasks to a recording sender) under uvicorn in a thread, on a free port;
@@ -31,7 +34,7 @@ def serving(settings: Settings) -> Iterator[str]:
     config = uvicorn.Config(create_app(settings, sender=RecordingSender()), host="127.0.0.1", port=port,
                             log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, daemon=True, name=LOOP_THREAD)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

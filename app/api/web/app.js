@@ -5,7 +5,7 @@
 const POLL_MS = 1000;
 const ITEMS_KEY = "wavefarm.items";    // [{kind: "book" | "job", id}], newest first
 const MAX_ITEMS = 30;
-const LIVE = {book: ["queued", "rendering", "assembling"], job: ["queued", "preparing", "running"]};
+const LIVE = {book: ["parsing", "queued", "rendering", "assembling"], job: ["queued", "preparing", "running"]};
 
 // The token, kept for this tab (sessionStorage) or on this device (localStorage) -------------------
 
@@ -209,8 +209,10 @@ function renderBook(card, book) {
   const lengths = book.chapters.map((c) => c.seconds);
   const length = lengths.length && lengths.every((s) => s !== null)
     ? ` · ${seconds(lengths.reduce((a, b) => a + b, 0))} long with its pauses` : "";
-  p.summary.textContent = `${book.segments_done}/${book.segments_total} segments · ` +
-    `${seconds(book.audio_seconds)} of speech${length}${eta}`;
+  p.summary.textContent = book.status === "parsing"
+    ? "reading the book on a CPU worker (its chapters appear once it is read)"
+    : `${book.segments_done}/${book.segments_total} segments · ` +
+      `${seconds(book.audio_seconds)} of speech${length}${eta}`;
   if (!p.chapters) {
     p.chapters = el("table", {class: "chapters"});
     p.whole = el("div", {class: "whole"});

@@ -14,10 +14,11 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from app.api import routes_books
 from app.artifacts import ArtifactStore
 from app.settings import Settings
 from tests.conftest import make_test_settings
-from tests.support.net import serving
+from tests.support.net import LOOP_THREAD, serving
 
 JSON = {"content-type": "application/json"}
 
@@ -41,36 +42,47 @@ def _manifest_body(target_bytes: int) -> bytes:
             + b", ".join([segment] * count) + b"]}]}}")
 
 
-def test_healthz_answers_while_a_40_mb_json_book_is_refused(sqlite_settings: Settings) -> None:
-    body = _manifest_body(40 * 1024 * 1024)
-    with serving(sqlite_settings) as url, httpx.Client(base_url=url, timeout=60) as probe:
-        baseline = [_healthz_seconds(probe) for _ in range(10)]
-        refused: dict[str, Any] = {}
+def test_healthz_answers_while_json_books_are_read_and_refused(sqlite_settings: Settings,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """No handler holds up the event loop: a 40 MB JSON book is refused as it streams (413, nothing
+    parsed) and a 12 MB one is parsed on a worker thread, while /healthz keeps answering.
 
-        def upload() -> None:
+    What is asserted is where the work ran (a structural fact) and that /healthz answered throughout,
+    within a wide margin: a fixed bound of 5x the quiet latency failed on a loaded CI machine (2.7 s
+    against 0.63 s, the test's own threads sharing the GIL with the server)."""
+    parsed_on: list[str] = []
+    parse = routes_books._parse_json
+    monkeypatch.setattr(routes_books, "_parse_json",
+                        lambda body: parsed_on.append(threading.current_thread().name) or parse(body))
+    bodies = {"refused": _manifest_body(40 * 1024 * 1024), "read": _manifest_body(12 * 1024 * 1024)}
+    with serving(sqlite_settings) as url, httpx.Client(base_url=url, timeout=120) as probe:
+        baseline = [_healthz_seconds(probe) for _ in range(10)]
+        answers: dict[str, Any] = {}
+
+        def upload(name: str) -> None:
             with httpx.Client(base_url=url, timeout=120) as client:
                 start = time.perf_counter()
-                response = client.post("/v1/books", content=body, headers=JSON)
-                refused.update(status=response.status_code, body=response.json(),
-                               seconds=time.perf_counter() - start)
+                response = client.post("/v1/books", content=bodies[name], headers=JSON)
+                answers[name] = (response.status_code, response.json(), time.perf_counter() - start)
 
-        uploader = threading.Thread(target=upload)
-        uploader.start()
+        uploaders = [threading.Thread(target=upload, args=(name,)) for name in bodies]
+        for thread in uploaders:
+            thread.start()
         during = []
-        while uploader.is_alive():
+        while any(t.is_alive() for t in uploaders):
             during.append(_healthz_seconds(probe))
-        uploader.join()
-    assert during, "no /healthz request ran while the upload was being refused"
-    # Against this run's own quiet latency (the machine is shared): a stalled loop shows as a /healthz
-    # that waits as long as the parse, seconds for 40 MB; a free one as a few quiet round trips.
-    bound = max(0.5, 5 * max(baseline))
-    print(f"/healthz quiet median {statistics.median(baseline) * 1000:.1f} ms, "
-          f"max {max(baseline) * 1000:.1f} ms; during the refused upload ({refused['seconds']:.2f} s) "
-          f"{len(during)} requests, max "
-          f"{max(during) * 1000:.1f} ms (bound {bound * 1000:.0f} ms)")
-    assert max(during) < bound, (max(during), baseline)
-    assert refused["status"] == 413, refused
-    assert refused["body"]["error"] == "TooLarge" and "stopped reading" in refused["body"]["reason"]
+        for thread in uploaders:
+            thread.join()
+    print(f"/healthz quiet median {statistics.median(baseline) * 1000:.1f} ms; during the uploads "
+          f"({answers['refused'][2]:.2f} s, {answers['read'][2]:.2f} s) {len(during)} requests, max "
+          f"{max(during) * 1000:.1f} ms")
+    assert during, "no /healthz request ran while the uploads were being read"
+    assert max(during) < 30, (max(during), baseline)
+    status, body, _ = answers["refused"]
+    assert status == 413 and body["error"] == "TooLarge" and "stopped reading" in body["reason"]
+    status, body, _ = answers["read"]
+    assert status == 404 and "voice" in body["reason"]  # read and checked: its voice does not exist
+    assert len(parsed_on) == 1 and parsed_on[0] not in (LOOP_THREAD, "MainThread"), parsed_on
 
 
 def test_a_json_book_under_the_limit_is_still_read(sqlite_settings: Settings) -> None:
