@@ -4,7 +4,8 @@
 each segment's pause after it and a 5 ms fade at each segment's edges (no click where a segment
 starts or ends away from zero), normalises its loudness to a target (`app.books.loudness`: -20 LUFS
 integrated by default, true peak at most -1 dBTP), measures what it wrote, and records where every
-segment lies. A chapter is assembled in memory (one hour of 24 kHz mono is 350 MB of float32).
+segment lies. A chapter is never whole in memory: it is measured as its segments are read, then written
+with its gain as they are read again (a timed chapter's hours of silence cost a count, not samples).
 `write_m4b` encodes the chapter files to AAC in an MP4 ("M4B " brand) with PyAV: chapter markers
 at the exact sample where each chapter starts, the book's tags (`BookTags`) and a JPEG/PNG cover as
 an attached picture. `write_mp3` encodes one chapter file to MP3 with ID3v2.3 tags (chapter title,
@@ -21,7 +22,8 @@ whose inputs have not changed, is `app.books.output`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -33,9 +35,10 @@ import soundfile as sf
 from mutagen import id3
 
 from app.artifacts import atomic_path
-from app.audio import resample, write_audio
+from app.audio import commit_output, open_output, resample
 from app.books import loudness
 from app.books.loudness import Loudness
+from app.books.meter import StreamMeter
 from app.books.plan import PlanChapter
 from app.errors import BadInput, NotFound
 from app.speech import SAMPLE_RATE, OutputFormat
@@ -92,9 +95,45 @@ def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path,
     their pauses into `out`; normalised to `target_lufs` unless it is None. Measured either way.
 
     `timed` (subtitles): a segment with a cue start begins there, or right after the one before it when
-    that one runs late; the gap is silence, and no pause is added before a timed segment."""
-    pieces: list[np.ndarray] = []
+    that one runs late; the gap is silence, and no pause is added before a timed segment.
+
+    Two passes over the segments, never the whole chapter in memory: the first measures it
+    (`app.books.meter`) and records where each segment lies, the second writes it with the one gain."""
+    meter = StreamMeter(sample_rate)
     timings: list[SegmentTiming] = []
+    for piece in _pieces(chapter, audio, sample_rate, fade_ms, timed):
+        if isinstance(piece, int):
+            meter.add_silence(piece)
+        else:
+            timings.append(piece[0])
+            meter.add(piece[1])
+    measured = Loudness(meter.integrated(), meter.true_peak())
+    scale = None
+    if target_lufs is not None and math.isfinite(measured.integrated_lufs):
+        gain_db = loudness.gain_for(measured, target_lufs)
+        scale, measured = 10.0 ** (gain_db / 20.0), loudness.after_gain(measured, gain_db)
+    handle, tmp = open_output(out, fmt, sample_rate)
+    try:
+        for piece in _pieces(chapter, audio, sample_rate, fade_ms, timed):
+            if isinstance(piece, int):
+                for start in range(0, piece, _BLOCK):
+                    handle.write(np.zeros(min(_BLOCK, piece - start), np.float32))
+            else:
+                wave = piece[1]
+                handle.write(wave if scale is None else (wave * scale).astype(np.float32))
+    except BaseException:
+        handle.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    commit_output(handle, tmp, out)
+    return ChapterAudio(chapter.index, chapter.title, out, sample_rate, meter.samples, tuple(timings),
+                        measured)
+
+
+def _pieces(chapter: PlanChapter, audio: Mapping[str, Path], sample_rate: int, fade_ms: float,
+            timed: bool) -> Iterator[int | tuple[SegmentTiming, np.ndarray]]:
+    """The chapter as it plays, in order: (timing, faded audio) for each segment, and silences (gaps
+    before a timed cue, pauses) as sample counts."""
     cursor = 0
     segments = chapter.segments
     for i, segment in enumerate(segments):
@@ -104,21 +143,15 @@ def assemble_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out: Path,
         if timed and segment.start_ms >= 0:
             start = round(segment.start_ms * sample_rate / 1000)
             if start > cursor:
-                pieces.append(np.zeros(start - cursor, np.float32))
+                yield start - cursor
                 cursor = start
         next_timed = timed and i + 1 < len(segments) and segments[i + 1].start_ms >= 0
-        pause = np.zeros(0 if next_timed else round(segment.pause_after_ms * sample_rate / 1000), np.float32)
-        timings.append(SegmentTiming(segment.key, segment.text, cursor / sample_rate,
-                                     (cursor + len(wave)) / sample_rate))
-        pieces += [wave, pause]
-        cursor += len(wave) + len(pause)
-    whole = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    if target_lufs is not None:
-        whole, measured = loudness.normalise(whole, sample_rate, target_lufs)
-    else:
-        measured = loudness.measure(whole, sample_rate)
-    write_audio(out, whole, fmt, sample_rate)
-    return ChapterAudio(chapter.index, chapter.title, out, sample_rate, len(whole), tuple(timings), measured)
+        pause = 0 if next_timed else round(segment.pause_after_ms * sample_rate / 1000)
+        yield SegmentTiming(segment.key, segment.text, cursor / sample_rate,
+                            (cursor + len(wave)) / sample_rate), wave
+        if pause:
+            yield pause
+        cursor += len(wave) + pause
 
 
 def read_segment(audio: Mapping[str, Path], key: str, sample_rate: int, *, where: str) -> np.ndarray:

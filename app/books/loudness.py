@@ -1,8 +1,10 @@
 """A chapter's loudness: measured (ITU-R BS.1770-4), normalised to a target, and its joins made quiet.
 
-    measure(wave, rate)          -> Loudness: integrated loudness (LUFS, gated, pyloudnorm) and true peak
-                                    (dBTP: the peak of the signal oversampled to at least 192 kHz, as
-                                    BS.1770-4 Annex 2 asks, so peaks between samples count)
+    measure(wave, rate)          -> Loudness: integrated loudness (LUFS, gated, BS.1770-4 with pyloudnorm's
+                                    filters) and true peak (dBTP: the peak of the signal oversampled to at
+                                    least 192 kHz, as BS.1770-4 Annex 2 asks, so peaks between samples
+                                    count); `app.books.meter` measures a signal fed in pieces
+    gain_for, after_gain         the one gain to a target under the ceiling, and the figures it gives
     normalise(wave, rate, lufs)  -> (wave with one gain applied, Loudness after it): the gain that reaches
                                     `lufs`, lowered where the true peak would pass TRUE_PEAK_CEILING_DBTP
     fade_edges(wave, rate)       -> the wave with a short raised-cosine fade in and out, so a segment that
@@ -23,13 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.books.meter import StreamMeter
+
 DEFAULT_TARGET_LUFS = -20.0
 TRUE_PEAK_CEILING_DBTP = -1.0
-TRUE_PEAK_RATE = 192_000  # oversample to at least this rate to find inter-sample peaks
 FADE_MS = 5.0  # at each segment edge: long enough to remove a step, far shorter than a phoneme
-_BLOCK = 1 << 18  # samples per block while oversampling (bounded memory for an hour of audio)
-_OVERLAP = 64  # samples of context on each side of a block; the polyphase filter needs fewer
-_SILENT_DB = -math.inf
+_BLOCK = 1 << 18  # samples fed to the meter at a time
 
 
 @dataclass(frozen=True)
@@ -47,35 +48,33 @@ class Loudness:
                 "gain_db": finite(self.gain_db)}
 
 
-def integrated_loudness(wave: np.ndarray, rate: int) -> float:
-    if len(wave) <= int(0.4 * rate) or not np.any(wave):
-        return _SILENT_DB
-    import pyloudnorm  # here, not at the top: importing this module for its constants stays light
+def measure(wave: np.ndarray, rate: int) -> Loudness:
+    """A whole signal's loudness and true peak (`app.books.meter`; a chapter is measured as it is
+    assembled, in pieces)."""
+    meter = StreamMeter(rate)
+    for start in range(0, len(wave), _BLOCK):
+        meter.add(wave[start:start + _BLOCK])
+    return Loudness(meter.integrated(), meter.true_peak())
 
-    value = float(pyloudnorm.Meter(rate).integrated_loudness(wave.astype(np.float64)))
-    return value if math.isfinite(value) else _SILENT_DB
+
+def integrated_loudness(wave: np.ndarray, rate: int) -> float:
+    return measure(wave, rate).integrated_lufs
 
 
 def true_peak(wave: np.ndarray, rate: int) -> float:
     """The largest absolute value of `wave` oversampled to >= 192 kHz, in dB (dBTP); -inf for silence."""
-    from scipy.signal import resample_poly
-
-    if not np.any(wave):
-        return _SILENT_DB
-    factor = max(1, math.ceil(TRUE_PEAK_RATE / rate))
-    peak = float(np.abs(wave).max())  # the samples themselves are points of the true signal
-    if factor > 1:
-        for start in range(0, len(wave), _BLOCK):
-            lo, hi = max(0, start - _OVERLAP), min(len(wave), start + _BLOCK + _OVERLAP)
-            up = resample_poly(wave[lo:hi].astype(np.float64), factor, 1)
-            keep = up[(start - lo) * factor:(start - lo + min(_BLOCK, len(wave) - start)) * factor]
-            if len(keep):
-                peak = max(peak, float(np.abs(keep).max()))
-    return 20.0 * math.log10(peak)
+    return measure(wave, rate).true_peak_dbtp
 
 
-def measure(wave: np.ndarray, rate: int) -> Loudness:
-    return Loudness(integrated_loudness(wave, rate), true_peak(wave, rate))
+def gain_for(before: Loudness, target_lufs: float, ceiling_dbtp: float = TRUE_PEAK_CEILING_DBTP) -> float:
+    """The one gain (dB) that reaches `target_lufs`, lowered so the true peak stays under the ceiling."""
+    return min(target_lufs - before.integrated_lufs, ceiling_dbtp - before.true_peak_dbtp)
+
+
+def after_gain(before: Loudness, gain_db: float) -> Loudness:
+    """One gain moves both figures by exactly `gain_db` (BS.1770 is linear in amplitude): no second
+    pass over the signal (the true peak's is the costly one, at 8x the samples)."""
+    return Loudness(before.integrated_lufs + gain_db, before.true_peak_dbtp + gain_db, gain_db)
 
 
 def normalise(wave: np.ndarray, rate: int, target_lufs: float,
@@ -86,11 +85,8 @@ def normalise(wave: np.ndarray, rate: int, target_lufs: float,
     before = measure(wave, rate)
     if not math.isfinite(before.integrated_lufs):
         return wave, before
-    gain_db = min(target_lufs - before.integrated_lufs, ceiling_dbtp - before.true_peak_dbtp)
-    out = (wave * 10.0 ** (gain_db / 20.0)).astype(np.float32)
-    # One gain moves both figures by exactly gain_db (BS.1770 is linear in amplitude): no second pass
-    # over the chapter (the true peak's is the costly one, at 8x the samples).
-    return out, Loudness(before.integrated_lufs + gain_db, before.true_peak_dbtp + gain_db, gain_db)
+    gain_db = gain_for(before, target_lufs, ceiling_dbtp)
+    return (wave * 10.0 ** (gain_db / 20.0)).astype(np.float32), after_gain(before, gain_db)
 
 
 def fade_edges(wave: np.ndarray, rate: int, ms: float = FADE_MS) -> np.ndarray:

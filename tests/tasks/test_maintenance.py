@@ -14,8 +14,8 @@ from sqlalchemy import update
 
 from app import cli
 from app.artifacts import ArtifactStore
-from app.db import queries
 from app.books.service import submit_book
+from app.db import queries
 from app.db.models import Book, Job, JobStatus, VoiceStatus, utcnow
 from app.features import host_half
 from app.jobs import submit_job
@@ -73,8 +73,9 @@ def test_a_book_folder_without_a_row_is_removed_and_a_book_whose_reader_died_is_
     stray.mkdir(parents=True)
     (stray / "source").write_bytes(b"a book")
     with sessions() as session:
-        kept = submit_book(settings=settings, session=session, sender=celery, store=store, artifacts=artifacts,
-                           data=b"Title\n\nSome text.", filename="b.txt", reference_bytes=wav_bytes())
+        kept = submit_book(settings=settings, session=session, sender=celery, store=store,
+                           artifacts=artifacts, data=b"Title\n\nSome text.", filename="b.txt",
+                           reference_bytes=wav_bytes())
         dying = submit_book(settings=settings, session=session, sender=celery, store=store,
                             artifacts=artifacts, data=b"Title\n\nMore text.", filename="c.txt",
                             voice_id=queries.require_book(session=session, book_id=kept).voice_id)

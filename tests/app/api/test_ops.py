@@ -61,7 +61,8 @@ def test_healthz_is_degraded_while_the_default_lexicon_cannot_be_read_and_books_
         assert missing.status_code == 503 and missing.json()["checks"]["lexicon"] == "FileNotFoundError"
         book = post_and_read(client, files={"book": ("b.md", MARKDOWN_BOOK.encode()),
                                             "reference": ("r.wav", wav_bytes())}).book
-        assert book["status"] == "failed" and "default lexicon (WAVEFARM_LEXICON) cannot be read" in book["error"]
+        assert book["status"] == "failed"
+        assert "default lexicon (WAVEFARM_LEXICON) cannot be read" in book["error"]
         assert "secret-folder" not in book["error"]
         lexicon.parent.mkdir()
         lexicon.write_text("words:\n  Watson: Wotson\n")
