@@ -103,7 +103,7 @@ def wait_book(settings: Settings, sessions, book_id: str, timeout: float = 420.0
         with sessions() as session:
             view = book_status(session=session, artifacts=ArtifactStore(settings.artifact_root),
                                book_id=book_id)
-        if view.book.status not in ("queued", "rendering", "assembling"):
+        if view.book.status not in ("parsing", "queued", "rendering", "assembling"):
             return view
         assert time.monotonic() < deadline, f"book still {view.book.status}: {view.segments_done}/" \
                                             f"{view.segments_total}"

@@ -395,3 +395,21 @@ def test_a_chapter_whose_segments_settled_without_its_chord_is_checked_again_by_
     finally:
         broker.delete(res.settings.queue_cpu)
         broker.close()
+
+
+def test_running_out_of_memory_fails_the_book_and_leaves_the_worker_serving(
+        res: Resources, celery: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery lets a MemoryError out of a task to end the worker process; a book task turns it into the
+    book's failure (the tracer below is the one a worker runs, so the error would have reached it)."""
+    book_id = submit(res, celery, manifest_book([[30, 40]]))
+
+    def out_of_memory(book_id: str, res: Resources) -> int:
+        raise MemoryError("31.4 TiB")
+
+    monkeypatch.setattr(books, "plan", out_of_memory)
+    monkeypatch.setattr(books, "resources", lambda: res)  # the test's database, not the environment's
+    outcome = books.plan_task.apply(args=[book_id])
+    assert outcome.failed() and isinstance(outcome.result, books.BookStopped)
+    with res.sessions() as session:
+        book = queries.require_book(session=session, book_id=book_id)
+    assert (book.status, book.error) == (BookStatus.FAILED, "book.plan: ran out of memory on the CPU worker")

@@ -1,0 +1,75 @@
+"""Hostile books through the session's real CPU worker (`book.parse` on PostgreSQL and Redis): each is
+refused with its reason by the bounded child that reads it, and the worker process goes on serving.
+Before issue 28 a subtitle cue at 99,999 h asked `book.chapter` for 31 TiB and the worker exited."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.artifacts import ArtifactStore
+from app.books.files import book_dir
+from app.books.service import BookOptions, submit_book
+from app.celery_config import make_celery
+from app.db import queries
+from app.settings import Settings
+from app.store import FeatureStore
+from tests.app.books.conftest import MARKDOWN_BOOK
+from tests.support.audio import wav_bytes
+from tests.support.hostile import timed_subtitles
+
+
+@pytest.fixture
+def producer(worker_settings: Settings) -> Iterator[tuple[Celery, FeatureStore]]:
+    app = make_celery(worker_settings)
+    store = FeatureStore.from_url(worker_settings.feature_store_url, ttl_s=600)
+    yield app, store
+    app.close()
+    store.close()
+
+
+def _worker_pid(app: Celery, nodename: str) -> int:
+    stats = app.control.inspect(destination=[nodename], timeout=10).stats() or {}
+    return int(stats[nodename]["pid"])
+
+
+def _submit(settings: Settings, sessions: sessionmaker[Session], producer: Any, data: bytes,
+            **kw: Any) -> str:
+    app, store = producer
+    with sessions() as session:
+        return submit_book(settings=settings, session=session, sender=app, store=store,
+                           artifacts=ArtifactStore(settings.artifact_root), data=data,
+                           reference_bytes=wav_bytes(), **kw)
+
+
+def _read(settings: Settings, sessions: sessionmaker[Session], book_id: str, timeout: float = 300) -> Any:
+    """The book once it is no longer `parsing`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with sessions() as session:
+            book = queries.require_book(session=session, book_id=book_id)
+        if book.status != "parsing":
+            return book
+        assert time.monotonic() < deadline, "book still parsing"
+        time.sleep(0.25)
+
+
+def test_a_cue_at_99999_hours_is_refused_by_the_worker_which_then_reads_a_good_book(
+        worker_settings: Settings, cpu_worker: str, worker_sessions: sessionmaker[Session], producer) -> None:
+    settings = worker_settings
+    pid = _worker_pid(producer[0], cpu_worker)
+    timed = _submit(settings, worker_sessions, producer, timed_subtitles("vtt", 99_999), filename="s.vtt",
+                    options=BookOptions(timed=True))
+    good = _submit(settings, worker_sessions, producer, MARKDOWN_BOOK.encode(), filename="b.md")
+    refused = _read(settings, worker_sessions, timed)
+    assert refused.status == "failed" and "past the timed span limit of 48:00:00" in refused.error
+    planned = _read(settings, worker_sessions, good)
+    assert planned.status in ("queued", "rendering") and planned.title == "The Lighthouse Keeper"
+    assert _worker_pid(producer[0], cpu_worker) == pid  # the same process served both
+    artifacts = ArtifactStore(settings.artifact_root)
+    assert not book_dir(artifacts, timed).exists()
