@@ -134,7 +134,12 @@ def test_a_cancelled_text_job_is_not_tokenized(res: Resources, celery: Celery, t
 
 def test_a_language_without_a_guide_voice_fails_the_job_with_the_reason(
         res: Resources, celery: Celery, task_celery: Celery, broker) -> None:
-    job_id = submit(res, celery, language="xq")
+    with pytest.raises(BadInput, match="no guide voice speaks language 'xq'"):
+        submit(res, celery, language="xq")  # refused at submission now
+    job_id = submit(res, celery, language="en")  # a worker whose espeak-ng lacks the job's voice:
+    with res.sessions() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(language="xq"))
+        session.commit()
     assert text_task.tokenize_job(job_id, res) == "failed"
     row = job(res, job_id)
     assert row.status == JobStatus.FAILED and "no guide voice speaks language 'xq'" in (row.error or "")
