@@ -33,7 +33,7 @@ class ChildExit:
     stopped: bool  # killed here because `stopped()` said so
     wall_s: float
     cpu_s: float  # user + system, as the kernel counted it
-    max_rss_mb: float
+    max_rss_mb: float  # its peak resident memory (VmHWM) as last read while it ran, every POLL_S
 
     @property
     def ok(self) -> bool:
@@ -49,8 +49,9 @@ def run_child(module: str, args: Sequence[str], *, wall_s: float, stderr: Path,
         proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, env=env)
     timed_out = was_stopped = False
-    asked = start
+    asked, peak_kb = start, 0
     while True:
+        peak_kb = max(peak_kb, _peak_kb(proc.pid))
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
@@ -69,7 +70,20 @@ def run_child(module: str, args: Sequence[str], *, wall_s: float, stderr: Path,
     return ChildExit(returncode=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
                      signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
                      timed_out=timed_out, stopped=was_stopped, wall_s=time.monotonic() - start,
-                     cpu_s=usage.ru_utime + usage.ru_stime, max_rss_mb=usage.ru_maxrss / 1024)
+                     cpu_s=usage.ru_utime + usage.ru_stime, max_rss_mb=peak_kb / 1024)
+
+
+def _peak_kb(pid: int) -> int:
+    """The process's VmHWM (its own, not the parent's it was forked from: rusage's ru_maxrss counts
+    that too), 0 once it has gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _kill(pid: int) -> None:
