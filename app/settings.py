@@ -114,7 +114,8 @@ class Settings(BaseSettings):
         default=300.0, gt=0, description="wall seconds a CPU worker's child process may spend reading and "
         "planning one book (docs/RELIABILITY.md, \"Hostile input\")")
     book_parse_cpu_s: int = Field(
-        default=120, ge=1, description="CPU seconds of that child (RLIMIT_CPU); a 1,000-page PDF took 14 s")
+        default=120, ge=1, description="CPU seconds of that child (RLIMIT_CPU); a 1,000-page PDF took 20 s "
+        "(docs/RELIABILITY.md)")
     book_parse_memory_mb: int = Field(
         default=2048, ge=256, description="address space of that child, MB (RLIMIT_AS)")
     book_parse_output_mb: int = Field(
