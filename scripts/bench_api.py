@@ -1,0 +1,322 @@
+"""The service layer alone: how many requests the API answers, at what latency, CPU and SQL cost.
+
+    python scripts/bench_api.py [--backends sqlite,postgres] [--concurrency 1,8,32,64] [--requests 400]
+                                [--book-segments 33000] [--books 200] [--json OUT]
+
+Per backend, one API process (`uvicorn` with the app `wavefarm serve` runs) on loopback, no workers:
+- `sqlite`: the embedded default (a SQLite file, the local Redis as broker on databases 5-7);
+- `postgres`: a fresh PostgreSQL database on 127.0.0.1:5432 (dropped at the end) and RabbitMQ as broker.
+Seeded through the API (a stored voice) and the data layer (one book of `--book-segments` segments and
+`--books` books of 100, as `add_book_plan` writes a read book), then, at each concurrency, `--requests`
+requests of each scenario from an asyncio client in this process (keep-alive connections):
+    submit        POST /v1/jobs (100 speech tokens, a stored voice)
+    job_status    GET /v1/jobs/{id}          list_jobs   GET /v1/jobs?limit=50
+    book_status   GET /v1/books/{id} of the big book     list_books  GET /v1/books?limit=200
+Printed per row: requests/s, p50/p99 latency, the API process's CPU ms per request (from /proc) and SQL
+statements per request (counted by a SQLAlchemy event in the API process). The client shares the
+machine's cores with the server: on 2 cores it takes part of the CPU the server could have had, so the
+rates are a floor. `--profile` also writes a cProfile of 200 submissions at concurrency 1 (the API
+process's own time) and prints its top functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from app.dev import SAMPLES, services  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from scripts.service_stack import bench_settings, env_of, flush_redis  # noqa: E402
+
+PORT = 8767
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+RABBIT = "amqp://guest:guest@127.0.0.1:5672//"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SCENARIOS = ("submit", "job_status", "list_jobs", "book_status", "list_books")
+
+
+# -- the API process --------------------------------------------------------------------------------------
+
+def serve_counted(port: int, profile: str | None) -> None:
+    """The API app of `wavefarm serve`, plus a count of SQL statements at GET /_bench/statements."""
+    import uvicorn
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from app.api.main import app_from_environment
+    from app.cli.services import _upgrade_schema
+
+    _upgrade_schema()
+    count = [0]
+    event.listen(Engine, "before_cursor_execute", lambda *_: count.__setitem__(0, count[0] + 1))
+    app = app_from_environment()
+    app.add_api_route("/_bench/statements", lambda: {"statements": count[0]}, methods=["GET"])
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+
+        def toggle(on: bool) -> dict[str, bool]:
+            (profiler.enable if on else profiler.disable)()
+            if not on:
+                profiler.dump_stats(profile)
+            return {"profiling": on}
+
+        app.add_api_route("/_bench/profile/{on}", toggle, methods=["POST"])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+@contextmanager
+def api_process(settings: Settings, log: Path, profile: str | None) -> Iterator[subprocess.Popen]:
+    argv = [sys.executable, __file__, "--serve", str(PORT)] + (["--profile-out", profile] if profile else [])
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        if not services.wait_until(lambda: services.port_open("127.0.0.1", PORT), 180):
+            raise RuntimeError(f"the API did not come up:\n{services.log_tail(log)}")
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# -- backends -----------------------------------------------------------------------------------------------
+
+@contextmanager
+def backend(name: str, root: Path) -> Iterator[Settings]:
+    if name == "sqlite":
+        settings = bench_settings(root, preset="tiny", slots=1, threads=1, redis_dbs=(5, 6, 7),
+                                  queue=f"benchapi{os.getpid()}")
+        flush_redis(settings)
+        yield settings
+        flush_redis(settings)
+        return
+    import psycopg
+
+    db = f"wavefarm_benchapi_{os.getpid()}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{db}"')
+    settings = bench_settings(root, preset="tiny", slots=1, threads=1, redis_dbs=(5, 6, 7),
+                              queue=f"benchapi{os.getpid()}",
+                              database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}",
+                              broker_url=RABBIT)
+    flush_redis(settings)
+    try:
+        yield settings
+    finally:
+        _delete_queues(settings)
+        flush_redis(settings)
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def _delete_queues(settings: Settings) -> None:
+    from app.celery_config import make_celery
+
+    app = make_celery(settings)
+    try:
+        with app.connection_for_write() as conn:
+            for queue in (settings.queue_cpu, settings.queue_gpu):
+                try:
+                    conn.default_channel.queue_delete(queue)
+                except Exception as exc:  # noqa: BLE001 - a queue never declared is fine
+                    print(f"  (queue {queue}: {exc})")
+    finally:
+        app.close()
+
+
+def seed_books(settings: Settings, voice_id: str, big: int, small: int) -> str:
+    """One book of `big` segments and `small` books of 100, written as a read book is; the big one's id."""
+    from app.db.models import SegmentKind
+    from app.db.queries import books as q
+    from app.db.session import make_engine, make_sessionmaker
+
+    engine = make_engine(settings.database_url)
+    session_of = make_sessionmaker(engine)
+
+    def one(n: int, per_chapter: int) -> str:
+        book_id = str(uuid.uuid4())  # ids are UUIDs in their dashed form
+        keys = [(uuid.uuid4().hex, SegmentKind.TOKENS.value, voice_id) for _ in range(n)]
+        chapters = [q.PlannedChapter(f"chapter {i // per_chapter + 1}", keys[i:i + per_chapter], 4.0 * per_chapter)
+                    for i in range(0, n, per_chapter)]
+        with session_of.begin() as s:
+            q.create_book(session=s, book_id=book_id, voice_id=voice_id, title="bench", author="bench",
+                          language="en", output_format="wav", m4b=False, target_lufs=None, seed=0, priority=5)
+        with session_of.begin() as s:
+            q.add_book_plan(session=s, book_id=book_id, title="bench", author="bench", language="en",
+                            plan_key=f"books/{book_id}/plan.json", chapters=chapters)
+        return book_id
+
+    big_id = one(big, 1000)
+    for _ in range(small):
+        one(100, 25)
+    engine.dispose()
+    return big_id
+
+
+# -- load ---------------------------------------------------------------------------------------------------
+
+async def run_scenario(client: httpx.AsyncClient, make: Any, concurrency: int, n: int) -> tuple[float, list[float]]:
+    """`n` requests from `concurrency` tasks; wall seconds and each request's latency (s)."""
+    latencies: list[float] = []
+    counter = iter(range(n))
+
+    async def worker() -> None:
+        for i in counter:
+            method, url, body = make(i)
+            start = time.perf_counter()
+            response = await client.request(method, url, json=body)
+            latencies.append(time.perf_counter() - start)
+            if response.status_code >= 400:
+                raise RuntimeError(f"{method} {url}: {response.status_code} {response.text[:300]}")
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - start, latencies
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(proc: subprocess.Popen, voice: str, book: str, args: argparse.Namespace) -> list[dict]:
+    limits = httpx.Limits(max_connections=max(args.concurrency), max_keepalive_connections=max(args.concurrency))
+    rows = []
+    job_ids: list[str] = []
+    rng = random.Random(0)
+    tokens = [rng.randrange(6561) for _ in range(100)]
+
+    def submit(i: int) -> tuple[str, str, Any]:
+        return "POST", "/v1/jobs", {"voice_id": voice, "tokens": tokens, "seed": i}
+
+    makers = {"submit": submit,
+              "job_status": lambda i: ("GET", f"/v1/jobs/{job_ids[i % len(job_ids)]}", None),
+              "list_jobs": lambda i: ("GET", "/v1/jobs?limit=50", None),
+              "book_status": lambda i: ("GET", f"/v1/books/{book}", None),
+              "list_books": lambda i: ("GET", "/v1/books?limit=200", None)}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=300, limits=limits) as client:
+        async def statements() -> int:
+            return (await client.get("/_bench/statements")).json()["statements"]
+
+        for c in args.concurrency:
+            for name in SCENARIOS:
+                n = args.requests if name in ("submit", "job_status") else max(20, args.requests // 4)
+                await run_scenario(client, makers[name], min(c, 4), min(n, 8))  # warm-up
+                before_sql, before_cpu = await statements(), cpu_seconds(proc.pid)
+                wall, lat = await run_scenario(client, makers[name], c, n)
+                sql, cpu = await statements() - before_sql - 1, cpu_seconds(proc.pid) - before_cpu
+                if name == "submit":
+                    listed = (await client.get("/v1/jobs?limit=1000")).json()
+                    job_ids = [j["id"] for j in listed]
+                rows.append({"concurrency": c, "scenario": name, "requests": n, "per_s": round(n / wall, 1),
+                             "p50_ms": round(1000 * quantile(lat, 0.5), 2),
+                             "p99_ms": round(1000 * quantile(lat, 0.99), 2),
+                             "cpu_ms_per_request": round(1000 * cpu / n, 2),
+                             "sql_per_request": round(sql / n, 2)})
+                r = rows[-1]
+                print(f"  C={c:<3} {name:<12} {r['per_s']:>8}/s  p50 {r['p50_ms']:>8} ms  p99 {r['p99_ms']:>8} ms"
+                      f"  cpu {r['cpu_ms_per_request']:>7} ms  sql {r['sql_per_request']:>6}", flush=True)
+    return rows
+
+
+async def profile_submissions(voice: str, out: Path) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=300) as client:
+        await client.post("/_bench/profile/true")
+        for i in range(200):
+            body = {"voice_id": voice, "tokens": list(range(100)), "seed": i}
+            (await client.post("/v1/jobs", json=body)).raise_for_status()
+        await client.post("/_bench/profile/false")
+
+
+def print_profile(path: Path) -> list[str]:
+    import io
+    import pstats
+
+    stream = io.StringIO()
+    pstats.Stats(str(path), stream=stream).sort_stats("cumulative").print_stats(25)
+    lines = [line for line in stream.getvalue().splitlines() if line.strip()]
+    print("\n".join(lines))
+    return lines
+
+
+def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    print(f"{name}:", flush=True)
+    with backend(name, root / name) as settings:
+        profile = str(root / f"{name}.prof") if args.profile else None
+        with api_process(settings, root / f"{name}-api.log", profile) as proc, \
+                httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
+            sample = SAMPLES / "voice_a.wav"
+            response = client.post("/v1/voices", files={"file": (sample.name, sample.read_bytes(), "audio/wav")})
+            response.raise_for_status()
+            voice = response.json()["id"]
+            book = seed_books(settings, voice, args.book_segments, args.books)
+            rows = asyncio.run(measure(proc, voice, book, args))
+            top = []
+            if profile:
+                asyncio.run(profile_submissions(voice, Path(profile)))
+                top = print_profile(Path(profile))
+    return {"backend": name, "database": settings.database_url.split(":", 1)[0],
+            "broker": settings.broker_url.split(":", 1)[0], "rows": rows, "profile_top": top}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--requests", type=int, default=400, help="per concurrency (listings: a quarter)")
+    parser.add_argument("--book-segments", type=int, default=33_000)
+    parser.add_argument("--books", type=int, default=200, help="books of 100 segments beside the big one")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve_counted(args.serve, args.profile_out)
+        return 0
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="wavefarm-bench-api-"))
+    results = [run_backend(name, args, root) for name in args.backends.split(",")]
+    if args.json:
+        revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), platform.processor())
+        report = {"command": " ".join(sys.argv), "git": revision.strip(), "cpu": cpu, "cores": os.cpu_count(),
+                  "load_before": os.getloadavg(), "backends": results}
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
