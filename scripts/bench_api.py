@@ -12,11 +12,11 @@ requests of each scenario from an asyncio client in this process (keep-alive con
     submit        POST /v1/jobs (100 speech tokens, a stored voice)
     job_status    GET /v1/jobs/{id}          list_jobs   GET /v1/jobs?limit=50
     book_status   GET /v1/books/{id} of the big book     list_books  GET /v1/books?limit=200
-Printed per row: requests/s, p50/p99 latency, the API process's CPU ms per request (from /proc) and SQL
-statements per request (counted by a SQLAlchemy event in the API process). The client shares the
-machine's cores with the server: on 2 cores it takes part of the CPU the server could have had, so the
-rates are a floor. `--profile` also writes a cProfile of 200 submissions at concurrency 1 (the API
-process's own time) and prints its top functions.
+Printed per row: requests/s answered, p50/p99 latency, how many were answered 503 Busy (overload), the
+API process's CPU ms per request (from /proc) and SQL statements per request (counted by a SQLAlchemy
+event in the API process). The client shares the machine's cores with the server: on 2 cores it takes
+part of the CPU the server could have had, so the rates are a floor. `--profile` also writes a cProfile
+of 200 submissions at concurrency 1 (the request thread's own time) and prints its top functions.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import os
 import platform
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,8 +166,8 @@ def seed_books(settings: Settings, voice_id: str, big: int, small: int) -> str:
     def one(n: int, per_chapter: int) -> str:
         book_id = str(uuid.uuid4())  # ids are UUIDs in their dashed form
         keys = [(uuid.uuid4().hex, SegmentKind.TOKENS.value, voice_id) for _ in range(n)]
-        chapters = [q.PlannedChapter(f"chapter {i // per_chapter + 1}", keys[i:i + per_chapter], 4.0 * per_chapter)
-                    for i in range(0, n, per_chapter)]
+        chapters = [q.PlannedChapter(f"chapter {i // per_chapter + 1}", keys[i:i + per_chapter],
+                                     4.0 * per_chapter) for i in range(0, n, per_chapter)]
         with session_of.begin() as s:
             q.create_book(session=s, book_id=book_id, voice_id=voice_id, title="bench", author="bench",
                           language="en", output_format="wav", m4b=False, target_lufs=None, seed=0, priority=5)
@@ -186,9 +185,12 @@ def seed_books(settings: Settings, voice_id: str, big: int, small: int) -> str:
 
 # -- load ---------------------------------------------------------------------------------------------------
 
-async def run_scenario(client: httpx.AsyncClient, make: Any, concurrency: int, n: int) -> tuple[float, list[float]]:
-    """`n` requests from `concurrency` tasks; wall seconds and each request's latency (s)."""
+async def run_scenario(client: httpx.AsyncClient, make: Any, concurrency: int,
+                       n: int) -> tuple[float, list[float], int]:
+    """`n` requests from `concurrency` tasks; wall seconds, each answered request's latency (s), and how
+    many were answered 503 Busy (no database connection free: the API's overload answer)."""
     latencies: list[float] = []
+    busy = [0]
     counter = iter(range(n))
 
     async def worker() -> None:
@@ -196,22 +198,26 @@ async def run_scenario(client: httpx.AsyncClient, make: Any, concurrency: int, n
             method, url, body = make(i)
             start = time.perf_counter()
             response = await client.request(method, url, json=body)
+            if response.status_code == 503 and response.json().get("error") == "Busy":
+                busy[0] += 1
+                continue
             latencies.append(time.perf_counter() - start)
             if response.status_code >= 400:
                 raise RuntimeError(f"{method} {url}: {response.status_code} {response.text[:300]}")
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.perf_counter() - start, latencies
+    return time.perf_counter() - start, latencies, busy[0]
 
 
 def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
+    ordered = sorted(values) or [float("nan")]
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def measure(proc: subprocess.Popen, voice: str, book: str, args: argparse.Namespace) -> list[dict]:
-    limits = httpx.Limits(max_connections=max(args.concurrency), max_keepalive_connections=max(args.concurrency))
+    most = max(args.concurrency)
+    limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
     rows = []
     job_ids: list[str] = []
     rng = random.Random(0)
@@ -234,19 +240,21 @@ async def measure(proc: subprocess.Popen, voice: str, book: str, args: argparse.
                 n = args.requests if name in ("submit", "job_status") else max(20, args.requests // 4)
                 await run_scenario(client, makers[name], min(c, 4), min(n, 8))  # warm-up
                 before_sql, before_cpu = await statements(), cpu_seconds(proc.pid)
-                wall, lat = await run_scenario(client, makers[name], c, n)
+                wall, lat, busy = await run_scenario(client, makers[name], c, n)
                 sql, cpu = await statements() - before_sql - 1, cpu_seconds(proc.pid) - before_cpu
                 if name == "submit":
                     listed = (await client.get("/v1/jobs?limit=1000")).json()
                     job_ids = [j["id"] for j in listed]
-                rows.append({"concurrency": c, "scenario": name, "requests": n, "per_s": round(n / wall, 1),
+                rows.append({"concurrency": c, "scenario": name, "requests": n, "busy_503": busy,
+                             "per_s": round(len(lat) / wall, 1),
                              "p50_ms": round(1000 * quantile(lat, 0.5), 2),
                              "p99_ms": round(1000 * quantile(lat, 0.99), 2),
                              "cpu_ms_per_request": round(1000 * cpu / n, 2),
                              "sql_per_request": round(sql / n, 2)})
                 r = rows[-1]
-                print(f"  C={c:<3} {name:<12} {r['per_s']:>8}/s  p50 {r['p50_ms']:>8} ms  p99 {r['p99_ms']:>8} ms"
-                      f"  cpu {r['cpu_ms_per_request']:>7} ms  sql {r['sql_per_request']:>6}", flush=True)
+                print(f"  C={c:<3} {name:<12} {r['per_s']:>8}/s  p50 {r['p50_ms']:>8} ms  "
+                      f"p99 {r['p99_ms']:>8} ms  cpu {r['cpu_ms_per_request']:>7} ms  "
+                      f"sql {r['sql_per_request']:>6}" + (f"  busy(503) {busy}" if busy else ""), flush=True)
     return rows
 
 
@@ -277,7 +285,8 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
         with api_process(settings, root / f"{name}-api.log", profile) as proc, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
             sample = SAMPLES / "voice_a.wav"
-            response = client.post("/v1/voices", files={"file": (sample.name, sample.read_bytes(), "audio/wav")})
+            files = {"file": (sample.name, sample.read_bytes(), "audio/wav")}
+            response = client.post("/v1/voices", files=files)
             response.raise_for_status()
             voice = response.json()["id"]
             book = seed_books(settings, voice, args.book_segments, args.books)
@@ -309,7 +318,8 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="wavefarm-bench-api-"))
     results = [run_backend(name, args, root) for name in args.backends.split(",")]
     if args.json:
-        revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+        revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                  text=True).stdout
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name")), platform.processor())
         report = {"command": " ".join(sys.argv), "git": revision.strip(), "cpu": cpu, "cores": os.cpu_count(),

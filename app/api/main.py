@@ -1,7 +1,8 @@
 """The FastAPI app factory: `create_app(settings)`, and the error mapping every route relies on.
 
 Errors: BadInput -> 422, NotFound -> 404 (Gone -> 410) and Conflict -> 409, with the reason; request
-validation -> 422; an unreachable database or Redis -> 503; anything else is a bug: logged with a
+validation -> 422; an unreachable database or Redis -> 503; no database connection free within the
+pool's timeout -> 503 Busy with Retry-After; anything else is a bug: logged with a
 traceback, 500 without details. Every error body has the `Problem` shape ({"error", "reason"}).
 """
 
@@ -19,6 +20,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import routing
@@ -144,6 +146,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     for kind in UNAVAILABLE:
         app.add_exception_handler(kind, unavailable)
+
+    @app.exception_handler(PoolTimeout)
+    async def busy(request: Request, exc: PoolTimeout) -> JSONResponse:
+        # More requests at once than database connections, for the pool's whole timeout: overload, not
+        # a bug; the client may come back (measured: 64 concurrent book listings, scripts/bench_api.py).
+        log.warning("%s %s: no database connection free: %s", request.method, request.url.path, exc)
+        response = _respond(503, "Busy", "every database connection is in use; retry shortly")
+        response.headers["Retry-After"] = "1"
+        return response
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from app.api.main import create_app
 from app.api.metrics import broker_queue_depth
 from app.db.models import JobStatus, PrepPath
+from app.db.session import make_engine
 from app.keys import COUNTER_PREP_PATH
 from app.settings import Settings
 from app.store import FeatureStore
@@ -108,3 +109,22 @@ def test_server_side_failures_are_5xx_without_details(settings: Settings, refere
         assert response.status_code == status
         assert str(exc) not in response.text
         assert client.get("/v1/jobs").json() == []  # the job was withdrawn: the client may retry
+
+
+def test_requests_beyond_the_database_pool_are_told_to_retry_not_a_500(settings: Settings) -> None:
+    """Every pooled connection held (as 64 concurrent book listings held them for 30 s in the benchmark):
+    a request answers 503 Busy with Retry-After, and is served again once a connection is free."""
+    app = create_app(settings)
+    ctx = app.state.ctx
+    ctx.engine.dispose()
+    ctx.engine = make_engine(settings.database_url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    ctx.sessions.configure(bind=ctx.engine)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        held = ctx.engine.connect()
+        try:
+            response = client.get("/v1/jobs")
+            assert response.status_code == 503, response.text
+            assert response.json()["error"] == "Busy" and response.headers["Retry-After"] == "1"
+        finally:
+            held.close()
+        assert client.get("/v1/jobs").status_code == 200
