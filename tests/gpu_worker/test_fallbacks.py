@@ -6,6 +6,7 @@ logged once at ERROR, counted every time, and served as wavefarm_worker_fallback
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -40,8 +41,11 @@ class Store:
 def decode_one(engine) -> torch.Tensor:
     engine.add(EngineJob("j1", VOICE, list(range(40)), seed=3))
     audio, done = [], False
-    for _ in range(50):
-        for event in engine.step():
+    for _ in range(5000):  # steps; an idle one (the admission window) sleeps as the worker's loop does
+        events = engine.step()
+        if not events:
+            time.sleep(min(engine.idle_hint_s(), 0.01))
+        for event in events:
             if isinstance(event, Audio):
                 audio.append(event.samples)
             done = done or isinstance(event, Finished)
