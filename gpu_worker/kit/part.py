@@ -26,6 +26,7 @@ from typing import Any
 from gpu_worker.kit.plan import BY_NAME, GRACE_S, PRESETS, Sizes
 
 log = logging.getLogger("gpu_worker.kit")
+HANG_ENV = "WAVEFARM_KIT_HANG"
 
 
 class PartRun:
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s part {args.name} %(levelname)s %(name)s: "
                         "%(message)s", datefmt="%H:%M:%S")
     ctx = PartRun(args.name, args.out, args.device, args.preset, args.budget_s)
+    if os.environ.get(HANG_ENV) == args.name:  # a part that hangs, for the runner's kill to be rehearsed
+        time.sleep(3600)
     try:
         module = importlib.import_module(f"gpu_worker.kit.{args.name}")
         module.run(ctx)
