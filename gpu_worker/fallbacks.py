@@ -44,8 +44,8 @@ def record(kind: str, part: str, reason: str, detail: str = "") -> None:
         first = _counts[key] == 0
         _counts[key] += 1
     if first:
-        log.error("FALLBACK %s/%s: %s%s (the plain path runs instead; counted in wavefarm_%s_fallbacks_total)",
-                  kind, part, reason, f": {detail}" if detail else "", kind if kind == "graph" else "worker")
+        log.error("FALLBACK %s/%s: %s%s (the plain path runs instead; counted in "
+                  "wavefarm_%s_fallbacks_total)", kind, part, reason, f": {detail}" if detail else "", kind)
     else:
         log.debug("fallback %s/%s: %s %s", kind, part, reason, detail)
 

@@ -78,7 +78,7 @@ class _EngineCollector(Collector):
 def fallback_metrics() -> Iterator[Metric]:
     """The process's fallbacks (`gpu_worker.fallbacks`), by part and reason."""
     for name, kind, text in ((GRAPH_FALLBACKS, "graph", "CUDA graph buckets that run eagerly instead"),
-                             (WORKER_FALLBACKS, "worker", "plain paths taken where an accelerated one failed")):
+                             (WORKER_FALLBACKS, "worker", "plain paths taken where an accelerated failed")):
         family = CounterMetricFamily(name, text, labels=["part", "reason"])
         for (part, reason), n in sorted(fallbacks.counts(kind).items()):
             family.add_metric([part, reason], n)

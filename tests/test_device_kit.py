@@ -53,7 +53,8 @@ def test_the_rehearsal_runs_every_part_and_leaves_what_a_gpu_machine_sends_back(
     assert len(summary["table"].splitlines()) <= 24  # one screen
     for p in PARTS:
         report = part(out, p.name)
-        assert report["status"] == "ok" and report["errors"] == [] and report["elapsed_s"] < report["budget_s"]
+        assert report["status"] == "ok" and report["errors"] == []
+        assert report["elapsed_s"] < report["budget_s"]
     print(summary["table"])
 
 
@@ -82,7 +83,8 @@ def test_graphs_churn_overlap_and_compile_report_what_they_measured(rehearsal) -
     run = churn["churn"]
     assert run["cycles"] == PRESETS["tiny"].churn_cycles and run["ended"].get("Aborted", 0) >= 1
     assert run["ended"]["Finished"] + run["ended"]["Aborted"] == run["jobs"]
-    assert run["events"]["VoiceEvicted"] > 0 and {"inline", "late", "prepared_ahead"} <= set(run["prep_paths"])
+    assert run["events"]["VoiceEvicted"] > 0
+    assert {"inline", "late", "prepared_ahead"} <= set(run["prep_paths"])
     assert churn["against_alone"]["compared"] == run["ended"]["Finished"]
     assert churn["against_alone"]["equal_within_1e-4"]
     overlap = part(out, "overlap")

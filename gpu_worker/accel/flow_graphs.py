@@ -130,7 +130,8 @@ class GraphedFlow(nn.Module):
                     or key in self._eager):
                 continue
             plan = lanes.plan({}, frames, rows)  # every lane rides along: nothing moves
-            self._try_capture(key, lanes.encoder_plan({}, frames, rows).to(lanes.device), plan.to(lanes.device),
+            tokens = lanes.encoder_plan({}, frames, rows).to(lanes.device)
+            self._try_capture(key, tokens, plan.to(lanes.device),
                           lanes)
 
     def _try_capture(self, key: Key, tokens_plan: Tensor, plan: Tensor, lanes: Lanes) -> _Slot | None:

@@ -208,7 +208,7 @@ class GraphedHiFT(nn.Module):
                             torch.zeros(rows, h, n, device=weight.device)))
 
     def _try_capture(self, shape: Shape) -> _Slot | None:
-        """`shape` captured and probed -> its slot; None (the shape runs eagerly from now on) if either fails."""
+        """`shape` captured and probed -> its slot; None (it runs eagerly from now on) if either fails."""
         try:
             slot = self._slot(shape, *self._example(shape))
             self._capture(slot)
@@ -216,7 +216,8 @@ class GraphedHiFT(nn.Module):
         except Exception as exc:  # capture raises assorted errors; an eager vocoder beats a dead worker
             self._slots.pop(shape, None)
             self._eager.add(shape)
-            fallbacks.record("graph", "vocoder", "capture_error", f"shape {shape}: {type(exc).__name__}: {exc}")
+            fallbacks.record("graph", "vocoder", "capture_error",
+                             f"shape {shape}: {type(exc).__name__}: {exc}")
             return None
         if problem is not None:
             self._slots.pop(shape, None)

@@ -90,7 +90,8 @@ def reference_loader() -> Any:
     if "stepaudio2" not in sys.modules:
         spec = importlib.util.find_spec("stepaudio2")
         if spec is None or not spec.submodule_search_locations:
-            raise ModuleNotFoundError("the reference (`stepaudio2-minicpmo`) is not installed", name="stepaudio2")
+            raise ModuleNotFoundError("the reference (`stepaudio2-minicpmo`) is not installed",
+                                      name="stepaudio2")
         package = types.ModuleType("stepaudio2", "the reference, entered without its __init__")
         package.__path__ = list(spec.submodule_search_locations)
         package.__spec__ = spec

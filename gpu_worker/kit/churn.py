@@ -60,60 +60,74 @@ def slow_installer(ctx: PartRun, setup: BenchSetup):
     return install
 
 
+class Churn:
+    """The engine under churn (module docstring) and what came out of it."""
+
+    def __init__(self, ctx: PartRun, setup: BenchSetup) -> None:
+        self.ctx, self.setup = ctx, setup
+        by_id = {setup.voice(v).voice_id: v for v in range(SHARED + DISTINCT)}
+        cache = VoiceCache(slow_installer(ctx, setup), device=setup.device, max_voices=CACHE_VOICES)
+        config = EngineConfig(micro_batch_size=setup.decoder.micro_batch_size, prep_wait_ms=30,
+                              admission_window_ms=0)
+        self.engine = Engine(setup.decoder, cache, features=LateFeatures(setup, by_id),
+                             preparer=PcmPreparer(setup, by_id), config=config)
+        self.rng = random.Random(30)
+        self.jobs: dict[str, EngineJob] = {}
+        self.audio: dict[str, list[torch.Tensor]] = {}
+        self.ended: dict[str, str] = {}
+        self.events: Counter[str] = Counter()
+        self.memory: list[float] = []
+
+    def take(self, events: list[Any]) -> None:
+        for event in events:
+            self.events[type(event).__name__] += 1
+            if isinstance(event, Audio):
+                self.audio[event.job_id].append(event.samples)
+            elif isinstance(event, Finished | Failed | Aborted):
+                self.ended[event.job_id] = type(event).__name__
+
+    def cycle(self, c: int) -> None:
+        """Two jobs in (a shared voice, a distinct one), every fifth round a cancel, three steps."""
+        for k, voice in enumerate((c % SHARED, SHARED + c % DISTINCT)):
+            n = self.rng.choice([12, CHUNK_TOKENS + 7, 2 * CHUNK_TOKENS + 2, 3 * CHUNK_TOKENS + 14])
+            job = EngineJob(f"c{c}-{k}", self.setup.voice(voice).voice_id, chunk_tokens(n, 1000 * c + k),
+                            seed=1000 * c + k)
+            self.jobs[job.job_id], self.audio[job.job_id] = job, []
+            self.engine.add(job)
+        live = [j for j in self.jobs if j not in self.ended]
+        if c % 5 == 4 and live:
+            self.engine.abort(self.rng.choice(live))
+        for _ in range(3):
+            self.take(self.engine.step())
+        if self.ctx.cuda:
+            torch.cuda.synchronize()
+            self.memory.append(torch.cuda.memory_allocated() / 2**20)
+
+    def drain(self) -> None:
+        for _ in range(20_000):
+            if len(self.ended) == len(self.jobs):
+                return
+            events = self.engine.step()
+            self.take(events)
+            if not events:
+                time.sleep(min(self.engine.idle_hint_s(), 0.01))
+
+
 def drive(ctx: PartRun, setup: BenchSetup, cycles: int, private: dict[str, Any]) -> dict[str, Any]:
     """The rounds (module docstring) -> figures; the audio, jobs and endings go into `private`."""
-    voices = list(range(SHARED + DISTINCT))
-    by_id = {setup.voice(v).voice_id: v for v in voices}
-    engine = Engine(setup.decoder, VoiceCache(slow_installer(ctx, setup), device=setup.device,
-                                              max_voices=CACHE_VOICES),
-                    features=LateFeatures(setup, by_id), preparer=PcmPreparer(setup, by_id),
-                    config=EngineConfig(micro_batch_size=setup.decoder.micro_batch_size, prep_wait_ms=30,
-                                        admission_window_ms=0))
-    rng = random.Random(30)
-    jobs: dict[str, EngineJob] = {}
-    audio: dict[str, list[torch.Tensor]] = {}
-    ended: dict[str, str] = {}
-    events_seen: Counter[str] = Counter()
-    memory: list[float] = []
-
-    def take(events: list[Any]) -> None:
-        for event in events:
-            events_seen[type(event).__name__] += 1
-            if isinstance(event, Audio):
-                audio[event.job_id].append(event.samples)
-            elif isinstance(event, Finished | Failed | Aborted):
-                ended[event.job_id] = type(event).__name__
-
-    for cycle in range(cycles):
-        for k, voice in enumerate((cycle % SHARED, SHARED + cycle % DISTINCT)):
-            n = rng.choice([12, CHUNK_TOKENS + 7, 2 * CHUNK_TOKENS + 2, 3 * CHUNK_TOKENS + 14])
-            job = EngineJob(f"c{cycle}-{k}", setup.voice(voice).voice_id, chunk_tokens(n, 1000 * cycle + k),
-                            seed=1000 * cycle + k)
-            jobs[job.job_id], audio[job.job_id] = job, []
-            engine.add(job)
-        if cycle % 5 == 4:
-            live = [j for j in jobs if j not in ended]
-            if live:
-                engine.abort(rng.choice(live))
-        for _ in range(3):
-            take(engine.step())
-        if ctx.cuda:
-            torch.cuda.synchronize()
-            memory.append(torch.cuda.memory_allocated() / 2**20)
+    churn = Churn(ctx, setup)
+    done = 0
+    for c in range(cycles):
+        churn.cycle(c)
+        done = c + 1
         if ctx.left() < 10:
-            ctx.skipped(f"churn cycles {cycle + 1}..{cycles}")
+            ctx.skipped(f"churn cycles {done + 1}..{cycles}")
             break
-    for _ in range(20_000):
-        if len(ended) == len(jobs):
-            break
-        events = engine.step()
-        take(events)
-        if not events:
-            time.sleep(min(engine.idle_hint_s(), 0.01))
-    private.update(audio=audio, jobs=jobs, ended=ended)
-    return {"cycles": cycle + 1, "jobs": len(jobs), "ended": dict(Counter(ended.values())),
-            "events": dict(events_seen), "prep_paths": {k: v for k, v in engine.counters.items() if v},
-            "memory_mib": memory}
+    churn.drain()
+    private.update(audio=churn.audio, jobs=churn.jobs, ended=churn.ended)
+    return {"cycles": done, "jobs": len(churn.jobs), "ended": dict(Counter(churn.ended.values())),
+            "events": dict(churn.events), "memory_mib": churn.memory,
+            "prep_paths": {k: v for k, v in churn.engine.counters.items() if v}}
 
 
 def against_alone(setup: BenchSetup, run: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +139,8 @@ def against_alone(setup: BenchSetup, run: dict[str, Any]) -> dict[str, Any]:
             if kind != "Finished":
                 continue
             job = run["jobs"][job_id]
-            alone = setup.decoder.decode_offline(setup.install(by_id[job.voice_id]), job.tokens, job.seed).cpu()
+            voice = setup.install(by_id[job.voice_id])
+            alone = setup.decoder.decode_offline(voice, job.tokens, job.seed).cpu()
             got = torch.cat(run["audio"][job_id])
             lengths_ok &= got.shape == alone.shape
             if got.shape == alone.shape:

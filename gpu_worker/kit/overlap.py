@@ -51,7 +51,7 @@ class Clock:
 def measure(ctx: PartRun, setup: Any) -> dict[str, Any]:
     streams = warm_streams(setup, ctx.sizes.overlap_rows)
     cache = VoiceCache(setup.installer, device=setup.device)
-    side = cache._side_stream  # the stream installs run on (None on a CPU)
+    side: Any = cache._side_stream  # the stream installs run on (None on a CPU)
     main = torch.cuda.current_stream() if ctx.cuda else None
     hosts = iter([setup.host(NEW_VOICES + i) for i in range(2 * REPS + 1)])  # host halves before any timing
     step_k = iter(range(200, 10_000))
@@ -59,7 +59,7 @@ def measure(ctx: PartRun, setup: Any) -> dict[str, Any]:
     def step() -> None:
         setup.decoder.step(steady_rows(streams, next(step_k)))
 
-    def timed(fn: Callable[[], None], stream: Any) -> float:
+    def timed(fn: Callable[[], object], stream: Any) -> float:
         clock = Clock(ctx.cuda)
         a = clock.mark(stream)
         fn()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -68,7 +69,8 @@ def point(ctx: PartRun, setup: BenchSetup, mode: str, concurrency: int, tag: str
     """One sweep point: `concurrency` closed-loop clients in `mode` (`bench.sweep`), every rows' cap the
     decoder's micro-batch."""
     sizes = ctx.sizes
-    clients = clients_for(concurrency, equal_tokens(sizes.chunks), sizes.jobs_per_client, f"{tag}{mode}{concurrency}")
+    clients = clients_for(concurrency, equal_tokens(sizes.chunks), sizes.jobs_per_client,
+                          f"{tag}{mode}{concurrency}")
     reset_peak(ctx)
     result = run_mode(setup, MODES[mode], clients, setup.decoder.micro_batch_size)
     result.update(device_memory(ctx))
@@ -89,7 +91,7 @@ def points(ctx: PartRun, setup: BenchSetup, modes: tuple[str, ...], concurrency:
             if ctx.left() < 1.5 * last + 1.0:
                 ctx.skipped(f"{key} {name}")
                 continue
-            value = ctx.attempt(f"{key}.{name}", lambda c=c, mode=mode: point(ctx, setup, mode, c, tag))
+            value = ctx.attempt(f"{key}.{name}", partial(point, ctx, setup, mode, c, tag))
             if value is not None:
                 ctx.results.pop(f"{key}.{name}", None)
                 ctx.results[key][name] = value
@@ -97,7 +99,8 @@ def points(ctx: PartRun, setup: BenchSetup, modes: tuple[str, ...], concurrency:
                 ctx.save()
 
 
-def build_recorded(ctx: PartRun, key: str, dtype: str, micro_batch_size: int, graphs: bool) -> BenchSetup | None:
+def build_recorded(ctx: PartRun, key: str, dtype: str, micro_batch_size: int,
+                   graphs: bool) -> BenchSetup | None:
     """`build`, its seconds and graph figures recorded under results[key]; None if it failed (recorded)."""
     made: list[BenchSetup] = []
 

@@ -79,10 +79,12 @@ def run_part(part: Part, args: argparse.Namespace, budget_s: float, log: IO[str]
         "part": part.number, "name": part.name, "title": part.title, "results": {}, "errors": []}
     if code is None:
         report["status"] = "killed"
-        report.setdefault("errors", []).append({"where": "runner", "error": f"killed at its budget, {budget_s:.0f} s"})
+        report.setdefault("errors", []).append({"where": "runner",
+                                                "error": f"killed at its budget, {budget_s:.0f} s"})
     elif code != 0 or report.get("status") == "running":
         report["status"] = "crashed"
-        report.setdefault("errors", []).append({"where": "runner", "error": f"process ended with code {code}"})
+        report.setdefault("errors", []).append({"where": "runner",
+                                                "error": f"process ended with code {code}"})
     report.update(elapsed_s=round(took, 1), budget_s=round(budget_s, 1))
     path.write_text(json.dumps(report, indent=1, default=str))
     return report
@@ -98,7 +100,8 @@ def merged_fallbacks(reports: list[dict[str, Any]]) -> dict[str, dict[str, int]]
 
 
 def title(args: argparse.Namespace, reports: list[dict[str, Any]], elapsed: float) -> str:
-    env = next((r["results"].get("environment", {}) for r in reports if r["name"] == "smoke"), {})
+    smoke = [r["results"].get("environment", {}) for r in reports if r["name"] == "smoke"]
+    env: dict[str, Any] = smoke[0] if smoke else {}
     where = env.get("gpu") or env.get("cpu_model") or args.device
     return (f"wavefarm device kit: {where}, torch {env.get('torch_version', '?')}, device {args.device}, "
             f"preset {args.preset}, budget {args.budget_s:.0f} s, took {elapsed:.0f} s")
@@ -129,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             say(log, f"== part {part.number} {part.name}: {report['status']} in {report['elapsed_s']:.0f} s")
         elapsed = time.monotonic() - start
         text = table.render(title(args, reports, elapsed), reports, merged_fallbacks(reports))
-        summary = {"command": sys.argv, "device": args.device, "preset": args.preset, "budget_s": args.budget_s,
-                   "elapsed_s": round(elapsed, 1), "fallbacks": merged_fallbacks(reports), "table": text,
+        summary = {"command": sys.argv, "device": args.device, "preset": args.preset,
+                   "budget_s": args.budget_s, "elapsed_s": round(elapsed, 1),
+                   "fallbacks": merged_fallbacks(reports), "table": text,
                    "parts": [{k: r.get(k) for k in ("part", "name", "status", "elapsed_s", "budget_s")}
                              | {"errors": len(r.get("errors", []))} for r in reports]}
         (args.out / SUMMARY).write_text(json.dumps(summary, indent=1))

@@ -37,14 +37,16 @@ def nvidia_smi() -> dict[str, str] | str:
 
 def environment(ctx: PartRun) -> dict[str, Any]:
     device = torch.device(ctx.device)
-    info: dict[str, Any] = {**machine_info(device), "python": sys.version.split()[0], "machine": platform.machine(),
+    info: dict[str, Any] = {**machine_info(device), "python": sys.version.split()[0],
+                            "machine": platform.machine(),
                             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                             "tf32_cudnn": torch.backends.cudnn.allow_tf32}
     if ctx.cuda:
         props = torch.cuda.get_device_properties(device)
-        info.update({"capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
-                     "gpu_memory_gib": props.total_memory / 2**30, "cudnn": torch.backends.cudnn.version(),
-                     "nvidia_smi": nvidia_smi()})
+        info.update({"capability": f"{props.major}.{props.minor}",
+                     "multiprocessors": props.multi_processor_count,
+                     "gpu_memory_gib": props.total_memory / 2**30,
+                     "cudnn": torch.backends.cudnn.version(), "nvidia_smi": nvidia_smi()})
     else:
         ctx.not_applicable("GPU, driver and clocks (nvidia-smi)")
     return info

@@ -40,7 +40,8 @@ def sweep_rows(r: Report) -> list[str]:
         b, cc, d = (engine.get(f"C{c}_{m}", {}) for m in "bcd")
         lines.append(f"  {c:4d}  {_f(b.get('fps')):>7s}  {_f(cc.get('fps')):>7s}  {_f(d.get('fps')):>7s}  "
                      f"{_f(d.get('first_audio_s', {}).get('p95'), '.3f'):>12s} s  "
-                     f"{_f(d.get('step_s', {}).get('p50'), '.4f'):>8s} s  {_f(d.get('peak_allocated_mib'), '.0f'):>8s}")
+                     f"{_f(d.get('step_s', {}).get('p50'), '.4f'):>8s} s  "
+                     f"{_f(d.get('peak_allocated_mib'), '.0f'):>8s}")
     return lines
 
 
@@ -57,7 +58,8 @@ def churn(r: Report) -> str:
     run, alone = res.get("churn", {}), res.get("against_alone", {})
     return (f"{run.get('jobs', '-')} jobs {run.get('ended', {})}; paths {run.get('prep_paths', {})}; "
             f"max|diff| alone {_f(alone.get('max_abs_diff_to_alone'), '.1e')} "
-            f"{'ok' if alone.get('equal_within_1e-4') else 'NOT ok'}; memory flat {res.get('memory_flat', 'n/a')}")
+            f"{'ok' if alone.get('equal_within_1e-4') else 'NOT ok'}; "
+            f"memory flat {res.get('memory_flat', 'n/a')}")
 
 
 def overlap(r: Report) -> str:
@@ -71,7 +73,8 @@ def compile_(r: Report) -> str:
     build = res.get("build_compiled", {})
     vs = " ".join(f"{k.split('_')[0]} {_f(v['fps_compiled'])} fps x{_f(v['speedup'], '.2f')}"
                   for k, v in res.get("compiled_vs_graphs_only", {}).items())
-    return f"backend {build.get('backend', '-')}, compile+capture {_f(build.get('compile_and_capture_s'))} s; {vs}"
+    seconds = _f(build.get("compile_and_capture_s"))
+    return f"backend {build.get('backend', '-')}, compile+capture {seconds} s; {vs}"
 
 
 HEADLINES: dict[str, Callable[[Report], str]] = {"smoke": smoke, "sweep": sweep, "graphs": graphs,
@@ -92,5 +95,6 @@ def render(title: str, reports: list[Report], fallbacks: dict[str, dict[str, int
             lines.extend(sweep_rows(r))
     na = sum(len(r.get("not_applicable", [])) for r in reports)
     skipped = sum(len(r.get("skipped", [])) for r in reports)
-    lines.append(f"fallbacks: {fallbacks or 'none'}; not applicable here: {na}; skipped for budget: {skipped}")
+    lines.append(f"fallbacks: {fallbacks or 'none'}; not applicable here: {na}; "
+                 f"skipped for budget: {skipped}")
     return "\n".join(lines)
