@@ -32,11 +32,16 @@ def build(ctx: PartRun, dtype: str, micro_batch_size: int, graphs: bool) -> Benc
     return setup
 
 
-def wrap_graphs(ctx: PartRun, setup: BenchSetup, rows: int) -> None:
+def wrap_graphs(ctx: PartRun, setup: BenchSetup, rows: int, capture_now: bool = True) -> None:
     """As the worker's runtime does on CUDA: lanes reserved for `rows` streams, the flow's steady shapes
-    and the vocoder's captured. On a CPU the same wrappers run their buckets' shapes eagerly."""
+    and the vocoder's captured (without `capture_now`, each shape the second time it is seen). On a CPU the
+    same wrappers run their buckets' shapes eagerly."""
     model = setup.model
-    if ctx.cuda:
+    if ctx.cuda and not capture_now:
+        setup.decoder.reserve(PROMPT_FRAMES, rows)
+        model.flow = GraphedFlow(model.flow, max_rows=rows)  # type: ignore[assignment]
+        model.hift = GraphedHiFT(model.hift, max_rows=rows)  # type: ignore[assignment]
+    elif ctx.cuda:
         lanes = setup.decoder.reserve(PROMPT_FRAMES, rows)
         model.flow = graph_flow(model.flow, lanes, lanes.capacity)  # type: ignore[assignment]
         model.hift = graph_hift(model.hift, rows)  # type: ignore[assignment]

@@ -73,8 +73,9 @@ def compile_(r: Report) -> str:
     build = res.get("build_compiled", {})
     vs = " ".join(f"{k.split('_')[0]} {_f(v['fps_compiled'])} fps x{_f(v['speedup'], '.2f')}"
                   for k, v in res.get("compiled_vs_graphs_only", {}).items())
-    seconds = _f(build.get("compile_and_capture_s"))
-    return f"backend {build.get('backend', '-')}, compile+capture {seconds} s; {vs}"
+    steps = " ".join(f"{k.split('_')[0]} step p50 {_f(v['step_s']['p50'], '.4f')} s"
+                     for k, v in res.get("compiled", {}).items())
+    return "; ".join(x for x in (f"backend {build.get('backend', '-')}", vs, steps) if x)
 
 
 HEADLINES: dict[str, Callable[[Report], str]] = {"smoke": smoke, "sweep": sweep, "graphs": graphs,
