@@ -24,6 +24,8 @@ def graphs_on_figures(ctx: PartRun) -> dict[str, Any]:
 
 def compare(ctx: PartRun) -> dict[str, Any]:
     on, off = graphs_on_figures(ctx), ctx.results.get("graphs_off", {})
+    if not on:
+        ctx.skipped("graphs on vs off: part 2's figures are not in this output folder (run it with part 2)")
     out = {}
     for name, eager in off.items():
         if name in on:
