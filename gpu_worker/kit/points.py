@@ -17,14 +17,19 @@ from typing import Any
 import torch
 
 from app.speech import PROMPT_FRAMES
+from gpu_worker import fallbacks
 from gpu_worker.accel.flow_graphs import GraphedFlow, graph_flow
 from gpu_worker.accel.graphs import GraphedHiFT, graph_hift
 from gpu_worker.bench.sweep import MODES, clients_for, equal_tokens, run_mode
 from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.kit.part import PartRun
+from gpu_worker.loading import DTYPES
 
 
 def build(ctx: PartRun, dtype: str, micro_batch_size: int, graphs: bool) -> BenchSetup:
+    if fallbacks.usable_dtype(torch.device(ctx.device), DTYPES[dtype]) != DTYPES[dtype]:
+        dtype = "fp32"  # as the worker does: a kernel missing in that dtype (counted in the part's report)
+    fallbacks.attention_probe(torch.device(ctx.device), DTYPES[dtype])
     setup = BenchSetup.build(preset=ctx.sizes.model, device=ctx.device, dtype=dtype, speaker="standin",
                              micro_batch_size=micro_batch_size)
     if graphs:
@@ -112,7 +117,9 @@ def build_recorded(ctx: PartRun, key: str, dtype: str, micro_batch_size: int,
     def make() -> dict[str, Any]:
         start = time.monotonic()
         made.append(build(ctx, dtype, micro_batch_size, graphs))
-        return {"seconds": time.monotonic() - start, "dtype": dtype, "micro_batch_size": micro_batch_size,
+        dtype_used = str(made[0].dtype).removeprefix("torch.")  # float32 where the probe fell back
+        return {"seconds": time.monotonic() - start, "dtype": dtype_used,
+                "micro_batch_size": micro_batch_size,
                 "graphs": graphs, **graph_stats(made[0]), **device_memory(ctx)}
 
     ctx.attempt(key, make)
