@@ -3,7 +3,7 @@ graphs, at the preset's compile concurrency in mode d, read against part 2's gra
 point. The point's wall time includes compiling each shape it meets (its first call) and capturing it
 (its second), so its frames/s understate the compiled steady state; its step p50 is nearer to it.
 Inductor on CUDA; on a CPU the `eager` backend (dynamo's tracing without code generation: inductor on a
-CPU may fail on the oneDNN linears, docs/PERFORMANCE.md, and takes minutes), unless
+CPU may fail on the oneDNN linears, docs/PERFORMANCE.md), unless
 WAVEFARM_KIT_COMPILE_BACKEND names another. A compile that fails is recorded, never fatal."""
 
 from __future__ import annotations
