@@ -13,6 +13,8 @@ in tests that build several runtimes in one process).
                                                 `accel.flow_graphs`) or vocoder (`accel.graphs`)
     wavefarm_worker_graph_capture_seconds{part} seconds spent capturing them
     wavefarm_worker_graph_bytes{part}           device memory their capture took
+    wavefarm_graph_fallbacks_total{part,reason} CUDA graph buckets left eager (`gpu_worker.fallbacks`)
+    wavefarm_worker_fallbacks_total{part,reason} other fallbacks taken: attention, speaker, dtype
 The counters and gauges are read from the engine's snapshot at scrape time; the histograms are observed
 by the engine loop. The API's own metrics are `app.api.metrics`'s, under the same `wavefarm_` prefix.
 """
@@ -26,6 +28,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpu_worker import fallbacks
+
 STEPS = "wavefarm_worker_steps"
 FRAMES = "wavefarm_worker_frames"
 INSTALLS = "wavefarm_worker_voice_installs"
@@ -36,6 +40,8 @@ FIRST_AUDIO_SECONDS = "wavefarm_worker_first_audio_seconds"
 CUDA_GRAPHS = "wavefarm_worker_cuda_graphs"
 GRAPH_CAPTURE_SECONDS = "wavefarm_worker_graph_capture_seconds"
 GRAPH_BYTES = "wavefarm_worker_graph_bytes"
+GRAPH_FALLBACKS = "wavefarm_graph_fallbacks"
+WORKER_FALLBACKS = "wavefarm_worker_fallbacks"
 GRAPH_PARTS = ("flow", "vocoder")  # what the graph runners wrap: the decode solve, HiFT
 
 
@@ -66,6 +72,17 @@ class _EngineCollector(Collector):
             capture.add_metric([part], snap.get(f"{part}_graph_capture_s", 0.0))
             memory.add_metric([part], snap.get(f"{part}_graph_bytes", 0))
         yield from (graphs, capture, memory)
+        yield from fallback_metrics()
+
+
+def fallback_metrics() -> Iterator[Metric]:
+    """The process's fallbacks (`gpu_worker.fallbacks`), by part and reason."""
+    for name, kind, text in ((GRAPH_FALLBACKS, "graph", "CUDA graph buckets that run eagerly instead"),
+                             (WORKER_FALLBACKS, "worker", "plain paths taken where an accelerated failed")):
+        family = CounterMetricFamily(name, text, labels=["part", "reason"])
+        for (part, reason), n in sorted(fallbacks.counts(kind).items()):
+            family.add_metric([part, reason], n)
+        yield family
 
 
 class WorkerMetrics:

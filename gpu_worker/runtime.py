@@ -2,7 +2,9 @@
 and the long-lived runtime around them.
 
     build_model(settings)                      -> (Code2Wav, Speaker): the folder's weights, or dummy
-                                                  ones; the vocoder's dtype; acceleration (`accel`)
+                                                  ones; the vocoder's dtype; acceleration (`accel`);
+                                                  the probes of `fallbacks` (a missing bf16 kernel:
+                                                  float32; the fused attention kernel)
     build_engine(settings, features, preparer) -> Engine, with its `EngineConfig` from the settings
     build_runtime(settings, worker_id)         -> Runtime: connections, this worker's install records, the
                                                   engine thread (`loop`) and its metrics (`metrics`), its
@@ -35,6 +37,7 @@ from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings, get_settings
 from app.speech import PROMPT_FRAMES
 from app.store import FeatureStore
+from gpu_worker import fallbacks
 from gpu_worker.accel.flow_graphs import graph_flow
 from gpu_worker.accel.graphs import graph_hift
 from gpu_worker.accel.onednn import use_cpu_linear
@@ -74,9 +77,16 @@ def dummy_weights_note(settings: Settings) -> str:
             f"{settings.model_preset}): the audio is noise, not speech")
 
 
-def build_model(settings: Settings) -> tuple[Code2Wav, Speaker]:
-    """The model and the speaker models (S3 + CAM++) on the configured device, ready for inference."""
-    device, dtype = torch.device(settings.device), DTYPES[settings.dtype]
+def model_dtype(settings: Settings) -> torch.dtype:
+    """The configured dtype, or float32 where a kernel the model needs is missing in it (counted)."""
+    return fallbacks.usable_dtype(torch.device(settings.device), DTYPES[settings.dtype])
+
+
+def build_model(settings: Settings, dtype: torch.dtype | None = None) -> tuple[Code2Wav, Speaker]:
+    """The model and the speaker models (S3 + CAM++) on the configured device, ready for inference, in
+    `dtype` (default: `model_dtype(settings)`)."""
+    device, dtype = torch.device(settings.device), dtype or model_dtype(settings)
+    fallbacks.attention_probe(device, dtype)
     preset = ModelArgs.preset(settings.model_preset)
     args = replace(preset, flow=replace(preset.flow, n_timesteps=settings.flow_steps))
     speaker: Speaker
@@ -101,9 +111,10 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
     if settings.torch_threads:
         # Small models on a busy CPU lose more to thread hand-offs than they gain (docs/PERFORMANCE.md).
         torch.set_num_threads(settings.torch_threads)
-    model, speaker = build_model(settings)
+    dtype = model_dtype(settings)
+    model, speaker = build_model(settings, dtype)
     device = torch.device(settings.device)
-    decoder = StreamingDecoder(model, device=device, dtype=DTYPES[settings.dtype],
+    decoder = StreamingDecoder(model, device=device, dtype=dtype,
                                micro_batch_size=settings.micro_batch_size)
     if device.type == "cuda":  # a lane for every job the slots hold, from the start: tensors that never move
         lanes = decoder.reserve(PROMPT_FRAMES, max(settings.worker_slots, settings.micro_batch_size))

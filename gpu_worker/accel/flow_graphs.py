@@ -21,6 +21,11 @@ Lanes that grow (more streams than reserved) move their tensors: every graph is 
 again (`Lanes.version`). On a CPU, and for shapes past `max_graphs`, it runs the flow eagerly.
 Everything else (setup solves, `solve_lanes` alone) is the inner flow's, eager. The tests drive the
 static-buffer path on a CPU with a stand-in graph (`_record`) and compare bit for bit.
+
+Degrade, never die (`gpu_worker.fallbacks`): each capture is probed at once (a replay against the eager
+step on the same plans, `graphs.replay_matches`); a capture that raises or a replay that differs leaves
+that bucket eager for good (until the lanes move), logged once and counted in
+`wavefarm_graph_fallbacks_total{part="flow",reason}`, and the step goes on eagerly.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from gpu_worker.accel.graphs import allocated, bucket_of, record, row_buckets
+from gpu_worker import fallbacks
+from gpu_worker.accel.graphs import allocated, bucket_of, record, replay_matches, row_buckets
 from gpu_worker.model.config import CHUNK_TOKENS, MEL_PER_TOKEN
 from gpu_worker.model.flow import CHUNK_FRAMES, Flow
 from gpu_worker.model.lanes import Lanes
@@ -68,6 +74,7 @@ class GraphedFlow(nn.Module):
         self.capturable = next(flow.parameters()).device.type == "cuda"
         self._slots: dict[Key, _Slot] = {}
         self._seen: Counter[Key] = Counter()
+        self._eager: set[Key] = set()  # buckets whose capture failed or whose replay differed
         self._version = -1
         self._pool: Any = None
         self.capture_s = 0.0
@@ -93,12 +100,14 @@ class GraphedFlow(nn.Module):
     def step_lanes(self, tokens_plan: Tensor, plan: Tensor, lanes: Lanes, window: int) -> Outputs:
         if lanes.version != self._version:  # new tensors: graphs of the old ones would read freed memory
             self._slots.clear()
+            self._eager.clear()
             self._version = lanes.version
         key = (plan.size(0), plan.size(1) - 3 - lanes.shape.capacity, window)
         self._seen[key] += 1
         slot = self._slots.get(key)
-        if slot is None and self.capturable and self._seen[key] >= 2 and self.graphs < self.max_graphs:
-            slot = self._capture(key, tokens_plan, plan, lanes)
+        if (slot is None and self.capturable and self._seen[key] >= 2 and self.graphs < self.max_graphs
+                and key not in self._eager):
+            slot = self._try_capture(key, tokens_plan, plan, lanes)
         if slot is None:
             return self.inner.step_lanes(tokens_plan, plan, lanes, window)
         slot.tokens.copy_(tokens_plan, non_blocking=True)
@@ -117,11 +126,40 @@ class GraphedFlow(nn.Module):
         frames, window = FRAME_BUCKETS[0], lanes.shape.tail
         for rows in self.rows:
             key = (rows, frames, window)
-            if self.graphs >= self.max_graphs or rows > lanes.capacity or key in self._slots:
+            if (self.graphs >= self.max_graphs or rows > lanes.capacity or key in self._slots
+                    or key in self._eager):
                 continue
             plan = lanes.plan({}, frames, rows)  # every lane rides along: nothing moves
-            self._capture(key, lanes.encoder_plan({}, frames, rows).to(lanes.device), plan.to(lanes.device),
+            tokens = lanes.encoder_plan({}, frames, rows).to(lanes.device)
+            self._try_capture(key, tokens, plan.to(lanes.device),
                           lanes)
+
+    def _try_capture(self, key: Key, tokens_plan: Tensor, plan: Tensor, lanes: Lanes) -> _Slot | None:
+        """`key` captured and probed -> its slot; None (the bucket runs eagerly) if either fails."""
+        try:
+            slot = self._capture(key, tokens_plan, plan, lanes)
+            graphed = tuple(t.clone() for t in self._replay(slot))
+            problem = replay_matches(graphed, self._eager_run(slot, lanes, key[2]))
+        except Exception as exc:  # capture raises assorted errors; an eager step beats a dead worker
+            self._slots.pop(key, None)
+            self._eager.add(key)
+            fallbacks.record("graph", "flow", "capture_error", f"bucket {key}: {type(exc).__name__}: {exc}")
+            return None
+        if problem is not None:
+            self._slots.pop(key, None)
+            self._eager.add(key)
+            fallbacks.record("graph", "flow", "replay_mismatch", f"bucket {key}: {problem}")
+            return None
+        return slot
+
+    @staticmethod
+    def _replay(slot: _Slot) -> tuple[Tensor, ...]:
+        slot.graph.replay()
+        return slot.out
+
+    def _eager_run(self, slot: _Slot, lanes: Lanes, window: int) -> tuple[Tensor, ...]:
+        mel, conv, encoded = self.inner.step_lanes(slot.tokens, slot.plan, lanes, window)
+        return mel, conv, *encoded
 
     def _capture(self, key: Key, tokens_plan: Tensor, plan: Tensor, lanes: Lanes) -> _Slot:
         start, before = time.perf_counter(), allocated()

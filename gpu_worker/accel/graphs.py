@@ -15,6 +15,11 @@ captured call on the same buffers (`_record`), and compare bit for bit.
 
 Randomness is an input (`SourceNoise`, drawn by the decoder from each stream's generator), so a replay
 computes what the eager call computes. `stats()`: graphs held, capture seconds, graph pool bytes.
+
+Degrade, never die (`gpu_worker.fallbacks`): each capture is probed at once (the graph replayed on random
+inputs against the eager call on the same inputs, `replay_matches`); a capture that raises or a replay
+that differs leaves that shape eager for good, logged once and counted in
+`wavefarm_graph_fallbacks_total{part="vocoder",reason}`, and the call goes on eagerly.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from gpu_worker import fallbacks
 from gpu_worker.model.config import CHUNK_TOKENS, HIFT_MEL_CACHE, HIFT_SOURCE_CACHE, MEL_PER_TOKEN
 from gpu_worker.model.hift import HiFTGenerator, SourceNoise
 
@@ -76,6 +82,27 @@ def record(run: Any, pool: Any) -> tuple[Any, Any]:
     return graph, outputs
 
 
+def replay_matches(graphed: Sequence[Tensor], eager: Sequence[Tensor]) -> str | None:
+    """None if a replay's outputs are the eager call's within rounding (float32: 1e-4, half types: 3e-2,
+    of the larger of 1 and the eager output's magnitude), else what differs."""
+    for i, (a, b) in enumerate(zip(graphed, eager, strict=True)):
+        if a.shape != b.shape:
+            return f"output {i}: shape {tuple(a.shape)} against {tuple(b.shape)}"
+        if a.numel() == 0 or not a.is_floating_point():
+            if not torch.equal(a, b):
+                return f"output {i} differs"
+            continue
+        x, y = a.float(), b.float()
+        finite = torch.isfinite(y)
+        if not torch.equal(torch.isfinite(x), finite):
+            return f"output {i}: non-finite values where eager has none (or the reverse)"
+        scale = max(1.0, float(y[finite].abs().max()) if bool(finite.any()) else 1.0)
+        diff = float(torch.where(finite, (x - y).abs(), torch.zeros_like(x)).max())
+        if diff > (1e-4 if b.dtype == torch.float32 else 3e-2) * scale:
+            return f"output {i}: max |replay - eager| = {diff:.3g} (scale {scale:.3g})"
+    return None
+
+
 def allocated() -> int:
     return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
 
@@ -111,6 +138,7 @@ class GraphedHiFT(nn.Module):
         self.capturable = hift.conv_pre.weight.device.type == "cuda"
         self._slots: dict[Shape, _Slot] = {}
         self._seen: Counter[Shape] = Counter()
+        self._eager: set[Shape] = set()  # shapes whose capture failed or whose replay differed
         self._pool: Any = None
         self.capture_s = 0.0
         self.graph_bytes = 0
@@ -137,9 +165,9 @@ class GraphedHiFT(nn.Module):
         shape = (self._bucket(rows), mel.size(2), cache_source.size(2))
         self._seen[shape] += 1
         slot = self._slots.get(shape)
-        if slot is None and self.capturable and self._seen[shape] >= 2 and self.graphs < self.max_graphs:
-            slot = self._slot(shape, *self._example(shape))
-            self._capture(slot)
+        if (slot is None and self.capturable and self._seen[shape] >= 2 and self.graphs < self.max_graphs
+                and shape not in self._eager):
+            slot = self._try_capture(shape)
         if slot is None:
             return self.inner(mel, cache_source, noise=noise)
         slot.load(mel, cache_source, noise)  # rows past `rows` keep what they held: rows are independent
@@ -154,8 +182,8 @@ class GraphedHiFT(nn.Module):
         for shape in shapes:
             if self.graphs >= self.max_graphs:
                 break
-            if shape not in self._slots:
-                self._capture(self._slot(shape, *self._example(shape)))
+            if shape not in self._slots and shape not in self._eager:
+                self._try_capture(shape)
 
     # -- buffers and capture ------------------------------------------------------------------------
     def _bucket(self, rows: int) -> int:
@@ -178,6 +206,36 @@ class GraphedHiFT(nn.Module):
                 torch.zeros(rows, 1, tail, device=weight.device),
                 SourceNoise(torch.zeros(rows, h, device=weight.device),
                             torch.zeros(rows, h, n, device=weight.device)))
+
+    def _try_capture(self, shape: Shape) -> _Slot | None:
+        """`shape` captured and probed -> its slot; None (it runs eagerly from now on) if either fails."""
+        try:
+            slot = self._slot(shape, *self._example(shape))
+            self._capture(slot)
+            problem = self._probe(slot)
+        except Exception as exc:  # capture raises assorted errors; an eager vocoder beats a dead worker
+            self._slots.pop(shape, None)
+            self._eager.add(shape)
+            fallbacks.record("graph", "vocoder", "capture_error",
+                             f"shape {shape}: {type(exc).__name__}: {exc}")
+            return None
+        if problem is not None:
+            self._slots.pop(shape, None)
+            self._eager.add(shape)
+            fallbacks.record("graph", "vocoder", "replay_mismatch", f"shape {shape}: {problem}")
+            return None
+        return slot
+
+    def _probe(self, slot: _Slot) -> str | None:
+        """The graph replayed on random inputs against the eager call on the same inputs."""
+        g = torch.Generator(device="cpu").manual_seed(1234)
+        for buffer in (slot.mel, slot.tail, slot.phase, slot.noise):
+            buffer.copy_(torch.randn(buffer.shape, generator=g).to(buffer.device, buffer.dtype))
+        slot.graph.replay()
+        assert slot.speech is not None and slot.source is not None
+        replayed = (slot.speech.clone(), slot.source.clone())
+        eager = self.inner(slot.mel, slot.tail, noise=SourceNoise(slot.phase, slot.noise))
+        return replay_matches(replayed, eager)
 
     def _capture(self, slot: _Slot) -> None:
         start, before = time.perf_counter(), allocated()

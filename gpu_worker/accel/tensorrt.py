@@ -2,7 +2,8 @@
 
 `on_tensorrt(campplus)` returns a `TensorRTCampPlus` when the campplus's device is CUDA and `tensorrt`
 (the optional `cuda` extra) is importable and builds the engine; otherwise the campplus as it was, with
-the reason logged (a slower CAM++ beats no worker). Inputs longer than the engine's profile, and calls
+the reason logged once loudly and counted (`gpu_worker.fallbacks`: wavefarm_worker_fallbacks_total{part=
+"speaker"}; a slower CAM++ beats no worker). Inputs longer than the engine's profile, and calls
 while a build is impossible, go to the onnxruntime CAM++ it wraps. An execution context serves one call
 at a time, so calls hold a lock.
 """
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gpu_worker import fallbacks
 from gpu_worker.speaker import FBANK_BINS, SPEAKER_DIM, CampPlus
 
 log = logging.getLogger(__name__)
@@ -94,12 +96,14 @@ def on_tensorrt(campplus: CampPlus) -> CampPlus | TensorRTCampPlus:
     if campplus.device.type != "cuda":
         return campplus
     if not tensorrt_available():
-        log.info("CAM++ stays on onnxruntime: tensorrt is not installed (the `cuda` extra)")
+        fallbacks.record("worker", "speaker", "tensorrt_not_installed",
+                         "CAM++ stays on onnxruntime (install the `cuda` extra for TensorRT)")
         return campplus
     try:
         engine = _Engine(campplus.onnx_bytes, campplus.device)
     except Exception as exc:  # tensorrt raises assorted types; a slower CAM++ beats no worker
-        log.warning("CAM++ stays on onnxruntime: %s", exc)
+        fallbacks.record("worker", "speaker", "tensorrt_build_failed",
+                         f"CAM++ stays on onnxruntime: {type(exc).__name__}: {exc}")
         return campplus
     log.info("CAM++ on TensorRT (%s)", campplus.device)
     return TensorRTCampPlus(campplus, engine)

@@ -12,6 +12,9 @@ The reference CFM and DiT hold working buffers registered at fixed shapes (16 st
 frames); they are given the same layout for the preset's sizes (unchanged for `full`). Its noise buffer,
 drawn unseeded by the reference, is replaced by a seeded one.
 
+    reference_loader() -> hyperpyyaml's loader, with the reference's flow modules importable under the
+        `cosyvoice2.*` names its flow.yaml uses, without running the `stepaudio2` package's __init__ (its
+        LLM side imports transformers and librosa, which the GPU machine lacks)
     reference_hift(args) -> the reference HiFTGenerator for `args` (random weights; for parity tests)
     build_reference(setup, dtype=fp32) -> Reference(flow, hift, dtype)   the flow in `dtype` (fp32 by
         default, whatever the bench's own dtype: the baseline a user would otherwise pick)
@@ -22,6 +25,10 @@ drawn unseeded by the reference, is replaced by a seeded one.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,12 +80,35 @@ def fit_buffers(flow: Any, args: FlowArgs, *, steps: int = REF_STEPS, frames: in
     estimator.att_cache_buffer = torch.zeros(att, device="meta")
 
 
-def _build_flow(setup: BenchSetup, dtype: torch.dtype) -> Any:
-    from stepaudio2 import token2wav  # type: ignore[import-untyped]  # test-only dependency, imported when the reference is asked for
+FLOW_MODULES = ("flow.flow", "flow.flow_matching", "flow.decoder_dit", "transformer.upsample_encoder_v2")
 
-    token2wav._setup_cosyvoice2_alias()
+
+def reference_loader() -> Any:
+    """hyperpyyaml's `load_hyperpyyaml`, with `cosyvoice2.<m>` naming `stepaudio2.cosyvoice2.<m>` for the
+    reference's flow modules (what its flow.yaml names). The `stepaudio2` package is entered without its
+    __init__ when nothing imported it yet: a bare package module over its folder."""
+    if "stepaudio2" not in sys.modules:
+        spec = importlib.util.find_spec("stepaudio2")
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError("the reference (`stepaudio2-minicpmo`) is not installed",
+                                      name="stepaudio2")
+        package = types.ModuleType("stepaudio2", "the reference, entered without its __init__")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec
+        sys.modules["stepaudio2"] = package
+    for name in FLOW_MODULES:
+        importlib.import_module(f"stepaudio2.cosyvoice2.{name}")
+    for name in [m for m in sys.modules if m.startswith("stepaudio2.cosyvoice2")]:
+        sys.modules.setdefault(name.removeprefix("stepaudio2."), sys.modules[name])
+    from hyperpyyaml import load_hyperpyyaml  # type: ignore[import-untyped]  # test-only dependency
+
+    return load_hyperpyyaml
+
+
+def _build_flow(setup: BenchSetup, dtype: torch.dtype) -> Any:
+    load_hyperpyyaml = reference_loader()
     with open(setup.folder / FLOW_YAML, encoding="utf-8") as f, torch.device("meta"):
-        flow = token2wav.load_hyperpyyaml(f)["flow"]
+        flow = load_hyperpyyaml(f)["flow"]
     fit_buffers(flow, setup.args.flow)
     flow.to_empty(device=setup.device)
     state = torch.load(setup.folder / FLOW_PT, map_location="cpu", weights_only=True)
