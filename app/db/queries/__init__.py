@@ -13,6 +13,7 @@ DO NOTHING (SQLite and PostgreSQL both have it).
                  the routing reads (live workers, backlogs, voice holders) and job routes
     maintenance  stale live jobs and abandoned ready voices, for the sweep
     books        books, chapters, segments and their jobs, per-chapter progress
+    stats        books by status and the chapters of live books, for the API's metrics
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
 
 Callers use this package's names (`queries.require_job(...)`), not the submodules.
@@ -89,6 +90,7 @@ from app.db.queries.voices import (
     referenced_paths,
     require_voice,
 )
+from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.workers import (
     CLAIM_HOLD_S,
     beat,
@@ -112,6 +114,9 @@ from app.db.queries.workers import (
 
 __all__ = [
     "ERROR_MAX_CHARS",
+    # stats
+    "count_books_by_status",
+    "count_live_book_chapters",
     # voices
     "get_voice",
     "require_voice",
