@@ -118,7 +118,8 @@ class StateCollector(Collector):
         counts = self.db_counts()
         for name, label, doc, values in (
                 (JOBS, "status", "jobs in the database by status", counts.jobs),
-                (JOBS_ROUTED, "route", "jobs in the database by the route of their latest synth", counts.routes),
+                (JOBS_ROUTED, "route", "jobs in the database by the route of their latest synth",
+                 counts.routes),
                 (BOOKS, "status", "books in the database by status", counts.books),
                 (BOOK_CHAPTERS, "state", "chapters of the books not ended yet", counts.chapters)):
             family = GaugeMetricFamily(name, doc, labels=[label])

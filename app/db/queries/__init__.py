@@ -76,6 +76,7 @@ from app.db.queries.jobs import (
     update_progress,
 )
 from app.db.queries.maintenance import list_abandoned_ready_voices, list_stale_live_jobs, touch_job
+from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.voices import (
     add_voice_use,
     count_live_jobs,
@@ -90,7 +91,6 @@ from app.db.queries.voices import (
     referenced_paths,
     require_voice,
 )
-from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.workers import (
     CLAIM_HOLD_S,
     beat,

@@ -24,7 +24,7 @@ def count_books_by_status(*, session: Session) -> dict[str, int]:
 def count_live_book_chapters(*, session: Session) -> dict[str, int]:
     """The chapters of books not ended yet: {"assembled": n, "pending": m} (a book's progress, summed)."""
     assembled = func.sum(case((BookChapter.assembled_at.is_not(None), 1), else_=0))
-    stmt = (select(func.count(), assembled).select_from(BookChapter).join(Book, Book.id == BookChapter.book_id)
-            .where(Book.status.not_in(_ENDED_BOOKS)))
+    stmt = (select(func.count(), assembled).select_from(BookChapter)
+            .join(Book, Book.id == BookChapter.book_id).where(Book.status.not_in(_ENDED_BOOKS)))
     total, done = session.execute(stmt).one()
     return {"assembled": int(done or 0), "pending": int(total or 0) - int(done or 0)}
