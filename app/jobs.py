@@ -21,7 +21,7 @@ from pathlib import Path
 import redis
 from sqlalchemy.orm import Session
 
-from app import audio, routing, voices, wire
+from app import audio, routing, voice_names, voices, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus
@@ -120,6 +120,7 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
                        output_format=output_format, priority=priority)
     chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
     _check_idempotency_key(idempotency_key)
+    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
     if idempotency_key is not None:
         existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
         if existing is not None:  # a retry: the same request, or a Conflict

@@ -24,10 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import routing
 from app.api.deps import ApiContext
+from app.api.docs import install_docs
 from app.api.limits import BodyLimit
 from app.api.metrics import DbCounts, HttpMetrics, StateCollector, http_metrics
 from app.api.routes_books import router as books_router
 from app.api.routes_jobs import router as jobs_router
+from app.api.routes_openai import router as openai_router
 from app.api.routes_ops import router as ops_router
 from app.api.routes_voices import router as voices_router
 from app.api.schemas import problem
@@ -88,7 +90,7 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
         yield
         ctx.close()
 
-    app = FastAPI(title="wavefarm", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="wavefarm", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Offline speech synthesis: speech tokens in, audio in a reference voice out.")
     app.state.ctx = ctx
     # Largest acceptable body: a reference, a token file at the token limit, and form overhead.
@@ -96,8 +98,9 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
     book_body = settings.max_reference_bytes + DEFAULT_LIMITS.max_epub_bytes + 2**20  # an EPUB and a voice
     app.add_middleware(BodyLimit, max_bytes=job_body, per_prefix={"/v1/books": book_body})
     app.add_middleware(HttpMetrics, metrics=http_metrics(ctx.registry))
-    for router in (voices_router, jobs_router, books_router, ops_router, web_router):
+    for router in (voices_router, jobs_router, books_router, openai_router, ops_router, web_router):
         app.include_router(router)
+    install_docs(app)  # Swagger UI from the package, not a CDN
     _install_error_handlers(app)
     return app
 

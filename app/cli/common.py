@@ -45,12 +45,16 @@ def read_file(path: Path, what: str) -> bytes:
         raise BadInput(f"cannot read the {what} {str(path)!r}: {exc.strerror or type(exc).__name__}") from exc
 
 
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
+
+
 def voice_argument(value: str) -> str | bytes:
-    """--voice: a reference audio file (its bytes) or a voice id."""
+    """--voice: a reference audio file (its bytes), or a stored voice's id, name or unique id prefix (the
+    API finds it). Something that looks like a file but is not one is refused here."""
     if Path(value).is_file():
         return read_file(Path(value), "reference audio file")
-    if not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise BadInput(f"--voice {value!r} is neither a reference audio file nor a voice id (sha256)")
+    if "/" in value or value.lower().endswith(AUDIO_SUFFIXES) or not re.fullmatch(r"[\w .'-]+", value):
+        raise BadInput(f"--voice {value!r} is neither a reference audio file nor a voice id or name")
     return value
 
 

@@ -82,6 +82,7 @@ from app.db.queries.voices import (
     count_live_jobs,
     get_or_create_voice,
     get_voice,
+    get_voice_by_name,
     is_voice_abandoned,
     list_voices,
     mark_voice_failed,
@@ -90,6 +91,8 @@ from app.db.queries.voices import (
     mark_voice_ready,
     referenced_paths,
     require_voice,
+    set_voice_name,
+    voice_ids_with_prefix,
 )
 from app.db.queries.workers import (
     CLAIM_HOLD_S,
@@ -121,6 +124,9 @@ __all__ = [
     "get_voice",
     "require_voice",
     "get_or_create_voice",
+    "get_voice_by_name",
+    "set_voice_name",
+    "voice_ids_with_prefix",
     "list_voices",
     "add_voice_use",
     "mark_voice_pending",
