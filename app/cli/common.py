@@ -11,8 +11,6 @@ from typing import Any
 
 from app.errors import BadInput
 
-DEFAULT_API = "http://127.0.0.1:8000"
-
 
 def settings() -> Any:
     from app.settings import get_settings
@@ -21,7 +19,7 @@ def settings() -> Any:
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api", default=DEFAULT_API, help=f"API base URL (default {DEFAULT_API})")
+    parser.add_argument("--api", help="API base URL (default: WAVEFARM_API_URL, else http://127.0.0.1:8000)")
     parser.add_argument("--local", action="store_true", help="use the database directly, not the API")
 
 
@@ -34,7 +32,7 @@ def client(args: argparse.Namespace) -> Any:
     from app.api.client import HttpClient
 
     token = settings().api_token
-    return HttpClient(args.api, token=token.get_secret_value() if token else None)
+    return HttpClient(args.api or settings().api_url, token=token.get_secret_value() if token else None)
 
 
 def read_file(path: Path, what: str) -> bytes:

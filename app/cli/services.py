@@ -72,6 +72,9 @@ def _upgrade_schema() -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.cli.ports import check_port_free
+
+    check_port_free(args.host, args.port)  # before anything starts: say who holds it
     _upgrade_schema()
     uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
                 log_level=args.log_level)

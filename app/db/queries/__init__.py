@@ -69,6 +69,7 @@ from app.db.queries.jobs import (
     get_job,
     get_job_by_idempotency_key,
     is_tokenized,
+    job_ids_with_prefix,
     list_jobs,
     mark_job_running,
     require_job,
@@ -117,6 +118,7 @@ from app.db.queries.workers import (
 
 __all__ = [
     "ERROR_MAX_CHARS",
+    "job_ids_with_prefix",
     # stats
     "count_books_by_status",
     "count_live_book_chapters",
