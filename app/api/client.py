@@ -97,7 +97,9 @@ class HttpClient:
         return self._call("GET", "/v1/voices").json()
 
     def add_voice(self, data: bytes) -> dict[str, Any]:
-        return self._call("POST", "/v1/voices", files={"reference": ("reference", data)}).json()
+        """The voice, with `created`: False when it was stored already (HTTP 200, not 201)."""
+        response = self._call("POST", "/v1/voices", files={"reference": ("reference", data)})
+        return {**response.json(), "created": response.status_code == 201}
 
     def rename_voice(self, voice: str, name: str | None) -> dict[str, Any]:
         return self._call("PATCH", f"/v1/voices/{voice}", json={"name": name}).json()

@@ -66,9 +66,10 @@ class LocalClient:
     def add_voice(self, data: bytes) -> dict[str, Any]:
         ctx = self.ctx
         with ctx.session() as s:
-            voice_id, _ = register_voice(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                         artifacts=ctx.artifacts, reference_bytes=data)
-            return VoiceOut.of(get_voice(session=s, voice_id=voice_id)).model_dump(mode="json")
+            voice_id, created = register_voice(settings=ctx.settings, session=s, sender=ctx.sender,
+                                               store=ctx.store, artifacts=ctx.artifacts, reference_bytes=data)
+            return {**VoiceOut.of(get_voice(session=s, voice_id=voice_id)).model_dump(mode="json"),
+                    "created": created}
 
     def rename_voice(self, voice: str, name: str | None) -> dict[str, Any]:
         with self.ctx.session() as s:

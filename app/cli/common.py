@@ -58,13 +58,15 @@ def voice_argument(value: str) -> str | bytes:
 
 def voice_id_for(api: Any, value: str) -> str:
     """--voice as a voice id: a reference file is uploaded first (POST /v1/voices, once per voice), and
-    what normalising it changed (cut to 6 s, padded, scaled down) is said on stderr."""
+    what normalising it changed (cut to 6 s, padded, scaled down) is said on stderr, once: when the voice
+    is stored."""
     voice = voice_argument(value)
     if isinstance(voice, str):
         return voice
     record = api.add_voice(voice)
-    for note in record.get("notes", []):
-        print(f"wavefarm: note: {note}", file=sys.stderr)
+    if record.get("created", True):  # said when the voice is stored, not on every submit that reuses it
+        for note in record.get("notes", []):
+            print(f"wavefarm: note: {note}", file=sys.stderr)
     return str(record["id"])
 
 

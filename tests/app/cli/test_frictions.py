@@ -15,6 +15,7 @@ from app.dev import SAMPLES
 from app.settings import get_settings
 from tests.app.cli.helpers import run
 from tests.conftest import REPO
+from tests.support.audio import wav_bytes
 from tests.support.net import free_port
 
 
@@ -74,3 +75,16 @@ def test_run_help_lists_the_commands(tmp_path: Path) -> None:
     assert done.returncode == 0
     for command in ("serve", "gpu-worker", "submit", "status", "voices", "book", "model"):
         assert f"\n    {command} " in done.stdout, command
+
+
+def test_a_short_references_padding_note_is_said_when_stored_not_on_every_submit(
+        server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    short = tmp_path / "short.wav"
+    short.write_bytes(wav_bytes(seconds=1.5))
+    tokens = str(SAMPLES / "tokens_a.json")
+    assert run("submit", "--api", server, "--voice", str(short), "--tokens", tokens) == 0
+    first = capsys.readouterr().err
+    assert first.count("padded with silence") == 1
+    for _ in range(2):
+        assert run("submit", "--api", server, "--voice", str(short), "--tokens", tokens) == 0
+        assert "padded with silence" not in capsys.readouterr().err
