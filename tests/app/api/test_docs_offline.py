@@ -1,7 +1,8 @@
 """/docs with the network cut off: Debian's Chromium (headless, Playwright) loads the page from a real
 uvicorn server and every file it fetches comes from that server (Swagger UI from the package, not a
 CDN); the operations are listed, the speech endpoint among them. Any request to another host is
-refused and recorded; so is DNS (Chromium resolves nothing but 127.0.0.1)."""
+refused and recorded; so is DNS (Chromium resolves nothing but 127.0.0.1). The web page's voice picker
+shows a voice's name, in the same browser."""
 
 from __future__ import annotations
 
@@ -76,3 +77,18 @@ def test_the_page_names_no_cdn_and_redoc_is_gone(api: str) -> None:
     assert "cdn" not in page.lower() and "http://" not in page and "https://" not in page
     assert httpx.get(f"{api}/redoc").status_code == 404
     assert httpx.get(f"{api}/docs/assets/swagger-ui.css").status_code == 200
+
+
+def test_the_web_page_shows_a_voices_name_in_the_picker(browser: Any, api: str) -> None:
+    from app.dev import SAMPLES
+
+    reference = (SAMPLES / "voice_a.wav").read_bytes()
+    upload = httpx.post(f"{api}/v1/voices", files={"reference": ("a.wav", reference)})
+    voice_id = upload.json()["id"]
+    assert httpx.patch(f"{api}/v1/voices/{voice_id}", json={"name": "Ada"}).status_code == 200
+    page = browser.new_page()
+    page.goto(f"{api}/")
+    option = page.locator(f'#voice-id option[value="{voice_id}"]')
+    option.wait_for(state="attached", timeout=60_000)
+    assert option.inner_text().startswith(f"Ada ({voice_id[:8]}")
+    page.close()
