@@ -72,6 +72,7 @@ def resolve_voice(*, settings: Settings, session: Session, artifacts: ArtifactSt
     if reference_bytes is not None:
         return store_reference(settings=settings, session=session, artifacts=artifacts,
                                reference_bytes=reference_bytes)[0]
+    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
     try:
         check_voice_id(voice_id or "")
     except ValueError as exc:

@@ -180,7 +180,7 @@ class BookRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    voice_id: str = Field(min_length=64, max_length=64)
+    voice_id: str = Field(min_length=1, max_length=64, description="a voice's id, name or unique id prefix")
     manifest: dict[str, Any] = Field(description='{"title", "chapters": [{"title", "segments": '
                                                  '[{"tokens": [...]}]}]}')
     output_format: OutputFormatField = OutputFormat.FLAC

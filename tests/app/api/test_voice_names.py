@@ -55,3 +55,17 @@ def test_an_ambiguous_prefix_is_refused_with_the_candidates(client: TestClient, 
     assert all(v[:12] in ambiguous.json()["reason"] for v in ids)
     assert client.get("/v1/voices/abcd1").json()["id"] == ids[1]
     assert client.get("/v1/voices/abc").status_code == 404  # shorter than a prefix may be
+
+
+def test_a_book_takes_the_voices_name(client: TestClient, reference: bytes) -> None:
+    from tests.app.books.conftest import MARKDOWN_BOOK
+    from tests.support.books import post_and_read
+
+    voice_id = upload_voice(client, reference).json()["id"]
+    assert client.patch(f"/v1/voices/{voice_id}", json={"name": "Ada"}).status_code == 200
+    posted = post_and_read(client, files={"book": ("b.md", MARKDOWN_BOOK.encode())}, data={"voice_id": "Ada"})
+    assert posted.status_code == 202, posted.text
+    assert posted.book["voice_id"] == voice_id and posted.book["status"] == "queued", posted.book
+    unknown = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode())},
+                          data={"voice_id": "Bob"})
+    assert unknown.status_code == 404 and "no voice 'Bob'" in unknown.json()["reason"]
