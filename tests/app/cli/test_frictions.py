@@ -53,6 +53,12 @@ def test_serve_on_a_busy_port_says_who_holds_it_before_starting(capsys: pytest.C
     told = capsys.readouterr()
     assert f"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}" in told.err
     assert f"--port {port + 1}" in told.err and "Application startup" not in told.out + told.err
+    with socket.socket() as held:  # the GPU worker's metrics port, the same way
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert run("gpu-worker", "--metrics-port", str(port)) == 2
+    assert f"--metrics-port {port + 1}" in capsys.readouterr().err
 
 
 def _run_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
