@@ -14,10 +14,11 @@ and the broker priorities are turned into RabbitMQ's order as they are published
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, signals
 from celery.app.amqp import AMQP
 from kombu import Queue
 from kombu.utils.objects import cached_property
@@ -25,6 +26,8 @@ from kombu.utils.objects import cached_property
 from app.broker import is_amqp
 from app.settings import Settings
 from app.wire import MAX_PRIORITY, PREPARE_TASK, PRIORITY_STEPS, SYNTH_TASK, amqp_priority
+
+log = logging.getLogger(__name__)
 
 
 class RabbitPriorities(AMQP):
@@ -121,3 +124,26 @@ def redis_options(settings: Settings) -> dict[str, Any]:
 def amqp_options() -> dict[str, Any]:
     """RabbitMQ: a publish returns once the broker has the message (a sent job is never only in flight)."""
     return {"confirm_publish": True}
+
+
+def where_line(settings: Settings, hostname: str, queues: Sequence[str]) -> str:
+    """What a worker serves, passwords hidden: two stacks on one Redis show up in their logs at once."""
+    from kombu.utils.url import maybe_sanitize_url
+    from sqlalchemy import make_url
+
+    database = make_url(settings.database_url).render_as_string(hide_password=True)
+    return (f"worker {hostname}: broker {maybe_sanitize_url(settings.broker_url)}, database {database}, "
+            f"feature store {maybe_sanitize_url(settings.feature_store_url)}, results "
+            f"{maybe_sanitize_url(settings.result_backend)}, queues {', '.join(sorted(queues))}")
+
+
+@signals.worker_ready.connect
+def _say_where(sender: Any = None, **_: Any) -> None:
+    """Each worker (CPU or GPU) logs its broker, database and queues once it consumes."""
+    from app.settings import get_settings
+
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    queues = list(app.amqp.queues.consume_from or app.amqp.queues)
+    log.info("%s", where_line(get_settings(), getattr(sender, "hostname", "?"), queues))

@@ -12,6 +12,7 @@ broker refuses, the job is taken back out, so the client can simply retry. Tasks
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import uuid
 from collections.abc import Iterable
@@ -21,7 +22,7 @@ from pathlib import Path
 import redis
 from sqlalchemy.orm import Session
 
-from app import audio, routing, voices, wire
+from app import audio, routing, voice_names, voices, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus
@@ -120,6 +121,7 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
                        output_format=output_format, priority=priority)
     chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
     _check_idempotency_key(idempotency_key)
+    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
     if idempotency_key is not None:
         existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
         if existing is not None:  # a retry: the same request, or a Conflict
@@ -202,8 +204,20 @@ def _withdraw(*, session: Session, artifacts: ArtifactStore, job: Job) -> None:
         artifacts.remove(job.tokens_path)
 
 
+JOB_PREFIX = re.compile(r"[0-9a-f][0-9a-f-]{3,35}")  # what the CLI and the web page print: 8 hex digits
+
+
 def get_job(*, session: Session, job_id: str) -> Job:
-    """The job with this id; NotFound for an unknown or malformed one."""
+    """The job with this id, or with this unique id prefix (at least 4 characters); NotFound for an
+    unknown or malformed one, BadInput naming the candidates for a prefix several ids begin with."""
+    if isinstance(job_id, str) and JOB_PREFIX.fullmatch(job_id) and len(job_id) < 36:
+        found = queries.job_ids_with_prefix(session=session, prefix=job_id, limit=6)
+        if len(found) > 1:
+            shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+            raise BadInput(f"job {job_id!r} is ambiguous: it begins {len(found)} job ids ({shown}); "
+                           "give more of the id")
+        if found:
+            job_id = found[0]
     return queries.require_job(session=session, job_id=known_id(job_id, check_job_id, "job"))
 
 

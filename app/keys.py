@@ -70,6 +70,7 @@ def sweep_sent_key(queue: str) -> str:
 # Counter groups: each is one hash whose fields are the counted outcomes.
 COUNTER_PREP_PATH = "prep_path"  # fields: app.db.models.PrepPath values
 COUNTER_PREPARE = "prepare"  # fields: prepared, noop, failed, retried
+COUNTER_SWEEP = "sweep"  # fields: app.maintenance.SWEEP_FINDINGS (what a sweep found and put back)
 
 
 def counter_key(group: str) -> str:

@@ -56,6 +56,7 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import keys
 from app.artifacts import ArtifactStore
 from app.books import upkeep
 from app.broker import Broker, RedisBroker, as_broker, open_broker
@@ -71,6 +72,11 @@ from app.wire import BOOK_CHAPTER_TASK, BOOK_PLAN_TASK, TaskSender, send_tokeniz
 log = logging.getLogger(__name__)
 
 STALLED_CHAPTER_AFTER_S = 60.0  # a chapter's chord fires within seconds of its last segment
+# What a sweep found, counted in the feature store (`keys.COUNTER_SWEEP`) and exported by the API as
+# wavefarm_sweep_found_total{kind}: the SweepReport fields, errors aside. Work that was stuck: all but the
+# files and voices, which are leftovers, not waiting work.
+SWEEP_FINDINGS = ("orphans_removed", "jobs_resumed", "messages_returned", "jobs_requeued", "jobs_rerouted",
+                  "voices_reclaimed", "chapters_resumed", "books_removed", "books_reparsed")
 WORKER_GONE_S = 60.0  # a GPU worker beats every gpu_worker.runtime.HEARTBEAT_S (10 s): six missed beats
 
 
@@ -333,7 +339,19 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
              len(report.messages_returned), len(report.jobs_requeued), len(report.voices_reclaimed),
              len(report.chapters_resumed), len(report.books_removed), len(report.books_reparsed),
              len(report.errors))
+    count_findings(store, report)
     return report
+
+
+def count_findings(store: FeatureStore, report: SweepReport) -> None:
+    """Adds what the pass found to the sweep counters (an unreachable store costs only the count)."""
+    found = {kind: len(getattr(report, kind)) for kind in SWEEP_FINDINGS}
+    try:
+        for kind, n in found.items():
+            if n:
+                store.incr(keys.COUNTER_SWEEP, kind, n)
+    except redis.RedisError:
+        log.warning("maintenance: the sweep's findings could not be counted", exc_info=True)
 
 
 def _in_session(sessions: sessionmaker[Session], work: Any) -> None:

@@ -144,6 +144,9 @@ class Settings(BaseSettings):
         "period, by a Redis claim); 0: never (run `wavefarm maintenance` from cron instead)")
 
     api_token: SecretStr | None = None
+    api_url: str = Field(default="http://127.0.0.1:8000", pattern=r"^https?://\S+$",
+                         description="where the client commands (submit, status, voices, book ...) find the "
+                         "API; --api overrides it")
 
     @model_validator(mode="after")
     def _default_database_url(self) -> Settings:

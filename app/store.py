@@ -99,6 +99,11 @@ class FeatureStore:
         raw = cast(dict[bytes, bytes], self.client.hgetall(keys.counter_key(group)))
         return {name.decode(): int(value) for name, value in raw.items()}
 
+    def memory(self) -> tuple[int, int]:
+        """(bytes used, the maxmemory limit; 0 when unlimited) of the feature-store Redis (INFO memory)."""
+        info = cast(dict[str, int], self.client.info("memory"))
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+
     # Cancel flags ---------------------------------------------------------------
 
     def request_cancel(self, job_id: str, ttl_s: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app import audio, wire
+from app import audio, voice_names, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Voice, VoiceStatus
@@ -49,8 +49,19 @@ def store_reference(*, settings: Settings, session: Session, artifacts: Artifact
 
 
 def get_voice(*, session: Session, voice_id: str) -> Voice:
-    """The voice with this id; NotFound for an unknown or malformed one."""
+    """The voice with this id (or name, or unique id prefix: `app.voice_names`); NotFound for an unknown
+    or malformed one."""
+    if not _looks_like_id(voice_id):
+        voice_id = voice_names.resolve_ref(session=session, ref=voice_id) or voice_id
     return queries.require_voice(session=session, voice_id=known_id(voice_id, check_voice_id, "voice"))
+
+
+def _looks_like_id(value: str) -> bool:
+    try:
+        check_voice_id(value)
+    except ValueError:
+        return False
+    return True
 
 
 def resolve_voice(*, settings: Settings, session: Session, artifacts: ArtifactStore,
@@ -61,6 +72,7 @@ def resolve_voice(*, settings: Settings, session: Session, artifacts: ArtifactSt
     if reference_bytes is not None:
         return store_reference(settings=settings, session=session, artifacts=artifacts,
                                reference_bytes=reference_bytes)[0]
+    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
     try:
         check_voice_id(voice_id or "")
     except ValueError as exc:

@@ -18,8 +18,9 @@ from app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 BACKING = {"broker", "results", "features", "postgres"}
-SERVICES = BACKING | {"migrate", "api", "cpu-worker", "gpu-worker-0", "flower"}
-WAVEFARM_SERVICES = SERVICES - BACKING
+MONITORING = {"prometheus", "grafana"}
+SERVICES = BACKING | MONITORING | {"migrate", "api", "cpu-worker", "gpu-worker-0", "flower"}
+WAVEFARM_SERVICES = SERVICES - BACKING - MONITORING
 INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?([-?])([^}]*))?\}")
 
 
@@ -144,3 +145,37 @@ def test_flower_basic_auth_comes_from_the_environment(compose: dict[str, Any]) -
 def test_cli_has_every_documented_command() -> None:
     assert set(subcommands()) >= {"serve", "cpu-worker", "gpu-worker", "flower", "submit", "status", "cancel",
                                   "voices", "db", "db upgrade", "demo"}
+
+
+def test_prometheus_mounts_the_deploy_rules_and_scrapes_the_api_and_every_gpu_worker(
+        compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    prometheus = services["prometheus"]
+    mount = next(v for v in prometheus["volumes"] if v.startswith("./deploy/prometheus:"))
+    inside = mount.split(":")[1]
+    config_flag = next(a for a in prometheus["command"] if a.startswith("--config.file="))
+    config_path = config_flag.split("=", 1)[1]
+    assert config_path.startswith(inside + "/")
+    config = yaml.safe_load((REPO / "deploy/prometheus" / Path(config_path).name).read_text())
+    for rule_file in config["rule_files"]:
+        assert rule_file.startswith(inside + "/")
+        assert (REPO / "deploy/prometheus" / Path(rule_file).name).is_file()
+    targets = {job["job_name"]: [t for c in job["static_configs"] for t in c["targets"]]
+               for job in config["scrape_configs"]}
+    api_port = services["api"]["command"][services["api"]["command"].index("--port") + 1]
+    assert targets["wavefarm-api"] == [f"api:{api_port}"]
+    gpu = {name: s for name, s in services.items() if name.startswith("gpu-worker")}
+    expected = {f"{name}:{s['command'][s['command'].index('--metrics-port') + 1]}" for name, s in gpu.items()}
+    assert set(targets["wavefarm-gpu-worker"]) == expected
+
+
+def test_grafana_provisions_the_dashboard_on_the_compose_prometheus(compose: dict[str, Any]) -> None:
+    grafana = compose["services"]["grafana"]
+    volumes = {v.split(":")[0]: v.split(":")[1] for v in grafana["volumes"]}
+    dashboard_dir = yaml.safe_load((REPO / "deploy/grafana/provisioning/dashboards/wavefarm.yml").read_text())
+    path = dashboard_dir["providers"][0]["options"]["path"]
+    assert volumes["./deploy/grafana/wavefarm.json"] == f"{path}/wavefarm.json"
+    assert volumes["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    source = yaml.safe_load((REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert source["datasources"][0]["url"] == "http://prometheus:9090"
+    assert "9090:9090" in compose["services"]["prometheus"]["ports"]

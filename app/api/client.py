@@ -37,6 +37,7 @@ class Client(Protocol):
     def audio(self, job_id: str) -> bytes: ...
     def voices(self) -> list[dict[str, Any]]: ...
     def add_voice(self, data: bytes) -> dict[str, Any]: ...
+    def rename_voice(self, voice: str, name: str | None) -> dict[str, Any]: ...
     def submit_book(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
                     base_dir: Path) -> dict[str, Any]: ...
     def book(self, book_id: str) -> dict[str, Any]: ...
@@ -96,7 +97,12 @@ class HttpClient:
         return self._call("GET", "/v1/voices").json()
 
     def add_voice(self, data: bytes) -> dict[str, Any]:
-        return self._call("POST", "/v1/voices", files={"reference": ("reference", data)}).json()
+        """The voice, with `created`: False when it was stored already (HTTP 200, not 201)."""
+        response = self._call("POST", "/v1/voices", files={"reference": ("reference", data)})
+        return {**response.json(), "created": response.status_code == 201}
+
+    def rename_voice(self, voice: str, name: str | None) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/voices/{voice}", json={"name": name}).json()
 
     def submit_book(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
                     base_dir: Path) -> dict[str, Any]:
@@ -130,24 +136,67 @@ def _error(response: httpx.Response) -> WavefarmError:
 
 def follow(client: Client, job_id: str, *, timeout_s: float | None = None,
            poll_s: float = POLL_S) -> dict[str, Any]:
-    """Poll a job until it finishes, with a tqdm bar over its decoded frames; returns the last state."""
-    from tqdm import tqdm
-
+    """Poll a job until it finishes, showing its progress on stderr (a tqdm bar on a terminal, a line per
+    change in a pipe or a log); returns the last state."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     job = client.job(job_id)
-    told: set[str] = set()
-    with tqdm(total=job["progress"]["frames_total"] or None, unit="frame", desc=job_id[:8]) as bar:
+    show: BarProgress | LineProgress = BarProgress(job_id) if sys.stderr.isatty() else LineProgress(job_id)
+    try:
         while True:
-            for note in job.get("notes") or []:  # dummy weights, the stand-in tokenizer: said once, plainly
-                if note not in told:
-                    told.add(note)
-                    tqdm.write(f"note: job {job_id[:8]}: {note}", file=sys.stderr)
-            bar.total = job["progress"]["frames_total"] or bar.total
-            bar.set_postfix_str(job["status"])
-            bar.update(job["progress"]["frames_done"] - bar.n)
+            show.update(job)
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 return job
             if deadline is not None and time.monotonic() > deadline:
                 raise ApiError(f"job {job_id} still {job['status']} after {timeout_s:g} s")
             time.sleep(poll_s)
             job = client.job(job_id)
+    finally:
+        show.close()
+
+
+class LineProgress:
+    """For a pipe or a log: one line per change of a job's status or frames, and each note once."""
+
+    def __init__(self, job_id: str, file: Any = None) -> None:
+        self.label, self.file = job_id[:8], file
+        self.last: tuple[Any, ...] | None = None
+        self.told: set[str] = set()
+
+    def update(self, job: dict[str, Any]) -> None:
+        out = self.file or sys.stderr
+        for note in job.get("notes") or []:
+            if note not in self.told:
+                self.told.add(note)
+                print(f"note: job {self.label}: {note}", file=out)
+        done, total = job["progress"]["frames_done"], job["progress"]["frames_total"]
+        if (job["status"], done, total) != self.last:
+            self.last = (job["status"], done, total)
+            share = f" ({100 * done // total} %)" if total else ""
+            print(f"job {self.label}: {job['status']}, {done}/{total or '?'} frames{share}", file=out,
+                  flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class BarProgress:
+    """For a terminal: a tqdm bar over the decoded frames; its count moves before its status, so it never
+    shows "succeeded" short of 100 %."""
+
+    def __init__(self, job_id: str, file: Any = None) -> None:
+        from tqdm import tqdm
+
+        self.tqdm, self.label, self.told = tqdm, job_id[:8], set[str]()
+        self.bar = tqdm(total=None, unit="frame", desc=self.label, file=file)
+
+    def update(self, job: dict[str, Any]) -> None:
+        for note in job.get("notes") or []:  # dummy weights, the stand-in tokenizer: said once, plainly
+            if note not in self.told:
+                self.told.add(note)
+                self.tqdm.write(f"note: job {self.label}: {note}", file=self.bar.fp)
+        self.bar.total = job["progress"]["frames_total"] or self.bar.total
+        self.bar.update(job["progress"]["frames_done"] - self.bar.n)
+        self.bar.set_postfix_str(job["status"])
+
+    def close(self) -> None:
+        self.bar.close()

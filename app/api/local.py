@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app import voice_names
 from app.api.schemas import BookOut, JobOut, VoiceOut
 from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
 from app.books.status import book_status, output_file
@@ -65,9 +66,16 @@ class LocalClient:
     def add_voice(self, data: bytes) -> dict[str, Any]:
         ctx = self.ctx
         with ctx.session() as s:
-            voice_id, _ = register_voice(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                         artifacts=ctx.artifacts, reference_bytes=data)
-            return VoiceOut.of(get_voice(session=s, voice_id=voice_id)).model_dump(mode="json")
+            voice_id, created = register_voice(settings=ctx.settings, session=s, sender=ctx.sender,
+                                               store=ctx.store, artifacts=ctx.artifacts, reference_bytes=data)
+            return {**VoiceOut.of(get_voice(session=s, voice_id=voice_id)).model_dump(mode="json"),
+                    "created": created}
+
+    def rename_voice(self, voice: str, name: str | None) -> dict[str, Any]:
+        with self.ctx.session() as s:
+            voice_id = get_voice(session=s, voice_id=voice).id
+            return VoiceOut.of(voice_names.rename_voice(session=s, voice_id=voice_id, name=name)).model_dump(
+                mode="json")
 
     def submit_book(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
                     base_dir: Path) -> dict[str, Any]:

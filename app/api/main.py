@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import kombu.exceptions
@@ -25,17 +26,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import routing
 from app.api.deps import ApiContext
+from app.api.docs import install_docs
 from app.api.limits import BodyLimit
-from app.api.metrics import HttpMetrics, StateCollector, http_metrics
+from app.api.metrics import DbCounts, HttpMetrics, StateCollector, http_metrics
 from app.api.routes_books import router as books_router
 from app.api.routes_jobs import router as jobs_router
+from app.api.routes_openai import router as openai_router
 from app.api.routes_ops import router as ops_router
 from app.api.routes_voices import router as voices_router
 from app.api.schemas import problem
 from app.api.web import router as web_router
 from app.books.source import DEFAULT_LIMITS
 from app.db import queries
+from app.db.models import JobStatus, utcnow
 from app.errors import BadInput, Conflict, Gone, NotFound
+from app.maintenance import SWEEP_FINDINGS, WORKER_GONE_S
 from app.settings import Settings, get_settings
 from app.wire import TaskSender
 
@@ -49,8 +54,8 @@ def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiCo
     """Clients for everything the API talks to (none connects before first use), and its metrics."""
     ctx = ApiContext.build(settings, sender)
     ctx.registry.register(StateCollector(
-        broker=ctx.broker, store=ctx.store, queues=lambda: _queues(ctx),
-        job_counts=lambda: _job_counts(ctx), job_routes=lambda: _job_routes(ctx)))
+        broker=ctx.broker, store=ctx.store, queues=lambda: _queues(ctx), db_counts=lambda: _db_counts(ctx),
+        sweep_kinds=SWEEP_FINDINGS))
     return ctx
 
 
@@ -65,14 +70,15 @@ def _queues(ctx: ApiContext) -> list[str]:
             *(routing.worker_queue(ctx.settings, name) for name in workers)]
 
 
-def _job_counts(ctx: ApiContext) -> dict[str, int]:
+def _db_counts(ctx: ApiContext) -> DbCounts:
+    every_status = dict.fromkeys((s.value for s in JobStatus), 0)  # a status with no job reads 0
+    beat_after = utcnow() - timedelta(seconds=WORKER_GONE_S)
     with ctx.session() as s:
-        return queries.count_jobs_by_status(session=s)
-
-
-def _job_routes(ctx: ApiContext) -> dict[str, int]:
-    with ctx.session() as s:
-        return queries.count_jobs_by_route(session=s)
+        return DbCounts(jobs={**every_status, **queries.count_jobs_by_status(session=s)},
+                        routes=queries.count_jobs_by_route(session=s),
+                        gpu_workers_live=len(queries.live_workers(session=s, beat_after=beat_after)),
+                        books=queries.count_books_by_status(session=s),
+                        chapters=queries.count_live_book_chapters(session=s))
 
 
 def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastAPI:
@@ -86,7 +92,7 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
         yield
         ctx.close()
 
-    app = FastAPI(title="wavefarm", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="wavefarm", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Offline speech synthesis: speech tokens in, audio in a reference voice out.")
     app.state.ctx = ctx
     # Largest acceptable body: a reference, a token file at the token limit, and form overhead.
@@ -94,8 +100,9 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
     book_body = settings.max_reference_bytes + DEFAULT_LIMITS.max_epub_bytes + 2**20  # an EPUB and a voice
     app.add_middleware(BodyLimit, max_bytes=job_body, per_prefix={"/v1/books": book_body})
     app.add_middleware(HttpMetrics, metrics=http_metrics(ctx.registry))
-    for router in (voices_router, jobs_router, books_router, ops_router, web_router):
+    for router in (voices_router, jobs_router, books_router, openai_router, ops_router, web_router):
         app.include_router(router)
+    install_docs(app)  # Swagger UI from the package, not a CDN
     _install_error_handlers(app)
     return app
 

@@ -10,6 +10,12 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
   wavefarm_jobs{status}                jobs in the database by status
   wavefarm_jobs_routed{route}          jobs in the database by where their latest `synth` went and why
                                        (`app.routing.ROUTES`: affinity, placed, spilled, and the fallbacks)
+  wavefarm_gpu_workers_live            GPU workers whose heartbeat in the database is recent
+  wavefarm_books{status}               books in the database by status (every status, 0 included)
+  wavefarm_book_chapters{state}        chapters of the books not ended yet: assembled, pending
+  wavefarm_sweep_found_total{kind}     what maintenance sweeps found and put back (`app.maintenance`)
+  wavefarm_feature_store_used_bytes    memory the feature-store Redis uses, and its maxmemory limit in
+  wavefarm_feature_store_max_bytes     wavefarm_feature_store_max_bytes (0: unlimited)
   wavefarm_source_up{source}           1 when that source answered this scrape
 plus request counts and latencies of the API itself. The GPU worker exports its engine's metrics from
 its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
@@ -20,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -38,6 +45,12 @@ PREP_PATH = "wavefarm_prep_path"
 VOICE_PREPARE = "wavefarm_voice_prepare"
 JOBS = "wavefarm_jobs"
 JOBS_ROUTED = "wavefarm_jobs_routed"
+GPU_WORKERS_LIVE = "wavefarm_gpu_workers_live"
+BOOKS = "wavefarm_books"
+BOOK_CHAPTERS = "wavefarm_book_chapters"
+SWEEP_FOUND = "wavefarm_sweep_found"
+STORE_USED = "wavefarm_feature_store_used_bytes"
+STORE_MAX = "wavefarm_feature_store_max_bytes"
 SOURCE_UP = "wavefarm_source_up"
 HTTP_REQUESTS = "wavefarm_http_requests"
 HTTP_SECONDS = "wavefarm_http_request_seconds"
@@ -48,21 +61,32 @@ def broker_queue_depth(broker: Broker | redis.Redis, queue: str) -> int:
     return as_broker(broker).queue_depth(queue)
 
 
+@dataclass
+class DbCounts:
+    """What the database says at one scrape (read in one session)."""
+
+    jobs: dict[str, int] = field(default_factory=dict)  # by status
+    routes: dict[str, int] = field(default_factory=dict)  # by route of the latest synth
+    gpu_workers_live: int = 0
+    books: dict[str, int] = field(default_factory=dict)  # by status
+    chapters: dict[str, int] = field(default_factory=dict)  # of live books: assembled, pending
+
+
 class StateCollector(Collector):
-    """Reads queue depths, feature-store counters and job counts at every scrape."""
+    """Reads queue depths, feature-store counters and memory, and database counts at every scrape."""
 
     def __init__(self, *, broker: Broker | redis.Redis, store: FeatureStore,
-                 queues: list[str] | Callable[[], list[str]], job_counts: Callable[[], dict[str, int]],
-                 job_routes: Callable[[], dict[str, int]] = dict) -> None:
-        self.broker, self.store, self.queues, self.job_counts = broker, store, queues, job_counts
-        self.job_routes = job_routes
+                 queues: list[str] | Callable[[], list[str]], db_counts: Callable[[], DbCounts],
+                 sweep_kinds: tuple[str, ...] = ()) -> None:
+        self.broker, self.store, self.queues, self.db_counts = broker, store, queues, db_counts
+        self.sweep_kinds = sweep_kinds
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(SOURCE_UP, "1 when the source answered this scrape", labels=["source"])
-        for source, read in (("broker", self._queues), ("feature_store", self._counters),
-                             ("database", self._jobs)):
+        for source, read in (("broker", self._queues), ("feature_store", self._store),
+                             ("database", self._database)):
             try:
-                yield from read()
+                yield from list(read())  # whole or nothing: a source failing half-way yields no family
                 up.add_metric([source], 1)
             except Exception:  # a scrape reports a down source; it never fails as a whole
                 log.warning("metrics: %s unavailable", source, exc_info=True)
@@ -75,25 +99,35 @@ class StateCollector(Collector):
             depth.add_metric([queue], broker_queue_depth(self.broker, queue))
         yield depth
 
-    def _counters(self) -> Iterator[Metric]:
-        for name, group, label, doc in (
-                (PREP_PATH, keys.COUNTER_PREP_PATH, "path", "jobs by how their voice was installed"),
-                (VOICE_PREPARE, keys.COUNTER_PREPARE, "outcome", "voice preparations on CPU workers")):
+    def _store(self) -> Iterator[Metric]:
+        for name, group, label, doc, known in (
+                (PREP_PATH, keys.COUNTER_PREP_PATH, "path", "jobs by how their voice was installed", ()),
+                (VOICE_PREPARE, keys.COUNTER_PREPARE, "outcome", "voice preparations on CPU workers", ()),
+                (SWEEP_FOUND, keys.COUNTER_SWEEP, "kind", "what maintenance sweeps found and put back",
+                 self.sweep_kinds)):
             family = CounterMetricFamily(name, doc, labels=[label])
-            for value, count in sorted(self.store.counters(group).items()):
+            counts = {**dict.fromkeys(known, 0), **self.store.counters(group)}
+            for value, count in sorted(counts.items()):
                 family.add_metric([value], count)
             yield family
+        used, limit = self.store.memory()
+        yield GaugeMetricFamily(STORE_USED, "memory the feature-store Redis uses", value=used)
+        yield GaugeMetricFamily(STORE_MAX, "the feature-store Redis's maxmemory (0: unlimited)", value=limit)
 
-    def _jobs(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(JOBS, "jobs in the database by status", labels=["status"])
-        for status, count in sorted(self.job_counts().items()):
-            family.add_metric([status], count)
-        yield family
-        routed = GaugeMetricFamily(JOBS_ROUTED, "jobs in the database by the route of their latest synth",
-                                   labels=["route"])
-        for route, count in sorted(self.job_routes().items()):
-            routed.add_metric([route], count)
-        yield routed
+    def _database(self) -> Iterator[Metric]:
+        counts = self.db_counts()
+        for name, label, doc, values in (
+                (JOBS, "status", "jobs in the database by status", counts.jobs),
+                (JOBS_ROUTED, "route", "jobs in the database by the route of their latest synth",
+                 counts.routes),
+                (BOOKS, "status", "books in the database by status", counts.books),
+                (BOOK_CHAPTERS, "state", "chapters of the books not ended yet", counts.chapters)):
+            family = GaugeMetricFamily(name, doc, labels=[label])
+            for value, count in sorted(values.items()):
+                family.add_metric([value], count)
+            yield family
+        yield GaugeMetricFamily(GPU_WORKERS_LIVE, "GPU workers whose heartbeat is recent",
+                                value=counts.gpu_workers_live)
 
 
 def http_metrics(registry: CollectorRegistry) -> tuple[Counter, Histogram]:

@@ -59,7 +59,7 @@ _BOOK_FORM_SCHEMA = {
     "properties": {
         "book": {"type": "string", "format": "binary",
                  "description": "the book: plain text, Markdown, EPUB, HTML, PDF, DOCX or a JSON manifest"},
-        "voice_id": {"type": "string", "minLength": 64, "maxLength": 64,
+        "voice_id": {"type": "string", "minLength": 1, "maxLength": 64,
                      "description": "a stored voice (or send `reference`)"},
         "reference": {"type": "string", "format": "binary", "description": "reference audio for the voice"},
         "book_format": {"type": "string", "enum": list(FORMATS),

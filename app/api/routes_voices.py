@@ -10,10 +10,10 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from app import voices
+from app import voice_names, voices
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import read_upload
-from app.api.schemas import Problem, VoiceOut
+from app.api.schemas import Problem, VoiceOut, VoicePatch
 from app.db import queries
 from app.errors import BadInput
 
@@ -72,5 +72,15 @@ def list_voices(ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> 
 
 @router.get("/{voice_id}", response_model=VoiceOut, responses={404: {"model": Problem}})
 def get_voice(voice_id: str, ctx: Ctx) -> VoiceOut:
+    """A voice by its id, its name or a unique prefix of its id."""
     with ctx.session() as s:
         return VoiceOut.of(voices.get_voice(session=s, voice_id=voice_id))
+
+
+@router.patch("/{voice_id}", response_model=VoiceOut,
+              responses={404: {"model": Problem}, 409: {"model": Problem, "description": "name taken"}})
+def patch_voice(voice_id: str, patch: VoicePatch, ctx: Ctx) -> VoiceOut:
+    """Name a voice (unique; null removes the name). The name then works wherever the id does."""
+    with ctx.session() as s:
+        voice = voices.get_voice(session=s, voice_id=voice_id)
+        return VoiceOut.of(voice_names.rename_voice(session=s, voice_id=voice.id, name=patch.name))

@@ -36,6 +36,7 @@ class Problem(BaseModel):
 
 class VoiceOut(BaseModel):
     id: str = Field(description="sha256 of the normalised 24 kHz reference")
+    name: str | None = Field(default=None, description="its unique name, usable wherever the id is")
     status: str = Field(description="pending | preparing | ready | failed")
     created_at: datetime
     prepare_started_at: datetime | None
@@ -50,11 +51,18 @@ class VoiceOut(BaseModel):
 
     @classmethod
     def of(cls, voice: Voice) -> VoiceOut:
-        return cls(id=voice.id, status=voice.status, created_at=voice.created_at,
+        return cls(id=voice.id, name=voice.name, status=voice.status, created_at=voice.created_at,
                    prepare_started_at=voice.prepare_started_at, prepared_at=voice.prepared_at,
                    prepare_ms=voice.prepare_ms, feature_nbytes=voice.feature_nbytes,
                    prepare_attempts=voice.prepare_attempts, uses=voice.uses, error=voice.error,
                    notes=(voice.reference_notes or "").splitlines())
+
+
+class VoicePatch(BaseModel):
+    """PATCH /v1/voices/{id}: what may change on a stored voice."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(description="a unique name (null: none); then usable wherever the id is")
 
 
 class JobRequest(BaseModel):
@@ -63,7 +71,8 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    voice_id: str = Field(min_length=64, max_length=64, description="a voice from POST /v1/voices")
+    voice_id: str = Field(min_length=1, max_length=64,
+                          description="a voice from POST /v1/voices: its id, name or a unique id prefix")
     tokens: list[StrictInt] | None = Field(None, min_length=1,
                                            description="speech token ids, 25 per second of audio")
     text: str | None = Field(None, min_length=1, description="instead of tokens: text to speak; paragraphs "
@@ -171,7 +180,7 @@ class BookRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    voice_id: str = Field(min_length=64, max_length=64)
+    voice_id: str = Field(min_length=1, max_length=64, description="a voice's id, name or unique id prefix")
     manifest: dict[str, Any] = Field(description='{"title", "chapters": [{"title", "segments": '
                                                  '[{"tokens": [...]}]}]}')
     output_format: OutputFormatField = OutputFormat.FLAC

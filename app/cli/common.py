@@ -11,8 +11,6 @@ from typing import Any
 
 from app.errors import BadInput
 
-DEFAULT_API = "http://127.0.0.1:8000"
-
 
 def settings() -> Any:
     from app.settings import get_settings
@@ -21,7 +19,7 @@ def settings() -> Any:
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api", default=DEFAULT_API, help=f"API base URL (default {DEFAULT_API})")
+    parser.add_argument("--api", help="API base URL (default: WAVEFARM_API_URL, else http://127.0.0.1:8000)")
     parser.add_argument("--local", action="store_true", help="use the database directly, not the API")
 
 
@@ -34,7 +32,7 @@ def client(args: argparse.Namespace) -> Any:
     from app.api.client import HttpClient
 
     token = settings().api_token
-    return HttpClient(args.api, token=token.get_secret_value() if token else None)
+    return HttpClient(args.api or settings().api_url, token=token.get_secret_value() if token else None)
 
 
 def read_file(path: Path, what: str) -> bytes:
@@ -45,24 +43,30 @@ def read_file(path: Path, what: str) -> bytes:
         raise BadInput(f"cannot read the {what} {str(path)!r}: {exc.strerror or type(exc).__name__}") from exc
 
 
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
+
+
 def voice_argument(value: str) -> str | bytes:
-    """--voice: a reference audio file (its bytes) or a voice id."""
+    """--voice: a reference audio file (its bytes), or a stored voice's id, name or unique id prefix (the
+    API finds it). Something that looks like a file but is not one is refused here."""
     if Path(value).is_file():
         return read_file(Path(value), "reference audio file")
-    if not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise BadInput(f"--voice {value!r} is neither a reference audio file nor a voice id (sha256)")
+    if "/" in value or value.lower().endswith(AUDIO_SUFFIXES) or not re.fullmatch(r"[\w .'-]+", value):
+        raise BadInput(f"--voice {value!r} is neither a reference audio file nor a voice id or name")
     return value
 
 
 def voice_id_for(api: Any, value: str) -> str:
     """--voice as a voice id: a reference file is uploaded first (POST /v1/voices, once per voice), and
-    what normalising it changed (cut to 6 s, padded, scaled down) is said on stderr."""
+    what normalising it changed (cut to 6 s, padded, scaled down) is said on stderr, once: when the voice
+    is stored."""
     voice = voice_argument(value)
     if isinstance(voice, str):
         return voice
     record = api.add_voice(voice)
-    for note in record.get("notes", []):
-        print(f"wavefarm: note: {note}", file=sys.stderr)
+    if record.get("created", True):  # said when the voice is stored, not on every submit that reuses it
+        for note in record.get("notes", []):
+            print(f"wavefarm: note: {note}", file=sys.stderr)
     return str(record["id"])
 
 

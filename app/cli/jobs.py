@@ -43,8 +43,10 @@ def add_commands(sub: Any) -> None:
     jobs.add_argument("--status")
     jobs.add_argument("--voice-id")
     jobs.add_argument("--limit", type=int, default=20)
-    voices = command("voices", "list voices, or upload one with --add", cmd_voices)
+    voices = command("voices", "list voices, upload one with --add, name one with --name", cmd_voices)
     voices.add_argument("--add", type=Path, metavar="FILE", help="upload a reference audio file")
+    voices.add_argument("--name", help="a unique name for the voice (with --add, or with --voice)")
+    voices.add_argument("--voice", metavar="VOICE", help="the stored voice to name (id, name or id prefix)")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -106,9 +108,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_voices(args: argparse.Namespace) -> int:
     api = client(args)
+    if args.add and args.voice:
+        raise BadInput("give --add FILE or --voice VOICE, not both")
+    if args.voice and not args.name:
+        raise BadInput("--voice names the voice to rename: give --name too")
     if args.add:
-        print_json(api.add_voice(read_file(args.add, "reference audio file")))
+        voice = api.add_voice(read_file(args.add, "reference audio file"))
+        print_json(api.rename_voice(voice["id"], args.name) if args.name else voice)
+        return 0
+    if args.voice:
+        print_json(api.rename_voice(args.voice, args.name))
         return 0
     for voice in api.voices():
-        print(f"{voice['id']}  {voice['status']:<9} uses {voice['uses']}")
+        print(f"{voice['id']}  {voice.get('name') or '-':<16} {voice['status']:<9} uses {voice['uses']}")
     return 0

@@ -26,6 +26,10 @@ DEFAULT_REPO = "stepfun-ai/Step-Audio-2-mini"  # MiniCPM-o-4_5 keeps the same fi
 SUBFOLDER = "token2wav"
 PRESETS = ("full", "tiny")  # gpu_worker.model_check.PRESETS (app does not import it)
 CHECK_MODULE = "gpu_worker.model_check"
+OFFLINE_ROUTE = ("Without a network: pull on a machine that has one, copy its Hugging Face cache "
+                 "(HF_HOME) here and run again with HF_HUB_OFFLINE=1, or copy a token2wav folder and point "
+                 "WAVEFARM_MODEL_DIR at it after `wavefarm model check DIR` (docs/MODEL_SETUP.md, "
+                 "\"Offline machines\")")
 
 
 def add_commands(sub: Any) -> None:
@@ -45,6 +49,10 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_model_check(args: argparse.Namespace) -> int:
+    if not args.dir.is_dir():  # said at once: the check's child would import torch (seconds) to say it
+        print(f"{args.dir}: not a folder")
+        print(f"{args.dir}: 1 problem(s) (preset {args.preset or PRESETS[0]})")
+        return 1
     return run_check(args.dir, *(["--preset", args.preset] if args.preset else []))
 
 
@@ -83,7 +91,7 @@ def fetch_token2wav(repo: str, *, revision: str | None = None, local_dir: Path |
             exc, OfflineModeIsEnabled)
         why = ("HF_HUB_OFFLINE is set, so nothing is downloaded" if offline else
                f"the Hub cannot be reached ({first_line(exc.__cause__ or exc)})")
-        raise ModelLoadError(f"{spec}: {SUBFOLDER}/ is not in {where}, and {why}") from exc
+        raise ModelLoadError(f"{spec}: {SUBFOLDER}/ is not in {where}, and {why}. {OFFLINE_ROUTE}") from exc
     except (HTTPError, OSError) as exc:  # a Hub error, a dropped connection, a full disk
         raise ModelLoadError(f"{spec}: download failed ({first_line(exc)}); run it again to resume") from exc
     folder = Path(os.path.abspath(str(root))) / SUBFOLDER  # for the printed setting; links kept

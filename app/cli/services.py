@@ -72,6 +72,9 @@ def _upgrade_schema() -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.cli.ports import check_port_free
+
+    check_port_free(args.host, args.port)  # before anything starts: say who holds it
     _upgrade_schema()
     uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
                 log_level=args.log_level)
@@ -106,10 +109,14 @@ def _exec(module: str, argv: list[str]) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    port = getattr(args, "metrics_port", None)
+    if port is not None:
+        from app.cli.ports import check_port_free
+
+        check_port_free("0.0.0.0", port, option="--metrics-port")  # where start_http_server listens
     _upgrade_schema()
     argv = worker_argv(args.kind, settings(), loglevel=args.loglevel, hostname=args.hostname,
                        concurrency=getattr(args, "concurrency", None))
-    port = getattr(args, "metrics_port", None)
     if port is None:
         return _exec("celery", argv)
     # The GPU worker's pool is threads: one process, so an exporter started here serves the

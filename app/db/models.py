@@ -120,6 +120,7 @@ class Voice(Base):
     __table_args__ = (CheckConstraint(one_of("status", VoiceStatus), name="status"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(64), unique=True)  # app.voice_names: usable as the id
     status: Mapped[str] = mapped_column(String(16), default=VoiceStatus.PENDING)
     # Relative to the artifact root: references/<sha256 of the file>.<ext>
     reference_path: Mapped[str | None] = mapped_column(String(255))

@@ -38,7 +38,8 @@ async function loadVoices() {
     const voices = await getJson("/v1/voices");
     select.replaceChildren(select.options[0]);
     for (const voice of voices) {
-      const label = `${voice.id.slice(0, 12)}… ${voice.status}, ${voice.uses} uses`;
+      const who = voice.name ? `${voice.name} (${voice.id.slice(0, 8)}…)` : `${voice.id.slice(0, 12)}…`;
+      const label = `${who} ${voice.status}, ${voice.uses} uses`;
       select.append(el("option", {value: voice.id, selected: voice.id === chosen}, label));
     }
     show($("#voice-message"), null);

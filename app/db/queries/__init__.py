@@ -13,6 +13,7 @@ DO NOTHING (SQLite and PostgreSQL both have it).
                  the routing reads (live workers, backlogs, voice holders) and job routes
     maintenance  stale live jobs and abandoned ready voices, for the sweep
     books        books, chapters, segments and their jobs, per-chapter progress
+    stats        books by status and the chapters of live books, for the API's metrics
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
 
 Callers use this package's names (`queries.require_job(...)`), not the submodules.
@@ -68,6 +69,7 @@ from app.db.queries.jobs import (
     get_job,
     get_job_by_idempotency_key,
     is_tokenized,
+    job_ids_with_prefix,
     list_jobs,
     mark_job_running,
     require_job,
@@ -75,11 +77,13 @@ from app.db.queries.jobs import (
     update_progress,
 )
 from app.db.queries.maintenance import list_abandoned_ready_voices, list_stale_live_jobs, touch_job
+from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.voices import (
     add_voice_use,
     count_live_jobs,
     get_or_create_voice,
     get_voice,
+    get_voice_by_name,
     is_voice_abandoned,
     list_voices,
     mark_voice_failed,
@@ -88,6 +92,8 @@ from app.db.queries.voices import (
     mark_voice_ready,
     referenced_paths,
     require_voice,
+    set_voice_name,
+    voice_ids_with_prefix,
 )
 from app.db.queries.workers import (
     CLAIM_HOLD_S,
@@ -112,10 +118,17 @@ from app.db.queries.workers import (
 
 __all__ = [
     "ERROR_MAX_CHARS",
+    "job_ids_with_prefix",
+    # stats
+    "count_books_by_status",
+    "count_live_book_chapters",
     # voices
     "get_voice",
     "require_voice",
     "get_or_create_voice",
+    "get_voice_by_name",
+    "set_voice_name",
+    "voice_ids_with_prefix",
     "list_voices",
     "add_voice_use",
     "mark_voice_pending",

@@ -211,3 +211,9 @@ def list_jobs(*, session: Session, status: str | None = None, voice_id: str | No
 def count_jobs_by_status(*, session: Session) -> dict[str, int]:
     rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
     return {str(status): int(count) for status, count in rows}
+
+
+def job_ids_with_prefix(*, session: Session, prefix: str, limit: int = 10) -> list[str]:
+    """Ids starting with `prefix` (lowercase hex and hyphens, checked by the caller), at most `limit`."""
+    stmt = select(Job.id).where(Job.id.startswith(prefix, autoescape=True)).order_by(Job.id).limit(limit)
+    return list(session.scalars(stmt))

@@ -21,6 +21,22 @@ def require_voice(*, session: Session, voice_id: str) -> Voice:
     return voice
 
 
+def get_voice_by_name(*, session: Session, name: str) -> Voice | None:
+    return session.scalars(select(Voice).where(Voice.name == name)).one_or_none()
+
+
+def voice_ids_with_prefix(*, session: Session, prefix: str, limit: int = 10) -> list[str]:
+    """Ids starting with `prefix` (lowercase hex, checked by the caller), at most `limit`, by id."""
+    stmt = select(Voice.id).where(Voice.id.startswith(prefix, autoescape=True)).order_by(Voice.id)
+    return list(session.scalars(stmt.limit(limit)))
+
+
+def set_voice_name(*, session: Session, voice_id: str, name: str | None) -> None:
+    """Flushes at once: a name taken meanwhile raises IntegrityError here, for the caller to refuse."""
+    session.execute(update(Voice).where(Voice.id == voice_id).values(name=name, updated_at=utcnow()))
+    session.flush()
+
+
 def get_or_create_voice(*, session: Session, voice_id: str, reference_path: str) -> tuple[Voice, bool]:
     """The voice row, created pending if new. Returns (voice, created)."""
     now = utcnow()

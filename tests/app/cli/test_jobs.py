@@ -113,7 +113,7 @@ def test_client_errors_are_messages_not_tracebacks(server: str, tmp_path: Path,
     assert run("submit", "--api", server, "--voice", str(SAMPLES / "voice_a.wav"), "--tokens", str(bad)) == 2
     assert "0..6560" in capsys.readouterr().err
     assert run("submit", "--api", server, "--voice", "nope.wav", "--tokens", str(bad)) == 2
-    assert "neither a reference audio file nor a voice id" in capsys.readouterr().err
+    assert "neither a reference audio file nor a voice id or name" in capsys.readouterr().err
     assert run("jobs", "--api", f"http://127.0.0.1:{free_port()}") == 2
     assert "wavefarm serve" in capsys.readouterr().err
 
@@ -156,3 +156,23 @@ def test_an_unknown_job_status_is_refused_with_the_valid_ones(cli_env: dict[str,
     assert run("jobs", "--local", "--status", "evil") == 2
     err = capsys.readouterr().err
     assert "--status 'evil' is not one of queued, " in err and "cancelled" in err, err
+
+
+def test_voices_add_with_a_name_lists_it_and_submit_takes_the_name(server: str, cli_settings: Settings,
+                                                                  tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("voices", "--api", server, "--add", str(SAMPLES / "voice_a.wav"), "--name", "Ada") == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["name"] == "Ada"
+    assert run("voices", "--api", server) == 0
+    assert f"{added['id']}  Ada" in capsys.readouterr().out
+    finish_next_job(cli_settings)
+    assert run("submit", "--api", server, "--voice", "Ada", "--tokens", str(SAMPLES / "tokens_a.json"),
+               "-o", str(tmp_path / "out.wav")) == 0
+    job_id = capsys.readouterr().out.splitlines()[0]
+    assert run("status", "--api", server, job_id) == 0
+    assert json.loads(capsys.readouterr().out)["voice_id"] == added["id"]
+    assert run("voices", "--api", server, "--voice", added["id"][:8], "--name", "Grace") == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "Grace"
+    assert run("submit", "--api", server, "--voice", "Ada", "--tokens", str(SAMPLES / "tokens_a.json")) == 2
+    assert "no voice 'Ada'" in capsys.readouterr().err

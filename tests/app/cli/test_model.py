@@ -19,6 +19,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+from app.cli.model import OFFLINE_ROUTE
 from app.s3 import S3_MELS
 from app.speech import FLOW_PT, FLOW_YAML, HIFT_PT, TOKENIZER_ONNX
 from gpu_worker import model_check
@@ -112,7 +113,7 @@ def test_pull_offline_with_an_empty_cache_fails_at_once(tmp_path: Path) -> None:
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == (f"wavefarm: ModelLoadError: {REPO_ID}: token2wav/ is not in the Hugging "
                                    f"Face cache ({tmp_path / 'hf' / 'hub'}), and HF_HUB_OFFLINE is set, so "
-                                   "nothing is downloaded")
+                                   f"nothing is downloaded. {OFFLINE_ROUTE}")
     assert time.monotonic() - started < 60  # a child's imports; no retries, no waiting on a network
 
 
@@ -123,6 +124,23 @@ def test_pull_without_a_reachable_hub_says_so(tmp_path: Path) -> None:
     assert message.startswith(f"wavefarm: ModelLoadError: {REPO_ID}: token2wav/ is not in the Hugging Face "
                               "cache") and "the Hub cannot be reached" in message
     assert len(message.splitlines()) == 1
+    assert "HF_HUB_OFFLINE=1" in message and "docs/MODEL_SETUP.md" in message  # what to do about it
+
+
+def test_check_of_a_path_that_is_not_a_folder_answers_without_starting_the_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import model
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the check's child process (torch) was started")
+
+    monkeypatch.setattr(model.subprocess, "run", no_child)
+    for path in (tmp_path / "nonexistent", tmp_path / "a-file"):
+        if path.name == "a-file":
+            path.write_text("x")
+        assert run("model", "check", str(path)) == 1
+        assert capsys.readouterr().out.splitlines() == [f"{path}: not a folder",
+                                                        f"{path}: 1 problem(s) (preset full)"]
 
 
 def test_pull_offline_resolves_a_filled_cache(tmp_path: Path) -> None:

@@ -1,0 +1,123 @@
+"""OpenAI's speech API over wavefarm's job queue: POST /v1/audio/speech, GET /v1/models and
+GET /v1/audio/voices, as OpenAI's clients call them.
+
+`input` is spoken as a text job (a CPU worker makes its tokens through the guide voice, the GPU worker
+re-voices them in `voice`: a stored voice's id, name or unique id prefix), so a speech request is a job
+like any other: a row, a priority (header `X-Wavefarm-Priority`), a cancel, metrics, and idempotency
+(header `Idempotency-Key`). The answer streams the audio as the GPU worker writes it (chunked), in
+`response_format`; a client that disconnects cancels its job. The job's id is in `X-Wavefarm-Job-Id`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from app import jobs, wire
+from app.api.deps import ApiContext, Ctx, authorize
+from app.api.schemas import Problem, problem
+from app.api.speech_codec import FORMATS, MEDIA_TYPES, Encoder, check_format
+from app.api.speech_stream import JobEnded, PcmTail, first_audio, stream_job
+from app.db import queries
+from app.errors import BadInput, NotFound
+
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(authorize)],
+                   responses={401: {"model": Problem}})
+
+MODEL = "wavefarm-code2wav"
+# OpenAI's speech model names, accepted so that a client's default works: all are this one model.
+MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
+class VoiceRef(BaseModel):
+    id: str
+
+
+class SpeechRequest(BaseModel):
+    """The body OpenAI's API defines for POST /v1/audio/speech (plus `language`, wavefarm's own)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description=f"{MODEL} (or an OpenAI name: {', '.join(MODEL_ALIASES)})")
+    input: str = Field(min_length=1, description="the text to speak")
+    voice: str | VoiceRef = Field(description="a stored voice's id, name or unique id prefix")
+    response_format: str = Field(default="mp3", description=f"one of {', '.join(FORMATS)}")
+    speed: float = Field(default=1.0, ge=0.25, le=4.0, description="only 1.0 (the voice's own pace)")
+    instructions: str | None = Field(default=None, description="not supported: a voice is its reference")
+    stream_format: Literal["audio", "sse"] = Field(default="audio", description="audio only")
+    language: str | None = Field(default=None, description="the input's language tag (default en)")
+
+
+def _check(req: SpeechRequest) -> None:
+    if req.model not in (MODEL, *MODEL_ALIASES):
+        raise NotFound(f"no model {req.model!r}: GET /v1/models lists {MODEL}")
+    check_format(req.response_format)
+    if req.speed != 1.0:
+        raise BadInput("speed must be 1.0: wavefarm speaks at the reference voice's own pace")
+    if req.instructions:
+        raise BadInput("instructions are not supported: the voice is its reference recording")
+    if req.stream_format != "audio":
+        raise BadInput("stream_format 'sse' is not supported: the audio itself streams")
+
+
+def _submit(ctx: ApiContext, req: SpeechRequest, priority: int, key: str | None) -> str:
+    voice = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
+    with ctx.session() as s:
+        return jobs.submit_job(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                               artifacts=ctx.artifacts, text=req.input, language=req.language,
+                               voice_id=voice, output_format="wav", priority=priority,
+                               idempotency_key=key)
+
+
+@router.post("/audio/speech", response_class=StreamingResponse, responses={
+    200: {"content": {t: {} for t in MEDIA_TYPES.values()}, "description": "the audio, streamed"},
+    404: {"model": Problem}, 422: {"model": Problem},
+    500: {"model": Problem, "description": "the job failed before any audio"}})
+async def create_speech(
+    req: SpeechRequest, request: Request, ctx: Ctx,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    priority: Annotated[int, Header(alias="X-Wavefarm-Priority", ge=0, le=wire.MAX_PRIORITY)] = 0,
+) -> Response:
+    """Speak `input` in `voice`; the audio streams as it is rendered."""
+    _check(req)
+    job_id = await run_in_threadpool(_submit, ctx, req, priority, idempotency_key)
+    tail = PcmTail(ctx.artifacts, job_id)
+    headers = {"X-Wavefarm-Job-Id": job_id}
+    try:
+        first = await first_audio(ctx, tail, job_id, request.is_disconnected)
+    except JobEnded as exc:
+        tail.close()
+        return JSONResponse(status_code=500, content=problem("JobFailed", str(exc)), headers=headers)
+    if first is None:  # the client left before the first audio; its job is cancelled
+        return Response(status_code=499, headers=headers)
+    stream = stream_job(ctx, tail, job_id, Encoder(req.response_format), first)
+    return StreamingResponse(stream, media_type=MEDIA_TYPES[req.response_format], headers=headers)
+
+
+def _model(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "wavefarm"}
+
+
+@router.get("/models")
+def list_models() -> dict[str, Any]:
+    """The speech model, under its own name and the OpenAI names it answers to."""
+    return {"object": "list", "data": [_model(m) for m in (MODEL, *MODEL_ALIASES)]}
+
+
+@router.get("/models/{model_id}", responses={404: {"model": Problem}})
+def get_model(model_id: str) -> dict[str, Any]:
+    if model_id not in (MODEL, *MODEL_ALIASES):
+        raise NotFound(f"no model {model_id!r}")
+    return _model(model_id)
+
+
+@router.get("/audio/voices")
+def list_speech_voices(ctx: Ctx) -> dict[str, Any]:
+    """The stored voices a speech request may name (by id or name)."""
+    with ctx.session() as s:
+        voices = queries.list_voices(session=s, limit=1000)
+        return {"object": "list", "data": [{"id": v.id, "name": v.name, "object": "voice", "status": v.status}
+                                           for v in voices]}

@@ -1,0 +1,111 @@
+"""Encoding a stream of 16-bit mono PCM (24 kHz, what the GPU worker writes) into the formats OpenAI's
+speech API names, chunk by chunk, so the encoded bytes can be sent while the job still renders.
+
+pcm is the samples as they are (OpenAI's pcm: 24 kHz, 16-bit signed, little-endian); wav is a RIFF
+header whose sizes say "unknown" (the length is not known when it is sent) followed by those samples;
+flac, mp3, opus (in Ogg) and aac (ADTS) are encoded by PyAV (FFmpeg's encoders, no binary needed) into
+a non-seekable sink. It does not read files or talk to the job: `app.api.speech_stream` does.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import av
+import numpy as np
+
+from app.errors import BadInput
+from app.speech import SAMPLE_RATE
+
+# Ogg pages of at most 0.1 s (the muxer's default holds a page for a second): Opus streams as it comes.
+MUX_OPTIONS = {"ogg": {"page_duration": "100000"}}
+# format -> (container, codec, media type); pcm and wav need no encoder.
+ENCODED = {"flac": ("flac", "flac", "audio/flac"), "mp3": ("mp3", "libmp3lame", "audio/mpeg"),
+           "opus": ("ogg", "libopus", "audio/ogg"), "aac": ("adts", "aac", "audio/aac")}
+MEDIA_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", **{k: v[2] for k, v in ENCODED.items()}}
+FORMATS = tuple(MEDIA_TYPES)
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in MEDIA_TYPES:
+        raise BadInput(f"response_format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
+    return fmt
+
+
+class _Sink:
+    """Where the muxer writes: collected until taken. No seek: FFmpeg treats it as a stream."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> int:
+        self.data += data
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self.data = bytes(self.data), bytearray()
+        return out
+
+
+def wav_stream_header(sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A 16-bit mono WAV header for a stream of unknown length (RIFF and data sizes 0xFFFFFFFF)."""
+    unknown = 0xFFFFFFFF
+    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    return b"RIFF" + struct.pack("<I", unknown) + b"WAVEfmt " + struct.pack("<I", 16) + fmt + \
+        b"data" + struct.pack("<I", unknown)
+
+
+class Encoder:
+    """feed(pcm bytes) -> encoded bytes ready now; finish() -> the rest. pcm bytes must be whole samples."""
+
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
+        self.fmt = check_format(fmt)
+        self.sample_rate = sample_rate
+        self.started = False
+        self.container: Any = None
+        if fmt in ENCODED:
+            container, codec, _ = ENCODED[fmt]
+            self.sink = _Sink()
+            self.container = av.open(self.sink, mode="w", format=container,
+                                     options=MUX_OPTIONS.get(container, {}))
+            self.stream = self.container.add_stream(codec, rate=sample_rate, layout="mono")
+            self.stream.codec_context.bit_rate = 64000 if fmt != "flac" else 0
+            self.resampler: Any = None
+            self.pts = 0
+
+    def feed(self, pcm: bytes) -> bytes:
+        head = b""
+        if not self.started:
+            self.started = True
+            head = wav_stream_header(self.sample_rate) if self.fmt == "wav" else b""
+        if self.container is None:
+            return head + pcm
+        if pcm:
+            self._encode(np.frombuffer(pcm, dtype="<i2"))
+        return head + self.sink.take()
+
+    def finish(self) -> bytes:
+        head = self.feed(b"") if not self.started else b""
+        if self.container is None:
+            return head
+        if self.resampler is not None:
+            self._mux(self.resampler.resample(None))
+        self.container.mux(self.stream.encode(None))
+        self.container.close()
+        return head + self.sink.take()
+
+    def _encode(self, samples: np.ndarray) -> None:
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self.sample_rate
+        if self.resampler is None:  # the codec's own sample format and frame size (opened on first use)
+            ctx = self.stream.codec_context
+            self.resampler = av.AudioResampler(format=ctx.format.name if ctx.format else "s16", layout="mono",
+                                               rate=self.sample_rate, frame_size=ctx.frame_size or None)
+        self._mux(self.resampler.resample(frame))
+
+    def _mux(self, frames: list[Any]) -> None:
+        for frame in frames:
+            frame.pts = self.pts
+            self.pts += frame.samples
+            self.container.mux(self.stream.encode(frame))

@@ -1,0 +1,152 @@
+"""A job's audio while it renders: the GPU worker writes 16-bit PCM WAV beside the output's final name
+(`.<id>.wav.<random>.part`) and renames it into place when done; `PcmTail` opens that file once and
+keeps reading the same inode, so the rename changes nothing for it. `stream_job` turns the growing PCM
+into a requested format (`app.api.speech_codec`) and yields it as it comes.
+
+The job's state is read from the database between reads; a job that fails or is cancelled ends the
+stream with an error (the client sees a cut transfer, not a short file). A consumer that goes away
+(a client that disconnects closes the generator) cancels the job, unless it had ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import anyio
+from fastapi.concurrency import run_in_threadpool
+
+from app import jobs
+from app.api.deps import ApiContext
+from app.api.speech_codec import Encoder
+from app.artifacts import ArtifactStore
+from app.db import queries
+from app.db.models import DONE_JOB_STATUSES, JobStatus
+from app.errors import Conflict, WavefarmError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1
+READ_MAX = 1 << 20
+
+
+class JobEnded(WavefarmError):
+    """The job ended without audio to finish the stream (failed or cancelled)."""
+
+
+class PcmTail:
+    """The PCM samples of a job's WAV output as they are written (whole samples only)."""
+
+    def __init__(self, artifacts: ArtifactStore, job_id: str) -> None:
+        self.final: Path = artifacts.output_path(job_id, "wav")
+        self.handle: BinaryIO | None = None
+        self.data_at: int | None = None  # offset of the data chunk's first sample
+
+    def _open(self) -> None:
+        parts = sorted(self.final.parent.glob(f".{self.final.name}.*.part"))
+        for path in [*parts, self.final]:
+            try:
+                self.handle = open(path, "rb")  # noqa: SIM115 - held across reads, closed by close()
+                return
+            except FileNotFoundError:
+                continue
+
+    def _find_data(self) -> None:
+        assert self.handle is not None
+        self.handle.seek(0)
+        head = self.handle.read(4096)
+        at = 12  # RIFF, size, WAVE; then chunks: id, size, body
+        while at + 8 <= len(head):
+            chunk, size = head[at:at + 4], struct.unpack("<I", head[at + 4:at + 8])[0]
+            if chunk == b"data":
+                self.data_at = at + 8
+                self.handle.seek(self.data_at)
+                return
+            at += 8 + size + (size & 1)
+
+    def read(self) -> bytes:
+        """New samples since the last read (b"" when none yet)."""
+        if self.handle is None:
+            self._open()
+        if self.handle is not None and self.data_at is None:
+            self._find_data()
+        if self.handle is None or self.data_at is None:
+            return b""
+        data = self.handle.read(READ_MAX)
+        odd = len(data) & 1
+        if odd:
+            self.handle.seek(-1, 1)
+        return data[:len(data) - odd]
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+def _status(ctx: ApiContext, job_id: str) -> tuple[str, str | None]:
+    with ctx.session() as s:
+        job = queries.require_job(session=s, job_id=job_id)
+        return job.status, job.error
+
+
+def cancel_unfinished(ctx: ApiContext, job_id: str) -> None:
+    """Cancel the job its listener left, unless it has ended."""
+    with ctx.session() as s:
+        try:
+            jobs.cancel_job(settings=ctx.settings, session=s, store=ctx.store, job_id=job_id)
+            log.info("job %s: its speech client went away; cancelled", job_id)
+        except Conflict:
+            pass  # ended meanwhile
+
+
+async def first_audio(ctx: ApiContext, tail: PcmTail, job_id: str,
+                      gone: Callable[[], Awaitable[bool]]) -> bytes | None:
+    """Waits for the job's first samples; JobEnded when it ends without any; None (the job cancelled)
+    when `gone()` says the client left meanwhile."""
+    while True:
+        if await gone():
+            tail.close()
+            await run_in_threadpool(cancel_unfinished, ctx, job_id)
+            return None
+        status, error = await run_in_threadpool(_status, ctx, job_id)
+        chunk = await run_in_threadpool(tail.read)
+        if chunk:
+            return chunk
+        if status in DONE_JOB_STATUSES and status != JobStatus.SUCCEEDED:
+            raise JobEnded(f"job {job_id} {status}: {error or 'no reason recorded'}")
+        if status == JobStatus.SUCCEEDED:
+            chunk = await run_in_threadpool(tail.read)
+            if chunk:
+                return chunk
+            raise JobEnded(f"job {job_id} succeeded but its audio is gone")
+        await asyncio.sleep(POLL_S)
+
+
+async def stream_job(ctx: ApiContext, tail: PcmTail, job_id: str, encoder: Encoder,
+                     first: bytes) -> AsyncIterator[bytes]:
+    """The job's audio in the encoder's format, from `first` (what `first_audio` returned) to its end."""
+    ended = False
+    try:
+        yield encoder.feed(first)
+        while True:
+            status, error = await run_in_threadpool(_status, ctx, job_id)
+            while chunk := await run_in_threadpool(tail.read):
+                if out := encoder.feed(chunk):
+                    yield out
+            if status == JobStatus.SUCCEEDED:
+                ended = True
+                yield encoder.finish()
+                return
+            if status in DONE_JOB_STATUSES:
+                ended = True
+                raise JobEnded(f"job {job_id} {status} while streaming: {error or 'no reason recorded'}")
+            await asyncio.sleep(POLL_S)
+    finally:
+        tail.close()
+        if not ended:  # the client went away: this runs inside a cancelled scope, so shield the cancel
+            with anyio.CancelScope(shield=True):
+                await run_in_threadpool(cancel_unfinished, ctx, job_id)

@@ -1,0 +1,71 @@
+"""Voice names and id prefixes: PATCH /v1/voices/{id} names a voice (unique), and the name, the id or a
+unique id prefix then finds it wherever a voice is taken; an ambiguous prefix is refused with candidates."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from app.db import queries
+from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.settings import Settings
+from tests.app.api.helpers import submit, upload_voice
+
+
+def test_a_named_voice_is_found_by_name_id_and_prefix_and_jobs_take_the_name(client: TestClient,
+                                                                            reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    named = client.patch(f"/v1/voices/{voice_id[:8]}", json={"name": "Ada"})
+    assert named.status_code == 200 and named.json()["name"] == "Ada"
+    for ref in ("Ada", voice_id, voice_id[:8]):
+        got = client.get(f"/v1/voices/{ref}")
+        assert got.status_code == 200 and got.json()["id"] == voice_id, ref
+    assert client.get("/v1/voices").json()[0]["name"] == "Ada"
+    job = submit(client, "Ada")
+    assert job.status_code == 202 and job.json()["voice_id"] == voice_id
+    assert client.get("/v1/voices/Bob").status_code == 404
+
+
+def test_a_name_is_unique_checked_and_can_be_removed(client: TestClient, reference: bytes,
+                                                     settings: Settings) -> None:
+    first = upload_voice(client, reference).json()["id"]
+    other = "f" * 64
+    engine = make_engine(settings.database_url)
+    with session_scope(make_sessionmaker(engine)) as s:  # a second voice row (no file needed to name it)
+        queries.get_or_create_voice(session=s, voice_id=other, reference_path="references/x.wav")
+    engine.dispose()
+    assert client.patch(f"/v1/voices/{first}", json={"name": "Ada"}).status_code == 200
+    taken = client.patch(f"/v1/voices/{other}", json={"name": "Ada"})
+    assert taken.status_code == 409 and "taken" in taken.json()["reason"]
+    for bad in ("", "1abc", "a/b", "x" * 65, "a" * 64):
+        refused = client.patch(f"/v1/voices/{other}", json={"name": bad})
+        assert refused.status_code == 422 and refused.json()["reason"], bad
+    assert client.patch(f"/v1/voices/{first}", json={"name": None}).json()["name"] is None
+    assert client.patch(f"/v1/voices/{other}", json={"name": "Ada"}).status_code == 200
+
+
+def test_an_ambiguous_prefix_is_refused_with_the_candidates(client: TestClient, settings: Settings) -> None:
+    ids = ["abcd" + "0" * 60, "abcd" + "1" * 60]
+    engine = make_engine(settings.database_url)
+    with session_scope(make_sessionmaker(engine)) as s:
+        for voice_id in ids:
+            queries.get_or_create_voice(session=s, voice_id=voice_id, reference_path="references/x.wav")
+    engine.dispose()
+    ambiguous = client.get("/v1/voices/abcd")
+    assert ambiguous.status_code == 422
+    assert all(v[:12] in ambiguous.json()["reason"] for v in ids)
+    assert client.get("/v1/voices/abcd1").json()["id"] == ids[1]
+    assert client.get("/v1/voices/abc").status_code == 404  # shorter than a prefix may be
+
+
+def test_a_book_takes_the_voices_name(client: TestClient, reference: bytes) -> None:
+    from tests.app.books.conftest import MARKDOWN_BOOK
+    from tests.support.books import post_and_read
+
+    voice_id = upload_voice(client, reference).json()["id"]
+    assert client.patch(f"/v1/voices/{voice_id}", json={"name": "Ada"}).status_code == 200
+    posted = post_and_read(client, files={"book": ("b.md", MARKDOWN_BOOK.encode())}, data={"voice_id": "Ada"})
+    assert posted.status_code == 202, posted.text
+    assert posted.book["voice_id"] == voice_id and posted.book["status"] == "queued", posted.book
+    unknown = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode())},
+                          data={"voice_id": "Bob"})
+    assert unknown.status_code == 404 and "no voice 'Bob'" in unknown.json()["reason"]
