@@ -74,6 +74,7 @@ class LocalClient:
         ctx = self.ctx
         options = BookOptions(output_format=form["output_format"], m4b=form["m4b"] == "true",
                               mp3=form.get("mp3") == "true", timed=form.get("timed") == "true",
+                              epub3=form.get("epub3") == "true",
                               target_lufs=target_lufs_field(form.get("target_lufs")),
                               seed=int(form["seed"]), priority=int(form["priority"]))
         with ctx.session() as s:

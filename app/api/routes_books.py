@@ -45,12 +45,12 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
                    responses={401: {"model": Problem}})
 
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "timed",
-               "target_lufs", "seed", "priority", "title", "author", "narrator", "description", "language",
-               "chapters", "lexicon", "cast")
+               "epub3", "target_lufs", "seed", "priority", "title", "author", "narrator", "description",
+               "language", "chapters", "lexicon", "cast")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
-               ".mp3": "audio/mpeg",
+               ".mp3": "audio/mpeg", ".epub": "application/epub+zip",
                ".json": "application/json", ".vtt": "text/vtt"}
 
 
@@ -69,6 +69,8 @@ _BOOK_FORM_SCHEMA = {
         "mp3": {"type": "boolean", "default": False, "description": "an MP3 per chapter too (ID3 tags)"},
         "timed": {"type": "boolean", "default": False,
                   "description": "subtitles: each cue's speech placed at its start time"},
+        "epub3": {"type": "boolean", "default": False,
+                  "description": "a read-along EPUB 3 too (the text, chapter audio, Media Overlays)"},
         "target_lufs": {"type": "string", "default": "-20",
                         "description": "chapter loudness, LUFS (-70..-5), or off: measured, not normalised"},
         "seed": {"type": "integer", "minimum": 0, "default": 0},
@@ -121,7 +123,7 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
     options = BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3, timed=req.timed,
-                          target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
+                          epub3=req.epub3, target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
     submission = Submission(options=options, book_format="manifest", chapters=req.chapters,
                             narrator=req.narrator, description=req.description)
     return {"source": io.BytesIO(json.dumps(req.manifest).encode()), "submission": submission,
@@ -158,10 +160,10 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
         raise BadInput("reference must be an uploaded file")
     text = {name: text_field(form.get(name), name) for name in
             ("voice_id", "book_format", "output_format", "title", "author", "narrator", "description",
-             "language", "m4b", "mp3", "timed", "chapters")}
+             "language", "m4b", "mp3", "timed", "epub3", "chapters")}
     options = BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=_flag(text["m4b"], True), mp3=_flag(text["mp3"], False),
-                          timed=_flag(text["timed"], False),
+                          timed=_flag(text["timed"], False), epub3=_flag(text["epub3"], False),
                           target_lufs=target_lufs_field(text_field(form.get("target_lufs"), "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,
                           priority=number_field(form.get("priority"), "priority", int) or 0)

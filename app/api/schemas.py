@@ -178,6 +178,7 @@ class BookRequest(BaseModel):
     m4b: bool = True
     mp3: bool = Field(False, description="an MP3 per chapter too, with ID3 tags")
     timed: bool = Field(False, description="subtitle books: each cue's speech at its start time")
+    epub3: bool = Field(False, description="a read-along EPUB 3 (a manifest has no text: refused)")
     narrator: str | None = Field(None, max_length=500, description="for the tags; default: the manifest's")
     description: str | None = Field(None, max_length=10_000, description="for the tags")
     lexicon: dict[str, Any] | None = Field(None, description='pronunciation: {"words": {...}, "patterns": '
@@ -224,6 +225,7 @@ class BookOut(BaseModel):
     m4b: bool
     mp3: bool
     timed: bool
+    epub3: bool = Field(description="a read-along EPUB 3 (book.epub) beside the M4B")
     target_lufs: float | None = Field(description="chapter loudness target (LUFS); null: measured only")
     priority: int
     chapters_selected: str | None = Field(description="the chapters of the source this render holds "
@@ -252,6 +254,7 @@ class BookOut(BaseModel):
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
                    narrator=view.narrator, description=view.description, cast=view.cast,
                    language=b.language, output_format=b.output_format, m4b=b.m4b, mp3=b.mp3, timed=b.timed,
+                   epub3=b.epub3,
                    target_lufs=b.target_lufs, priority=b.priority,
                    chapters_selected=b.chapters_selected, segments_total=view.segments_total,
                    segments_done=view.segments_done,

@@ -8,7 +8,8 @@ segment lies. A chapter is never whole in memory: it is measured as its segments
 with its gain as they are read again (a timed chapter's hours of silence cost a count, not samples).
 `write_m4b` encodes the chapter files to AAC in an MP4 ("M4B " brand) with PyAV: chapter markers
 at the exact sample where each chapter starts, the book's tags (`BookTags`) and a JPEG/PNG cover as
-an attached picture. `write_mp3` encodes one chapter file to MP3 with ID3v2.3 tags (chapter title,
+an attached picture. `write_m4a` encodes one chapter file to AAC in MP4 for a read-along EPUB.
+`write_mp3` encodes one chapter file to MP3 with ID3v2.3 tags (chapter title,
 book, author, narrator, track n/N, the cover as APIC). No ffmpeg binary is run.
 
 Tags, as audiobook players read them (the convention Audible's and the community's taggers follow):
@@ -192,6 +193,17 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, tags: BookTags,
         if picture is not None and cover is not None:
             packet = av.Packet(cover)
             packet.stream, packet.pts, packet.dts = picture, 0, 0
+            box.mux(packet)
+
+
+def write_m4a(chapter: ChapterAudio, out: Path, *, bitrate: int = 64000) -> None:
+    """One chapter file -> AAC in an MP4 (no tags): the audio of a read-along EPUB's chapter."""
+    rate = chapter.sample_rate
+    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4") as box:
+        stream = box.add_stream("aac", rate=rate, layout="mono")
+        stream.bit_rate = bitrate
+        _encode_file(box, stream, chapter.path, rate, 0)
+        for packet in stream.encode(None):
             box.mux(packet)
 
 

@@ -9,8 +9,11 @@
                     meta.json   cover type, the manifest's folder (CLI books with source audio), and what
                                 the book's status shows of the plan (narrator, description, cast)
                     cover       the cover image, when the book has one
+                    readalong.json  epub3 books: each chapter's text as shown, cut at its segments
+                                (`app.books.readalong`), written by the reading child with the plan
                     out/        chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt, and with
-                                mp3 chapter-001.mp3 ... (+ sidecars)
+                                mp3 chapter-001.mp3 ..., with epub3 book.epub and readalong/ (its
+                                chapter audio) (+ sidecars)
 
 A book's plan never changes once written, so `load_plan` keeps the last plans it read (a book's
 thousand segment tasks read it once per process, not a thousand times).
@@ -26,10 +29,12 @@ from typing import Any
 
 from app.artifacts import ArtifactStore, atomic_path, write_text
 from app.books.plan import BookPlan
+from app.books.readalong import ChapterText, load_text
 from app.books.source import SourceBook
 
 BOOKS_DIR = "books"
-OUTPUT_NAMES = ("book.m4b", "chapters.json", "chapters.vtt")  # besides the chapter files
+READALONG = "readalong.json"
+OUTPUT_NAMES = ("book.m4b", "book.epub", "chapters.json", "chapters.vtt")  # besides the chapter files
 
 
 def book_dir(artifacts: ArtifactStore, book_id: str) -> Path:
@@ -51,6 +56,14 @@ def store_files(folder: Path, plan: BookPlan, source: SourceBook, base_dir: Path
             "base_dir": str(base_dir.resolve()) if base_dir is not None else None,
             "narrator": plan.narrator, "description": plan.description, "cast": plan.cast}
     write_text(folder / "meta.json", json.dumps(meta))
+
+
+def store_readalong(folder: Path, texts: list[ChapterText]) -> None:
+    write_text(folder / READALONG, json.dumps([t.to_dict() for t in texts], ensure_ascii=False))
+
+
+def load_readalong(artifacts: ArtifactStore, book_id: str) -> list[ChapterText]:
+    return load_text(json.loads((book_dir(artifacts, book_id) / READALONG).read_text(encoding="utf-8")))
 
 
 def load_plan(artifacts: ArtifactStore, book_id: str) -> BookPlan:

@@ -4,7 +4,8 @@ that sets hard limits on itself first, so a hostile file costs at most those lim
     plan_submission(files, submission, job) -> (BookPlan, SourceBook)   pure: parse, select chapters,
                                          lexicon and cast, the timed span, plan (no database, no Redis)
     main(argv)                           the child: limits, plan_submission, then the book's files
-                                         (plan.json, meta.json, cover) and `outcome.json` last
+                                         (plan.json, meta.json, cover, with epub3 readalong.json: the
+                                         text as shown, cut at the segments) and `outcome.json` last
 
 `outcome.json` is {"ok": true, "book": {...}, "chapters": [[title, est_seconds, [[key, kind, voice],
 ...]], ...], "voices": [...]} (what the parent writes to the database, without reading the plan again),
@@ -26,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from app.books.cast import parse_cast
-from app.books.files import store_files
+from app.books.files import store_files, store_readalong
 from app.books.lexicon import EMPTY, Budget, Lexicon, load_lexicon, parse_lexicon
 from app.books.parse import parse_book, sniff_format
 from app.books.plan import BookPlan, plan_book
+from app.books.readalong import readalong_text
 from app.books.select import describe, parse_chapters
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, with_metadata
 from app.books.submission import Submission, SubmittedFiles
@@ -180,6 +182,8 @@ def run(job: ParseJob) -> dict[str, Any]:
         plan, source, selected = plan_submission(files, submission, job)
         base_dir = Path(submission.base_dir) if submission.base_dir else None
         store_files(Path(job.folder), plan, source, base_dir)
+        if submission.options.epub3:
+            store_readalong(Path(job.folder), readalong_text(source, plan))
         return outcome_of(plan, source, selected)
     except Exception as exc:  # the boundary: every reader's exception becomes a reason
         if not isinstance(exc, BadInput):

@@ -5,8 +5,8 @@
                                             the segment's reason), 'stopped' (the book is no longer live)
                                             or 'assembled' (the chapter file is written); `last`: it was
                                             the book's last chapter and the book is now assembling
-    assemble(...)       -> the book's status: every chapter file (reused), the M4B and the index, then
-                           succeeded
+    assemble(...)       -> the book's status: every chapter file (reused), the M4B, the index and, for an
+                           epub3 book, the read-along EPUB, then succeeded
 
 Both look at the database, not at what triggered them, so an early, late or repeated call is harmless.
 """
@@ -66,10 +66,12 @@ def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_
         audio = {s.key: artifacts.path(s.output_path or "")
                  for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
         fmt, lufs, m4b, mp3, timed = book.output_format, book.target_lufs, book.m4b, book.mp3, book.timed
+        epub3 = book.epub3
     cover, cover_type = files.load_cover(artifacts, book_id)
+    readalong = files.load_readalong(artifacts, book_id) if epub3 else None
     result = assemble_book(files.load_plan(artifacts, book_id), audio, files.output_dir(artifacts, book_id),
                            fmt=fmt, target_lufs=lufs, m4b=m4b, mp3=mp3, timed=timed, cover=cover,
-                           cover_type=cover_type)
+                           cover_type=cover_type, readalong=readalong)
     with session_scope(sessions) as session:
         for chapter in result.chapters:  # a chapter re-assembled here (its file was gone) is measured anew
             queries.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,

@@ -34,6 +34,7 @@ class BookOptions:
     m4b: bool = True
     mp3: bool = False  # an MP3 per chapter too (ID3-tagged), beside the chapter files
     timed: bool = False  # subtitles: each cue's speech at its start time
+    epub3: bool = False  # a read-along EPUB 3 (text, chapter audio, Media Overlays) beside the M4B
     target_lufs: float | None = DEFAULT_TARGET_LUFS  # None: chapters are measured, not normalised
     seed: int = DEFAULT_SEED
     priority: int = 0  # job priority of the segments (0..9, larger first); 0 yields to every other job
@@ -82,6 +83,8 @@ class Submission:
         """What can be refused without reading the book: options, format name, field lengths, the
         language tag's spelling and the chapter selection's."""
         self.options.check()
+        if self.options.epub3 and self.book_format == "manifest":
+            raise BadInput("a manifest of tokens or audio has no text to read along; epub3 needs a text book")
         if self.book_format is not None and self.book_format not in FORMATS:
             raise BadInput(f"book format {self.book_format!r} is not one of {', '.join(FORMATS)}")
         for what, value, limit in (("title", self.title, limits.max_title_chars),

@@ -53,6 +53,8 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--mp3", action="store_true", help="an MP3 per chapter too (ID3-tagged)")
     render.add_argument("--timed", action="store_true",
                         help="subtitles (.srt, .vtt): each cue's speech at its start time")
+    render.add_argument("--epub3", action="store_true",
+                        help="a read-along EPUB 3 too (book.epub: the text highlighted as the audio plays)")
     render.add_argument("--lexicon", type=Path, help="a pronunciation lexicon, JSON or YAML (docs/BOOKS.md)")
     render.add_argument("--cast", type=Path, help="voices for the names the text's markup uses, JSON or "
                         "YAML: name -> voice id or reference audio file (relative to the cast file)")
@@ -72,7 +74,7 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
     form = {"output_format": "flac" if args.book_output == "m4b" else args.book_output,
             "m4b": "true" if args.book_output == "m4b" else "false", "seed": str(args.seed),
             "priority": str(args.priority), "mp3": "true" if args.mp3 else "false",
-            "timed": "true" if args.timed else "false"}
+            "timed": "true" if args.timed else "false", "epub3": "true" if args.epub3 else "false"}
     form.update({k: str(v) for k, v in (("title", args.title), ("author", args.author),
                                         ("narrator", args.narrator), ("description", args.description),
                                         ("language", args.language), ("target_lufs", args.target_lufs),

@@ -270,6 +270,7 @@ class Book(Base):
     m4b: Mapped[bool] = mapped_column(Boolean, default=True)
     mp3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # MP3s per chapter too
     timed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # cues at their times
+    epub3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # read-along EPUB too
     target_lufs: Mapped[float | None]
     seed: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0)

@@ -66,6 +66,7 @@ function bookForm(form) {
   }
   data.append("m4b", form.elements.m4b.checked ? "true" : "false");
   data.append("mp3", form.elements.mp3.checked ? "true" : "false");
+  data.append("epub3", form.elements.epub3.checked ? "true" : "false");
   addVoice(data);
   return data;
 }

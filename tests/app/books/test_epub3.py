@@ -1,0 +1,166 @@
+"""Read-along EPUB 3 from every source format: valid for EPUBCheck (a validator no one here wrote), every
+<par> pointing at an element that exists, every clip inside its audio file, a chapter's clips covering
+its audio end to end in order, on the same timings as chapters.json; rebuilt only where a chapter changed."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path, PurePosixPath
+
+import av
+import pytest
+from lxml import etree
+
+from app.books.output import assemble_book
+from app.books.parse import parse_book
+from app.books.plan import plan_book
+from app.books.readalong import readalong_text, split_like
+from app.books.submission import BookOptions, Submission
+from app.errors import BadInput
+from tests.app.books.conftest import MARKDOWN_BOOK, make_docx, make_epub, make_pdf, tiny_png
+from tests.app.books.test_documents import PAGE
+from tests.app.books.test_output import VOICE, render
+from tests.app.books.test_subtitles import MARA, SRT, VTT
+
+SMIL = "{http://www.w3.org/ns/SMIL}"
+TEXT_BOOK = (b"The Quiet House\n\nChapter 1\n\nThe door was open. Nobody came.\n\n"
+             b"Chapter 2\n\nAt 7:30 the bell rang twice.\n")
+PDF_BOOK = make_pdf([["Chapter 1", "The rain fell on the roof all night."],
+                     ["Chapter 2", "By morning it stopped."]],
+                    outline=[("Chapter 1", 0), ("Chapter 2", 1)], info={"/Title": "Rain"})
+DOCX_BOOK = make_docx([("Title", "Winter"), ("Heading 1", "Snow"),
+                       ("", "It snowed for 3 days. Dr. Hale stayed in."),
+                       ("Heading 1", "Thaw"), ("", "Then the ice broke.")])
+SOURCES = {"text": TEXT_BOOK, "markdown": MARKDOWN_BOOK.encode(), "epub": make_epub(cover=tiny_png()),
+           "html": PAGE, "pdf": PDF_BOOK, "docx": DOCX_BOOK, "srt": SRT, "vtt": VTT}
+
+
+def build(fmt: str, folder: Path, data: bytes | None = None, audio=None):
+    source = parse_book(SOURCES[fmt] if data is None else data, fmt=fmt)
+    plan = plan_book(source, voice_id=VOICE, cast={"mara": MARA})  # the WebVTT book's <v Mara>
+    audio = render(plan, folder / "segments", audio)
+    out = assemble_book(plan, audio, folder / "out", fmt="flac", timed=fmt == "srt",
+                        readalong=readalong_text(source, plan), cover=source.cover,
+                        cover_type=source.cover_type)
+    return plan, audio, out
+
+
+def epubcheck(path: Path) -> list[dict]:
+    """EPUBCheck's messages on the file (Debian's `epubcheck`, a jar run with java)."""
+    jar = shutil.which("epubcheck")
+    assert jar, "EPUBCheck is not installed: apt-get install epubcheck (.ci/run installs it)"
+    report = path.with_suffix(".check.json")
+    subprocess.run(["java", "-jar", str(Path(jar).resolve()), str(path), "--json", str(report)],
+                   capture_output=True, timeout=300, check=False)
+    return json.loads(report.read_text())["messages"]
+
+
+def overlays(epub: Path) -> dict[str, list[tuple[str, str, float, float]]]:
+    """Each SMIL's <par>s: (text document, fragment, clip begin, clip end), paths from the zip's root."""
+    found = {}
+    with zipfile.ZipFile(epub) as z:
+        for name in sorted(n for n in z.namelist() if n.endswith(".smil")):
+            pars = []
+            for par in etree.fromstring(z.read(name)).iter(f"{SMIL}par"):
+                text, audio = par.find(f"{SMIL}text"), par.find(f"{SMIL}audio")
+                doc, _, fragment = text.get("src").partition("#")
+                pars.append((_join(name, doc), fragment, _join(name, audio.get("src")),
+                             _seconds(audio.get("clipBegin")), _seconds(audio.get("clipEnd"))))
+            found[name] = pars
+    return found
+
+
+def _join(base: str, href: str) -> str:
+    parts: list[str] = []
+    for part in (PurePosixPath(base).parent / href).parts:
+        if part == "..":
+            parts.pop()
+        else:
+            parts.append(part)
+    return "/".join(parts)
+
+
+def _seconds(clock: str) -> float:
+    h, m, s = clock.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(s)
+
+
+def audio_seconds(data: bytes) -> float:
+    with av.open(io.BytesIO(data)) as box:
+        return float(box.duration) / av.time_base
+
+
+@pytest.mark.parametrize("fmt", list(SOURCES))
+def test_a_read_along_epub_from_each_format_is_valid_and_its_overlays_match_the_audio(fmt, tmp_path):
+    plan, _, out = build(fmt, tmp_path)
+    messages = epubcheck(out.epub)
+    assert [m for m in messages if m["severity"] in ("FATAL", "ERROR", "WARNING")] == []
+    index = json.loads(out.index_json.read_text())
+    smils = overlays(out.epub)
+    assert len(smils) == len(plan.chapters) == len(index["chapters"])
+    with zipfile.ZipFile(out.epub) as z:
+        for pars, chapter, planned in zip(smils.values(), index["chapters"], plan.chapters, strict=True):
+            assert len(pars) == len(planned.segments)  # a <par> per segment
+            doc = etree.fromstring(z.read(pars[0][0]))
+            assert {fragment for _, fragment, *_ in pars} <= {el.get("id") for el in doc.iter()}
+            assert {audio for _, _, audio, _, _ in pars} == {pars[0][2]}  # one audio file per chapter
+            check_clips([(begin, end) for *_, begin, end in pars], chapter, audio_seconds(z.read(pars[0][2])))
+
+
+def check_clips(clips: list[tuple[float, float]], chapter: dict, length: float) -> None:
+    """A chapter's clips against its audio file's length and chapters.json's segments."""
+    assert clips[0][0] == 0.0  # chapters.json's ends are rounded on the book's timeline: 1 ms apart
+    assert clips[-1][1] == pytest.approx(chapter["end"] - chapter["start"], abs=1.5e-3)
+    for (begin, end), (next_begin, _) in zip(clips, clips[1:], strict=False):
+        assert begin < end == next_begin  # in order, no gap, no overlap
+    assert clips[-1][1] <= length + 1e-3  # inside the file (AAC pads its last frame, never cuts)
+    assert length - clips[-1][1] < 1024 / 24000 + 1e-3  # ... by less than one AAC frame
+    for (begin, end), segment in zip(clips, chapter["segments"], strict=True):
+        assert begin <= segment["start"] and segment["end"] <= end + 1e-3  # its speech is inside its clip
+    for (begin, _), segment in zip(clips[1:], chapter["segments"][1:], strict=True):
+        assert begin == segment["start"]  # chapters.json's timing, to the millisecond
+
+
+def test_the_text_shown_is_the_books_own_not_the_normalised_text(tmp_path):
+    _, _, out = build("markdown", tmp_path)
+    with zipfile.ZipFile(out.epub) as z:
+        first = etree.fromstring(z.read("OEBPS/text/chapter-001.xhtml"))
+        package = z.read("OEBPS/package.opf").decode()
+    spans = [el.text for el in first.iter("{http://www.w3.org/1999/xhtml}span")]
+    assert spans == ["Chapter 1: The Storm", "Mr. Smith climbed the 132 steps on the 3rd of May, 1895.",
+                     "The lamp cost $12.50.", "It was very cold.", "He checked the log twice."]
+    assert 'media-overlay="mo001"' in package and "media:active-class" in package
+    assert package.count('property="media:duration"') == 3 + 1  # each overlay and the whole book
+
+
+def test_pieces_of_a_paragraph_follow_its_segments_across_normalisation():
+    shown = 'Dr. Watson came at 7:30. "Go!" he said. The 3rd day ended.'
+    spoken = ["Doctor Watson came at seven thirty.", "Go! he said.", "The third day ended."]
+    cuts = split_like(shown, spoken)
+    assert [shown[a:b].strip() for a, b in zip(cuts, [*cuts[1:], len(shown)], strict=True)] == [
+        "Dr. Watson came at 7:30.", '"Go!" he said.', "The 3rd day ended."]
+
+
+def test_a_second_build_reuses_the_epub_and_an_edit_rebuilds_only_its_chapters_audio(tmp_path):
+    _, audio, first = build("markdown", tmp_path)
+    stamp = first.epub.stat().st_mtime_ns
+    again = build("markdown", tmp_path, audio=audio)[2]
+    assert again.epub_reused and again.m4as_reused == (0, 1, 2) and again.epub.stat().st_mtime_ns == stamp
+    edited = MARKDOWN_BOOK.replace("did not", "never did").encode()
+    changed = build("markdown", tmp_path, data=edited, audio=audio)[2]
+    assert not changed.epub_reused and changed.m4as_reused == (0, 2)
+    with zipfile.ZipFile(changed.epub) as z:
+        assert "The second mate never did." in z.read("OEBPS/text/chapter-002.xhtml").decode()
+
+
+def test_a_manifest_has_no_text_to_read_along():
+    with pytest.raises(BadInput, match="no text to read along"):
+        Submission(options=BookOptions(epub3=True), book_format="manifest").check()
+    manifest = json.dumps({"title": "T", "chapters": [{"title": "One", "segments": [{"tokens": [1, 2, 3]}]}]})
+    source = parse_book(manifest.encode(), fmt="manifest")
+    with pytest.raises(BadInput, match="no text to read along"):
+        readalong_text(source, plan_book(source, voice_id=VOICE))
