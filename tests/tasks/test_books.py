@@ -265,6 +265,29 @@ def test_a_timed_subtitle_book_places_each_cue_at_its_start(res: Resources, cele
     assert view.book.timed and view.chapters[0].seconds > 30.0
 
 
+def test_an_epub3_book_is_read_planned_and_assembled_into_a_read_along_epub(res: Resources,
+                                                                           celery: Celery) -> None:
+    """The reading child writes the shown text (readalong.json); book.assemble writes book.epub from it."""
+    import zipfile
+
+    book_id = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md", options=BookOptions(epub3=True))
+    books.plan(book_id, res)
+    for _, segment in output_plan(res, book_id).segments():
+        books.tokenize(book_id, segment.key, res)
+    render_live_jobs(res, book_id)
+    assert [books.check_chapter(book_id, i, res) for i in range(3)] == ["assembled"] * 3
+    assert books.assemble(book_id, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    assert view.book.epub3 and {"book.epub", "book.m4b"} <= set(view.files)
+    with zipfile.ZipFile(output_dir(res.artifacts, book_id) / "book.epub") as z:
+        assert "Dr. Watson arrived at 7:30" in z.read("OEBPS/text/chapter-003.xhtml").decode()
+        assert len([n for n in z.namelist() if n.endswith(".smil")]) == 3
+    for named in ({"book_format": "manifest"}, {"filename": "tokens.json"}):  # refused before or by reading
+        with pytest.raises(BadInput, match="no text to read along"):
+            submit(res, celery, manifest_book([[30]]), options=BookOptions(epub3=True), **named)
+
+
 def output_plan(res: Resources, book_id: str):
     from app.books.files import load_plan
 

@@ -244,6 +244,7 @@ def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClien
     inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
     tagged = form(mp3="true", narrator="Ben Narrow", description="Three tales.").book
     assert tagged["mp3"] is True and form().book["mp3"] is False
+    assert form(epub3="true").book["epub3"] is True and off["epub3"] is False
     assert (tagged["narrator"], tagged["description"]) == ("Ben Narrow", "Three tales.")
     lexicon = form(files={"lexicon": ("l.yaml", b"words: [oops]")})
     assert lexicon.status_code == 202 and lexicon.book["status"] == "failed"

@@ -37,14 +37,15 @@ def test_render_hands_narrator_mp3_loudness_and_a_lexicon_file_to_the_api(tmp_pa
 
     lexicon = tmp_path / "names.yaml"
     lexicon.write_text("words:\n  Nguyen: {phonemes: \"w'In\"}\n", encoding="utf-8")
-    args = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64, "--mp3",
+    args = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64, "--mp3", "--epub3",
                                       "--narrator", "Ben Narrow", "--target-lufs", "off",
                                       "--lexicon", str(lexicon)])
     form = _form(args)
     assert (form["mp3"], form["narrator"], form["target_lufs"]) == ("true", "Ben Narrow", "off")
+    assert form["epub3"] == "true"
     assert form["lexicon"] == lexicon.read_text(encoding="utf-8")
     plain = _form(build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64]))
-    assert plain["mp3"] == "false" and "lexicon" not in plain and "target_lufs" not in plain
+    assert plain["mp3"] == plain["epub3"] == "false" and "lexicon" not in plain and "target_lufs" not in plain
     lexicon.write_bytes(b"\xff\xfe bad")
     with pytest.raises(BadInput, match="is not UTF-8 text"):
         _form(args)
