@@ -232,7 +232,12 @@ class BookOut(BaseModel):
                                           "(e.g. 3-7,12); null: all of them")
     segments_total: int = Field(description="distinct segments (a repeated sentence renders once)")
     segments_done: int
-    audio_seconds: float
+    audio_seconds: float = Field(description="speech rendered so far: the segments' own audio, without the "
+                                 "pauses between them (so shorter than `seconds`)")
+    seconds: float | None = Field(description="the book's length with its pauses, as the M4B and "
+                                  "chapters.json give it; null until every chapter is assembled")
+    notes: list[str] = Field(description="how the audio was made, when not by the real model (dummy "
+                             "weights, the stand-in tokenizer): such audio is not speech")
     est_seconds: float
     eta_s: float | None
     submitted_at: datetime
@@ -258,7 +263,8 @@ class BookOut(BaseModel):
                    target_lufs=b.target_lufs, priority=b.priority,
                    chapters_selected=b.chapters_selected, segments_total=view.segments_total,
                    segments_done=view.segments_done,
-                   audio_seconds=round(view.audio_seconds, 2), est_seconds=round(b.est_seconds, 2),
+                   audio_seconds=round(view.audio_seconds, 2), seconds=view.seconds, notes=view.notes,
+                   est_seconds=round(b.est_seconds, 2),
                    eta_s=view.eta_s, submitted_at=b.submitted_at, started_at=b.started_at,
                    finished_at=b.finished_at, error=b.error, chapters=chapters,
                    files={name: base + name for name in view.files})

@@ -57,11 +57,16 @@ class BookTags:
     author: str = ""
     narrator: str = ""
     description: str = ""
+    notes: tuple[str, ...] = ()  # how the audio was made, when not by the real model: in the comment
+
+    @property
+    def comment(self) -> str:
+        return "\n".join([self.description, *(f"Note: {n}" for n in self.notes)]).strip()
 
     def common(self) -> dict[str, str]:
         """The tags every output of the book carries (empty ones left out)."""
         tags = {"album": self.title, "artist": self.author, "album_artist": self.author,
-                "composer": self.narrator, "genre": "Audiobook", "comment": self.description}
+                "composer": self.narrator, "genre": "Audiobook", "comment": self.comment}
         return {k: v for k, v in tags.items() if v}
 
 
@@ -231,8 +236,8 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
                            ("composer", id3.TCOM), ("genre", id3.TCON)):
             if key in common:
                 frames.append(kind(encoding=3, text=common[key]))
-        if tags.description:
-            frames.append(id3.COMM(encoding=3, lang="eng", desc="", text=tags.description))
+        if tags.comment:
+            frames.append(id3.COMM(encoding=3, lang="eng", desc="", text=tags.comment))
         if cover and cover_type:
             frames.append(id3.APIC(encoding=3, mime=cover_type, type=id3.PictureType.COVER_FRONT,
                                    desc="cover", data=cover))

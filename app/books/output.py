@@ -91,7 +91,7 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
                   sample_rate: int = SAMPLE_RATE, target_lufs: float | None = DEFAULT_TARGET_LUFS,
                   m4b: bool = True, mp3: bool = False, timed: bool = False,
                   cover: bytes | None = None, cover_type: str | None = None,
-                  readalong: Sequence[ChapterText] | None = None) -> BookAudio:
+                  readalong: Sequence[ChapterText] | None = None, notes: Sequence[str] = ()) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files.
     With `readalong` (each chapter's shown text, `app.books.readalong`) a read-along EPUB 3 too."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +107,7 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
         else:
             reused.append(chapter.index)
         chapters.append(done)
-    tags = BookTags(plan.title, plan.author, plan.narrator, plan.description)
+    tags = BookTags(plan.title, plan.author, plan.narrator, plan.description, tuple(notes))
     book, m4b_reused = None, False
     if m4b:
         book = out_dir / "book.m4b"
@@ -120,7 +120,7 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
             mp3s_reused.append(done.index)
         mp3s.append(path)
     index_json, index_vtt = out_dir / "chapters.json", out_dir / "chapters.vtt"
-    write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author)
+    write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author, notes=notes)
     _remove_stale(out_dir, {c.path.name for c in chapters} | {p.name for p in mp3s})
     epub, epub_reused, m4as_reused = None, False, tuple[int, ...]()
     if readalong is not None:

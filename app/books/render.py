@@ -46,6 +46,8 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
             return "waiting", False
         audio = {s.key: artifacts.path(s.output_path or "") for s in states}
         fmt, lufs, timed = book.output_format, book.target_lufs, book.timed
+        queries.gather_book_notes(session=session, book_id=book_id,
+                                  job_ids=[s.job_id for s in states if s.job_id])
     chapter = files.load_plan(artifacts, book_id).chapters[index]
     done = render_chapter(chapter, audio, files.output_dir(artifacts, book_id), fmt=fmt,
                           target_lufs=lufs, timed=timed)  # assemble() reuses the file
@@ -66,12 +68,12 @@ def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_
         audio = {s.key: artifacts.path(s.output_path or "")
                  for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
         fmt, lufs, m4b, mp3, timed = book.output_format, book.target_lufs, book.m4b, book.mp3, book.timed
-        epub3 = book.epub3
+        epub3, notes = book.epub3, tuple(book.notes or ())
     cover, cover_type = files.load_cover(artifacts, book_id)
     readalong = files.load_readalong(artifacts, book_id) if epub3 else None
     result = assemble_book(files.load_plan(artifacts, book_id), audio, files.output_dir(artifacts, book_id),
                            fmt=fmt, target_lufs=lufs, m4b=m4b, mp3=mp3, timed=timed, cover=cover,
-                           cover_type=cover_type, readalong=readalong)
+                           cover_type=cover_type, readalong=readalong, notes=notes)
     with session_scope(sessions) as session:
         for chapter in result.chapters:  # a chapter re-assembled here (its file was gone) is measured anew
             queries.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,

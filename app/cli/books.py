@@ -10,6 +10,7 @@ import argparse
 import json
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,8 @@ def cmd_book_render(args: argparse.Namespace) -> int:
     if not (args.wait or args.out):
         return 0
     book = follow_book(api, book["id"])
+    for note in book.get("notes") or []:  # dummy weights, the stand-in tokenizer: said plainly
+        print(f"wavefarm: note: book {book['id'][:8]}: {note}", file=sys.stderr)
     if not finished_well("book", book):
         return 1
     if args.out:
@@ -151,14 +154,18 @@ def follow_book(api: Any, book_id: str, poll_s: float = 1.0) -> dict[str, Any]:
 def cmd_book_status(args: argparse.Namespace) -> int:
     book = client(args).book(args.book_id)
     eta = f"  ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
+    length = f", {book['seconds']:.2f} s with pauses (M4B)" if book.get("seconds") is not None else ""
     print(f"{book['id']}  {book['status']}  {book['segments_done']}/{book['segments_total']} segments  "
-          f"{book['audio_seconds']:.1f} s audio{eta}  {book['title']}"
+          f"{book['audio_seconds']:.1f} s speech{length}{eta}  {book['title']}"
           + (f"  (chapters {book['chapters_selected']})" if book.get("chapters_selected") else ""))
+    for note in book.get("notes") or []:
+        print(f"  note: {note}")
     for c in book["chapters"]:
         loud = (f"  {c['loudness_lufs']:.1f} LUFS, {c['true_peak_dbtp']:.1f} dBTP"
                 if c.get("loudness_lufs") is not None and c.get("true_peak_dbtp") is not None else "")
+        length = f" ({c['seconds']:.2f} s with pauses)" if c.get("seconds") is not None else ""
         print(f"  {c['index'] + 1:>3}. {c['segments_done']:>4}/{c['segments_total']:<4} "
-              f"{c['audio_seconds']:>7.1f} s  {c['title']}{loud}")
+              f"{c['audio_seconds']:>7.1f} s speech{length}  {c['title']}{loud}")
     if book.get("error"):
         print(f"  error: {book['error']}")
     return 0

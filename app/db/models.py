@@ -271,6 +271,7 @@ class Book(Base):
     mp3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # MP3s per chapter too
     timed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # cues at their times
     epub3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # read-along EPUB too
+    notes: Mapped[list[str] | None] = mapped_column(JSON)  # how its audio was made (its segment jobs' notes)
     target_lufs: Mapped[float | None]
     seed: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0)

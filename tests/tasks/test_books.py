@@ -288,6 +288,43 @@ def test_an_epub3_book_is_read_planned_and_assembled_into_a_read_along_epub(res:
             submit(res, celery, manifest_book([[30]]), options=BookOptions(epub3=True), **named)
 
 
+def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_lengths(
+        res: Resources, celery: Celery) -> None:
+    """The stand-in tokenizer's note (book.tokenize) and the GPU worker's dummy-weights note reach the
+    book: its status, chapters.json and the M4B's comment. Speech rendered is shorter than the M4B by
+    exactly the pauses between segments: both figures are given, each named."""
+    from app.db.models import Job
+    from app.text_tokens import STAND_IN_NOTE
+    from gpu_worker.runtime import dummy_weights_note
+
+    assert res.settings.model_dir is None
+    book_id = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md",
+                     description="Three short parts.")
+    books.plan(book_id, res)
+    plan = output_plan(res, book_id)
+    for _, segment in plan.segments():
+        books.tokenize(book_id, segment.key, res)
+    with res.sessions() as session:  # the GPU worker's part: it notes dummy weights on each job it claims
+        for job in session.query(Job).filter(Job.status == JobStatus.QUEUED):
+            queries.add_job_note(session=session, job_id=job.id, note=dummy_weights_note(res.settings))
+        session.commit()
+    render_live_jobs(res, book_id)
+    assert [books.check_chapter(book_id, i, res) for i in range(3)] == ["assembled"] * 3
+    assert books.assemble(book_id, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    expected = [STAND_IN_NOTE, dummy_weights_note(res.settings)]
+    assert view.notes == expected
+    out = output_dir(res.artifacts, book_id)
+    index = json.loads((out / "chapters.json").read_text())
+    assert index["notes"] == expected
+    comment = mutagen.mp4.MP4(out / "book.m4b").tags["\xa9cmt"][0]
+    assert comment.splitlines() == ["Three short parts.", *(f"Note: {n}" for n in expected)]
+    pauses = sum(s.pause_after_ms for _, s in plan.segments()) / 1000
+    assert view.seconds == pytest.approx(index["duration"], abs=1e-3)
+    assert view.seconds == pytest.approx(view.audio_seconds + pauses, abs=1e-3)
+
+
 def output_plan(res: Resources, book_id: str):
     from app.books.files import load_plan
 

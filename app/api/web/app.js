@@ -191,6 +191,7 @@ function render(card, item) {
   p.cancel.hidden = !card.live;
   if (card.kind === "book") renderBook(card, item);
   else renderJob(card, item);
+  renderNotes(p, item.notes || []);
   // A cancelled item's error is the word "cancelled" again: the status says it already.
   show(p.failure, item.error && item.error !== item.status ? `${item.status}: ${item.error}` : null);
 }
@@ -256,6 +257,14 @@ function renderChapter(card, chapter) {
   }
 }
 
+function renderNotes(p, notes) {  // a job's or a book's: dummy weights, the stand-in tokenizer
+  if (p.notes.dataset.notes !== notes.join("\n")) {  // said plainly: such audio is noise
+    p.notes.dataset.notes = notes.join("\n");
+    p.notes.replaceChildren(...notes.map((note) => el("li", {}, `Note: ${note}`)));
+    p.notes.hidden = !notes.length;
+  }
+}
+
 function renderJob(card, job) {
   const p = card.parts;
   p.title.textContent = `Job ${job.id.slice(0, 8)}` + (job.kind === "text" ? ` · “${job.text.slice(0, 60)}”` : "");
@@ -264,12 +273,6 @@ function renderJob(card, job) {
   p.summary.textContent = job.kind === "text" && job.n_tokens === 0 && card.live
     ? "making speech tokens from the text" : `${Math.round(job.progress.fraction * 100)} % · ` +
     `${seconds(job.n_tokens / 25)} of audio · ${job.n_tokens} tokens`;
-  const notes = job.notes || [];
-  if (p.notes.dataset.notes !== notes.join("\n")) {  // said plainly: such audio is noise
-    p.notes.dataset.notes = notes.join("\n");
-    p.notes.replaceChildren(...notes.map((note) => el("li", {}, `Note: ${note}`)));
-    p.notes.hidden = !notes.length;
-  }
   if (job.audio_url && !p.body.childElementCount) {
     const name = `${job.id}.${job.output_format}`;
     p.body.append(player(job.audio_url, p.mediaError), downloadLink(job.audio_url, name, p.mediaError));

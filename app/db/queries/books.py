@@ -265,6 +265,19 @@ def book_segment_states(*, session: Session, book_id: str, chapter: int | None =
     return list(seen.values())
 
 
+def gather_book_notes(*, session: Session, book_id: str, job_ids: Sequence[str]) -> list[str]:
+    """Add the notes of these jobs (a chapter's segment jobs) to the book's, each sentence once; returns
+    the book's notes. A book's notes say how its audio was made (dummy weights, the stand-in tokenizer)."""
+    book = require_book(session=session, book_id=book_id)
+    notes = list(book.notes or [])
+    for chunk in (list(job_ids)[i:i + INSERT_CHUNK] for i in range(0, len(job_ids), INSERT_CHUNK)):
+        for (found,) in session.execute(select(Job.notes).where(Job.id.in_(chunk), Job.notes.is_not(None))):
+            notes += [n for n in found or [] if n not in notes]
+    if notes != list(book.notes or []):
+        book.notes = notes
+    return notes
+
+
 def segment_state(*, session: Session, key: str) -> SegmentState | None:
     row = session.execute(
         select(Segment.key, Segment.kind, Segment.job_id, Job.status, Job.output_path,

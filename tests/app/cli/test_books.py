@@ -76,3 +76,25 @@ def test_a_cast_file_names_voices_by_id_or_by_a_reference_file_that_is_uploaded_
     cast.write_text("Carol: voices/carol.wav\n")
     with pytest.raises(BadInput, match="'carol', 'voices/carol.wav', is neither a voice id nor a reference"):
         cast_ids(api, cast)
+
+
+def test_book_status_names_its_two_lengths_and_says_how_the_audio_was_made(monkeypatch, capsys) -> None:
+    import app.cli.books as cli_books
+    from app.cli import build_parser
+
+    note = "rendered with dummy weights (...): the audio is noise, not speech"
+    chapter = {"index": 0, "title": "One", "segments_done": 5, "segments_total": 5, "audio_seconds": 17.6,
+               "seconds": 25.04, "loudness_lufs": None, "true_peak_dbtp": None}
+    book = {"id": "3f0c" * 9, "status": "succeeded", "segments_done": 5, "segments_total": 5,
+            "audio_seconds": 17.6, "seconds": 25.04, "eta_s": 0.0, "title": "T", "chapters": [chapter],
+            "notes": [note], "error": None}
+
+    class Api:
+        def book(self, book_id):
+            return book
+
+    monkeypatch.setattr(cli_books, "client", lambda args: Api())
+    assert cli_books.cmd_book_status(build_parser().parse_args(["book", "status", book["id"]])) == 0
+    printed = capsys.readouterr().out
+    assert "17.6 s speech, 25.04 s with pauses (M4B)" in printed
+    assert "17.6 s speech (25.04 s with pauses)" in printed and f"note: {note}" in printed
