@@ -58,15 +58,21 @@ def load_text(data: Any) -> list[ChapterText]:
 
 def readalong_text(source: SourceBook, plan: BookPlan) -> list[ChapterText]:
     """The shown text of every planned chapter, cut at its segments; BadInput for a book without text."""
+    return [_chapter_text(own, chapter) for own, chapter in planned_sources(source, plan)]
+
+
+def planned_sources(source: SourceBook, plan: BookPlan) -> list[tuple[SourceChapter, PlanChapter]]:
+    """Each planned chapter with the source chapter it was planned from (a source chapter with nothing to
+    say has no plan chapter); BadInput for a book without text."""
     if any(c.items for c in source.chapters):
         raise BadInput("a manifest of tokens or audio has no text to read along; epub3 needs a text book")
-    out: list[ChapterText] = []
+    out = []
     sources = iter(source.chapters)
     for chapter in plan.chapters:
         own = next((s for s in sources if _matches(s, chapter)), None)
         if own is None:  # cannot happen for a plan made from this source; refuse rather than misalign
             raise BadInput(f"chapter {chapter.index + 1} of the plan has no source text")
-        out.append(_chapter_text(own, chapter))
+        out.append((own, chapter))
     return out
 
 
