@@ -21,6 +21,7 @@ each; `app.books.output` decides when it must be written again.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 import zipfile
 from collections.abc import Sequence
@@ -77,28 +78,43 @@ def write_epub3(out: Path, *, meta: EpubMeta, texts: Sequence[ChapterText], chap
     cover_name = _COVER_NAMES.get(cover_type or "") if cover else None
     if cover and cover_name:
         entries.append((f"images/{cover_name}", cover))
-    entries += [("nav.xhtml", _nav(meta, texts)), ("style.css", STYLE.encode()),
+    links = [(t.title, f"text/chapter-{n:03d}.xhtml") for n, t in enumerate(texts, start=1)]
+    entries += [("nav.xhtml", nav_document(meta, links)), ("style.css", STYLE.encode()),
                 ("package.opf", _package(meta, chapters, cover_name))]
+    write_zip(out, "OEBPS/package.opf", [(f"OEBPS/{name}", data) for name, data in entries])
+
+
+def write_zip(out: Path, opf_path: str, entries: Sequence[tuple[str, bytes | Path]],
+              skeleton: Path | None = None) -> None:
+    """The OCF zip at `out` (atomically): mimetype first and stored, the container naming `opf_path`, the
+    entries (a Path is copied in blocks, stored: audio is compressed already), then every entry of the
+    zip `skeleton`."""
     with atomic_path(out) as tmp, zipfile.ZipFile(tmp, "w") as z:
         z.writestr(zipfile.ZipInfo("mimetype"), b"application/epub+zip", compress_type=zipfile.ZIP_STORED)
-        z.writestr("META-INF/container.xml", _container(), compress_type=zipfile.ZIP_DEFLATED)
+        z.writestr("META-INF/container.xml", _container(opf_path), compress_type=zipfile.ZIP_DEFLATED)
         for name, data in entries:
             if isinstance(data, Path):
-                z.write(data, f"OEBPS/{name}", compress_type=zipfile.ZIP_STORED)  # AAC: compressed already
+                z.write(data, name, compress_type=zipfile.ZIP_STORED)
             else:
                 kind = zipfile.ZIP_STORED if name.endswith((".jpg", ".png")) else zipfile.ZIP_DEFLATED
-                z.writestr(f"OEBPS/{name}", data, compress_type=kind)
+                z.writestr(name, data, compress_type=kind)
+        if skeleton is not None:
+            with zipfile.ZipFile(skeleton) as src:
+                for info in src.infolist():
+                    with src.open(info) as handle, z.open(info.filename, "w") as dst:
+                        shutil.copyfileobj(handle, dst, 1 << 20)
 
 
-def _container() -> bytes:
+def _container(opf_path: str) -> bytes:
     root = etree.Element(f"{{{CONTAINER}}}container", nsmap={None: CONTAINER}, version="1.0")
     files = etree.SubElement(root, f"{{{CONTAINER}}}rootfiles")
-    etree.SubElement(files, f"{{{CONTAINER}}}rootfile", {"full-path": "OEBPS/package.opf",
+    etree.SubElement(files, f"{{{CONTAINER}}}rootfile", {"full-path": opf_path,
                                                          "media-type": "application/oebps-package+xml"})
     return serialize(root)
 
 
-def _nav(meta: EpubMeta, texts: Sequence[ChapterText]) -> bytes:
+def nav_document(meta: EpubMeta, links: Sequence[tuple[str, str]]) -> bytes:
+    """A navigation document: the book's title and a table of contents of (title, href) links."""
     html = etree.Element(f"{{{XHTML}}}html", nsmap={None: XHTML, "epub": EPUB_OPS}, lang=meta.language)
     head = etree.SubElement(html, f"{{{XHTML}}}head")
     etree.SubElement(head, f"{{{XHTML}}}title").text = meta.title
@@ -106,14 +122,21 @@ def _nav(meta: EpubMeta, texts: Sequence[ChapterText]) -> bytes:
     nav.set(f"{{{EPUB_OPS}}}type", "toc")
     etree.SubElement(nav, f"{{{XHTML}}}h1").text = meta.title
     ol = etree.SubElement(nav, f"{{{XHTML}}}ol")
-    for n, text in enumerate(texts, start=1):
-        link = etree.SubElement(etree.SubElement(ol, f"{{{XHTML}}}li"), f"{{{XHTML}}}a",
-                                href=f"text/chapter-{n:03d}.xhtml")
-        link.text = text.title or f"Chapter {n}"
+    for n, (title, href) in enumerate(links, start=1):
+        link = etree.SubElement(etree.SubElement(ol, f"{{{XHTML}}}li"), f"{{{XHTML}}}a", href=href)
+        link.text = title or f"Chapter {n}"
     return serialize(html, doctype="<!DOCTYPE html>")
 
 
 def _package(meta: EpubMeta, chapters: Sequence[ChapterAudio], cover_name: str | None) -> bytes:
+    package = package_element(meta, [(f"#mo{n:03d}", s) for n, s in enumerate(overlay_seconds(chapters), 1)])
+    _manifest(package, len(chapters), cover_name)
+    return serialize(package)
+
+
+def package_element(meta: EpubMeta, overlays: Sequence[tuple[str, float]]) -> etree._Element:
+    """<package> with its metadata: the book's, and each overlay's duration (`#id`, seconds) and the
+    total's, the active class and the narrator; the caller adds the manifest and the spine."""
     package = etree.Element(f"{{{OPF}}}package", nsmap={None: OPF}, version="3.0",
                             attrib={"unique-identifier": "uid"})
     metadata = etree.SubElement(package, f"{{{OPF}}}metadata", nsmap={"dc": DC})
@@ -140,13 +163,11 @@ def _package(meta: EpubMeta, chapters: Sequence[ChapterAudio], cover_name: str |
     if meta.description:
         dc("description", meta.description)
     meta_el("dcterms:modified", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    seconds = overlay_seconds(chapters)
-    for n, each in enumerate(seconds, start=1):
-        meta_el("media:duration", clock(each), f"#mo{n:03d}")
-    meta_el("media:duration", clock(sum(seconds)))
+    for ref, seconds in overlays:
+        meta_el("media:duration", clock(seconds), ref)
+    meta_el("media:duration", clock(sum(round(s, 3) for _, s in overlays)))
     meta_el("media:active-class", ACTIVE_CLASS)
-    _manifest(package, len(chapters), cover_name)
-    return serialize(package)
+    return package
 
 
 def _manifest(package: etree._Element, count: int, cover_name: str | None) -> None:

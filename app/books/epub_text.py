@@ -7,8 +7,9 @@ everything else (styles, images, fonts, front matter, its navigation) kept as it
 writes `skeleton` (a zip of the book's manifest items, its spine documents annotated) and returns what the
 EPUB writer (`app.books.epub3_source`) needs: the package's manifest and spine, and per content document
 the (chapter, segment, element id) of each segment it shows. None when the book's XHTML is not XML this
-module can read (an HTML entity such as &nbsp; that XML does not define), or when a chapter's text cannot
-be found in it: the caller then makes plain documents (`app.books.readalong`).
+module can read (HTML's named references such as &nbsp; are read as the characters they name, as the
+EPUB reader reads them), or when a chapter's text cannot be found in it: the caller then makes plain
+documents (`app.books.readalong`).
 
 How text is found: the paragraphs the EPUB reader gave (`app.books.epub`) are matched in order to the
 documents' innermost block elements (<p>, <li>, <h2> ...) by their text without whitespace; a block may
@@ -21,8 +22,10 @@ entities and DTDs off.
 from __future__ import annotations
 
 import posixpath
+import re
 import zipfile
 from dataclasses import dataclass, field
+from html.entities import name2codepoint
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -43,6 +46,8 @@ BLOCKS = {"p", "div", "h1", "h2", "h3", "h4", "h5", "h6", "li", "blockquote", "s
           "dd", "dt", "figcaption", "pre", "aside", "header", "footer", "table"}  # as `app.books.epub`'s
 HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
 LOOKAHEAD = 200  # blocks searched for a paragraph before it is taken as not found
+_DROPPED = {"application/smil+xml", "application/x-dtbncx+xml"}
+_HTML_ENTITY_RE = re.compile(rb"&([A-Za-z][A-Za-z0-9]{1,31});")
 _PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
 
 
@@ -83,9 +88,9 @@ def own_documents(data: bytes, source: SourceBook, plan: BookPlan, limits: BookL
     if placed is None:
         return None
     bodies = [_body_id(t) for t in trees if t is not None]
-    _write_skeleton(archive, skeleton, full, docs, trees, base)
-    return {"opf": opf_path, "toc": spine_el.get("toc") if spine_el is not None else None,
-            "manifest": _manifest(archive, items, full, kinds, docs, trees),
+    kept = _manifest(archive, items, full, kinds, docs, trees)
+    _write_skeleton(archive, skeleton, {_resolve(base, href) for _, href, _, _ in kept}, docs, trees, base)
+    return {"opf": opf_path, "manifest": kept,
             "spine": [[i, linear] for i, linear in spine if i in full],
             "cover": _cover_id(opf),
             "docs": [{"href": path, "body": body, "pars": pars}
@@ -98,22 +103,32 @@ def _resolve(base: str, href: str) -> str:
 
 def _manifest(archive: SafeArchive, items: list[Any], full: dict[str, str], kinds: dict[str, str],
               docs: list[str], trees: list[Any]) -> list[list[str]]:
-    """[id, href, media type, properties] of each item the new EPUB keeps (not the book's own overlays)."""
+    """[id, href, media type, properties] of each item the new EPUB keeps: not the book's own overlays, nor
+    an EPUB 2 NCX (EPUB 3 navigates by its navigation document, one is made for a book without)."""
     out = []
     for item in items:
         ident = item.get("id", "")
-        if kinds[ident] != "application/smil+xml" and archive.has(full[ident]):
+        if kinds[ident] not in _DROPPED and archive.has(full[ident]):
             out.append([ident, item.get("href", ""), kinds[ident], _properties(item, full, docs, trees)])
     return out
 
 
 def _read(archive: SafeArchive, path: str) -> etree._Element | None:
-    content = archive.read(path)
+    content = _HTML_ENTITY_RE.sub(_numeric, archive.read(path))
     try:
         epub._xml(content, path)  # refuses entity declarations and DTD subsets; XML that XML can read
         return etree.fromstring(content, _PARSER)
     except (BadInput, etree.XMLSyntaxError):
         return None
+
+
+def _numeric(m: re.Match[bytes]) -> bytes:
+    """An HTML named character reference (&nbsp;, which XHTML books use without declaring it) as the
+    numeric one XML reads: nothing is declared or expanded, the name is looked up in HTML's own table."""
+    name = m.group(1).decode()
+    if name in ("amp", "lt", "gt", "quot", "apos") or name not in name2codepoint:
+        return m.group(0)
+    return f"&#{name2codepoint[name]};".encode()
 
 
 def _leaves(root: etree._Element, doc: int) -> list[_Leaf]:
@@ -247,14 +262,12 @@ def _cover_id(opf: Any) -> str | None:
     return meta.get("content") if meta is not None else None
 
 
-def _write_skeleton(archive: SafeArchive, skeleton: Path, full: dict[str, str], docs: list[str],
+def _write_skeleton(archive: SafeArchive, skeleton: Path, paths: set[str], docs: list[str],
                     trees: list, base: str) -> None:
     """The book's manifest items as the new EPUB holds them: spine documents annotated (and linked to the
     highlight's stylesheet), the rest as they were."""
     with zipfile.ZipFile(skeleton, "w", zipfile.ZIP_DEFLATED) as z:
-        for path in dict.fromkeys(full.values()):
-            if not archive.has(path) or path.endswith(".smil"):
-                continue
+        for path in sorted(paths):
             if path in docs:
                 tree = trees[docs.index(path)]
                 _link_style(tree, posixpath.relpath(posixpath.join(base, STYLE), posixpath.dirname(path)))

@@ -38,11 +38,12 @@ from app.books.assemble import (
     write_mp3,
 )
 from app.books.epub3 import EpubMeta, write_epub3
+from app.books.epub3_source import write_source_epub3
 from app.books.files import chapter_file_name
 from app.books.index import write_index
 from app.books.loudness import DEFAULT_TARGET_LUFS, FADE_MS, Loudness
 from app.books.plan import BookPlan, PlanChapter, canonical_json
-from app.books.readalong import ChapterText
+from app.books.readalong import ChapterText, ReadAlong
 from app.speech import SAMPLE_RATE, OutputFormat
 
 _CHAPTER_FILE_RE = re.compile(r"chapter-\d{3,}\.(wav|flac|mp3)(\.json)?")
@@ -91,7 +92,8 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
                   sample_rate: int = SAMPLE_RATE, target_lufs: float | None = DEFAULT_TARGET_LUFS,
                   m4b: bool = True, mp3: bool = False, timed: bool = False,
                   cover: bytes | None = None, cover_type: str | None = None,
-                  readalong: Sequence[ChapterText] | None = None, notes: Sequence[str] = ()) -> BookAudio:
+                  readalong: ReadAlong | Sequence[ChapterText] | None = None,
+                  notes: Sequence[str] = ()) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files.
     With `readalong` (each chapter's shown text, `app.books.readalong`) a read-along EPUB 3 too."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -125,6 +127,8 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
     epub, epub_reused, m4as_reused = None, False, tuple[int, ...]()
     if readalong is not None:
         epub = out_dir / "book.epub"
+        if not isinstance(readalong, ReadAlong):
+            readalong = ReadAlong(tuple(readalong))
         epub_reused, m4as_reused = _write_epub_once(plan, readalong, chapters, epub, cover=cover,
                                                     cover_type=cover_type)
     return BookAudio(tuple(chapters), book, tuple(mp3s), index_json, index_vtt, tuple(reused), m4b_reused,
@@ -208,7 +212,7 @@ def _write_mp3_once(tags: BookTags, chapter: ChapterAudio, path: Path, *, tracks
     return False
 
 
-def _write_epub_once(plan: BookPlan, texts: Sequence[ChapterText], chapters: list[ChapterAudio],
+def _write_epub_once(plan: BookPlan, readalong: ReadAlong, chapters: list[ChapterAudio],
                      epub: Path, *, cover: bytes | None,
                      cover_type: str | None) -> tuple[bool, tuple[int, ...]]:
     """Each chapter's M4A unless the one there was made from the same chapter file, then the EPUB unless
@@ -230,12 +234,16 @@ def _write_epub_once(plan: BookPlan, texts: Sequence[ChapterText], chapters: lis
             path.unlink(missing_ok=True)
     meta = EpubMeta(plan.title, plan.author, plan.language, plan.key, plan.narrator, plan.description)
     recipe = _encoded_recipe(BookTags(""), chapters, cover, cover_type, kind="epub3", meta=asdict(meta),
-                             text=[t.to_dict() for t in texts])
+                             text=[t.to_dict() for t in readalong.texts], source=readalong.source)
     if _up_to_date(epub, recipe):
         return True, tuple(reused)
     _sidecar(epub).unlink(missing_ok=True)
-    write_epub3(epub, meta=meta, texts=texts, chapters=chapters, audio=m4as, cover=cover,
-                cover_type=cover_type)
+    if readalong.source is not None and readalong.skeleton is not None:
+        write_source_epub3(epub, meta=meta, described=readalong.source, skeleton=readalong.skeleton,
+                           chapters=chapters, audio=m4as, titles=[t.title for t in readalong.texts])
+    else:
+        write_epub3(epub, meta=meta, texts=readalong.texts, chapters=chapters, audio=m4as, cover=cover,
+                    cover_type=cover_type)
     write_text(_sidecar(epub), json.dumps({"recipe": recipe}))
     return False, tuple(reused)
 

@@ -86,15 +86,21 @@ def _append_text(parent: etree._Element, last: etree._Element | None, text: str)
 def overlay_document(chapter: ChapterAudio, ids: Mapping[int, str], *, text_href: str,
                      audio_href: str) -> bytes:
     """The chapter's SMIL: one <seq> for the document, one <par> per segment in order."""
+    return smil_document(f"{text_href}#{SECTION_ID}", [(f"{text_href}#{ids[i]}", audio_href, begin, end)
+                                                       for i, (begin, end) in enumerate(clips(chapter))])
+
+
+def smil_document(textref: str, pars: Sequence[tuple[str, str, float, float]]) -> bytes:
+    """A SMIL of one <seq> (the content document `textref`) with a <par> per (text src, audio src, clip
+    begin, clip end), in order."""
     smil = etree.Element(f"{{{SMIL}}}smil", nsmap={None: SMIL, "epub": EPUB_OPS}, version="3.0")
     body = etree.SubElement(smil, f"{{{SMIL}}}body")
     seq = etree.SubElement(body, f"{{{SMIL}}}seq", id="seq1")
-    seq.set(f"{{{EPUB_OPS}}}textref", f"{text_href}#{SECTION_ID}")
-    seq.set(f"{{{EPUB_OPS}}}type", "chapter")
-    for i, (begin, end) in enumerate(clips(chapter)):
+    seq.set(f"{{{EPUB_OPS}}}textref", textref)
+    for i, (text, audio, begin, end) in enumerate(pars):
         par = etree.SubElement(seq, f"{{{SMIL}}}par", id=f"par{i + 1}")
-        etree.SubElement(par, f"{{{SMIL}}}text", src=f"{text_href}#{ids[i]}")
-        etree.SubElement(par, f"{{{SMIL}}}audio", src=audio_href, clipBegin=clock(begin), clipEnd=clock(end))
+        etree.SubElement(par, f"{{{SMIL}}}text", src=text)
+        etree.SubElement(par, f"{{{SMIL}}}audio", src=audio, clipBegin=clock(begin), clipEnd=clock(end))
     return serialize(smil)
 
 

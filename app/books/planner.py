@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from app.books.cast import parse_cast
-from app.books.files import store_files, store_readalong
+from app.books.epub_text import own_documents
+from app.books.files import SKELETON, store_files, store_readalong
 from app.books.lexicon import EMPTY, Budget, Lexicon, load_lexicon, parse_lexicon
 from app.books.parse import parse_book, sniff_format
 from app.books.plan import BookPlan, plan_book
@@ -141,6 +142,15 @@ def _clock(ms: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _own_documents(files: SubmittedFiles, submission: Submission, source: SourceBook,
+                   plan: BookPlan) -> dict[str, Any] | None:
+    """An EPUB source's own XHTML with its segments wrapped (None: not an EPUB, or not annotatable)."""
+    data = files.source.read_bytes()
+    if (submission.book_format or sniff_format(data, submission.filename)) != "epub":
+        return None
+    return own_documents(data, source, plan, DEFAULT_LIMITS, files.folder / SKELETON)
+
+
 def reason_of(exc: BaseException, limits: ChildLimits) -> str:
     """Any exception from reading a book -> the reason its client reads. The readers raise BadInput
     themselves where they can; the rest are a library's refusals of a file it cannot read."""
@@ -183,7 +193,8 @@ def run(job: ParseJob) -> dict[str, Any]:
         base_dir = Path(submission.base_dir) if submission.base_dir else None
         store_files(Path(job.folder), plan, source, base_dir)
         if submission.options.epub3:
-            store_readalong(Path(job.folder), readalong_text(source, plan))
+            texts = readalong_text(source, plan)
+            store_readalong(Path(job.folder), texts, _own_documents(files, submission, source, plan))
         return outcome_of(plan, source, selected)
     except Exception as exc:  # the boundary: every reader's exception becomes a reason
         if not isinstance(exc, BadInput):

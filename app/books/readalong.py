@@ -21,6 +21,7 @@ import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from app.books.cast import VoiceState, split_runs
@@ -48,6 +49,17 @@ class ChapterText:
     def to_dict(self) -> dict[str, Any]:
         return {"title": self.title, "blocks": [[b.tag, [[t, list(s)] for t, s in b.pieces]]
                                                 for b in self.blocks]}
+
+
+@dataclass(frozen=True)
+class ReadAlong:
+    """What the EPUB writer needs besides the audio: the shown text of each chapter, and for an EPUB
+    source whose XHTML could be annotated, its own documents (`app.books.epub_text`: the description and
+    the skeleton zip); without them the EPUB holds plain documents made from `texts`."""
+
+    texts: tuple[ChapterText, ...]
+    source: dict[str, Any] | None = None
+    skeleton: Path | None = None
 
 
 def load_text(data: Any) -> list[ChapterText]:

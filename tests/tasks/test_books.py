@@ -283,6 +283,18 @@ def test_an_epub3_book_is_read_planned_and_assembled_into_a_read_along_epub(res:
     with zipfile.ZipFile(output_dir(res.artifacts, book_id) / "book.epub") as z:
         assert "Dr. Watson arrived at 7:30" in z.read("OEBPS/text/chapter-003.xhtml").decode()
         assert len([n for n in z.namelist() if n.endswith(".smil")]) == 3
+    from tests.app.books.conftest import make_epub
+
+    own = submit(res, celery, make_epub(), filename="tales.epub", options=BookOptions(epub3=True))
+    books.plan(own, res)
+    for _, segment in output_plan(res, own).segments():
+        books.tokenize(own, segment.key, res)
+    render_live_jobs(res, own)
+    assert all(books.check_chapter(own, i, res) == "assembled" for i in range(4))
+    assert books.assemble(own, res) == "succeeded"
+    with zipfile.ZipFile(output_dir(res.artifacts, own) / "book.epub") as z:  # the book's own XHTML
+        first = z.read("OEBPS/text/zz_first.xhtml").decode()
+        assert '<span id="wf-2-2">It began at dusk.</span>' in first and "<script>" in first
     for named in ({"book_format": "manifest"}, {"filename": "tokens.json"}):  # refused before or by reading
         with pytest.raises(BadInput, match="no text to read along"):
             submit(res, celery, manifest_book([[30]]), options=BookOptions(epub3=True), **named)

@@ -15,10 +15,12 @@ import av
 import pytest
 from lxml import etree
 
+from app.books.epub_text import own_documents
 from app.books.output import assemble_book
 from app.books.parse import parse_book
 from app.books.plan import plan_book
-from app.books.readalong import readalong_text, split_like
+from app.books.readalong import ReadAlong, readalong_text, split_like
+from app.books.source import DEFAULT_LIMITS
 from app.books.submission import BookOptions, Submission
 from app.errors import BadInput
 from tests.app.books.conftest import MARKDOWN_BOOK, make_docx, make_epub, make_pdf, tiny_png
@@ -39,13 +41,20 @@ SOURCES = {"text": TEXT_BOOK, "markdown": MARKDOWN_BOOK.encode(), "epub": make_e
            "html": PAGE, "pdf": PDF_BOOK, "docx": DOCX_BOOK, "srt": SRT, "vtt": VTT}
 
 
-def build(fmt: str, folder: Path, data: bytes | None = None, audio=None):
-    source = parse_book(SOURCES[fmt] if data is None else data, fmt=fmt)
+def build(fmt: str, folder: Path, data: bytes | None = None, audio=None, own: bool = True):
+    """A book read, planned, rendered (tones) and assembled with its read-along EPUB; an EPUB source in
+    its own XHTML unless `own` is False."""
+    data = SOURCES[fmt] if data is None else data
+    source = parse_book(data, fmt=fmt)
     plan = plan_book(source, voice_id=VOICE, cast={"mara": MARA})  # the WebVTT book's <v Mara>
     audio = render(plan, folder / "segments", audio)
-    out = assemble_book(plan, audio, folder / "out", fmt="flac", timed=fmt == "srt",
-                        readalong=readalong_text(source, plan), cover=source.cover,
-                        cover_type=source.cover_type)
+    readalong = ReadAlong(tuple(readalong_text(source, plan)))
+    if fmt == "epub" and own:
+        described = own_documents(data, source, plan, DEFAULT_LIMITS, folder / "skeleton.zip")
+        assert described is not None
+        readalong = ReadAlong(readalong.texts, described, folder / "skeleton.zip")
+    out = assemble_book(plan, audio, folder / "out", fmt="flac", timed=fmt == "srt", readalong=readalong,
+                        cover=source.cover, cover_type=source.cover_type)
     return plan, audio, out
 
 
@@ -94,21 +103,25 @@ def audio_seconds(data: bytes) -> float:
         return float(box.duration) / av.time_base
 
 
-@pytest.mark.parametrize("fmt", list(SOURCES))
+@pytest.mark.parametrize("fmt", [*SOURCES, "epub-plain"])
 def test_a_read_along_epub_from_each_format_is_valid_and_its_overlays_match_the_audio(fmt, tmp_path):
-    plan, _, out = build(fmt, tmp_path)
+    plan, _, out = build(fmt.removesuffix("-plain"), tmp_path, own=not fmt.endswith("-plain"))
     messages = epubcheck(out.epub)
     assert [m for m in messages if m["severity"] in ("FATAL", "ERROR", "WARNING")] == []
     index = json.loads(out.index_json.read_text())
-    smils = overlays(out.epub)
-    assert len(smils) == len(plan.chapters) == len(index["chapters"])
+    by_audio: dict[str, list] = {}  # each chapter's pars, in reading order, over its documents
+    for pars in overlays(out.epub).values():
+        for par in pars:
+            by_audio.setdefault(par[2], []).append(par)
+    assert len(by_audio) == len(plan.chapters) == len(index["chapters"])
     with zipfile.ZipFile(out.epub) as z:
-        for pars, chapter, planned in zip(smils.values(), index["chapters"], plan.chapters, strict=True):
+        ids = {doc: {el.get("id") for el in etree.fromstring(z.read(doc)).iter()}
+               for doc in {par[0] for pars in by_audio.values() for par in pars}}
+        for (audio, pars), chapter, planned in zip(sorted(by_audio.items()), index["chapters"], plan.chapters,
+                                                   strict=True):
             assert len(pars) == len(planned.segments)  # a <par> per segment
-            doc = etree.fromstring(z.read(pars[0][0]))
-            assert {fragment for _, fragment, *_ in pars} <= {el.get("id") for el in doc.iter()}
-            assert {audio for _, _, audio, _, _ in pars} == {pars[0][2]}  # one audio file per chapter
-            check_clips([(begin, end) for *_, begin, end in pars], chapter, audio_seconds(z.read(pars[0][2])))
+            assert all(fragment in ids[doc] for doc, fragment, *_ in pars)
+            check_clips([(begin, end) for *_, begin, end in pars], chapter, audio_seconds(z.read(audio)))
 
 
 def check_clips(clips: list[tuple[float, float]], chapter: dict, length: float) -> None:
@@ -164,3 +177,34 @@ def test_a_manifest_has_no_text_to_read_along():
     source = parse_book(manifest.encode(), fmt="manifest")
     with pytest.raises(BadInput, match="no text to read along"):
         readalong_text(source, plan_book(source, voice_id=VOICE))
+
+
+def test_runs_are_wrapped_inside_the_books_markup_and_widened_only_around_an_element_they_cut():
+    from app.books.wrap import nonspace, visible, wrap_runs
+
+    xhtml = "http://www.w3.org/1999/xhtml"
+    p = etree.fromstring(f'<p xmlns="{xhtml}">He said <em>hello there</em>. Then he left.<br/> The '
+                         '<a href="n.xhtml">end. And</a> more.</p>')
+    sentences = ["He said hello there.", "Then he left.", "The end.", "And more."]
+    marks = [0]
+    for s in sentences:
+        marks.append(marks[-1] + len(nonspace(s)))
+    before = visible(p)
+    runs = [(a, b, f"s{n}") for n, (a, b) in enumerate(zip(marks, marks[1:], strict=False), 1)]
+    ids = wrap_runs(p, runs, f"{{{xhtml}}}span")
+    assert ids == ["s1", "s2", "s3", "s3"]  # "And more." starts inside the link: one span with "The end."
+    assert visible(p) == before  # not a character added, lost or moved
+    spans = {s.get("id"): "".join(s.itertext()) for s in p.iter(f"{{{xhtml}}}span")}
+    assert spans == {"s1": "He said hello there.", "s2": "Then he left.", "s3": "The end. And more."}
+    assert p.find(f"{{{xhtml}}}span/{{{xhtml}}}em").text == "hello there"  # the book's markup is kept
+
+
+def test_an_epub_whose_xhtml_is_not_xml_gets_plain_documents(tmp_path):
+    from tests.app.books.conftest import EPUB_DOCS
+
+    broken = [(name, title, body.replace("<p>It began", "<p><br>It began"))
+              for name, title, body in EPUB_DOCS]
+    data = make_epub(docs=broken)
+    source = parse_book(data, fmt="epub")  # the EPUB reader takes HTML as HTML ...
+    plan = plan_book(source, voice_id=VOICE)
+    assert own_documents(data, source, plan, DEFAULT_LIMITS, tmp_path / "s.zip") is None  # ... XML does not
