@@ -32,6 +32,7 @@ from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import BookOut, BookRequest, Problem
 from app.books import intake, service, status
 from app.books.cast import MAX_BYTES as CAST_MAX_BYTES
+from app.books.encoding import BITRATES, DEFAULT_KBPS, SAMPLE_RATES
 from app.books.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
 from app.books.parse import FORMATS
 from app.books.source import DEFAULT_LIMITS
@@ -46,7 +47,7 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
 
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "timed",
                "epub3", "target_lufs", "seed", "priority", "title", "author", "narrator", "description",
-               "language", "chapters", "lexicon", "cast")
+               "language", "chapters", "lexicon", "cast", "bitrate_kbps", "mp3_bitrate_kbps", "sample_rate")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
@@ -75,6 +76,12 @@ _BOOK_FORM_SCHEMA = {
                         "description": "chapter loudness, LUFS (-70..-5), or off: measured, not normalised"},
         "seed": {"type": "integer", "minimum": 0, "default": 0},
         "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
+        "bitrate_kbps": {"type": "integer", "default": 64, "enum": list(BITRATES),
+                         "description": "the M4B's AAC bitrate (and the read-along EPUB's), kbit/s"},
+        "mp3_bitrate_kbps": {"type": "integer", "default": 64, "enum": list(BITRATES),
+                             "description": "the MP3s' bitrate, kbit/s, constant (ACX asks 192)"},
+        "sample_rate": {"type": "integer", "enum": list(SAMPLE_RATES),
+                        "description": "of the M4B and the MP3s; default: the render's own, 24000"},
         "title": {"type": "string"}, "author": {"type": "string"},
         "narrator": {"type": "string", "description": "for the M4B's and MP3s' tags (composer)"},
         "description": {"type": "string", "description": "for the tags; default: the book's own"},
@@ -123,7 +130,9 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
     options = BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3, timed=req.timed,
-                          epub3=req.epub3, target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
+                          epub3=req.epub3, bitrate_kbps=req.bitrate_kbps,
+                          mp3_bitrate_kbps=req.mp3_bitrate_kbps, sample_rate=req.sample_rate,
+                          target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
     submission = Submission(options=options, book_format="manifest", chapters=req.chapters,
                             narrator=req.narrator, description=req.description)
     return {"source": io.BytesIO(json.dumps(req.manifest).encode()), "submission": submission,
@@ -140,6 +149,13 @@ async def _file_or_text(value: Any, limit: int) -> bytes | None:
     if isinstance(value, UploadFile):
         return await value.read(limit + 1)
     return value.encode() if value else None
+
+
+def _encoding_fields(form: FormData) -> dict[str, Any]:
+    """bitrate_kbps, mp3_bitrate_kbps, sample_rate as numbers (absent: the defaults)."""
+    out: dict[str, Any] = {name: number_field(form.get(name), name, int) or DEFAULT_KBPS
+                           for name in ("bitrate_kbps", "mp3_bitrate_kbps")}
+    return {**out, "sample_rate": number_field(form.get("sample_rate"), "sample_rate", int)}
 
 
 def _flag(text: str | None, default: bool) -> bool:
@@ -166,6 +182,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
                           timed=_flag(text["timed"], False), epub3=_flag(text["epub3"], False),
                           target_lufs=target_lufs_field(text_field(form.get("target_lufs"), "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,
+                          **_encoding_fields(form),
                           priority=number_field(form.get("priority"), "priority", int) or 0)
     submission = Submission(options=options, filename=book.filename, book_format=text["book_format"],
                             title=text["title"], author=text["author"], narrator=text["narrator"],

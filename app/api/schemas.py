@@ -179,6 +179,9 @@ class BookRequest(BaseModel):
     mp3: bool = Field(False, description="an MP3 per chapter too, with ID3 tags")
     timed: bool = Field(False, description="subtitle books: each cue's speech at its start time")
     epub3: bool = Field(False, description="a read-along EPUB 3 (a manifest has no text: refused)")
+    bitrate_kbps: StrictInt = Field(64, description="the M4B's AAC bitrate, kbit/s (app.books.encoding)")
+    mp3_bitrate_kbps: StrictInt = Field(64, description="the MP3s' constant bitrate, kbit/s")
+    sample_rate: StrictInt | None = Field(None, description="of the M4B and MP3s; null: the render's own")
     narrator: str | None = Field(None, max_length=500, description="for the tags; default: the manifest's")
     description: str | None = Field(None, max_length=10_000, description="for the tags")
     lexicon: dict[str, Any] | None = Field(None, description='pronunciation: {"words": {...}, "patterns": '
@@ -226,6 +229,9 @@ class BookOut(BaseModel):
     mp3: bool
     timed: bool
     epub3: bool = Field(description="a read-along EPUB 3 (book.epub) beside the M4B")
+    bitrate_kbps: int = Field(description="the M4B's (and the read-along EPUB's) AAC bitrate, kbit/s")
+    mp3_bitrate_kbps: int = Field(description="the MP3s' constant bitrate, kbit/s")
+    sample_rate: int | None = Field(description="of the M4B and MP3s; null: the render's own (24000)")
     target_lufs: float | None = Field(description="chapter loudness target (LUFS); null: measured only")
     priority: int
     chapters_selected: str | None = Field(description="the chapters of the source this render holds "
@@ -259,7 +265,8 @@ class BookOut(BaseModel):
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
                    narrator=view.narrator, description=view.description, cast=view.cast,
                    language=b.language, output_format=b.output_format, m4b=b.m4b, mp3=b.mp3, timed=b.timed,
-                   epub3=b.epub3,
+                   epub3=b.epub3, bitrate_kbps=b.bitrate_kbps, mp3_bitrate_kbps=b.mp3_bitrate_kbps,
+                   sample_rate=b.sample_rate,
                    target_lufs=b.target_lufs, priority=b.priority,
                    chapters_selected=b.chapters_selected, segments_total=view.segments_total,
                    segments_done=view.segments_done,

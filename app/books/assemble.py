@@ -175,8 +175,10 @@ def read_segment(audio: Mapping[str, Path], key: str, sample_rate: int, *, where
 # --- M4B -----------------------------------------------------------------------------------------
 
 def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, tags: BookTags,
-              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000) -> None:
-    """Encode the chapter files, in order, into one AAC M4B with a chapter marker per file."""
+              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000,
+              sample_rate: int | None = None) -> None:
+    """Encode the chapter files, in order, into one AAC M4B with a chapter marker per file; at
+    `sample_rate` (PyAV's resampler) when given, else at the chapters' own rate."""
     if not chapters:
         raise BadInput("an audiobook needs at least one chapter")
     rate = chapters[0].sample_rate
@@ -186,7 +188,7 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, tags: BookTags,
         box.metadata.update({"title": tags.title, **tags.common()})
         if tags.description:
             box.metadata["description"] = tags.description
-        stream = box.add_stream("aac", rate=rate, layout="mono")
+        stream = box.add_stream("aac", rate=sample_rate or rate, layout="mono")
         stream.bit_rate = bitrate
         picture = _cover_stream(box, cover_type) if cover else None
         box.set_chapters(_markers(chapters, rate))
@@ -201,11 +203,12 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, tags: BookTags,
             box.mux(packet)
 
 
-def write_m4a(chapter: ChapterAudio, out: Path, *, bitrate: int = 64000) -> None:
+def write_m4a(chapter: ChapterAudio, out: Path, *, bitrate: int = 64000,
+              sample_rate: int | None = None) -> None:
     """One chapter file -> AAC in an MP4 (no tags): the audio of a read-along EPUB's chapter."""
     rate = chapter.sample_rate
     with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4") as box:
-        stream = box.add_stream("aac", rate=rate, layout="mono")
+        stream = box.add_stream("aac", rate=sample_rate or rate, layout="mono")
         stream.bit_rate = bitrate
         _encode_file(box, stream, chapter.path, rate, 0)
         for packet in stream.encode(None):
@@ -213,7 +216,8 @@ def write_m4a(chapter: ChapterAudio, out: Path, *, bitrate: int = 64000) -> None
 
 
 def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, tracks: int,
-              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000) -> None:
+              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000,
+              sample_rate: int | None = None) -> None:
     """One chapter file -> an MP3 (LAME, constant bitrate) with ID3v2.3 tags: the chapter's title, the
     book's tags, track `track`/`tracks`, the description as a comment, the cover as the front cover.
 
@@ -224,7 +228,7 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
     rate = chapter.sample_rate
     with atomic_path(out) as tmp:
         with av.open(str(tmp), "w", format="mp3", options={"write_id3v2": "0"}) as box:
-            stream = box.add_stream("libmp3lame", rate=rate, layout="mono")
+            stream = box.add_stream("libmp3lame", rate=sample_rate or rate, layout="mono")
             stream.bit_rate = bitrate
             _encode_file(box, stream, chapter.path, rate, 0)
             for packet in stream.encode(None):

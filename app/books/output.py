@@ -37,6 +37,7 @@ from app.books.assemble import (
     write_m4b,
     write_mp3,
 )
+from app.books.encoding import DEFAULT_ENCODING, Encoding
 from app.books.epub3 import EpubMeta, write_epub3
 from app.books.epub3_source import write_source_epub3
 from app.books.files import chapter_file_name
@@ -93,9 +94,10 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
                   m4b: bool = True, mp3: bool = False, timed: bool = False,
                   cover: bytes | None = None, cover_type: str | None = None,
                   readalong: ReadAlong | Sequence[ChapterText] | None = None,
-                  notes: Sequence[str] = ()) -> BookAudio:
+                  notes: Sequence[str] = (), encoding: Encoding = DEFAULT_ENCODING) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files.
-    With `readalong` (each chapter's shown text, `app.books.readalong`) a read-along EPUB 3 too."""
+    With `readalong` (each chapter's shown text, `app.books.readalong`) a read-along EPUB 3 too. The M4B,
+    the MP3s and the EPUB's audio are encoded as `encoding` says (recorded in chapters.json)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     chapters, reused = [], []
     for chapter in plan.chapters:
@@ -113,16 +115,19 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
     book, m4b_reused = None, False
     if m4b:
         book = out_dir / "book.m4b"
-        m4b_reused = _write_m4b_once(tags, chapters, book, cover=cover, cover_type=cover_type)
+        m4b_reused = _write_m4b_once(tags, chapters, book, cover=cover, cover_type=cover_type,
+                                     encoding=encoding)
     mp3s: list[Path] = []
     mp3s_reused: list[int] = []
     for done in chapters if mp3 else []:
         path = out_dir / chapter_file_name(done.index, "mp3")
-        if _write_mp3_once(tags, done, path, tracks=len(chapters), cover=cover, cover_type=cover_type):
+        if _write_mp3_once(tags, done, path, tracks=len(chapters), cover=cover, cover_type=cover_type,
+                           encoding=encoding):
             mp3s_reused.append(done.index)
         mp3s.append(path)
     index_json, index_vtt = out_dir / "chapters.json", out_dir / "chapters.vtt"
-    write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author, notes=notes)
+    write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author, notes=notes,
+                encoding=encoding.describe(sample_rate, mp3=mp3) if m4b or mp3 or readalong else None)
     _remove_stale(out_dir, {c.path.name for c in chapters} | {p.name for p in mp3s})
     epub, epub_reused, m4as_reused = None, False, tuple[int, ...]()
     if readalong is not None:
@@ -130,7 +135,7 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
         if not isinstance(readalong, ReadAlong):
             readalong = ReadAlong(tuple(readalong))
         epub_reused, m4as_reused = _write_epub_once(plan, readalong, chapters, epub, cover=cover,
-                                                    cover_type=cover_type)
+                                                    cover_type=cover_type, encoding=encoding)
     return BookAudio(tuple(chapters), book, tuple(mp3s), index_json, index_vtt, tuple(reused), m4b_reused,
                      tuple(mp3s_reused), epub, epub_reused, m4as_reused)
 
@@ -188,45 +193,56 @@ def _up_to_date(path: Path, recipe: str) -> bool:
 
 
 def _write_m4b_once(tags: BookTags, chapters: list[ChapterAudio], book: Path, *, cover: bytes | None,
-                    cover_type: str | None) -> bool:
-    """Encode the M4B unless the one there was made from the same chapters and metadata."""
-    recipe = _encoded_recipe(tags, chapters, cover, cover_type)
+                    cover_type: str | None, encoding: Encoding) -> bool:
+    """Encode the M4B unless the one there was made from the same chapters, metadata and encoding."""
+    aac = [encoding.bitrate_kbps, encoding.sample_rate]
+    recipe = _encoded_recipe(tags, chapters, cover, cover_type, **_encoded_as(aac))
     if _up_to_date(book, recipe):
         return True
     _sidecar(book).unlink(missing_ok=True)
-    write_m4b(chapters, book, tags=tags, cover=cover, cover_type=cover_type)
+    write_m4b(chapters, book, tags=tags, cover=cover, cover_type=cover_type,
+              bitrate=encoding.bitrate_kbps * 1000, sample_rate=encoding.sample_rate)
     write_text(_sidecar(book), json.dumps({"recipe": recipe}))
     return False
 
 
 def _write_mp3_once(tags: BookTags, chapter: ChapterAudio, path: Path, *, tracks: int, cover: bytes | None,
-                    cover_type: str | None) -> bool:
-    """Encode the chapter's MP3 unless the one there was made from the same file, tags and track."""
-    recipe = _encoded_recipe(tags, [chapter], cover, cover_type, track=[chapter.index + 1, tracks])
+                    cover_type: str | None, encoding: Encoding) -> bool:
+    """Encode the chapter's MP3 unless the one there was made from the same file, tags, track and
+    encoding."""
+    recipe = _encoded_recipe(tags, [chapter], cover, cover_type, track=[chapter.index + 1, tracks],
+                             **_encoded_as([encoding.mp3_bitrate_kbps, encoding.sample_rate]))
     if _up_to_date(path, recipe):
         return True
     _sidecar(path).unlink(missing_ok=True)
     write_mp3(chapter, path, tags=tags, track=chapter.index + 1, tracks=tracks, cover=cover,
-              cover_type=cover_type)
+              cover_type=cover_type, bitrate=encoding.mp3_bitrate_kbps * 1000,
+              sample_rate=encoding.sample_rate)
     write_text(_sidecar(path), json.dumps({"recipe": recipe}))
     return False
 
 
+def _encoded_as(settings: list[int | None]) -> dict[str, Any]:
+    """The encoder settings in a recipe, left out at the defaults so files made before them are reused."""
+    return {} if settings == [DEFAULT_ENCODING.bitrate_kbps, None] else {"encoder": settings}
+
+
 def _write_epub_once(plan: BookPlan, readalong: ReadAlong, chapters: list[ChapterAudio],
-                     epub: Path, *, cover: bytes | None,
-                     cover_type: str | None) -> tuple[bool, tuple[int, ...]]:
+                     epub: Path, *, cover: bytes | None, cover_type: str | None,
+                     encoding: Encoding) -> tuple[bool, tuple[int, ...]]:
     """Each chapter's M4A unless the one there was made from the same chapter file, then the EPUB unless
     it was made from the same M4As, text and metadata. Returns (EPUB reused, M4As reused)."""
     folder = epub.parent / "readalong"
     m4as, reused = [], []
     for chapter in chapters:
         path = folder / f"chapter-{chapter.index + 1:03d}.m4a"
-        recipe = _encoded_recipe(BookTags(""), [chapter], None, None, kind="m4a")
+        recipe = _encoded_recipe(BookTags(""), [chapter], None, None, kind="m4a",
+                                 **_encoded_as([encoding.bitrate_kbps, encoding.sample_rate]))
         if _up_to_date(path, recipe):
             reused.append(chapter.index)
         else:
             _sidecar(path).unlink(missing_ok=True)
-            write_m4a(chapter, path)
+            write_m4a(chapter, path, bitrate=encoding.bitrate_kbps * 1000, sample_rate=encoding.sample_rate)
             write_text(_sidecar(path), json.dumps({"recipe": recipe}))
         m4as.append(path)
     for path in folder.iterdir():  # M4As of chapters an earlier, longer version had

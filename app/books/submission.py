@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app import wire
+from app.books.encoding import DEFAULT_KBPS, Encoding
 from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.books.parse import FORMATS
 from app.books.select import parse_chapters
@@ -38,6 +39,13 @@ class BookOptions:
     target_lufs: float | None = DEFAULT_TARGET_LUFS  # None: chapters are measured, not normalised
     seed: int = DEFAULT_SEED
     priority: int = 0  # job priority of the segments (0..9, larger first); 0 yields to every other job
+    bitrate_kbps: int = DEFAULT_KBPS  # the M4B's AAC (and the read-along EPUB's), `app.books.encoding`
+    mp3_bitrate_kbps: int = DEFAULT_KBPS
+    sample_rate: int | None = None  # of the M4B and MP3s; None: the render's own (24 kHz)
+
+    @property
+    def encoding(self) -> Encoding:
+        return Encoding(self.bitrate_kbps, self.mp3_bitrate_kbps, self.sample_rate)
 
     def check(self) -> None:
         if self.output_format not in tuple(OutputFormat):
@@ -49,6 +57,7 @@ class BookOptions:
             raise BadInput("seed must be an integer 0..2**63-1")
         if self.target_lufs is not None and not -70.0 <= self.target_lufs <= -5.0:
             raise BadInput("target loudness must be between -70 and -5 LUFS")
+        self.encoding.check()
 
 
 def target_lufs_field(text: str | None) -> float | None:

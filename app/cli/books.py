@@ -54,6 +54,10 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--mp3", action="store_true", help="an MP3 per chapter too (ID3-tagged)")
     render.add_argument("--timed", action="store_true",
                         help="subtitles (.srt, .vtt): each cue's speech at its start time")
+    render.add_argument("--bitrate", type=int, help="the M4B's AAC bitrate in kbit/s (default 64)")
+    render.add_argument("--mp3-bitrate", type=int, help="the MP3s' bitrate in kbit/s (default 64; ACX: 192)")
+    render.add_argument("--sample-rate", type=int, help="of the M4B and MP3s in Hz (default: the render's, "
+                        "24000; ACX: 44100)")
     render.add_argument("--epub3", action="store_true",
                         help="a read-along EPUB 3 too (book.epub: the text highlighted as the audio plays)")
     render.add_argument("--lexicon", type=Path, help="a pronunciation lexicon, JSON or YAML (docs/BOOKS.md)")
@@ -79,7 +83,9 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
     form.update({k: str(v) for k, v in (("title", args.title), ("author", args.author),
                                         ("narrator", args.narrator), ("description", args.description),
                                         ("language", args.language), ("target_lufs", args.target_lufs),
-                                        ("chapters", args.chapters))
+                                        ("chapters", args.chapters), ("bitrate_kbps", args.bitrate),
+                                        ("mp3_bitrate_kbps", args.mp3_bitrate),
+                                        ("sample_rate", args.sample_rate))
                  if v is not None})
     if args.lexicon is not None:
         try:

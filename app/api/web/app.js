@@ -60,7 +60,8 @@ function addVoice(data) {
 function bookForm(form) {
   const data = new FormData();
   data.append("book", form.elements.book.files[0]);
-  for (const name of ["title", "author", "narrator", "language", "chapters", "output_format", "target_lufs"]) {
+  for (const name of ["title", "author", "narrator", "language", "chapters", "output_format", "target_lufs",
+                      "bitrate_kbps", "mp3_bitrate_kbps", "sample_rate"]) {
     const value = form.elements[name].value.trim();
     if (value) data.append(name, value);
   }

@@ -37,13 +37,14 @@ INSERT_CHUNK = 500  # rows per INSERT: SQLite allows 32,766 bound variables in o
 
 def create_book(*, session: Session, book_id: str, voice_id: str, title: str, author: str, language: str,
                 output_format: str, m4b: bool, target_lufs: float | None, seed: int, priority: int,
-                mp3: bool = False, timed: bool = False, epub3: bool = False) -> Book:
+                mp3: bool = False, timed: bool = False, epub3: bool = False,
+                encoding: dict[str, Any] | None = None) -> Book:
     """Insert a submitted book, `parsing`: its chapters and segments come once it is read
     (`add_book_plan`)."""
     now = utcnow()
     book = Book(id=book_id, voice_id=voice_id, status=BookStatus.PARSING, title=title, author=author,
                 language=language, plan_key="", output_format=output_format, m4b=m4b, mp3=mp3, timed=timed,
-                epub3=epub3,
+                epub3=epub3, **(encoding or {}),
                 target_lufs=target_lufs, seed=seed, priority=priority, segments_total=0, est_seconds=0.0,
                 submitted_at=now, updated_at=now)
     session.add(book)

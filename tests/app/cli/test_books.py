@@ -43,6 +43,9 @@ def test_render_hands_narrator_mp3_loudness_and_a_lexicon_file_to_the_api(tmp_pa
     form = _form(args)
     assert (form["mp3"], form["narrator"], form["target_lufs"]) == ("true", "Ben Narrow", "off")
     assert form["epub3"] == "true"
+    acx = _form(build_parser().parse_args(["book", "render", "b.md", "--voice", "0" * 64,
+                                           "--mp3-bitrate", "192", "--sample-rate", "44100"]))
+    assert (acx["mp3_bitrate_kbps"], acx["sample_rate"]) == ("192", "44100") and "bitrate_kbps" not in acx
     assert form["lexicon"] == lexicon.read_text(encoding="utf-8")
     plain = _form(build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64]))
     assert plain["mp3"] == plain["epub3"] == "false" and "lexicon" not in plain and "target_lufs" not in plain
