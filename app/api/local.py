@@ -75,7 +75,8 @@ class LocalClient:
         ctx = self.ctx
         options = BookOptions(output_format=form["output_format"], m4b=form["m4b"] == "true",
                               mp3=form.get("mp3") == "true", timed=form.get("timed") == "true",
-                              epub3=form.get("epub3") == "true",
+                              epub3=form.get("epub3") == "true", series=form.get("series"),
+                              series_part=form.get("series_part"),
                               bitrate_kbps=int(form.get("bitrate_kbps") or DEFAULT_KBPS),
                               mp3_bitrate_kbps=int(form.get("mp3_bitrate_kbps") or DEFAULT_KBPS),
                               sample_rate=int(form["sample_rate"]) if form.get("sample_rate") else None,

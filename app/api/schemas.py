@@ -182,6 +182,8 @@ class BookRequest(BaseModel):
     bitrate_kbps: StrictInt = Field(64, description="the M4B's AAC bitrate, kbit/s (app.books.encoding)")
     mp3_bitrate_kbps: StrictInt = Field(64, description="the MP3s' constant bitrate, kbit/s")
     sample_rate: StrictInt | None = Field(None, description="of the M4B and MP3s; null: the render's own")
+    series: str | None = Field(None, max_length=500, description="for the tags and metadata.json")
+    series_part: str | None = Field(None, max_length=20, description="the book's place in it: 1, 2.5 ...")
     narrator: str | None = Field(None, max_length=500, description="for the tags; default: the manifest's")
     description: str | None = Field(None, max_length=10_000, description="for the tags")
     lexicon: dict[str, Any] | None = Field(None, description='pronunciation: {"words": {...}, "patterns": '
@@ -221,6 +223,8 @@ class BookOut(BaseModel):
     title: str
     author: str
     narrator: str = Field(description="for the players' tags (composer)")
+    series: str = Field("", description="for the tags and metadata.json (Audiobookshelf)")
+    series_part: str = Field("", description="the book's place in its series")
     description: str
     cast: dict[str, str] = Field(description="the voices the text's markup names (folded name -> voice id)")
     language: str
@@ -264,6 +268,7 @@ class BookOut(BaseModel):
                                file_url=base + c.file if c.file else None) for c in view.chapters]
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
                    narrator=view.narrator, description=view.description, cast=view.cast,
+                   series=view.series, series_part=view.series_part,
                    language=b.language, output_format=b.output_format, m4b=b.m4b, mp3=b.mp3, timed=b.timed,
                    epub3=b.epub3, bitrate_kbps=b.bitrate_kbps, mp3_bitrate_kbps=b.mp3_bitrate_kbps,
                    sample_rate=b.sample_rate,

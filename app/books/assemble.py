@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import av
 import numpy as np
 import soundfile as sf
-from mutagen import id3
+from mutagen import id3, mp4
 
 from app.artifacts import atomic_path
 from app.audio import commit_output, open_output, resample
@@ -58,6 +58,18 @@ class BookTags:
     narrator: str = ""
     description: str = ""
     notes: tuple[str, ...] = ()  # how the audio was made, when not by the real model: in the comment
+    series: str = ""  # Audiobookshelf's "series" and "series-part" tags, and the grouping "Series #2"
+    series_part: str = ""
+    language: str = ""
+
+    @property
+    def grouping(self) -> str:
+        return f"{self.series} #{self.series_part}" if self.series and self.series_part else self.series
+
+    def custom(self) -> dict[str, str]:
+        """Tags with no standard MP4 atom or ID3 frame: freeform atoms / TXXX frames (empty ones left out)."""
+        tags = {"SERIES": self.series, "SERIES-PART": self.series_part, "LANGUAGE": self.language}
+        return {k: v for k, v in tags.items() if v}
 
     @property
     def comment(self) -> str:
@@ -184,23 +196,25 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, tags: BookTags,
     rate = chapters[0].sample_rate
     if any(c.sample_rate != rate for c in chapters):
         raise ValueError("chapters have different sample rates")
-    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"brand": "M4B "}) as box:
-        box.metadata.update({"title": tags.title, **tags.common()})
-        if tags.description:
-            box.metadata["description"] = tags.description
-        stream = box.add_stream("aac", rate=sample_rate or rate, layout="mono")
-        stream.bit_rate = bitrate
-        picture = _cover_stream(box, cover_type) if cover else None
-        box.set_chapters(_markers(chapters, rate))
-        pts = 0
-        for chapter in chapters:
-            pts = _encode_file(box, stream, chapter.path, rate, pts)
-        for packet in stream.encode(None):
-            box.mux(packet)
-        if picture is not None and cover is not None:
-            packet = av.Packet(cover)
-            packet.stream, packet.pts, packet.dts = picture, 0, 0
-            box.mux(packet)
+    with atomic_path(out) as tmp:
+        with av.open(str(tmp), "w", format="mp4", options={"brand": "M4B "}) as box:
+            box.metadata.update({"title": tags.title, **tags.common()})
+            if tags.description:
+                box.metadata["description"] = tags.description
+            stream = box.add_stream("aac", rate=sample_rate or rate, layout="mono")
+            stream.bit_rate = bitrate
+            picture = _cover_stream(box, cover_type) if cover else None
+            box.set_chapters(_markers(chapters, rate))
+            pts = 0
+            for chapter in chapters:
+                pts = _encode_file(box, stream, chapter.path, rate, pts)
+            for packet in stream.encode(None):
+                box.mux(packet)
+            if picture is not None and cover is not None:
+                packet = av.Packet(cover)
+                packet.stream, packet.pts, packet.dts = picture, 0, 0
+                box.mux(packet)
+        _mp4_extra_tags(tmp, tags)
 
 
 def write_m4a(chapter: ChapterAudio, out: Path, *, bitrate: int = 64000,
@@ -242,6 +256,11 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
                 frames.append(kind(encoding=3, text=common[key]))
         if tags.comment:
             frames.append(id3.COMM(encoding=3, lang="eng", desc="", text=tags.comment))
+        frames += [id3.TXXX(encoding=3, desc=k, text=v) for k, v in tags.custom().items() if k != "LANGUAGE"]
+        if tags.grouping:
+            frames.append(id3.TIT1(encoding=3, text=tags.grouping))
+        if tags.language:
+            frames.append(id3.TLAN(encoding=3, text=tags.language))
         if cover and cover_type:
             frames.append(id3.APIC(encoding=3, mime=cover_type, type=id3.PictureType.COVER_FRONT,
                                    desc="cover", data=cover))
@@ -249,6 +268,19 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
         for each in frames:
             tagged.add(each)
         tagged.save(tmp, v2_version=3)
+
+
+def _mp4_extra_tags(path: Path, tags: BookTags) -> None:
+    """What FFmpeg's MP4 muxer does not write: the grouping atom and freeform atoms, which FFmpeg (and so
+    Audiobookshelf's ffprobe) reads back as `grouping`, `SERIES`, `SERIES-PART`, `LANGUAGE`."""
+    if not tags.grouping and not tags.custom():
+        return
+    box = mp4.MP4(path)
+    if tags.grouping:
+        box["\xa9grp"] = [tags.grouping]
+    for key, value in tags.custom().items():
+        box[f"----:com.apple.iTunes:{key}"] = [mp4.MP4FreeForm(value.encode())]
+    box.save()
 
 
 def _markers(chapters: Sequence[ChapterAudio], rate: int) -> list[Chapter]:

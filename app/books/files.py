@@ -36,7 +36,8 @@ from app.books.source import SourceBook
 BOOKS_DIR = "books"
 READALONG = "readalong.json"
 SKELETON = "readalong-source.zip"  # an EPUB source's files for its read-along EPUB (`app.books.epub_text`)
-OUTPUT_NAMES = ("book.m4b", "book.epub", "chapters.json", "chapters.vtt")  # besides the chapter files
+OUTPUT_NAMES = ("book.m4b", "book.epub", "chapters.json", "chapters.vtt", "metadata.json", "cover.jpg",
+                "cover.png")  # besides the chapter files
 
 
 def book_dir(artifacts: ArtifactStore, book_id: str) -> Path:
@@ -56,7 +57,8 @@ def store_files(folder: Path, plan: BookPlan, source: SourceBook, base_dir: Path
             tmp.write_bytes(source.cover)
     meta = {"cover_type": source.cover_type if source.cover else None,
             "base_dir": str(base_dir.resolve()) if base_dir is not None else None,
-            "narrator": plan.narrator, "description": plan.description, "cast": plan.cast}
+            "narrator": plan.narrator, "description": plan.description, "cast": plan.cast,
+            "series": plan.series, "series_part": plan.series_part}
     write_text(folder / "meta.json", json.dumps(meta))
 
 

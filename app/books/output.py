@@ -3,6 +3,7 @@
     out_dir/chapter-001.flac (+ .json)  ...  book.m4b (+ .json)  chapters.json  chapters.vtt
             chapter-001.mp3 (+ .json) ...        with mp3=True
             book.epub (+ .json), readalong/chapter-001.m4a (+ .json) ...   with a read-along text
+            metadata.json, cover.jpg|png                                  for Audiobookshelf
 
 Each chapter file has a sidecar naming its *recipe* - the sha256 of its segments' content keys and
 pauses and of the assembly options - and the segment timings. The sidecar is removed before the
@@ -45,6 +46,7 @@ from app.books.index import write_index
 from app.books.loudness import DEFAULT_TARGET_LUFS, FADE_MS, Loudness
 from app.books.plan import BookPlan, PlanChapter, canonical_json
 from app.books.readalong import ChapterText, ReadAlong
+from app.books.shelf import write_shelf_files
 from app.speech import SAMPLE_RATE, OutputFormat
 
 _CHAPTER_FILE_RE = re.compile(r"chapter-\d{3,}\.(wav|flac|mp3)(\.json)?")
@@ -111,7 +113,8 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
         else:
             reused.append(chapter.index)
         chapters.append(done)
-    tags = BookTags(plan.title, plan.author, plan.narrator, plan.description, tuple(notes))
+    tags = BookTags(plan.title, plan.author, plan.narrator, plan.description, tuple(notes), plan.series,
+                    plan.series_part, plan.language)
     book, m4b_reused = None, False
     if m4b:
         book = out_dir / "book.m4b"
@@ -126,8 +129,9 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
             mp3s_reused.append(done.index)
         mp3s.append(path)
     index_json, index_vtt = out_dir / "chapters.json", out_dir / "chapters.vtt"
-    write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author, notes=notes,
-                encoding=encoding.describe(sample_rate, mp3=mp3) if m4b or mp3 or readalong else None)
+    index = write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author, notes=notes,
+                        encoding=encoding.describe(sample_rate, mp3=mp3) if m4b or mp3 or readalong else None)
+    write_shelf_files(out_dir, plan, index, cover=cover, cover_type=cover_type)
     _remove_stale(out_dir, {c.path.name for c in chapters} | {p.name for p in mp3s})
     epub, epub_reused, m4as_reused = None, False, tuple[int, ...]()
     if readalong is not None:

@@ -78,6 +78,8 @@ class BookPlan:
     narrator: str = ""  # the players' tags; not spoken, not in any segment's key
     description: str = ""
     cast: dict[str, str] = field(default_factory=dict)  # folded voice name -> voice id, as the book uses
+    series: str = ""  # the players' and Audiobookshelf's series and the book's place in it; not spoken
+    series_part: str = ""
 
     def voice_of(self, segment: PlanSegment) -> str:
         return segment.voice or self.voice_id
@@ -111,7 +113,8 @@ class BookPlan:
                 for s in c["segments"]))
             for c in data["chapters"])
         return cls(data["title"], data["author"], data["language"], data["voice_id"], chapters, data["key"],
-                   data.get("narrator", ""), data.get("description", ""), dict(data.get("cast", {})))
+                   data.get("narrator", ""), data.get("description", ""), dict(data.get("cast", {})),
+                   data.get("series", ""), data.get("series_part", ""))
 
 
 def canonical_json(value: Any) -> bytes:

@@ -101,6 +101,9 @@ def plan_submission(files: SubmittedFiles, submission: Submission, job: ParseJob
     plan = plan_book(source, voice_id=job.voice_id, render_options=job.render_options, guide_options=guide,
                      limits=limits, lexicon=lexicon, cast=cast,
                      lexicon_budget=Budget(job.lexicon_budget_s))
+    options = submission.options
+    plan = replace(plan, series=" ".join((options.series or "").split()),
+                   series_part=options.series_part or "")
     return plan, source, selected
 
 

@@ -50,6 +50,8 @@ class BookStatusView:
     seconds: float | None = None  # the book's length with its pauses (the M4B's), once every chapter is
     notes: list[str] = field(default_factory=list)  # how its audio was made: dummy weights, stand-in ...
     narrator: str = ""  # from the plan: the players' tags
+    series: str = ""
+    series_part: str = ""
     description: str = ""
     cast: dict[str, str] = field(default_factory=dict)  # from the plan: folded voice name -> voice id
 
@@ -110,6 +112,7 @@ def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, Any]:
     except (OSError, ValueError):  # a book whose files were removed still has a status
         return {}
     return {"narrator": str(meta.get("narrator") or ""), "description": str(meta.get("description") or ""),
+            "series": str(meta.get("series") or ""), "series_part": str(meta.get("series_part") or ""),
             "cast": dict(meta.get("cast") or {})}
 
 

@@ -13,6 +13,7 @@ reads them in a bounded child process (`app.books.planner`, run by `app.books.in
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from app.books.source import DEFAULT_LIMITS, BookLimits, check_language_tag
 from app.errors import BadInput
 from app.speech import MAX_SEED, OutputFormat
 
+_SERIES_PART_RE = re.compile(r"[^\s#]{1,20}")
 DEFAULT_SEED = 0  # a fixed seed: the same book rendered again has the same keys, so it resumes
 
 
@@ -42,6 +44,8 @@ class BookOptions:
     bitrate_kbps: int = DEFAULT_KBPS  # the M4B's AAC (and the read-along EPUB's), `app.books.encoding`
     mp3_bitrate_kbps: int = DEFAULT_KBPS
     sample_rate: int | None = None  # of the M4B and MP3s; None: the render's own (24 kHz)
+    series: str | None = None  # for the tags and metadata.json (Audiobookshelf): the series' name
+    series_part: str | None = None  # and the book's place in it: "1", "2.5", "3a"
 
     @property
     def encoding(self) -> Encoding:
@@ -58,6 +62,13 @@ class BookOptions:
         if self.target_lufs is not None and not -70.0 <= self.target_lufs <= -5.0:
             raise BadInput("target loudness must be between -70 and -5 LUFS")
         self.encoding.check()
+        if self.series is not None and not 0 < len(self.series.strip()) <= 500:
+            raise BadInput("series must be 1 to 500 characters")
+        if self.series_part is not None and not _SERIES_PART_RE.fullmatch(self.series_part):
+            raise BadInput(f"series_part {self.series_part[:40]!r} must be 1 to 20 characters without spaces "
+                           "or '#' (e.g. 1, 2.5, 3a): Audiobookshelf reads it after a '#'")
+        if self.series_part is not None and self.series is None:
+            raise BadInput("series_part needs a series")
 
 
 def target_lufs_field(text: str | None) -> float | None:

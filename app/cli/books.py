@@ -58,6 +58,8 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--mp3-bitrate", type=int, help="the MP3s' bitrate in kbit/s (default 64; ACX: 192)")
     render.add_argument("--sample-rate", type=int, help="of the M4B and MP3s in Hz (default: the render's, "
                         "24000; ACX: 44100)")
+    render.add_argument("--series", help="the series the book belongs to (tags, metadata.json)")
+    render.add_argument("--series-part", help="the book's place in the series: 1, 2.5, 3a")
     render.add_argument("--epub3", action="store_true",
                         help="a read-along EPUB 3 too (book.epub: the text highlighted as the audio plays)")
     render.add_argument("--lexicon", type=Path, help="a pronunciation lexicon, JSON or YAML (docs/BOOKS.md)")
@@ -85,7 +87,8 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
                                         ("language", args.language), ("target_lufs", args.target_lufs),
                                         ("chapters", args.chapters), ("bitrate_kbps", args.bitrate),
                                         ("mp3_bitrate_kbps", args.mp3_bitrate),
-                                        ("sample_rate", args.sample_rate))
+                                        ("sample_rate", args.sample_rate), ("series", args.series),
+                                        ("series_part", args.series_part))
                  if v is not None})
     if args.lexicon is not None:
         try:

@@ -245,6 +245,9 @@ def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClien
     tagged = form(mp3="true", narrator="Ben Narrow", description="Three tales.").book
     assert tagged["mp3"] is True and form().book["mp3"] is False
     assert form(epub3="true").book["epub3"] is True and off["epub3"] is False
+    shelved = form(series="The Lamps", series_part="2").book
+    assert (shelved["series"], shelved["series_part"]) == ("The Lamps", "2")
+    assert form(series_part="2").status_code == 422
     acx = form(mp3_bitrate_kbps="192", sample_rate="44100").book
     assert (acx["mp3_bitrate_kbps"], acx["sample_rate"], acx["bitrate_kbps"]) == (192, 44100, 64)
     assert (off["sample_rate"], off["mp3_bitrate_kbps"]) == (None, 64)
