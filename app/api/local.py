@@ -77,6 +77,7 @@ class LocalClient:
                               mp3=form.get("mp3") == "true", timed=form.get("timed") == "true",
                               epub3=form.get("epub3") == "true", series=form.get("series"),
                               series_part=form.get("series_part"),
+                              preview_s=float(form["preview_s"]) if form.get("preview_s") else None,
                               bitrate_kbps=int(form.get("bitrate_kbps") or DEFAULT_KBPS),
                               mp3_bitrate_kbps=int(form.get("mp3_bitrate_kbps") or DEFAULT_KBPS),
                               sample_rate=int(form["sample_rate"]) if form.get("sample_rate") else None,

@@ -48,7 +48,7 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "timed",
                "epub3", "target_lufs", "seed", "priority", "title", "author", "narrator", "description",
                "language", "chapters", "lexicon", "cast", "bitrate_kbps", "mp3_bitrate_kbps", "sample_rate",
-               "series", "series_part")
+               "series", "series_part", "preview_s")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
@@ -78,6 +78,9 @@ _BOOK_FORM_SCHEMA = {
         "seed": {"type": "integer", "minimum": 0, "default": 0},
         "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
         "series": {"type": "string", "description": "for the tags and metadata.json (Audiobookshelf)"},
+        "preview_s": {"type": "number", "minimum": 1, "maximum": 300,
+                      "description": "a preview: the first chapter chosen (`chapters`, default 1), its first "
+                      "segments up to about this many seconds"},
         "series_part": {"type": "string", "description": "the book's place in its series: 1, 2.5, 3a"},
         "bitrate_kbps": {"type": "integer", "default": 64, "enum": list(BITRATES),
                          "description": "the M4B's AAC bitrate (and the read-along EPUB's), kbit/s"},
@@ -135,7 +138,7 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     options = BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3, timed=req.timed,
                           epub3=req.epub3, bitrate_kbps=req.bitrate_kbps,
                           mp3_bitrate_kbps=req.mp3_bitrate_kbps, sample_rate=req.sample_rate,
-                          series=req.series, series_part=req.series_part,
+                          series=req.series, series_part=req.series_part, preview_s=req.preview_s,
                           target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
     submission = Submission(options=options, book_format="manifest", chapters=req.chapters,
                             narrator=req.narrator, description=req.description)
@@ -187,6 +190,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
                           target_lufs=target_lufs_field(text_field(form.get("target_lufs"), "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,
                           **_encoding_fields(form), series=text["series"], series_part=text["series_part"],
+                          preview_s=number_field(form.get("preview_s"), "preview_s", float),
                           priority=number_field(form.get("priority"), "priority", int) or 0)
     submission = Submission(options=options, filename=book.filename, book_format=text["book_format"],
                             title=text["title"], author=text["author"], narrator=text["narrator"],

@@ -184,6 +184,7 @@ class BookRequest(BaseModel):
     sample_rate: StrictInt | None = Field(None, description="of the M4B and MP3s; null: the render's own")
     series: str | None = Field(None, max_length=500, description="for the tags and metadata.json")
     series_part: str | None = Field(None, max_length=20, description="the book's place in it: 1, 2.5 ...")
+    preview_s: float | None = Field(None, description="a preview: the first chosen chapter's first seconds")
     narrator: str | None = Field(None, max_length=500, description="for the tags; default: the manifest's")
     description: str | None = Field(None, max_length=10_000, description="for the tags")
     lexicon: dict[str, Any] | None = Field(None, description='pronunciation: {"words": {...}, "patterns": '

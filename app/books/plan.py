@@ -164,6 +164,19 @@ def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, A
                     book.narrator, book.description, {n: voices.cast[n] for n in sorted(voices.used)})
 
 
+def preview_plan(plan: BookPlan, seconds: float) -> BookPlan:
+    """The plan's first chapter cut to its first segments that fit `seconds` of estimated speech (at least
+    one): a preview. Its segments keep their keys, so rendering the whole book later reuses them."""
+    chapter = plan.chapters[0]
+    kept: list[PlanSegment] = []
+    for segment in chapter.segments:
+        if kept and (sum(s.est_tokens for s in kept) + segment.est_tokens) / TOKEN_RATE > seconds:
+            break
+        kept.append(segment)
+    key = hashlib.sha256(canonical_json({"preview_of": plan.key, "segments": len(kept)})).hexdigest()
+    return replace(plan, chapters=(PlanChapter(0, chapter.title, tuple(kept)),), key=key)
+
+
 @dataclass
 class _Voices:
     book: str  # the book's own voice id (the narrator)

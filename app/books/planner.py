@@ -31,7 +31,7 @@ from app.books.epub_text import own_documents
 from app.books.files import SKELETON, store_files, store_readalong
 from app.books.lexicon import EMPTY, Budget, Lexicon, load_lexicon, parse_lexicon
 from app.books.parse import parse_book, sniff_format
-from app.books.plan import BookPlan, plan_book
+from app.books.plan import BookPlan, plan_book, preview_plan
 from app.books.readalong import readalong_text
 from app.books.select import describe, parse_chapters
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, with_metadata
@@ -102,6 +102,8 @@ def plan_submission(files: SubmittedFiles, submission: Submission, job: ParseJob
                      limits=limits, lexicon=lexicon, cast=cast,
                      lexicon_budget=Budget(job.lexicon_budget_s))
     options = submission.options
+    if options.preview_s is not None:
+        plan = preview_plan(plan, options.preview_s)
     plan = replace(plan, series=" ".join((options.series or "").split()),
                    series_part=options.series_part or "")
     return plan, source, selected

@@ -28,7 +28,10 @@ from app.errors import BadInput
 from app.speech import MAX_SEED, OutputFormat
 
 _SERIES_PART_RE = re.compile(r"[^\s#]{1,20}")
-DEFAULT_SEED = 0  # a fixed seed: the same book rendered again has the same keys, so it resumes
+DEFAULT_SEED = 0
+DEFAULT_PREVIEW_S = 20.0
+PREVIEW_PRIORITY = 5  # a preview's segments overtake a rendering book's (0) and wait behind urgent jobs
+MAX_PREVIEW_S = 300.0  # a fixed seed: the same book rendered again has the same keys, so it resumes
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class BookOptions:
     sample_rate: int | None = None  # of the M4B and MP3s; None: the render's own (24 kHz)
     series: str | None = None  # for the tags and metadata.json (Audiobookshelf): the series' name
     series_part: str | None = None  # and the book's place in it: "1", "2.5", "3a"
+    preview_s: float | None = None  # a preview: the first chapter chosen, cut to about this many seconds
 
     @property
     def encoding(self) -> Encoding:
@@ -67,6 +71,8 @@ class BookOptions:
         if self.series_part is not None and not _SERIES_PART_RE.fullmatch(self.series_part):
             raise BadInput(f"series_part {self.series_part[:40]!r} must be 1 to 20 characters without spaces "
                            "or '#' (e.g. 1, 2.5, 3a): Audiobookshelf reads it after a '#'")
+        if self.preview_s is not None and not 1.0 <= self.preview_s <= MAX_PREVIEW_S:
+            raise BadInput(f"a preview is 1 to {MAX_PREVIEW_S:g} seconds long")
         if self.series_part is not None and self.series is None:
             raise BadInput("series_part needs a series")
 

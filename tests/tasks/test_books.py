@@ -337,6 +337,35 @@ def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_len
     assert view.seconds == pytest.approx(view.audio_seconds + pauses, abs=1e-3)
 
 
+def test_a_preview_renders_one_chapters_first_seconds_first_and_the_whole_book_reuses_them(
+        res: Resources, celery: Celery) -> None:
+    from app.books.submission import PREVIEW_PRIORITY
+
+    options = BookOptions(preview_s=3.0, m4b=False, priority=PREVIEW_PRIORITY)
+    preview = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md", chapters="3", options=options)
+    cut = output_plan(res, preview)
+    whole = output_plan(res, submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md"))
+    third = whole.chapters[2].segments
+    assert len(cut.chapters) == 1 and 0 < len(cut.chapters[0].segments) < len(third)
+    assert [s.key for s in cut.chapters[0].segments] == [s.key for s in third[:len(cut.chapters[0].segments)]]
+    kept = cut.chapters[0].segments
+    assert sum(s.est_tokens for s in kept) / 25 <= 3.0 or len(kept) == 1  # whole segments, at least one
+    sent = books.plan(preview, res)
+    for _, segment in cut.segments():
+        books.tokenize(preview, segment.key, res)
+    with res.sessions() as session:
+        jobs = [queries.require_job(session=session, job_id=s.job_id)
+                for s in queries.book_segment_states(session=session, book_id=preview)]
+    assert sent == len(jobs) and {j.priority for j in jobs} == {PREVIEW_PRIORITY}  # ahead of books at 0
+    render_live_jobs(res, preview)
+    assert books.check_chapter(preview, 0, res) == "assembled" and books.assemble(preview, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=preview)
+    assert view.files == ["chapter-001.flac", "chapters.json", "chapters.vtt", "metadata.json"]
+    later = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md")
+    assert books.plan(later, res) == len(whole.unique_keys()) - len(jobs)  # the preview's are reused
+
+
 def output_plan(res: Resources, book_id: str):
     from app.books.files import load_plan
 

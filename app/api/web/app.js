@@ -57,7 +57,7 @@ function addVoice(data) {
 
 // Forms ------------------------------------------------------------------------------------------
 
-function bookForm(form) {
+function bookForm(form, submitter) {
   const data = new FormData();
   data.append("book", form.elements.book.files[0]);
   for (const name of ["title", "author", "narrator", "language", "chapters", "output_format", "target_lufs",
@@ -68,6 +68,11 @@ function bookForm(form) {
   data.append("m4b", form.elements.m4b.checked ? "true" : "false");
   data.append("mp3", form.elements.mp3.checked ? "true" : "false");
   data.append("epub3", form.elements.epub3.checked ? "true" : "false");
+  if (submitter && submitter.name === "preview") {  // one chapter's first seconds, at a high priority
+    data.set("preview_s", submitter.value);
+    for (const name of ["m4b", "mp3", "epub3"]) data.set(name, "false");
+    data.set("priority", "5");
+  }
   addVoice(data);
   return data;
 }
@@ -98,7 +103,7 @@ function onSubmit(form, kind, build) {
     const button = $("button[type=submit]", form);
     button.disabled = true;
     try {
-      const item = await (await api("POST", `/v1/${kind}s`, build(form))).json();
+      const item = await (await api("POST", `/v1/${kind}s`, build(form, event.submitter))).json();
       show(message, null);
       track(kind, item);
       if ($("#reference").files[0]) loadVoices();
