@@ -101,3 +101,39 @@ def test_book_status_names_its_two_lengths_and_says_how_the_audio_was_made(monke
     printed = capsys.readouterr().out
     assert "17.6 s speech, 25.04 s with pauses (M4B)" in printed
     assert "17.6 s speech (25.04 s with pauses)" in printed and f"note: {note}" in printed
+
+
+def test_book_preview_asks_for_one_chapters_first_seconds_at_a_high_priority_and_writes_its_file(
+        monkeypatch, tmp_path, capsys) -> None:
+    import pytest
+
+    import app.cli.books as cli_books
+    from app.cli import build_parser
+    from app.errors import BadInput
+
+    book = tmp_path / "novel.md"
+    book.write_text("# T\n\n## One\n\nHello.\n", encoding="utf-8")
+    sent: dict = {}
+
+    class Api:
+        def submit_book(self, data, name, voice, form, base):
+            sent.update(form)
+            return {"id": "b" * 36}
+
+        def book(self, book_id):
+            return {"id": book_id, "status": "succeeded", "segments_total": 1, "segments_done": 1,
+                    "title": "T", "audio_seconds": 1.0, "eta_s": None, "notes": [], "error": None}
+
+        def book_file(self, book_id, name, path):
+            path.write_text(name)
+
+    monkeypatch.setattr(cli_books, "client", lambda args: Api())
+    out = tmp_path / "p" / "preview.flac"
+    args = build_parser().parse_args(["book", "preview", str(book), "--voice", "0" * 64, "--chapter", "3",
+                                      "--out", str(out)])
+    assert cli_books.cmd_book_preview(args) == 0
+    assert (sent["chapters"], sent["preview_s"], sent["priority"], sent["m4b"]) == ("3", "20.0", "5", "false")
+    assert out.read_text() == "chapter-001.flac"  # the preview's one chapter file
+    args = build_parser().parse_args(["book", "preview", str(book), "--voice", "0" * 64, "--out", "p.mp3"])
+    with pytest.raises(BadInput, match=r"\.flac or \.wav"):
+        cli_books.cmd_book_preview(args)
