@@ -12,10 +12,9 @@ an attached picture. `write_m4a` encodes one chapter file to AAC in MP4 for a re
 `write_mp3` encodes one chapter file to MP3 with ID3v2.3 tags (chapter title,
 book, author, narrator, track n/N, the cover as APIC). No ffmpeg binary is run.
 
-Tags, as audiobook players read them (the convention Audible's and the community's taggers follow):
-title and album the book (an MP3's title: its chapter), artist and album artist the author,
-composer the narrator, genre "Audiobook", the description as `description` (MP4 `desc`) and
-`comment`. Every file is written to a temporary name beside
+Tags, as audiobook players read them, are `app.books.tags` (an MP3's title: its chapter).
+The M4B, the M4A and the MP3s are encoded at the bitrate and sample rate given (`app.books.encoding`;
+PyAV resamples). Every file is written to a temporary name beside
 its target and renamed into place (`os.replace`), so a reader never sees half a file.
 The chapter index (JSON + WebVTT) is `app.books.index`; the whole book, reusing the chapter files
 whose inputs have not changed, is `app.books.output`.
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import av
 import numpy as np
 import soundfile as sf
-from mutagen import id3, mp4
+from mutagen import id3
 
 from app.artifacts import atomic_path
 from app.audio import commit_output, open_output, resample
@@ -41,6 +40,7 @@ from app.books import loudness
 from app.books.loudness import Loudness
 from app.books.meter import StreamMeter
 from app.books.plan import PlanChapter
+from app.books.tags import BookTags, write_mp4_extra_tags
 from app.errors import BadInput, NotFound
 from app.speech import SAMPLE_RATE, OutputFormat
 
@@ -49,37 +49,6 @@ if TYPE_CHECKING:
 
 _BLOCK = 1 << 16  # samples per read while encoding
 _COVER_CODECS = {"image/jpeg": ("mjpeg", "yuvj420p"), "image/png": ("png", "rgb24")}
-
-
-@dataclass(frozen=True)
-class BookTags:
-    title: str
-    author: str = ""
-    narrator: str = ""
-    description: str = ""
-    notes: tuple[str, ...] = ()  # how the audio was made, when not by the real model: in the comment
-    series: str = ""  # Audiobookshelf's "series" and "series-part" tags, and the grouping "Series #2"
-    series_part: str = ""
-    language: str = ""
-
-    @property
-    def grouping(self) -> str:
-        return f"{self.series} #{self.series_part}" if self.series and self.series_part else self.series
-
-    def custom(self) -> dict[str, str]:
-        """Tags with no standard MP4 atom or ID3 frame: freeform atoms / TXXX frames (empty ones left out)."""
-        tags = {"SERIES": self.series, "SERIES-PART": self.series_part, "LANGUAGE": self.language}
-        return {k: v for k, v in tags.items() if v}
-
-    @property
-    def comment(self) -> str:
-        return "\n".join([self.description, *(f"Note: {n}" for n in self.notes)]).strip()
-
-    def common(self) -> dict[str, str]:
-        """The tags every output of the book carries (empty ones left out)."""
-        tags = {"album": self.title, "artist": self.author, "album_artist": self.author,
-                "composer": self.narrator, "genre": "Audiobook", "comment": self.comment}
-        return {k: v for k, v in tags.items() if v}
 
 
 @dataclass(frozen=True)
@@ -214,7 +183,7 @@ def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, tags: BookTags,
                 packet = av.Packet(cover)
                 packet.stream, packet.pts, packet.dts = picture, 0, 0
                 box.mux(packet)
-        _mp4_extra_tags(tmp, tags)
+        write_mp4_extra_tags(tmp, tags)
 
 
 def write_m4a(chapter: ChapterAudio, out: Path, *, bitrate: int = 64000,
@@ -268,19 +237,6 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
         for each in frames:
             tagged.add(each)
         tagged.save(tmp, v2_version=3)
-
-
-def _mp4_extra_tags(path: Path, tags: BookTags) -> None:
-    """What FFmpeg's MP4 muxer does not write: the grouping atom and freeform atoms, which FFmpeg (and so
-    Audiobookshelf's ffprobe) reads back as `grouping`, `SERIES`, `SERIES-PART`, `LANGUAGE`."""
-    if not tags.grouping and not tags.custom():
-        return
-    box = mp4.MP4(path)
-    if tags.grouping:
-        box["\xa9grp"] = [tags.grouping]
-    for key, value in tags.custom().items():
-        box[f"----:com.apple.iTunes:{key}"] = [mp4.MP4FreeForm(value.encode())]
-    box.save()
 
 
 def _markers(chapters: Sequence[ChapterAudio], rate: int) -> list[Chapter]:
