@@ -53,7 +53,7 @@ FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", 
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
                ".mp3": "audio/mpeg", ".epub": "application/epub+zip",
-               ".json": "application/json", ".vtt": "text/vtt"}
+               ".json": "application/json", ".vtt": "text/vtt", ".jpg": "image/jpeg", ".png": "image/png"}
 
 
 _BOOK_FORM_SCHEMA = {
