@@ -44,6 +44,7 @@ from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
 from app.db.session import session_scope
 from app.errors import WavefarmError
 from app.keys import check_job_id
+from app.text_tokens import STAND_IN_NOTE
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, Resources, resources
 
@@ -203,6 +204,8 @@ def tokenize(book_id: str, key: str, res: Resources, routed_to: str | None = Non
                                                    voice_id=book_plan.voice_of(segment))
         if created and route is not None:
             queries.set_job_route(session=session, job_ids=[job_id], routed_to=routed_to, route=route)
+        if context.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
+            queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
     return job_id
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from app import voice_names
 from app.api.schemas import BookOut, JobOut, VoiceOut
+from app.books.encoding import DEFAULT_KBPS
 from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
 from app.books.status import book_status, output_file
 from app.context import Context
@@ -82,6 +83,12 @@ class LocalClient:
         ctx = self.ctx
         options = BookOptions(output_format=form["output_format"], m4b=form["m4b"] == "true",
                               mp3=form.get("mp3") == "true", timed=form.get("timed") == "true",
+                              epub3=form.get("epub3") == "true", series=form.get("series"),
+                              series_part=form.get("series_part"),
+                              preview_s=float(form["preview_s"]) if form.get("preview_s") else None,
+                              bitrate_kbps=int(form.get("bitrate_kbps") or DEFAULT_KBPS),
+                              mp3_bitrate_kbps=int(form.get("mp3_bitrate_kbps") or DEFAULT_KBPS),
+                              sample_rate=int(form["sample_rate"]) if form.get("sample_rate") else None,
                               target_lufs=target_lufs_field(form.get("target_lufs")),
                               seed=int(form["seed"]), priority=int(form["priority"]))
         with ctx.session() as s:

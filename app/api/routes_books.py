@@ -32,6 +32,7 @@ from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import BookOut, BookRequest, Problem
 from app.books import intake, service, status
 from app.books.cast import MAX_BYTES as CAST_MAX_BYTES
+from app.books.encoding import BITRATES, DEFAULT_KBPS, SAMPLE_RATES
 from app.books.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
 from app.books.parse import FORMATS
 from app.books.source import DEFAULT_LIMITS
@@ -45,13 +46,14 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
                    responses={401: {"model": Problem}})
 
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "timed",
-               "target_lufs", "seed", "priority", "title", "author", "narrator", "description", "language",
-               "chapters", "lexicon", "cast")
+               "epub3", "target_lufs", "seed", "priority", "title", "author", "narrator", "description",
+               "language", "chapters", "lexicon", "cast", "bitrate_kbps", "mp3_bitrate_kbps", "sample_rate",
+               "series", "series_part", "preview_s")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
-               ".mp3": "audio/mpeg",
-               ".json": "application/json", ".vtt": "text/vtt"}
+               ".mp3": "audio/mpeg", ".epub": "application/epub+zip",
+               ".json": "application/json", ".vtt": "text/vtt", ".jpg": "image/jpeg", ".png": "image/png"}
 
 
 _BOOK_FORM_SCHEMA = {
@@ -69,10 +71,23 @@ _BOOK_FORM_SCHEMA = {
         "mp3": {"type": "boolean", "default": False, "description": "an MP3 per chapter too (ID3 tags)"},
         "timed": {"type": "boolean", "default": False,
                   "description": "subtitles: each cue's speech placed at its start time"},
+        "epub3": {"type": "boolean", "default": False,
+                  "description": "a read-along EPUB 3 too (the text, chapter audio, Media Overlays)"},
         "target_lufs": {"type": "string", "default": "-20",
                         "description": "chapter loudness, LUFS (-70..-5), or off: measured, not normalised"},
         "seed": {"type": "integer", "minimum": 0, "default": 0},
         "priority": {"type": "integer", "minimum": 0, "maximum": 9, "default": 0},
+        "series": {"type": "string", "description": "for the tags and metadata.json (Audiobookshelf)"},
+        "preview_s": {"type": "number", "minimum": 1, "maximum": 300,
+                      "description": "a preview: the first chapter chosen (`chapters`, default 1), its first "
+                      "segments up to about this many seconds"},
+        "series_part": {"type": "string", "description": "the book's place in its series: 1, 2.5, 3a"},
+        "bitrate_kbps": {"type": "integer", "default": 64, "enum": list(BITRATES),
+                         "description": "the M4B's AAC bitrate (and the read-along EPUB's), kbit/s"},
+        "mp3_bitrate_kbps": {"type": "integer", "default": 64, "enum": list(BITRATES),
+                             "description": "the MP3s' bitrate, kbit/s, constant (ACX asks 192)"},
+        "sample_rate": {"type": "integer", "enum": list(SAMPLE_RATES),
+                        "description": "of the M4B and the MP3s; default: the render's own, 24000"},
         "title": {"type": "string"}, "author": {"type": "string"},
         "narrator": {"type": "string", "description": "for the M4B's and MP3s' tags (composer)"},
         "description": {"type": "string", "description": "for the tags; default: the book's own"},
@@ -121,6 +136,9 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
     options = BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3, timed=req.timed,
+                          epub3=req.epub3, bitrate_kbps=req.bitrate_kbps,
+                          mp3_bitrate_kbps=req.mp3_bitrate_kbps, sample_rate=req.sample_rate,
+                          series=req.series, series_part=req.series_part, preview_s=req.preview_s,
                           target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
     submission = Submission(options=options, book_format="manifest", chapters=req.chapters,
                             narrator=req.narrator, description=req.description)
@@ -138,6 +156,13 @@ async def _file_or_text(value: Any, limit: int) -> bytes | None:
     if isinstance(value, UploadFile):
         return await value.read(limit + 1)
     return value.encode() if value else None
+
+
+def _encoding_fields(form: FormData) -> dict[str, Any]:
+    """bitrate_kbps, mp3_bitrate_kbps, sample_rate as numbers (absent: the defaults)."""
+    out: dict[str, Any] = {name: number_field(form.get(name), name, int) or DEFAULT_KBPS
+                           for name in ("bitrate_kbps", "mp3_bitrate_kbps")}
+    return {**out, "sample_rate": number_field(form.get("sample_rate"), "sample_rate", int)}
 
 
 def _flag(text: str | None, default: bool) -> bool:
@@ -158,12 +183,14 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
         raise BadInput("reference must be an uploaded file")
     text = {name: text_field(form.get(name), name) for name in
             ("voice_id", "book_format", "output_format", "title", "author", "narrator", "description",
-             "language", "m4b", "mp3", "timed", "chapters")}
+             "language", "m4b", "mp3", "timed", "epub3", "chapters", "series", "series_part")}
     options = BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=_flag(text["m4b"], True), mp3=_flag(text["mp3"], False),
-                          timed=_flag(text["timed"], False),
+                          timed=_flag(text["timed"], False), epub3=_flag(text["epub3"], False),
                           target_lufs=target_lufs_field(text_field(form.get("target_lufs"), "target_lufs")),
                           seed=number_field(form.get("seed"), "seed", int) or 0,
+                          **_encoding_fields(form), series=text["series"], series_part=text["series_part"],
+                          preview_s=number_field(form.get("preview_s"), "preview_s", float),
                           priority=number_field(form.get("priority"), "priority", int) or 0)
     submission = Submission(options=options, filename=book.filename, book_format=text["book_format"],
                             title=text["title"], author=text["author"], narrator=text["narrator"],

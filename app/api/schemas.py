@@ -187,6 +187,13 @@ class BookRequest(BaseModel):
     m4b: bool = True
     mp3: bool = Field(False, description="an MP3 per chapter too, with ID3 tags")
     timed: bool = Field(False, description="subtitle books: each cue's speech at its start time")
+    epub3: bool = Field(False, description="a read-along EPUB 3 (a manifest has no text: refused)")
+    bitrate_kbps: StrictInt = Field(64, description="the M4B's AAC bitrate, kbit/s (app.books.encoding)")
+    mp3_bitrate_kbps: StrictInt = Field(64, description="the MP3s' constant bitrate, kbit/s")
+    sample_rate: StrictInt | None = Field(None, description="of the M4B and MP3s; null: the render's own")
+    series: str | None = Field(None, max_length=500, description="for the tags and metadata.json")
+    series_part: str | None = Field(None, max_length=20, description="the book's place in it: 1, 2.5 ...")
+    preview_s: float | None = Field(None, description="a preview: the first chosen chapter's first seconds")
     narrator: str | None = Field(None, max_length=500, description="for the tags; default: the manifest's")
     description: str | None = Field(None, max_length=10_000, description="for the tags")
     lexicon: dict[str, Any] | None = Field(None, description='pronunciation: {"words": {...}, "patterns": '
@@ -226,6 +233,8 @@ class BookOut(BaseModel):
     title: str
     author: str
     narrator: str = Field(description="for the players' tags (composer)")
+    series: str = Field("", description="for the tags and metadata.json (Audiobookshelf)")
+    series_part: str = Field("", description="the book's place in its series")
     description: str
     cast: dict[str, str] = Field(description="the voices the text's markup names (folded name -> voice id)")
     language: str
@@ -233,13 +242,22 @@ class BookOut(BaseModel):
     m4b: bool
     mp3: bool
     timed: bool
+    epub3: bool = Field(description="a read-along EPUB 3 (book.epub) beside the M4B")
+    bitrate_kbps: int = Field(description="the M4B's (and the read-along EPUB's) AAC bitrate, kbit/s")
+    mp3_bitrate_kbps: int = Field(description="the MP3s' constant bitrate, kbit/s")
+    sample_rate: int | None = Field(description="of the M4B and MP3s; null: the render's own (24000)")
     target_lufs: float | None = Field(description="chapter loudness target (LUFS); null: measured only")
     priority: int
     chapters_selected: str | None = Field(description="the chapters of the source this render holds "
                                           "(e.g. 3-7,12); null: all of them")
     segments_total: int = Field(description="distinct segments (a repeated sentence renders once)")
     segments_done: int
-    audio_seconds: float
+    audio_seconds: float = Field(description="speech rendered so far: the segments' own audio, without the "
+                                 "pauses between them (so shorter than `seconds`)")
+    seconds: float | None = Field(description="the book's length with its pauses, as the M4B and "
+                                  "chapters.json give it; null until every chapter is assembled")
+    notes: list[str] = Field(description="how the audio was made, when not by the real model (dummy "
+                             "weights, the stand-in tokenizer): such audio is not speech")
     est_seconds: float
     eta_s: float | None
     submitted_at: datetime
@@ -260,11 +278,15 @@ class BookOut(BaseModel):
                                file_url=base + c.file if c.file else None) for c in view.chapters]
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
                    narrator=view.narrator, description=view.description, cast=view.cast,
+                   series=view.series, series_part=view.series_part,
                    language=b.language, output_format=b.output_format, m4b=b.m4b, mp3=b.mp3, timed=b.timed,
+                   epub3=b.epub3, bitrate_kbps=b.bitrate_kbps, mp3_bitrate_kbps=b.mp3_bitrate_kbps,
+                   sample_rate=b.sample_rate,
                    target_lufs=b.target_lufs, priority=b.priority,
                    chapters_selected=b.chapters_selected, segments_total=view.segments_total,
                    segments_done=view.segments_done,
-                   audio_seconds=round(view.audio_seconds, 2), est_seconds=round(b.est_seconds, 2),
+                   audio_seconds=round(view.audio_seconds, 2), seconds=view.seconds, notes=view.notes,
+                   est_seconds=round(b.est_seconds, 2),
                    eta_s=view.eta_s, submitted_at=b.submitted_at, started_at=b.started_at,
                    finished_at=b.finished_at, error=b.error, chapters=chapters,
                    files={name: base + name for name in view.files})

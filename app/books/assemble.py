@@ -8,13 +8,13 @@ segment lies. A chapter is never whole in memory: it is measured as its segments
 with its gain as they are read again (a timed chapter's hours of silence cost a count, not samples).
 `write_m4b` encodes the chapter files to AAC in an MP4 ("M4B " brand) with PyAV: chapter markers
 at the exact sample where each chapter starts, the book's tags (`BookTags`) and a JPEG/PNG cover as
-an attached picture. `write_mp3` encodes one chapter file to MP3 with ID3v2.3 tags (chapter title,
+an attached picture. `write_m4a` encodes one chapter file to AAC in MP4 for a read-along EPUB.
+`write_mp3` encodes one chapter file to MP3 with ID3v2.3 tags (chapter title,
 book, author, narrator, track n/N, the cover as APIC). No ffmpeg binary is run.
 
-Tags, as audiobook players read them (the convention Audible's and the community's taggers follow):
-title and album the book (an MP3's title: its chapter), artist and album artist the author,
-composer the narrator, genre "Audiobook", the description as `description` (MP4 `desc`) and
-`comment`. Every file is written to a temporary name beside
+Tags, as audiobook players read them, are `app.books.tags` (an MP3's title: its chapter).
+The M4B, the M4A and the MP3s are encoded at the bitrate and sample rate given (`app.books.encoding`;
+PyAV resamples). Every file is written to a temporary name beside
 its target and renamed into place (`os.replace`), so a reader never sees half a file.
 The chapter index (JSON + WebVTT) is `app.books.index`; the whole book, reusing the chapter files
 whose inputs have not changed, is `app.books.output`.
@@ -40,6 +40,7 @@ from app.books import loudness
 from app.books.loudness import Loudness
 from app.books.meter import StreamMeter
 from app.books.plan import PlanChapter
+from app.books.tags import BookTags, write_mp4_extra_tags
 from app.errors import BadInput, NotFound
 from app.speech import SAMPLE_RATE, OutputFormat
 
@@ -48,20 +49,6 @@ if TYPE_CHECKING:
 
 _BLOCK = 1 << 16  # samples per read while encoding
 _COVER_CODECS = {"image/jpeg": ("mjpeg", "yuvj420p"), "image/png": ("png", "rgb24")}
-
-
-@dataclass(frozen=True)
-class BookTags:
-    title: str
-    author: str = ""
-    narrator: str = ""
-    description: str = ""
-
-    def common(self) -> dict[str, str]:
-        """The tags every output of the book carries (empty ones left out)."""
-        tags = {"album": self.title, "artist": self.author, "album_artist": self.author,
-                "composer": self.narrator, "genre": "Audiobook", "comment": self.description}
-        return {k: v for k, v in tags.items() if v}
 
 
 @dataclass(frozen=True)
@@ -169,34 +156,51 @@ def read_segment(audio: Mapping[str, Path], key: str, sample_rate: int, *, where
 # --- M4B -----------------------------------------------------------------------------------------
 
 def write_m4b(chapters: Sequence[ChapterAudio], out: Path, *, tags: BookTags,
-              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000) -> None:
-    """Encode the chapter files, in order, into one AAC M4B with a chapter marker per file."""
+              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000,
+              sample_rate: int | None = None) -> None:
+    """Encode the chapter files, in order, into one AAC M4B with a chapter marker per file; at
+    `sample_rate` (PyAV's resampler) when given, else at the chapters' own rate."""
     if not chapters:
         raise BadInput("an audiobook needs at least one chapter")
     rate = chapters[0].sample_rate
     if any(c.sample_rate != rate for c in chapters):
         raise ValueError("chapters have different sample rates")
-    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4", options={"brand": "M4B "}) as box:
-        box.metadata.update({"title": tags.title, **tags.common()})
-        if tags.description:
-            box.metadata["description"] = tags.description
-        stream = box.add_stream("aac", rate=rate, layout="mono")
+    with atomic_path(out) as tmp:
+        with av.open(str(tmp), "w", format="mp4", options={"brand": "M4B "}) as box:
+            box.metadata.update({"title": tags.title, **tags.common()})
+            if tags.description:
+                box.metadata["description"] = tags.description
+            stream = box.add_stream("aac", rate=sample_rate or rate, layout="mono")
+            stream.bit_rate = bitrate
+            picture = _cover_stream(box, cover_type) if cover else None
+            box.set_chapters(_markers(chapters, rate))
+            pts = 0
+            for chapter in chapters:
+                pts = _encode_file(box, stream, chapter.path, rate, pts)
+            for packet in stream.encode(None):
+                box.mux(packet)
+            if picture is not None and cover is not None:
+                packet = av.Packet(cover)
+                packet.stream, packet.pts, packet.dts = picture, 0, 0
+                box.mux(packet)
+        write_mp4_extra_tags(tmp, tags)
+
+
+def write_m4a(chapter: ChapterAudio, out: Path, *, bitrate: int = 64000,
+              sample_rate: int | None = None) -> None:
+    """One chapter file -> AAC in an MP4 (no tags): the audio of a read-along EPUB's chapter."""
+    rate = chapter.sample_rate
+    with atomic_path(out) as tmp, av.open(str(tmp), "w", format="mp4") as box:
+        stream = box.add_stream("aac", rate=sample_rate or rate, layout="mono")
         stream.bit_rate = bitrate
-        picture = _cover_stream(box, cover_type) if cover else None
-        box.set_chapters(_markers(chapters, rate))
-        pts = 0
-        for chapter in chapters:
-            pts = _encode_file(box, stream, chapter.path, rate, pts)
+        _encode_file(box, stream, chapter.path, rate, 0)
         for packet in stream.encode(None):
-            box.mux(packet)
-        if picture is not None and cover is not None:
-            packet = av.Packet(cover)
-            packet.stream, packet.pts, packet.dts = picture, 0, 0
             box.mux(packet)
 
 
 def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, tracks: int,
-              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000) -> None:
+              cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000,
+              sample_rate: int | None = None) -> None:
     """One chapter file -> an MP3 (LAME, constant bitrate) with ID3v2.3 tags: the chapter's title, the
     book's tags, track `track`/`tracks`, the description as a comment, the cover as the front cover.
 
@@ -207,7 +211,7 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
     rate = chapter.sample_rate
     with atomic_path(out) as tmp:
         with av.open(str(tmp), "w", format="mp3", options={"write_id3v2": "0"}) as box:
-            stream = box.add_stream("libmp3lame", rate=rate, layout="mono")
+            stream = box.add_stream("libmp3lame", rate=sample_rate or rate, layout="mono")
             stream.bit_rate = bitrate
             _encode_file(box, stream, chapter.path, rate, 0)
             for packet in stream.encode(None):
@@ -219,8 +223,13 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
                            ("composer", id3.TCOM), ("genre", id3.TCON)):
             if key in common:
                 frames.append(kind(encoding=3, text=common[key]))
-        if tags.description:
-            frames.append(id3.COMM(encoding=3, lang="eng", desc="", text=tags.description))
+        if tags.comment:
+            frames.append(id3.COMM(encoding=3, lang="eng", desc="", text=tags.comment))
+        frames += [id3.TXXX(encoding=3, desc=k, text=v) for k, v in tags.custom().items() if k != "LANGUAGE"]
+        if tags.grouping:
+            frames.append(id3.TIT1(encoding=3, text=tags.grouping))
+        if tags.language:
+            frames.append(id3.TLAN(encoding=3, text=tags.language))
         if cover and cover_type:
             frames.append(id3.APIC(encoding=3, mime=cover_type, type=id3.PictureType.COVER_FRONT,
                                    desc="cover", data=cover))

@@ -9,8 +9,12 @@
                     meta.json   cover type, the manifest's folder (CLI books with source audio), and what
                                 the book's status shows of the plan (narrator, description, cast)
                     cover       the cover image, when the book has one
+                    readalong.json  epub3 books: each chapter's text as shown, cut at its segments
+                                (`app.books.readalong`), written by the reading child with the plan
+                    readalong-source.zip  epub3 books from an EPUB: its files, segments wrapped
                     out/        chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt, and with
-                                mp3 chapter-001.mp3 ... (+ sidecars)
+                                mp3 chapter-001.mp3 ..., with epub3 book.epub and readalong/ (its
+                                chapter audio) (+ sidecars)
 
 A book's plan never changes once written, so `load_plan` keeps the last plans it read (a book's
 thousand segment tasks read it once per process, not a thousand times).
@@ -26,10 +30,14 @@ from typing import Any
 
 from app.artifacts import ArtifactStore, atomic_path, write_text
 from app.books.plan import BookPlan
+from app.books.readalong import ChapterText, ReadAlong, load_text
 from app.books.source import SourceBook
 
 BOOKS_DIR = "books"
-OUTPUT_NAMES = ("book.m4b", "chapters.json", "chapters.vtt")  # besides the chapter files
+READALONG = "readalong.json"
+SKELETON = "readalong-source.zip"  # an EPUB source's files for its read-along EPUB (`app.books.epub_text`)
+OUTPUT_NAMES = ("book.m4b", "book.epub", "chapters.json", "chapters.vtt", "metadata.json", "cover.jpg",
+                "cover.png")  # besides the chapter files
 
 
 def book_dir(artifacts: ArtifactStore, book_id: str) -> Path:
@@ -49,8 +57,22 @@ def store_files(folder: Path, plan: BookPlan, source: SourceBook, base_dir: Path
             tmp.write_bytes(source.cover)
     meta = {"cover_type": source.cover_type if source.cover else None,
             "base_dir": str(base_dir.resolve()) if base_dir is not None else None,
-            "narrator": plan.narrator, "description": plan.description, "cast": plan.cast}
+            "narrator": plan.narrator, "description": plan.description, "cast": plan.cast,
+            "series": plan.series, "series_part": plan.series_part}
     write_text(folder / "meta.json", json.dumps(meta))
+
+
+def store_readalong(folder: Path, texts: list[ChapterText], source: dict[str, Any] | None = None) -> None:
+    """The shown text, and an EPUB source's own documents (their skeleton zip is written already)."""
+    write_text(folder / READALONG, json.dumps({"chapters": [t.to_dict() for t in texts], "source": source},
+                                              ensure_ascii=False))
+
+
+def load_readalong(artifacts: ArtifactStore, book_id: str) -> ReadAlong:
+    folder = book_dir(artifacts, book_id)
+    data = json.loads((folder / READALONG).read_text(encoding="utf-8"))
+    source = data.get("source")
+    return ReadAlong(tuple(load_text(data["chapters"])), source, folder / SKELETON if source else None)
 
 
 def load_plan(artifacts: ArtifactStore, book_id: str) -> BookPlan:

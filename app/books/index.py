@@ -2,8 +2,11 @@
 
 Chapters are on the book's timeline (the M4B's), segments both on their chapter file's timeline
 (`start`, `end`) and on the book's (`book_start`, `book_end`); times in seconds, to the millisecond.
-Each chapter carries its measured loudness as written (`integrated_lufs`, `true_peak_dbtp`, and the
-`gain_db` normalisation applied; null for silence).
+`duration` is the book's length with its pauses (the M4B's); `notes` say how the audio was made when it
+is not the real model's (dummy weights, the stand-in tokenizer); `encoding` what the M4B (and the
+read-along EPUB's audio) and the MP3s were encoded with (`app.books.encoding`). Each chapter carries
+its measured loudness as written (`integrated_lufs`, `true_peak_dbtp`, and the `gain_db` normalisation
+applied; null for silence).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from app.artifacts import write_text
 from app.books.assemble import ChapterAudio
 
 
-def chapter_index(chapters: Sequence[ChapterAudio], *, title: str, author: str) -> dict[str, Any]:
+def chapter_index(chapters: Sequence[ChapterAudio], *, title: str, author: str,
+                  notes: Sequence[str] = (), encoding: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Chapters on the book's timeline; segments on their chapter file's and on the book's timeline."""
     out, offset = [], 0.0
     for chapter in chapters:
@@ -29,7 +33,8 @@ def chapter_index(chapters: Sequence[ChapterAudio], *, title: str, author: str) 
                                   "book_start": round(offset + s.start, 3),
                                   "book_end": round(offset + s.end, 3)} for s in chapter.segments]})
         offset += chapter.duration
-    return {"title": title, "author": author, "duration": round(offset, 3), "chapters": out}
+    return {"title": title, "author": author, "duration": round(offset, 3), "notes": list(notes),
+            "encoding": dict(encoding or {}), "chapters": out}
 
 
 def webvtt(index: Mapping[str, Any]) -> str:
@@ -46,8 +51,9 @@ def webvtt(index: Mapping[str, Any]) -> str:
 
 
 def write_index(chapters: Sequence[ChapterAudio], json_path: Path, vtt_path: Path, *, title: str,
-                author: str) -> dict[str, Any]:
-    index = chapter_index(chapters, title=title, author=author)
+                author: str, notes: Sequence[str] = (),
+                encoding: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    index = chapter_index(chapters, title=title, author=author, notes=notes, encoding=encoding)
     write_text(json_path, json.dumps(index, ensure_ascii=False, indent=1))
     write_text(vtt_path, webvtt(index))
     return index

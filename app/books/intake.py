@@ -75,8 +75,11 @@ def accept_book(*, settings: Settings, session: Session, sender: wire.TaskSender
         queries.create_book(session=session, book_id=book_id, voice_id=voice.id, title=_title(submission),
                             author=submission.author or "", language=submission.language or "en",
                             output_format=options.output_format, m4b=options.m4b, mp3=options.mp3,
-                            timed=options.timed, target_lufs=options.target_lufs, seed=options.seed,
-                            priority=options.priority)
+                            timed=options.timed, epub3=options.epub3, target_lufs=options.target_lufs,
+                            seed=options.seed, priority=options.priority,
+                            encoding={"bitrate_kbps": options.bitrate_kbps,
+                                      "mp3_bitrate_kbps": options.mp3_bitrate_kbps,
+                                      "sample_rate": options.sample_rate})
         session.commit()
     except BaseException:
         session.rollback()

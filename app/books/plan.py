@@ -78,6 +78,8 @@ class BookPlan:
     narrator: str = ""  # the players' tags; not spoken, not in any segment's key
     description: str = ""
     cast: dict[str, str] = field(default_factory=dict)  # folded voice name -> voice id, as the book uses
+    series: str = ""  # the players' and Audiobookshelf's series and the book's place in it; not spoken
+    series_part: str = ""
 
     def voice_of(self, segment: PlanSegment) -> str:
         return segment.voice or self.voice_id
@@ -111,7 +113,8 @@ class BookPlan:
                 for s in c["segments"]))
             for c in data["chapters"])
         return cls(data["title"], data["author"], data["language"], data["voice_id"], chapters, data["key"],
-                   data.get("narrator", ""), data.get("description", ""), dict(data.get("cast", {})))
+                   data.get("narrator", ""), data.get("description", ""), dict(data.get("cast", {})),
+                   data.get("series", ""), data.get("series_part", ""))
 
 
 def canonical_json(value: Any) -> bytes:
@@ -159,6 +162,19 @@ def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, A
     })).hexdigest()
     return BookPlan(book.title, book.author, book.language, voice_id, tuple(chapters), book_key,
                     book.narrator, book.description, {n: voices.cast[n] for n in sorted(voices.used)})
+
+
+def preview_plan(plan: BookPlan, seconds: float) -> BookPlan:
+    """The plan's first chapter cut to its first segments that fit `seconds` of estimated speech (at least
+    one): a preview. Its segments keep their keys, so rendering the whole book later reuses them."""
+    chapter = plan.chapters[0]
+    kept: list[PlanSegment] = []
+    for segment in chapter.segments:
+        if kept and (sum(s.est_tokens for s in kept) + segment.est_tokens) / TOKEN_RATE > seconds:
+            break
+        kept.append(segment)
+    key = hashlib.sha256(canonical_json({"preview_of": plan.key, "segments": len(kept)})).hexdigest()
+    return replace(plan, chapters=(PlanChapter(0, chapter.title, tuple(kept)),), key=key)
 
 
 @dataclass

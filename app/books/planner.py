@@ -4,7 +4,8 @@ that sets hard limits on itself first, so a hostile file costs at most those lim
     plan_submission(files, submission, job) -> (BookPlan, SourceBook)   pure: parse, select chapters,
                                          lexicon and cast, the timed span, plan (no database, no Redis)
     main(argv)                           the child: limits, plan_submission, then the book's files
-                                         (plan.json, meta.json, cover) and `outcome.json` last
+                                         (plan.json, meta.json, cover, with epub3 readalong.json: the
+                                         text as shown, cut at the segments) and `outcome.json` last
 
 `outcome.json` is {"ok": true, "book": {...}, "chapters": [[title, est_seconds, [[key, kind, voice],
 ...]], ...], "voices": [...]} (what the parent writes to the database, without reading the plan again),
@@ -26,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from app.books.cast import parse_cast
-from app.books.files import store_files
+from app.books.epub_text import own_documents
+from app.books.files import SKELETON, store_files, store_readalong
 from app.books.lexicon import EMPTY, Budget, Lexicon, load_lexicon, parse_lexicon
 from app.books.parse import parse_book, sniff_format
-from app.books.plan import BookPlan, plan_book
+from app.books.plan import BookPlan, plan_book, preview_plan
+from app.books.readalong import readalong_text
 from app.books.select import describe, parse_chapters
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, with_metadata
 from app.books.submission import Submission, SubmittedFiles
@@ -98,6 +101,11 @@ def plan_submission(files: SubmittedFiles, submission: Submission, job: ParseJob
     plan = plan_book(source, voice_id=job.voice_id, render_options=job.render_options, guide_options=guide,
                      limits=limits, lexicon=lexicon, cast=cast,
                      lexicon_budget=Budget(job.lexicon_budget_s))
+    options = submission.options
+    if options.preview_s is not None:
+        plan = preview_plan(plan, options.preview_s)
+    plan = replace(plan, series=" ".join((options.series or "").split()),
+                   series_part=options.series_part or "")
     return plan, source, selected
 
 
@@ -137,6 +145,15 @@ def check_timed_span(source: SourceBook, max_span_s: float) -> None:
 def _clock(ms: float) -> str:
     seconds = int(ms // 1000)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _own_documents(files: SubmittedFiles, submission: Submission, source: SourceBook,
+                   plan: BookPlan) -> dict[str, Any] | None:
+    """An EPUB source's own XHTML with its segments wrapped (None: not an EPUB, or not annotatable)."""
+    data = files.source.read_bytes()
+    if (submission.book_format or sniff_format(data, submission.filename)) != "epub":
+        return None
+    return own_documents(data, source, plan, DEFAULT_LIMITS, files.folder / SKELETON)
 
 
 def reason_of(exc: BaseException, limits: ChildLimits) -> str:
@@ -180,6 +197,9 @@ def run(job: ParseJob) -> dict[str, Any]:
         plan, source, selected = plan_submission(files, submission, job)
         base_dir = Path(submission.base_dir) if submission.base_dir else None
         store_files(Path(job.folder), plan, source, base_dir)
+        if submission.options.epub3:
+            texts = readalong_text(source, plan)
+            store_readalong(Path(job.folder), texts, _own_documents(files, submission, source, plan))
         return outcome_of(plan, source, selected)
     except Exception as exc:  # the boundary: every reader's exception becomes a reason
         if not isinstance(exc, BadInput):

@@ -5,8 +5,8 @@
                                             the segment's reason), 'stopped' (the book is no longer live)
                                             or 'assembled' (the chapter file is written); `last`: it was
                                             the book's last chapter and the book is now assembling
-    assemble(...)       -> the book's status: every chapter file (reused), the M4B and the index, then
-                           succeeded
+    assemble(...)       -> the book's status: every chapter file (reused), the M4B, the index and, for an
+                           epub3 book, the read-along EPUB, then succeeded
 
 Both look at the database, not at what triggered them, so an early, late or repeated call is harmless.
 """
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.artifacts import ArtifactStore
 from app.books import files
 from app.books.assemble import ChapterAudio
+from app.books.encoding import Encoding
 from app.books.output import assemble_book, render_chapter
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, BookStatus
@@ -46,6 +47,8 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
             return "waiting", False
         audio = {s.key: artifacts.path(s.output_path or "") for s in states}
         fmt, lufs, timed = book.output_format, book.target_lufs, book.timed
+        queries.gather_book_notes(session=session, book_id=book_id,
+                                  job_ids=[s.job_id for s in states if s.job_id])
     chapter = files.load_plan(artifacts, book_id).chapters[index]
     done = render_chapter(chapter, audio, files.output_dir(artifacts, book_id), fmt=fmt,
                           target_lufs=lufs, timed=timed)  # assemble() reuses the file
@@ -66,10 +69,13 @@ def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_
         audio = {s.key: artifacts.path(s.output_path or "")
                  for s in queries.book_segment_states(session=session, book_id=book_id) if s.done}
         fmt, lufs, m4b, mp3, timed = book.output_format, book.target_lufs, book.m4b, book.mp3, book.timed
+        epub3, notes = book.epub3, tuple(book.notes or ())
+        encoding = Encoding(book.bitrate_kbps, book.mp3_bitrate_kbps, book.sample_rate)
     cover, cover_type = files.load_cover(artifacts, book_id)
+    readalong = files.load_readalong(artifacts, book_id) if epub3 else None
     result = assemble_book(files.load_plan(artifacts, book_id), audio, files.output_dir(artifacts, book_id),
                            fmt=fmt, target_lufs=lufs, m4b=m4b, mp3=mp3, timed=timed, cover=cover,
-                           cover_type=cover_type)
+                           cover_type=cover_type, readalong=readalong, notes=notes, encoding=encoding)
     with session_scope(sessions) as session:
         for chapter in result.chapters:  # a chapter re-assembled here (its file was gone) is measured anew
             queries.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,

@@ -44,10 +44,14 @@ class BookStatusView:
     chapters: list[ChapterStatus]
     segments_total: int
     segments_done: int
-    audio_seconds: float
+    audio_seconds: float  # speech rendered: the segments' own audio, without the pauses between them
     eta_s: float | None
     files: list[str]
+    seconds: float | None = None  # the book's length with its pauses (the M4B's), once every chapter is
+    notes: list[str] = field(default_factory=list)  # how its audio was made: dummy weights, stand-in ...
     narrator: str = ""  # from the plan: the players' tags
+    series: str = ""
+    series_part: str = ""
     description: str = ""
     cast: dict[str, str] = field(default_factory=dict)  # from the plan: folded voice name -> voice id
 
@@ -91,7 +95,14 @@ def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> 
                           segments_total=sum(c.segments_total for c in chapters),
                           segments_done=sum(c.segments_done for c in chapters), audio_seconds=done_s,
                           eta_s=round(left / rate, 1) if live and rate else (0.0 if not live else None),
-                          files=list_outputs(artifacts, book_id), **_tags(artifacts, book_id))
+                          files=list_outputs(artifacts, book_id), notes=list(book.notes or []),
+                          seconds=_length(chapters), **_tags(artifacts, book_id))
+
+
+def _length(chapters: list[ChapterStatus]) -> float | None:
+    """The assembled chapter files' total (pauses and, for timed books, the gaps before cues included)."""
+    lengths = [c.seconds for c in chapters]
+    return round(sum(s for s in lengths if s is not None), 3) if lengths and None not in lengths else None
 
 
 def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, Any]:
@@ -101,6 +112,7 @@ def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, Any]:
     except (OSError, ValueError):  # a book whose files were removed still has a status
         return {}
     return {"narrator": str(meta.get("narrator") or ""), "description": str(meta.get("description") or ""),
+            "series": str(meta.get("series") or ""), "series_part": str(meta.get("series_part") or ""),
             "cast": dict(meta.get("cast") or {})}
 
 

@@ -13,11 +13,13 @@ reads them in a bounded child process (`app.books.planner`, run by `app.books.in
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app import wire
+from app.books.encoding import DEFAULT_KBPS, Encoding
 from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.books.parse import FORMATS
 from app.books.select import parse_chapters
@@ -25,7 +27,11 @@ from app.books.source import DEFAULT_LIMITS, BookLimits, check_language_tag
 from app.errors import BadInput
 from app.speech import MAX_SEED, OutputFormat
 
-DEFAULT_SEED = 0  # a fixed seed: the same book rendered again has the same keys, so it resumes
+_SERIES_PART_RE = re.compile(r"[^\s#]{1,20}")
+DEFAULT_SEED = 0
+DEFAULT_PREVIEW_S = 20.0
+PREVIEW_PRIORITY = 5  # a preview's segments overtake a rendering book's (0) and wait behind urgent jobs
+MAX_PREVIEW_S = 300.0  # a fixed seed: the same book rendered again has the same keys, so it resumes
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,20 @@ class BookOptions:
     m4b: bool = True
     mp3: bool = False  # an MP3 per chapter too (ID3-tagged), beside the chapter files
     timed: bool = False  # subtitles: each cue's speech at its start time
+    epub3: bool = False  # a read-along EPUB 3 (text, chapter audio, Media Overlays) beside the M4B
     target_lufs: float | None = DEFAULT_TARGET_LUFS  # None: chapters are measured, not normalised
     seed: int = DEFAULT_SEED
     priority: int = 0  # job priority of the segments (0..9, larger first); 0 yields to every other job
+    bitrate_kbps: int = DEFAULT_KBPS  # the M4B's AAC (and the read-along EPUB's), `app.books.encoding`
+    mp3_bitrate_kbps: int = DEFAULT_KBPS
+    sample_rate: int | None = None  # of the M4B and MP3s; None: the render's own (24 kHz)
+    series: str | None = None  # for the tags and metadata.json (Audiobookshelf): the series' name
+    series_part: str | None = None  # and the book's place in it: "1", "2.5", "3a"
+    preview_s: float | None = None  # a preview: the first chapter chosen, cut to about this many seconds
+
+    @property
+    def encoding(self) -> Encoding:
+        return Encoding(self.bitrate_kbps, self.mp3_bitrate_kbps, self.sample_rate)
 
     def check(self) -> None:
         if self.output_format not in tuple(OutputFormat):
@@ -48,6 +65,16 @@ class BookOptions:
             raise BadInput("seed must be an integer 0..2**63-1")
         if self.target_lufs is not None and not -70.0 <= self.target_lufs <= -5.0:
             raise BadInput("target loudness must be between -70 and -5 LUFS")
+        self.encoding.check()
+        if self.series is not None and not 0 < len(self.series.strip()) <= 500:
+            raise BadInput("series must be 1 to 500 characters")
+        if self.series_part is not None and not _SERIES_PART_RE.fullmatch(self.series_part):
+            raise BadInput(f"series_part {self.series_part[:40]!r} must be 1 to 20 characters without spaces "
+                           "or '#' (e.g. 1, 2.5, 3a): Audiobookshelf reads it after a '#'")
+        if self.preview_s is not None and not 1.0 <= self.preview_s <= MAX_PREVIEW_S:
+            raise BadInput(f"a preview is 1 to {MAX_PREVIEW_S:g} seconds long")
+        if self.series_part is not None and self.series is None:
+            raise BadInput("series_part needs a series")
 
 
 def target_lufs_field(text: str | None) -> float | None:
@@ -82,6 +109,8 @@ class Submission:
         """What can be refused without reading the book: options, format name, field lengths, the
         language tag's spelling and the chapter selection's."""
         self.options.check()
+        if self.options.epub3 and self.book_format == "manifest":
+            raise BadInput("a manifest of tokens or audio has no text to read along; epub3 needs a text book")
         if self.book_format is not None and self.book_format not in FORMATS:
             raise BadInput(f"book format {self.book_format!r} is not one of {', '.join(FORMATS)}")
         for what, value, limit in (("title", self.title, limits.max_title_chars),

@@ -10,11 +10,14 @@ import argparse
 import json
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from app.books.cast import parse_cast
+from app.books.files import chapter_file_name
+from app.books.submission import DEFAULT_PREVIEW_S, PREVIEW_PRIORITY
 from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument, voice_id_for
 from app.errors import BadInput
 
@@ -46,6 +49,38 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--format", dest="book_output", choices=("m4b", "flac", "wav"), default="m4b",
                         help="m4b: FLAC chapters and an M4B (default); flac or wav: chapter files only")
     render.add_argument("--wait", action="store_true", help="show progress until done, then download")
+    _add_book_options(render)
+    preview = action("preview", "render the first seconds of one chapter at a high priority, then write it "
+                     "to --out", cmd_book_preview)
+    preview.add_argument("book", type=Path, help="the book file, as for render")
+    preview.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
+    preview.add_argument("--out", type=Path, required=True, help="the preview's audio file (.flac or .wav)")
+    preview.add_argument("--chapter", type=int, default=1, help="which chapter, counted from 1 (default 1)")
+    preview.add_argument("--seconds", type=float, default=DEFAULT_PREVIEW_S,
+                         help=f"about how long (default {DEFAULT_PREVIEW_S:g}; whole segments, at least one)")
+    _add_book_options(preview, preview=True)
+    action("status", "show a book's progress", cmd_book_status).add_argument("book_id")
+    action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument("book_id")
+
+
+def _add_book_options(render: argparse.ArgumentParser, preview: bool = False) -> None:
+    """A render's options; a preview takes those that change how it sounds (the others keep their
+    defaults: one chapter file, nothing else)."""
+    render.add_argument("--lexicon", type=Path, help="a pronunciation lexicon, JSON or YAML (docs/BOOKS.md)")
+    render.add_argument("--cast", type=Path, help="voices for the names the text's markup uses, JSON or "
+                        "YAML: name -> voice id or reference audio file (relative to the cast file)")
+    render.add_argument("--language", help="BCP 47 tag (default: from the book, else en)")
+    priority = PREVIEW_PRIORITY if preview else 0
+    render.add_argument("--priority", type=int, default=priority,
+                        help=f"segment job priority (default {priority}; 0 yields to every other job)")
+    render.add_argument("--target-lufs", help="chapter loudness in LUFS (default -20, true peak at most "
+                        "-1 dBTP), or off: measure, do not normalise")
+    render.add_argument("--seed", type=int, default=0)
+    if preview:
+        render.set_defaults(book_output="flac", mp3=False, timed=False, epub3=False, **dict.fromkeys(
+            ("title", "author", "narrator", "description", "bitrate", "mp3_bitrate", "sample_rate", "series",
+             "series_part", "chapters")))
+        return
     render.add_argument("--title")
     render.add_argument("--author")
     render.add_argument("--narrator", help="for the M4B's and MP3s' tags (default: the book's own, if any)")
@@ -53,18 +88,16 @@ def add_commands(sub: Any) -> None:
     render.add_argument("--mp3", action="store_true", help="an MP3 per chapter too (ID3-tagged)")
     render.add_argument("--timed", action="store_true",
                         help="subtitles (.srt, .vtt): each cue's speech at its start time")
-    render.add_argument("--lexicon", type=Path, help="a pronunciation lexicon, JSON or YAML (docs/BOOKS.md)")
-    render.add_argument("--cast", type=Path, help="voices for the names the text's markup uses, JSON or "
-                        "YAML: name -> voice id or reference audio file (relative to the cast file)")
-    render.add_argument("--language", help="BCP 47 tag (default: from the book, else en)")
-    render.add_argument("--priority", type=int, default=0, help="segment job priority (0 yields to all)")
-    render.add_argument("--target-lufs", help="chapter loudness in LUFS (default -20, true peak at most "
-                        "-1 dBTP), or off: measure, do not normalise")
-    render.add_argument("--seed", type=int, default=0)
+    render.add_argument("--bitrate", type=int, help="the M4B's AAC bitrate in kbit/s (default 64)")
+    render.add_argument("--mp3-bitrate", type=int, help="the MP3s' bitrate in kbit/s (default 64; ACX: 192)")
+    render.add_argument("--sample-rate", type=int, help="of the M4B and MP3s in Hz (default: the render's, "
+                        "24000; ACX: 44100)")
+    render.add_argument("--series", help="the series the book belongs to (tags, metadata.json)")
+    render.add_argument("--series-part", help="the book's place in the series: 1, 2.5, 3a")
+    render.add_argument("--epub3", action="store_true",
+                        help="a read-along EPUB 3 too (book.epub: the text highlighted as the audio plays)")
     render.add_argument("--chapters", help="render only these chapters, counted from 1: e.g. 3-7,12 "
                         "(a later render of the whole book reuses their segments)")
-    action("status", "show a book's progress", cmd_book_status).add_argument("book_id")
-    action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument("book_id")
 
 
 def _form(args: argparse.Namespace) -> dict[str, str]:
@@ -72,11 +105,14 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
     form = {"output_format": "flac" if args.book_output == "m4b" else args.book_output,
             "m4b": "true" if args.book_output == "m4b" else "false", "seed": str(args.seed),
             "priority": str(args.priority), "mp3": "true" if args.mp3 else "false",
-            "timed": "true" if args.timed else "false"}
+            "timed": "true" if args.timed else "false", "epub3": "true" if args.epub3 else "false"}
     form.update({k: str(v) for k, v in (("title", args.title), ("author", args.author),
                                         ("narrator", args.narrator), ("description", args.description),
                                         ("language", args.language), ("target_lufs", args.target_lufs),
-                                        ("chapters", args.chapters))
+                                        ("chapters", args.chapters), ("bitrate_kbps", args.bitrate),
+                                        ("mp3_bitrate_kbps", args.mp3_bitrate),
+                                        ("sample_rate", args.sample_rate), ("series", args.series),
+                                        ("series_part", args.series_part))
                  if v is not None})
     if args.lexicon is not None:
         try:
@@ -102,19 +138,45 @@ def cast_ids(api: Any, path: Path) -> dict[str, str]:
     return out
 
 
-def cmd_book_render(args: argparse.Namespace) -> int:
+def cmd_book_preview(args: argparse.Namespace) -> int:
+    """Submit the preview (a book of one chapter's first seconds), follow it, write its chapter file."""
+    suffix = args.out.suffix.lower().lstrip(".")
+    if suffix not in ("flac", "wav"):
+        raise BadInput(f"--out {args.out}: a preview is written as .flac or .wav")
+    args.book_output, args.chapters = suffix, str(args.chapter)
+    form = {**_form(args), "preview_s": str(args.seconds)}
+    api, book = _submit(args, form)
+    book = follow_book(api, book["id"])
+    for note in book.get("notes") or []:
+        print(f"wavefarm: note: book {book['id'][:8]}: {note}", file=sys.stderr)
+    if not finished_well("book", book):
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    api.book_file(book["id"], chapter_file_name(0, suffix), args.out)
+    print(f"preview of chapter {args.chapter} written to {args.out}")
+    return 0
+
+
+def _submit(args: argparse.Namespace, form: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    """Upload the voice and the cast's references if need be, submit the book, print its id."""
     voice_argument(args.voice)  # a bad --voice is refused before the book is read
     data = read_file(args.book, "book file")
-    form = _form(args)
     api = client(args)
     if args.cast is not None:
         form["cast"] = json.dumps(cast_ids(api, args.cast))
     book = api.submit_book(data, args.book.name, voice_id_for(api, args.voice), form,
                            args.book.resolve().parent)
     print(book["id"])
+    return api, book
+
+
+def cmd_book_render(args: argparse.Namespace) -> int:
+    api, book = _submit(args, _form(args))
     if not (args.wait or args.out):
         return 0
     book = follow_book(api, book["id"])
+    for note in book.get("notes") or []:  # dummy weights, the stand-in tokenizer: said plainly
+        print(f"wavefarm: note: book {book['id'][:8]}: {note}", file=sys.stderr)
     if not finished_well("book", book):
         return 1
     if args.out:
@@ -149,14 +211,18 @@ def follow_book(api: Any, book_id: str, poll_s: float = 1.0) -> dict[str, Any]:
 def cmd_book_status(args: argparse.Namespace) -> int:
     book = client(args).book(args.book_id)
     eta = f"  ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
+    length = f", {book['seconds']:.2f} s with pauses (M4B)" if book.get("seconds") is not None else ""
     print(f"{book['id']}  {book['status']}  {book['segments_done']}/{book['segments_total']} segments  "
-          f"{book['audio_seconds']:.1f} s audio{eta}  {book['title']}"
+          f"{book['audio_seconds']:.1f} s speech{length}{eta}  {book['title']}"
           + (f"  (chapters {book['chapters_selected']})" if book.get("chapters_selected") else ""))
+    for note in book.get("notes") or []:
+        print(f"  note: {note}")
     for c in book["chapters"]:
         loud = (f"  {c['loudness_lufs']:.1f} LUFS, {c['true_peak_dbtp']:.1f} dBTP"
                 if c.get("loudness_lufs") is not None and c.get("true_peak_dbtp") is not None else "")
+        length = f" ({c['seconds']:.2f} s with pauses)" if c.get("seconds") is not None else ""
         print(f"  {c['index'] + 1:>3}. {c['segments_done']:>4}/{c['segments_total']:<4} "
-              f"{c['audio_seconds']:>7.1f} s  {c['title']}{loud}")
+              f"{c['audio_seconds']:>7.1f} s speech{length}  {c['title']}{loud}")
     if book.get("error"):
         print(f"  error: {book['error']}")
     return 0

@@ -271,6 +271,11 @@ class Book(Base):
     m4b: Mapped[bool] = mapped_column(Boolean, default=True)
     mp3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # MP3s per chapter too
     timed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # cues at their times
+    epub3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # read-along EPUB too
+    notes: Mapped[list[str] | None] = mapped_column(JSON)  # how its audio was made (its segment jobs' notes)
+    bitrate_kbps: Mapped[int] = mapped_column(Integer, default=64, server_default="64")  # M4B (AAC)
+    mp3_bitrate_kbps: Mapped[int] = mapped_column(Integer, default=64, server_default="64")
+    sample_rate: Mapped[int | None] = mapped_column(Integer)  # of M4B and MP3s; NULL: the render's own
     target_lufs: Mapped[float | None]
     seed: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0)

@@ -298,7 +298,7 @@ def test_cli_renders_a_manifest_with_tokens_and_source_audio_into_the_out_folder
     assert done.returncode == 0, done.stderr[-3000:]
     book_id = done.stdout.split()[0]
     assert sorted(p.name for p in out.iterdir()) == [
-        "book.m4b", "chapter-001.flac", "chapter-002.flac", "chapters.json", "chapters.vtt"]
+        "book.m4b", "chapter-001.flac", "chapter-002.flac", "chapters.json", "chapters.vtt", "metadata.json"]
     assert [t for t, _ in m4b_chapters(out / "book.m4b")] == ["Tokens", "Re-voiced"]
     assert sf.info(str(out / "chapter-001.flac")).frames >= 60 * 960
     # The source audio was tokenized at 25 tokens per second, then rendered.

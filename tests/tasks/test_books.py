@@ -265,6 +265,107 @@ def test_a_timed_subtitle_book_places_each_cue_at_its_start(res: Resources, cele
     assert view.book.timed and view.chapters[0].seconds > 30.0
 
 
+def test_an_epub3_book_is_read_planned_and_assembled_into_a_read_along_epub(res: Resources,
+                                                                           celery: Celery) -> None:
+    """The reading child writes the shown text (readalong.json); book.assemble writes book.epub from it."""
+    import zipfile
+
+    book_id = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md", options=BookOptions(epub3=True))
+    books.plan(book_id, res)
+    for _, segment in output_plan(res, book_id).segments():
+        books.tokenize(book_id, segment.key, res)
+    render_live_jobs(res, book_id)
+    assert [books.check_chapter(book_id, i, res) for i in range(3)] == ["assembled"] * 3
+    assert books.assemble(book_id, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    assert view.book.epub3 and {"book.epub", "book.m4b"} <= set(view.files)
+    with zipfile.ZipFile(output_dir(res.artifacts, book_id) / "book.epub") as z:
+        assert "Dr. Watson arrived at 7:30" in z.read("OEBPS/text/chapter-003.xhtml").decode()
+        assert len([n for n in z.namelist() if n.endswith(".smil")]) == 3
+    from tests.app.books.conftest import make_epub
+
+    own = submit(res, celery, make_epub(), filename="tales.epub", options=BookOptions(epub3=True))
+    books.plan(own, res)
+    for _, segment in output_plan(res, own).segments():
+        books.tokenize(own, segment.key, res)
+    render_live_jobs(res, own)
+    assert all(books.check_chapter(own, i, res) == "assembled" for i in range(4))
+    assert books.assemble(own, res) == "succeeded"
+    with zipfile.ZipFile(output_dir(res.artifacts, own) / "book.epub") as z:  # the book's own XHTML
+        first = z.read("OEBPS/text/zz_first.xhtml").decode()
+        assert '<span id="wf-2-2">It began at dusk.</span>' in first and "<script>" in first
+    for named in ({"book_format": "manifest"}, {"filename": "tokens.json"}):  # refused before or by reading
+        with pytest.raises(BadInput, match="no text to read along"):
+            submit(res, celery, manifest_book([[30]]), options=BookOptions(epub3=True), **named)
+
+
+def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_lengths(
+        res: Resources, celery: Celery) -> None:
+    """The stand-in tokenizer's note (book.tokenize) and the GPU worker's dummy-weights note reach the
+    book: its status, chapters.json and the M4B's comment. Speech rendered is shorter than the M4B by
+    exactly the pauses between segments: both figures are given, each named."""
+    from app.db.models import Job
+    from app.text_tokens import STAND_IN_NOTE
+    from gpu_worker.runtime import dummy_weights_note
+
+    assert res.settings.model_dir is None
+    book_id = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md",
+                     description="Three short parts.")
+    books.plan(book_id, res)
+    plan = output_plan(res, book_id)
+    for _, segment in plan.segments():
+        books.tokenize(book_id, segment.key, res)
+    with res.sessions() as session:  # the GPU worker's part: it notes dummy weights on each job it claims
+        for job in session.query(Job).filter(Job.status == JobStatus.QUEUED):
+            queries.add_job_note(session=session, job_id=job.id, note=dummy_weights_note(res.settings))
+        session.commit()
+    render_live_jobs(res, book_id)
+    assert [books.check_chapter(book_id, i, res) for i in range(3)] == ["assembled"] * 3
+    assert books.assemble(book_id, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=book_id)
+    expected = [STAND_IN_NOTE, dummy_weights_note(res.settings)]
+    assert view.notes == expected
+    out = output_dir(res.artifacts, book_id)
+    index = json.loads((out / "chapters.json").read_text())
+    assert index["notes"] == expected
+    comment = mutagen.mp4.MP4(out / "book.m4b").tags["\xa9cmt"][0]
+    assert comment.splitlines() == ["Three short parts.", *(f"Note: {n}" for n in expected)]
+    pauses = sum(s.pause_after_ms for _, s in plan.segments()) / 1000
+    assert view.seconds == pytest.approx(index["duration"], abs=1e-3)
+    assert view.seconds == pytest.approx(view.audio_seconds + pauses, abs=1e-3)
+
+
+def test_a_preview_renders_one_chapters_first_seconds_first_and_the_whole_book_reuses_them(
+        res: Resources, celery: Celery) -> None:
+    from app.books.submission import PREVIEW_PRIORITY
+
+    options = BookOptions(preview_s=3.0, m4b=False, priority=PREVIEW_PRIORITY)
+    preview = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md", chapters="3", options=options)
+    cut = output_plan(res, preview)
+    whole = output_plan(res, submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md"))
+    third = whole.chapters[2].segments
+    assert len(cut.chapters) == 1 and 0 < len(cut.chapters[0].segments) < len(third)
+    assert [s.key for s in cut.chapters[0].segments] == [s.key for s in third[:len(cut.chapters[0].segments)]]
+    kept = cut.chapters[0].segments
+    assert sum(s.est_tokens for s in kept) / 25 <= 3.0 or len(kept) == 1  # whole segments, at least one
+    sent = books.plan(preview, res)
+    for _, segment in cut.segments():
+        books.tokenize(preview, segment.key, res)
+    with res.sessions() as session:
+        jobs = [queries.require_job(session=session, job_id=s.job_id)
+                for s in queries.book_segment_states(session=session, book_id=preview)]
+    assert sent == len(jobs) and {j.priority for j in jobs} == {PREVIEW_PRIORITY}  # ahead of books at 0
+    render_live_jobs(res, preview)
+    assert books.check_chapter(preview, 0, res) == "assembled" and books.assemble(preview, res) == "succeeded"
+    with res.sessions() as session:
+        view = book_status(session=session, artifacts=res.artifacts, book_id=preview)
+    assert view.files == ["chapter-001.flac", "chapters.json", "chapters.vtt", "metadata.json"]
+    later = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md")
+    assert books.plan(later, res) == len(whole.unique_keys()) - len(jobs)  # the preview's are reused
+
+
 def output_plan(res: Resources, book_id: str):
     from app.books.files import load_plan
 

@@ -58,15 +58,22 @@ function addVoice(data) {
 
 // Forms ------------------------------------------------------------------------------------------
 
-function bookForm(form) {
+function bookForm(form, submitter) {
   const data = new FormData();
   data.append("book", form.elements.book.files[0]);
-  for (const name of ["title", "author", "narrator", "language", "chapters", "output_format", "target_lufs"]) {
+  for (const name of ["title", "author", "narrator", "language", "chapters", "output_format", "target_lufs",
+                      "bitrate_kbps", "mp3_bitrate_kbps", "sample_rate", "series", "series_part"]) {
     const value = form.elements[name].value.trim();
     if (value) data.append(name, value);
   }
   data.append("m4b", form.elements.m4b.checked ? "true" : "false");
   data.append("mp3", form.elements.mp3.checked ? "true" : "false");
+  data.append("epub3", form.elements.epub3.checked ? "true" : "false");
+  if (submitter && submitter.name === "preview") {  // one chapter's first seconds, at a high priority
+    data.set("preview_s", submitter.value);
+    for (const name of ["m4b", "mp3", "epub3"]) data.set(name, "false");
+    data.set("priority", "5");
+  }
   addVoice(data);
   return data;
 }
@@ -97,7 +104,7 @@ function onSubmit(form, kind, build) {
     const button = $("button[type=submit]", form);
     button.disabled = true;
     try {
-      const item = await (await api("POST", `/v1/${kind}s`, build(form))).json();
+      const item = await (await api("POST", `/v1/${kind}s`, build(form, event.submitter))).json();
       show(message, null);
       track(kind, item);
       if ($("#reference").files[0]) loadVoices();
@@ -191,6 +198,7 @@ function render(card, item) {
   p.cancel.hidden = !card.live;
   if (card.kind === "book") renderBook(card, item);
   else renderJob(card, item);
+  renderNotes(p, item.notes || []);
   // A cancelled item's error is the word "cancelled" again: the status says it already.
   show(p.failure, item.error && item.error !== item.status ? `${item.status}: ${item.error}` : null);
 }
@@ -256,6 +264,14 @@ function renderChapter(card, chapter) {
   }
 }
 
+function renderNotes(p, notes) {  // a job's or a book's: dummy weights, the stand-in tokenizer
+  if (p.notes.dataset.notes !== notes.join("\n")) {  // said plainly: such audio is noise
+    p.notes.dataset.notes = notes.join("\n");
+    p.notes.replaceChildren(...notes.map((note) => el("li", {}, `Note: ${note}`)));
+    p.notes.hidden = !notes.length;
+  }
+}
+
 function renderJob(card, job) {
   const p = card.parts;
   p.title.textContent = `Job ${job.id.slice(0, 8)}` + (job.kind === "text" ? ` · “${job.text.slice(0, 60)}”` : "");
@@ -264,12 +280,6 @@ function renderJob(card, job) {
   p.summary.textContent = job.kind === "text" && job.n_tokens === 0 && card.live
     ? "making speech tokens from the text" : `${Math.round(job.progress.fraction * 100)} % · ` +
     `${seconds(job.n_tokens / 25)} of audio · ${job.n_tokens} tokens`;
-  const notes = job.notes || [];
-  if (p.notes.dataset.notes !== notes.join("\n")) {  // said plainly: such audio is noise
-    p.notes.dataset.notes = notes.join("\n");
-    p.notes.replaceChildren(...notes.map((note) => el("li", {}, `Note: ${note}`)));
-    p.notes.hidden = !notes.length;
-  }
   if (job.audio_url && !p.body.childElementCount) {
     const name = `${job.id}.${job.output_format}`;
     p.body.append(player(job.audio_url, p.mediaError), downloadLink(job.audio_url, name, p.mediaError));

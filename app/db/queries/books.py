@@ -37,12 +37,14 @@ INSERT_CHUNK = 500  # rows per INSERT: SQLite allows 32,766 bound variables in o
 
 def create_book(*, session: Session, book_id: str, voice_id: str, title: str, author: str, language: str,
                 output_format: str, m4b: bool, target_lufs: float | None, seed: int, priority: int,
-                mp3: bool = False, timed: bool = False) -> Book:
+                mp3: bool = False, timed: bool = False, epub3: bool = False,
+                encoding: dict[str, Any] | None = None) -> Book:
     """Insert a submitted book, `parsing`: its chapters and segments come once it is read
     (`add_book_plan`)."""
     now = utcnow()
     book = Book(id=book_id, voice_id=voice_id, status=BookStatus.PARSING, title=title, author=author,
                 language=language, plan_key="", output_format=output_format, m4b=m4b, mp3=mp3, timed=timed,
+                epub3=epub3, **(encoding or {}),
                 target_lufs=target_lufs, seed=seed, priority=priority, segments_total=0, est_seconds=0.0,
                 submitted_at=now, updated_at=now)
     session.add(book)
@@ -262,6 +264,19 @@ def book_segment_states(*, session: Session, book_id: str, chapter: int | None =
     for row in session.execute(stmt):
         seen.setdefault(row[0], SegmentState(*row))
     return list(seen.values())
+
+
+def gather_book_notes(*, session: Session, book_id: str, job_ids: Sequence[str]) -> list[str]:
+    """Add the notes of these jobs (a chapter's segment jobs) to the book's, each sentence once; returns
+    the book's notes. A book's notes say how its audio was made (dummy weights, the stand-in tokenizer)."""
+    book = require_book(session=session, book_id=book_id)
+    notes = list(book.notes or [])
+    for chunk in (list(job_ids)[i:i + INSERT_CHUNK] for i in range(0, len(job_ids), INSERT_CHUNK)):
+        for (found,) in session.execute(select(Job.notes).where(Job.id.in_(chunk), Job.notes.is_not(None))):
+            notes += [n for n in found or [] if n not in notes]
+    if notes != list(book.notes or []):
+        book.notes = notes
+    return notes
 
 
 def segment_state(*, session: Session, key: str) -> SegmentState | None:

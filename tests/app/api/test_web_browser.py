@@ -158,7 +158,10 @@ def test_a_book_uploaded_through_the_page_renders_and_every_chapter_plays_and_do
     names = links.all_text_contents()
     assert set(names) == {"chapter-001.flac", "chapter-002.flac", "chapter-003.flac", "book.m4b",
                           "chapter-001.mp3", "chapter-002.mp3", "chapter-003.mp3",
-                          "chapters.json", "chapters.vtt"}
+                          "chapters.json", "chapters.vtt", "metadata.json"}
+    notes = card.locator(".notes")  # no model folder here: the card says what the audio is
+    expect(notes).to_contain_text("Note: rendered with dummy weights")
+    expect(notes).to_contain_text("Note: tokens from the stand-in tokenizer")
     for i, name in enumerate(names):
         href = links.nth(i).get_attribute("href")
         assert httpx.get(f"{stack}{href}", headers=AUTH).status_code == 200, href

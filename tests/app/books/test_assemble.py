@@ -336,6 +336,7 @@ def test_assemble_book_writes_every_output_beside_each_other(rendered, tmp_path)
         "chapter-003.wav.json",
         "chapters.json",
         "chapters.vtt",
+        "metadata.json",  # for Audiobookshelf (app.books.shelf)
     ]
     index = json.loads(out.index_json.read_text())
     assert [c["title"] for c in index["chapters"]] == [c.title for c in plan.chapters]

@@ -244,6 +244,20 @@ def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClien
     inline = {"title": "M", "chapters": [{"segments": [{"tokens": [1, 2]}]}]}
     tagged = form(mp3="true", narrator="Ben Narrow", description="Three tales.").book
     assert tagged["mp3"] is True and form().book["mp3"] is False
+    assert form(epub3="true").book["epub3"] is True and off["epub3"] is False
+    preview = form(preview_s="3", chapters="3").book
+    assert preview["status"] == "queued"
+    assert [c["title"] for c in preview["chapters"]] == ["Chapter 3: Morning"]
+    assert 0 < preview["segments_total"] < 3  # the title, and the next segment if it fits 3 s
+    assert form(preview_s="0.5").status_code == 422
+    shelved = form(series="The Lamps", series_part="2").book
+    assert (shelved["series"], shelved["series_part"]) == ("The Lamps", "2")
+    assert form(series_part="2").status_code == 422
+    acx = form(mp3_bitrate_kbps="192", sample_rate="44100").book
+    assert (acx["mp3_bitrate_kbps"], acx["sample_rate"], acx["bitrate_kbps"]) == (192, 44100, 64)
+    assert (off["sample_rate"], off["mp3_bitrate_kbps"]) == (None, 64)
+    refused = form(mp3_bitrate_kbps="192")  # an MP3 at 24 kHz (MPEG-2) takes at most 160 kbit/s
+    assert refused.status_code == 422 and "at most 160 kbit/s" in refused.json()["reason"]
     assert (tagged["narrator"], tagged["description"]) == ("Ben Narrow", "Three tales.")
     lexicon = form(files={"lexicon": ("l.yaml", b"words: [oops]")})
     assert lexicon.status_code == 202 and lexicon.book["status"] == "failed"

@@ -37,14 +37,18 @@ def test_render_hands_narrator_mp3_loudness_and_a_lexicon_file_to_the_api(tmp_pa
 
     lexicon = tmp_path / "names.yaml"
     lexicon.write_text("words:\n  Nguyen: {phonemes: \"w'In\"}\n", encoding="utf-8")
-    args = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64, "--mp3",
+    args = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64, "--mp3", "--epub3",
                                       "--narrator", "Ben Narrow", "--target-lufs", "off",
                                       "--lexicon", str(lexicon)])
     form = _form(args)
     assert (form["mp3"], form["narrator"], form["target_lufs"]) == ("true", "Ben Narrow", "off")
+    assert form["epub3"] == "true"
+    acx = _form(build_parser().parse_args(["book", "render", "b.md", "--voice", "0" * 64,
+                                           "--mp3-bitrate", "192", "--sample-rate", "44100"]))
+    assert (acx["mp3_bitrate_kbps"], acx["sample_rate"]) == ("192", "44100") and "bitrate_kbps" not in acx
     assert form["lexicon"] == lexicon.read_text(encoding="utf-8")
     plain = _form(build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64]))
-    assert plain["mp3"] == "false" and "lexicon" not in plain and "target_lufs" not in plain
+    assert plain["mp3"] == plain["epub3"] == "false" and "lexicon" not in plain and "target_lufs" not in plain
     lexicon.write_bytes(b"\xff\xfe bad")
     with pytest.raises(BadInput, match="is not UTF-8 text"):
         _form(args)
@@ -75,3 +79,61 @@ def test_a_cast_file_names_voices_by_id_or_by_a_reference_file_that_is_uploaded_
     cast.write_text("Carol: voices/carol.wav\n")
     with pytest.raises(BadInput, match="'carol', 'voices/carol.wav', is neither a voice id nor a reference"):
         cast_ids(api, cast)
+
+
+def test_book_status_names_its_two_lengths_and_says_how_the_audio_was_made(monkeypatch, capsys) -> None:
+    import app.cli.books as cli_books
+    from app.cli import build_parser
+
+    note = "rendered with dummy weights (...): the audio is noise, not speech"
+    chapter = {"index": 0, "title": "One", "segments_done": 5, "segments_total": 5, "audio_seconds": 17.6,
+               "seconds": 25.04, "loudness_lufs": None, "true_peak_dbtp": None}
+    book = {"id": "3f0c" * 9, "status": "succeeded", "segments_done": 5, "segments_total": 5,
+            "audio_seconds": 17.6, "seconds": 25.04, "eta_s": 0.0, "title": "T", "chapters": [chapter],
+            "notes": [note], "error": None}
+
+    class Api:
+        def book(self, book_id):
+            return book
+
+    monkeypatch.setattr(cli_books, "client", lambda args: Api())
+    assert cli_books.cmd_book_status(build_parser().parse_args(["book", "status", book["id"]])) == 0
+    printed = capsys.readouterr().out
+    assert "17.6 s speech, 25.04 s with pauses (M4B)" in printed
+    assert "17.6 s speech (25.04 s with pauses)" in printed and f"note: {note}" in printed
+
+
+def test_book_preview_asks_for_one_chapters_first_seconds_at_a_high_priority_and_writes_its_file(
+        monkeypatch, tmp_path, capsys) -> None:
+    import pytest
+
+    import app.cli.books as cli_books
+    from app.cli import build_parser
+    from app.errors import BadInput
+
+    book = tmp_path / "novel.md"
+    book.write_text("# T\n\n## One\n\nHello.\n", encoding="utf-8")
+    sent: dict = {}
+
+    class Api:
+        def submit_book(self, data, name, voice, form, base):
+            sent.update(form)
+            return {"id": "b" * 36}
+
+        def book(self, book_id):
+            return {"id": book_id, "status": "succeeded", "segments_total": 1, "segments_done": 1,
+                    "title": "T", "audio_seconds": 1.0, "eta_s": None, "notes": [], "error": None}
+
+        def book_file(self, book_id, name, path):
+            path.write_text(name)
+
+    monkeypatch.setattr(cli_books, "client", lambda args: Api())
+    out = tmp_path / "p" / "preview.flac"
+    args = build_parser().parse_args(["book", "preview", str(book), "--voice", "0" * 64, "--chapter", "3",
+                                      "--out", str(out)])
+    assert cli_books.cmd_book_preview(args) == 0
+    assert (sent["chapters"], sent["preview_s"], sent["priority"], sent["m4b"]) == ("3", "20.0", "5", "false")
+    assert out.read_text() == "chapter-001.flac"  # the preview's one chapter file
+    args = build_parser().parse_args(["book", "preview", str(book), "--voice", "0" * 64, "--out", "p.mp3"])
+    with pytest.raises(BadInput, match=r"\.flac or \.wav"):
+        cli_books.cmd_book_preview(args)

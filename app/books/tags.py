@@ -1,0 +1,59 @@
+"""The tags a book's M4B and MP3s carry (`BookTags`), and the MP4 atoms FFmpeg's muxer does not write.
+
+Names follow audiobook players' convention (Audible's and the community's taggers): title and album the
+book, artist and album artist the author, composer the narrator, genre "Audiobook", the description as
+`description` and `comment` (then a "Note: ..." line for each note on how the audio was made). The
+series goes where Audiobookshelf looks for it (`app.books.shelf`): a grouping "Series #2" and freeform
+`SERIES` / `SERIES-PART` atoms (ID3: TIT1 and TXXX frames), the language in `LANGUAGE` (ID3: TLAN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mutagen import mp4
+
+
+@dataclass(frozen=True)
+class BookTags:
+    title: str
+    author: str = ""
+    narrator: str = ""
+    description: str = ""
+    notes: tuple[str, ...] = ()  # how the audio was made, when not by the real model: in the comment
+    series: str = ""  # Audiobookshelf's "series" and "series-part" tags, and the grouping "Series #2"
+    series_part: str = ""
+    language: str = ""
+
+    @property
+    def grouping(self) -> str:
+        return f"{self.series} #{self.series_part}" if self.series and self.series_part else self.series
+
+    def custom(self) -> dict[str, str]:
+        """Tags with no standard MP4 atom or ID3 frame: freeform atoms / TXXX frames (empty ones left out)."""
+        tags = {"SERIES": self.series, "SERIES-PART": self.series_part, "LANGUAGE": self.language}
+        return {k: v for k, v in tags.items() if v}
+
+    @property
+    def comment(self) -> str:
+        return "\n".join([self.description, *(f"Note: {n}" for n in self.notes)]).strip()
+
+    def common(self) -> dict[str, str]:
+        """The tags every output of the book carries (empty ones left out)."""
+        tags = {"album": self.title, "artist": self.author, "album_artist": self.author,
+                "composer": self.narrator, "genre": "Audiobook", "comment": self.comment}
+        return {k: v for k, v in tags.items() if v}
+
+
+def write_mp4_extra_tags(path: Path, tags: BookTags) -> None:
+    """What FFmpeg's MP4 muxer does not write: the grouping atom and freeform atoms, which FFmpeg (and so
+    Audiobookshelf's ffprobe) reads back as `grouping`, `SERIES`, `SERIES-PART`, `LANGUAGE`."""
+    if not tags.grouping and not tags.custom():
+        return
+    box = mp4.MP4(path)
+    if tags.grouping:
+        box["\xa9grp"] = [tags.grouping]
+    for key, value in tags.custom().items():
+        box[f"----:com.apple.iTunes:{key}"] = [mp4.MP4FreeForm(value.encode())]
+    box.save()
