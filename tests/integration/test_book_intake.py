@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
 from app.books.files import book_dir
-from app.books.service import BookOptions, submit_book
+from app.books.service import BookOptions, cancel, submit_book
 from app.celery_config import make_celery
 from app.db import queries
 from app.settings import Settings
@@ -47,6 +47,21 @@ def _submit(settings: Settings, sessions: sessionmaker[Session], producer: Any, 
                            reference_bytes=wav_bytes(), **kw)
 
 
+def _cancel_and_settle(settings: Settings, sessions: sessionmaker[Session], producer: Any, book_id: str,
+                       nodename: str, timeout: float = 120) -> None:
+    """Cancel a book the test no longer needs and wait until the worker runs nothing for it, so that no
+    task of it writes rows while the tables are emptied after the test."""
+    app, store = producer
+    with sessions() as session:
+        cancel(settings=settings, session=session, store=store, book_id=book_id)
+    deadline, idle = time.monotonic() + timeout, 0
+    while idle < 2:  # twice in a row: a task may start between two looks
+        active = app.control.inspect(destination=[nodename], timeout=10).active() or {}
+        idle = idle + 1 if not active.get(nodename) else 0
+        assert time.monotonic() < deadline, f"the worker is still busy: {active}"
+        time.sleep(0.5)
+
+
 def _read(settings: Settings, sessions: sessionmaker[Session], book_id: str, timeout: float = 300) -> Any:
     """The book once it is no longer `parsing`."""
     deadline = time.monotonic() + timeout
@@ -73,3 +88,4 @@ def test_a_cue_at_99999_hours_is_refused_by_the_worker_which_then_reads_a_good_b
     assert _worker_pid(producer[0], cpu_worker) == pid  # the same process served both
     artifacts = ArtifactStore(settings.artifact_root)
     assert not book_dir(artifacts, timed).exists()
+    _cancel_and_settle(settings, worker_sessions, producer, good, cpu_worker)
