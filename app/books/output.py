@@ -114,7 +114,7 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
             reused.append(chapter.index)
         chapters.append(done)
     tags = BookTags(plan.title, plan.author, plan.narrator, plan.description, tuple(notes), plan.series,
-                    plan.series_part, plan.language)
+                    plan.series_part, plan.language, plan.publication)
     book, m4b_reused = None, False
     if m4b:
         book = out_dir / "book.m4b"
