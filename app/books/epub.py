@@ -6,7 +6,8 @@ its `#fragment` names inside a file. Spine documents without an entry continue t
 them (front matter before the first entry becomes chapters titled by the document's `<title>`).
 Cover image (JPEG/PNG) and dc:title, dc:creator, dc:language are read from the package document, and
 for the tags dc:publisher, the year of dc:date, an ISBN dc:identifier (its opf:scheme, an `urn:isbn:` or
-`isbn:` prefix; one whose check digit fails is left out) and dc:subject as genres (`app.books.publication`).
+`isbn:` prefix, or an EPUB 3 `identifier-type` refinement; one whose check digit fails is left out) and
+dc:subject as genres (`app.books.publication`).
 
 The zip goes through `app.books.safezip` (zip bombs refused before inflating). The XML files (container,
 package document, NCX, encryption.xml) are parsed by `defusedxml` after expat has decoded them, so in any
@@ -29,7 +30,7 @@ import defusedxml
 import defusedxml.ElementTree as SafeET
 
 from app.books.blocks import BlockText
-from app.books.publication import MAX_PUBLISHER_CHARS, Publication, genres_of, isbn_of, year_of
+from app.books.publication import opf_publication
 from app.books.safezip import SafeArchive
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, finish_book
 from app.errors import BadInput
@@ -66,7 +67,7 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
                        author=author or _author(opf),
                        language=language or _dc(opf, "language") or "en",
                        limits=limits, cover=cover, cover_type=cover_type, narrator=_narrator(opf),
-                       description=_description(opf), publication=_publication(opf))
+                       description=_description(opf), publication=opf_publication(opf))
 
 
 class _NoDtdParser(SafeET.DefusedXMLParser):
@@ -154,17 +155,6 @@ def _author(opf: ET.Element) -> str:
 def _narrator(opf: ET.Element) -> str:
     return ", ".join(dict.fromkeys(name for role, name in _people(opf, "creator", "contributor")
                                    if role == "nrt"))
-
-
-def _publication(opf: ET.Element) -> Publication:
-    def texts(tag: str) -> list[str]:
-        return [" ".join((el.text or "").split()) for el in opf.iterfind(f"opf:metadata/dc:{tag}", NS)]
-
-    publisher = next((p for p in texts("publisher") if p and len(p) <= MAX_PUBLISHER_CHARS), "")
-    isbn = next((found for el in opf.iterfind("opf:metadata/dc:identifier", NS)
-                 if (found := isbn_of(el.text or "", el.get(f"{{{NS['opf']}}}scheme") or ""))), "")
-    return Publication(publisher=publisher, year=next((y for y in map(year_of, texts("date")) if y), ""),
-                       isbn=isbn, genres=genres_of(texts("subject")))
 
 
 def _description(opf: ET.Element) -> str:

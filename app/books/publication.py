@@ -4,9 +4,10 @@
     check_publication(...) what a request gives, checked: a 4-digit year within YEAR_RANGE, an ISBN-10 or
                            ISBN-13 whose check digit holds (hyphens and spaces allowed), lengths and the
                            number of genres bounded; BadInput with the reason otherwise
-    isbn_of / year_of / genres_of   lenient readers for what a book's own metadata says (an EPUB's
-                           dc:identifier, dc:date, dc:subject; a DOCX's identifier and category):
-                           anything that is not a valid value is left out, never refused
+    opf_publication(opf)   an EPUB's package document: dc:publisher, dc:date, dc:identifier, dc:subject
+    isbn_of / year_of / genres_of   lenient readers for what a book's own metadata says (those of an
+                           EPUB; a DOCX's identifier and category): anything that is not a valid value
+                           is left out, never refused
 
 Genres travel in one tag, joined by ";": Audiobookshelf splits a genre tag at the first of "/", "//" or
 ";" it finds, so a genre given by a request may hold neither "/" nor ";", and a book's own subject
@@ -16,6 +17,7 @@ Genres travel in one tag, joined by ";": Audiobookshelf splits a genre tag at th
 from __future__ import annotations
 
 import re
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from app.errors import BadInput
@@ -130,6 +132,28 @@ def year_of(date: str) -> str:
     if match is None or not YEAR_RANGE[0] <= int(match.group()) <= YEAR_RANGE[1]:
         return ""
     return match.group()
+
+
+_OPF = "{http://www.idpf.org/2007/opf}"
+_DC = "{http://purl.org/dc/elements/1.1/}"
+_ONIX_ISBN = {"02", "15"}  # ONIX code list 5: ISBN-10, ISBN-13 (an EPUB 3 identifier-type refinement)
+
+
+def opf_publication(opf: ET.Element) -> Publication:
+    """An EPUB package document's (already parsed, safely) dc:publisher, the year of its first dc:date,
+    its first ISBN dc:identifier, its dc:subjects as genres."""
+    def texts(tag: str) -> list[str]:
+        return [" ".join((el.text or "").split()) for el in opf.iterfind(f"{_OPF}metadata/{_DC}{tag}")]
+
+    types = {(m.get("refines") or "").lstrip("#"): (m.text or "").strip()
+             for m in opf.iterfind(f"{_OPF}metadata/{_OPF}meta") if m.get("property") == "identifier-type"}
+    isbn = ""
+    for el in opf.iterfind(f"{_OPF}metadata/{_DC}identifier"):
+        scheme = el.get(f"{_OPF}scheme") or ("isbn" if types.get(el.get("id") or "") in _ONIX_ISBN else "")
+        isbn = isbn or isbn_of(el.text or "", scheme)
+    publisher = next((p for p in texts("publisher") if p and len(p) <= MAX_PUBLISHER_CHARS), "")
+    year = next((y for y in map(year_of, texts("date")) if y), "")
+    return Publication(publisher=publisher, year=year, isbn=isbn, genres=genres_of(texts("subject")))
 
 
 def genres_of(subjects: list[str]) -> tuple[str, ...]:

@@ -37,6 +37,13 @@ def test_an_epub_gives_its_publisher_year_isbn_and_subjects_as_genres():
     prefixed = parse_epub(make_epub(opf_extra="<dc:identifier>urn:isbn:0-306-40615-2</dc:identifier>"
                                     "<dc:date>not a date</dc:date>"))
     assert (prefixed.publication.isbn, prefixed.publication.year) == ("0306406152", "")
+    refined = parse_epub(make_epub(  # EPUB 3: an identifier typed by a refinement (ONIX list 5: 15 ISBN-13)
+        opf_extra='<dc:identifier id="pub-id">9780306406157</dc:identifier>'
+        '<meta refines="#pub-id" property="identifier-type" scheme="onix:codelist5">15</meta>'
+        '<dc:identifier id="other">9780306406157</dc:identifier>'))
+    assert refined.publication.isbn == "9780306406157"
+    untyped = parse_epub(make_epub(opf_extra="<dc:identifier>9780306406157</dc:identifier>"))
+    assert untyped.publication.isbn == ""  # a bare number is not known to be an ISBN
     plain = parse_epub(make_epub())
     assert plain.publication == Publication()
 
