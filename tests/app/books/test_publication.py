@@ -101,7 +101,9 @@ def test_a_requests_publication_overrides_the_books_own_and_reads_back(tmp_path)
     plan = _planned(tmp_path, make_epub(opf_extra=PUBLISHED), given)
     assert plan.publication == Publication("Owl Press", "2021", "0306406152",
                                            ("Science Fiction", "Space Opera"))
-    m4b, mp3, meta = _assembled(plan, tmp_path)
+    stored = BookPlan.from_dict(json.loads(json.dumps(plan.to_dict())))  # plan.json, as assembly reads it
+    assert stored.publication == plan.publication
+    m4b, mp3, meta = _assembled(stored, tmp_path)
     for tags in (m4b, mp3):
         assert (tags["publisher"], tags["date"], tags["isbn"]) == ("Owl Press", "2021", "0306406152")
         assert tags["genre"].split(";") == ["Science Fiction", "Space Opera"]
