@@ -13,6 +13,7 @@ from typing import Any
 from app import voice_names
 from app.api.schemas import BookOut, JobOut, VoiceOut
 from app.books.encoding import DEFAULT_KBPS
+from app.books.publication import split_genre_list
 from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
 from app.books.status import book_status, output_file
 from app.context import Context
@@ -100,7 +101,8 @@ class LocalClient:
                                   narrator=form.get("narrator"), description=form.get("description"),
                                   lexicon=form["lexicon"].encode() if form.get("lexicon") else None,
                                   cast=form["cast"].encode() if form.get("cast") else None,
-                                  language=form.get("language"), chapters=form.get("chapters"))
+                                  language=form.get("language"), chapters=form.get("chapters"),
+                                  publication=_publication(form))
         return self.book(book_id)
 
     def book(self, book_id: str) -> dict[str, Any]:
@@ -121,3 +123,11 @@ class LocalClient:
 
 def _job_out(job: Any) -> dict[str, Any]:
     return JobOut.of(job).model_dump(mode="json")
+
+
+def _publication(form: dict[str, str]) -> dict[str, Any]:
+    """The form's publisher, year, isbn and genres (comma-separated), those given."""
+    given: dict[str, Any] = {k: form[k] for k in ("publisher", "year", "isbn") if k in form}
+    if "genres" in form:
+        given["genres"] = split_genre_list(form["genres"])
+    return given

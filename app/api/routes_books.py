@@ -35,6 +35,7 @@ from app.books.cast import MAX_BYTES as CAST_MAX_BYTES
 from app.books.encoding import BITRATES, DEFAULT_KBPS, SAMPLE_RATES
 from app.books.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
 from app.books.parse import FORMATS
+from app.books.publication import split_genre_list
 from app.books.source import DEFAULT_LIMITS
 from app.books.submission import BookOptions, Submission, target_lufs_field
 from app.db import queries
@@ -48,7 +49,7 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "timed",
                "epub3", "target_lufs", "seed", "priority", "title", "author", "narrator", "description",
                "language", "chapters", "lexicon", "cast", "bitrate_kbps", "mp3_bitrate_kbps", "sample_rate",
-               "series", "series_part", "preview_s")
+               "series", "series_part", "preview_s", "publisher", "year", "isbn", "genres")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
@@ -82,6 +83,11 @@ _BOOK_FORM_SCHEMA = {
                       "description": "a preview: the first chapter chosen (`chapters`, default 1), its first "
                       "segments up to about this many seconds"},
         "series_part": {"type": "string", "description": "the book's place in its series: 1, 2.5, 3a"},
+        "publisher": {"type": "string", "description": "the tags' and metadata.json's (default: the book's)"},
+        "year": {"type": "string", "description": "publication year, 4 digits (default: the book's)"},
+        "isbn": {"type": "string", "description": "ISBN-10 or -13, hyphens allowed (default: the book's)"},
+        "genres": {"type": "string", "description": "genres separated by commas (default: the book's; "
+                   "none: 'Audiobook')"},
         "bitrate_kbps": {"type": "integer", "default": 64, "enum": list(BITRATES),
                          "description": "the M4B's AAC bitrate (and the read-along EPUB's), kbit/s"},
         "mp3_bitrate_kbps": {"type": "integer", "default": 64, "enum": list(BITRATES),
@@ -141,7 +147,9 @@ def _parse_json(body: bytes) -> dict[str, Any]:
                           series=req.series, series_part=req.series_part, preview_s=req.preview_s,
                           target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
     submission = Submission(options=options, book_format="manifest", chapters=req.chapters,
-                            narrator=req.narrator, description=req.description)
+                            narrator=req.narrator, description=req.description, publisher=req.publisher,
+                            year=None if req.year is None else str(req.year), isbn=req.isbn,
+                            genres=req.genres)
     return {"source": io.BytesIO(json.dumps(req.manifest).encode()), "submission": submission,
             "voice_id": req.voice_id, "lexicon": _json_bytes(req.lexicon), "cast": _json_bytes(req.cast)}
 
@@ -165,6 +173,12 @@ def _encoding_fields(form: FormData) -> dict[str, Any]:
     return {**out, "sample_rate": number_field(form.get("sample_rate"), "sample_rate", int)}
 
 
+def _genres_field(form: FormData) -> list[str] | None:
+    """`genres`, comma-separated, in one field or several; None when absent."""
+    given = [v for v in (text_field(v, "genres") for v in form.getlist("genres")) if v is not None]
+    return [g for v in given for g in split_genre_list(v)] if given else None
+
+
 def _flag(text: str | None, default: bool) -> bool:
     return default if text is None else text.lower() not in ("false", "0", "no", "off")
 
@@ -183,7 +197,8 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
         raise BadInput("reference must be an uploaded file")
     text = {name: text_field(form.get(name), name) for name in
             ("voice_id", "book_format", "output_format", "title", "author", "narrator", "description",
-             "language", "m4b", "mp3", "timed", "epub3", "chapters", "series", "series_part")}
+             "language", "m4b", "mp3", "timed", "epub3", "chapters", "series", "series_part", "publisher",
+             "year", "isbn")}
     options = BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=_flag(text["m4b"], True), mp3=_flag(text["mp3"], False),
                           timed=_flag(text["timed"], False), epub3=_flag(text["epub3"], False),
@@ -195,7 +210,8 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
     submission = Submission(options=options, filename=book.filename, book_format=text["book_format"],
                             title=text["title"], author=text["author"], narrator=text["narrator"],
                             description=text["description"], language=text["language"],
-                            chapters=text["chapters"])
+                            chapters=text["chapters"], publisher=text["publisher"], year=text["year"],
+                            isbn=text["isbn"], genres=_genres_field(form))
     # The book's file is handed on as the form spooled it (to disk past 1 MB): copied in chunks to the
     # book's folder, never read whole into this process.
     return {"source": book.file, "submission": submission,

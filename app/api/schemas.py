@@ -195,6 +195,12 @@ class BookRequest(BaseModel):
     series_part: str | None = Field(None, max_length=20, description="the book's place in it: 1, 2.5 ...")
     preview_s: float | None = Field(None, description="a preview: the first chosen chapter's first seconds")
     narrator: str | None = Field(None, max_length=500, description="for the tags; default: the manifest's")
+    publisher: str | None = Field(None, description="for the tags and metadata.json (Audiobookshelf)")
+    year: StrictInt | str | None = Field(None, description="publication year, 4 digits (the tags' date)")
+    isbn: str | None = Field(None, description="ISBN-10 or ISBN-13, hyphens allowed; its check digit is "
+                             "checked")
+    genres: list[str] | None = Field(None, description="genres (none: 'Audiobook' in the genre tag); each "
+                                     "without '/' or ';'")
     description: str | None = Field(None, max_length=10_000, description="for the tags")
     lexicon: dict[str, Any] | None = Field(None, description='pronunciation: {"words": {...}, "patterns": '
                                            '[...]} (docs/BOOKS.md)')
@@ -235,6 +241,10 @@ class BookOut(BaseModel):
     narrator: str = Field(description="for the players' tags (composer)")
     series: str = Field("", description="for the tags and metadata.json (Audiobookshelf)")
     series_part: str = Field("", description="the book's place in its series")
+    publisher: str = Field("", description="for the tags and metadata.json (Audiobookshelf)")
+    year: str = Field("", description="publication year (the tags' date)")
+    isbn: str = Field("", description="digits only (an ISBN-10 may end in X)")
+    genres: list[str] = Field(default_factory=list, description="the genre tag's, joined by ';'")
     description: str
     cast: dict[str, str] = Field(description="the voices the text's markup names (folded name -> voice id)")
     language: str
@@ -279,6 +289,8 @@ class BookOut(BaseModel):
         return cls(id=b.id, voice_id=b.voice_id, status=b.status, title=b.title, author=b.author,
                    narrator=view.narrator, description=view.description, cast=view.cast,
                    series=view.series, series_part=view.series_part,
+                   publisher=view.publication.publisher, year=view.publication.year,
+                   isbn=view.publication.isbn, genres=list(view.publication.genres),
                    language=b.language, output_format=b.output_format, m4b=b.m4b, mp3=b.mp3, timed=b.timed,
                    epub3=b.epub3, bitrate_kbps=b.bitrate_kbps, mp3_bitrate_kbps=b.mp3_bitrate_kbps,
                    sample_rate=b.sample_rate,

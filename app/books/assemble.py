@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 _BLOCK = 1 << 16  # samples per read while encoding
 _COVER_CODECS = {"image/jpeg": ("mjpeg", "yuvj420p"), "image/png": ("png", "rgb24")}
+_OWN_FRAMES = {"LANGUAGE": id3.TLAN, "PUBLISHER": id3.TPUB}  # custom tags with an ID3 frame of their own
 
 
 @dataclass(frozen=True)
@@ -220,16 +221,16 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
         frames: list[id3.Frame] = [id3.TIT2(encoding=3, text=chapter.title or f"Chapter {track}"),
                   id3.TRCK(encoding=3, text=f"{track}/{tracks}")]
         for key, kind in (("album", id3.TALB), ("artist", id3.TPE1), ("album_artist", id3.TPE2),
-                           ("composer", id3.TCOM), ("genre", id3.TCON)):
+                           ("composer", id3.TCOM), ("genre", id3.TCON), ("date", id3.TYER)):
             if key in common:
                 frames.append(kind(encoding=3, text=common[key]))
         if tags.comment:
             frames.append(id3.COMM(encoding=3, lang="eng", desc="", text=tags.comment))
-        frames += [id3.TXXX(encoding=3, desc=k, text=v) for k, v in tags.custom().items() if k != "LANGUAGE"]
+        custom = tags.custom()
+        frames += [id3.TXXX(encoding=3, desc=k, text=v) for k, v in custom.items() if k not in _OWN_FRAMES]
+        frames += [kind(encoding=3, text=custom[k]) for k, kind in _OWN_FRAMES.items() if k in custom]
         if tags.grouping:
             frames.append(id3.TIT1(encoding=3, text=tags.grouping))
-        if tags.language:
-            frames.append(id3.TLAN(encoding=3, text=tags.language))
         if cover and cover_type:
             frames.append(id3.APIC(encoding=3, mime=cover_type, type=id3.PictureType.COVER_FRONT,
                                    desc="cover", data=cover))

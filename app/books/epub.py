@@ -4,7 +4,10 @@ The table of contents is the EPUB 3 navigation document (`nav.xhtml`, `<nav epub
 failing that, the EPUB 2 `toc.ncx`. Every TOC entry starts a chapter: at its file, or at the element
 its `#fragment` names inside a file. Spine documents without an entry continue the chapter before
 them (front matter before the first entry becomes chapters titled by the document's `<title>`).
-Cover image (JPEG/PNG) and dc:title, dc:creator, dc:language are read from the package document.
+Cover image (JPEG/PNG) and dc:title, dc:creator, dc:language are read from the package document, and
+for the tags dc:publisher, the year of dc:date, an ISBN dc:identifier (its opf:scheme, an `urn:isbn:` or
+`isbn:` prefix, or an EPUB 3 `identifier-type` refinement; one whose check digit fails is left out) and
+dc:subject as genres (`app.books.publication`).
 
 The zip goes through `app.books.safezip` (zip bombs refused before inflating). The XML files (container,
 package document, NCX, encryption.xml) are parsed by `defusedxml` after expat has decoded them, so in any
@@ -27,6 +30,7 @@ import defusedxml
 import defusedxml.ElementTree as SafeET
 
 from app.books.blocks import BlockText
+from app.books.publication import opf_publication
 from app.books.safezip import SafeArchive
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, finish_book
 from app.errors import BadInput
@@ -63,7 +67,7 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
                        author=author or _author(opf),
                        language=language or _dc(opf, "language") or "en",
                        limits=limits, cover=cover, cover_type=cover_type, narrator=_narrator(opf),
-                       description=_description(opf))
+                       description=_description(opf), publication=opf_publication(opf))
 
 
 class _NoDtdParser(SafeET.DefusedXMLParser):

@@ -5,8 +5,9 @@ highlighting each segment as it is spoken.
     book.epub
       mimetype                          stored first, uncompressed (OCF)
       META-INF/container.xml
-      OEBPS/package.opf                 metadata (title, author, narrator, language, media:duration per
-                                        overlay and in all, media:active-class), manifest (each chapter
+      OEBPS/package.opf                 metadata (title, author, narrator, language, publisher, year,
+                                        ISBN, subjects, media:duration per overlay and in all,
+                                        media:active-class), manifest (each chapter
                                         document with its media-overlay), spine
       OEBPS/nav.xhtml                   table of contents
       OEBPS/style.css                   the active class's highlight
@@ -24,7 +25,7 @@ from __future__ import annotations
 import shutil
 import uuid
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +44,7 @@ from app.books.overlay import (
     overlay_seconds,
     serialize,
 )
+from app.books.publication import Publication
 from app.books.readalong import ChapterText
 
 OPF = "http://www.idpf.org/2007/opf"
@@ -61,6 +63,7 @@ class EpubMeta:
     identifier: str  # the plan's key: the same book, the same identifier
     narrator: str = ""
     description: str = ""
+    publication: Publication = Publication()  # dc:publisher, dc:date (the year), an ISBN, dc:subjects
 
 
 def write_epub3(out: Path, *, meta: EpubMeta, texts: Sequence[ChapterText], chapters: Sequence[ChapterAudio],
@@ -162,12 +165,24 @@ def package_element(meta: EpubMeta, overlays: Sequence[tuple[str, float]]) -> et
         meta_el("media:narrator", meta.narrator)
     if meta.description:
         dc("description", meta.description)
+    _publication(dc, meta.publication)
     meta_el("dcterms:modified", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     for ref, seconds in overlays:
         meta_el("media:duration", clock(seconds), ref)
     meta_el("media:duration", clock(sum(round(s, 3) for _, s in overlays)))
     meta_el("media:active-class", ACTIVE_CLASS)
     return package
+
+
+def _publication(dc: Callable[..., None], publication: Publication) -> None:
+    if publication.isbn:
+        dc("identifier", f"urn:isbn:{publication.isbn}", id="isbn")
+    if publication.publisher:
+        dc("publisher", publication.publisher)
+    if publication.year:
+        dc("date", publication.year)
+    for genre in publication.genres:
+        dc("subject", genre)
 
 
 def _manifest(package: etree._Element, count: int, cover_name: str | None) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ def store_files(folder: Path, plan: BookPlan, source: SourceBook, base_dir: Path
     meta = {"cover_type": source.cover_type if source.cover else None,
             "base_dir": str(base_dir.resolve()) if base_dir is not None else None,
             "narrator": plan.narrator, "description": plan.description, "cast": plan.cast,
-            "series": plan.series, "series_part": plan.series_part}
+            "series": plan.series, "series_part": plan.series_part, "publication": asdict(plan.publication)}
     write_text(folder / "meta.json", json.dumps(meta))
 
 

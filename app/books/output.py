@@ -114,7 +114,7 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
             reused.append(chapter.index)
         chapters.append(done)
     tags = BookTags(plan.title, plan.author, plan.narrator, plan.description, tuple(notes), plan.series,
-                    plan.series_part, plan.language)
+                    plan.series_part, plan.language, plan.publication)
     book, m4b_reused = None, False
     if m4b:
         book = out_dir / "book.m4b"
@@ -252,7 +252,8 @@ def _write_epub_once(plan: BookPlan, readalong: ReadAlong, chapters: list[Chapte
     for path in folder.iterdir():  # M4As of chapters an earlier, longer version had
         if path.name.removesuffix(".json") not in {p.name for p in m4as}:
             path.unlink(missing_ok=True)
-    meta = EpubMeta(plan.title, plan.author, plan.language, plan.key, plan.narrator, plan.description)
+    meta = EpubMeta(plan.title, plan.author, plan.language, plan.key, plan.narrator, plan.description,
+                    plan.publication)
     recipe = _encoded_recipe(BookTags(""), chapters, cover, cover_type, kind="epub3", meta=asdict(meta),
                              text=[t.to_dict() for t in readalong.texts], source=readalong.source)
     if _up_to_date(epub, recipe):

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from app.books.cast import NARRATOR, VoiceState, check_cast, split_runs
 from app.books.lexicon import EMPTY, Budget, Lexicon
+from app.books.publication import Publication, publication_from_dict
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
 from app.books.text import (
     DEFAULT_OPTIONS,
@@ -80,6 +81,7 @@ class BookPlan:
     cast: dict[str, str] = field(default_factory=dict)  # folded voice name -> voice id, as the book uses
     series: str = ""  # the players' and Audiobookshelf's series and the book's place in it; not spoken
     series_part: str = ""
+    publication: Publication = Publication()  # publisher, year, ISBN, genres: the tags; not spoken
 
     def voice_of(self, segment: PlanSegment) -> str:
         return segment.voice or self.voice_id
@@ -114,7 +116,8 @@ class BookPlan:
             for c in data["chapters"])
         return cls(data["title"], data["author"], data["language"], data["voice_id"], chapters, data["key"],
                    data.get("narrator", ""), data.get("description", ""), dict(data.get("cast", {})),
-                   data.get("series", ""), data.get("series_part", ""))
+                   data.get("series", ""), data.get("series_part", ""),
+                   publication_from_dict(data.get("publication") or {}))
 
 
 def canonical_json(value: Any) -> bytes:
@@ -161,7 +164,8 @@ def plan_book(book: SourceBook, *, voice_id: str, render_options: Mapping[str, A
         "chapters": [[c.title, [[s.key, s.pause_after_ms] for s in c.segments]] for c in chapters],
     })).hexdigest()
     return BookPlan(book.title, book.author, book.language, voice_id, tuple(chapters), book_key,
-                    book.narrator, book.description, {n: voices.cast[n] for n in sorted(voices.used)})
+                    book.narrator, book.description, {n: voices.cast[n] for n in sorted(voices.used)},
+                    publication=book.publication)
 
 
 def preview_plan(plan: BookPlan, seconds: float) -> BookPlan:

@@ -87,7 +87,7 @@ def plan_submission(files: SubmittedFiles, submission: Submission, job: ParseJob
                         limits=limits)
     del data
     source = with_metadata(source, narrator=submission.narrator, description=submission.description,
-                           limits=limits)
+                           publication=submission.publication, limits=limits)
     selected = None
     if submission.chapters is not None:
         indices = parse_chapters(submission.chapters, len(source.chapters))

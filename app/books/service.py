@@ -52,17 +52,19 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
                 base_dir: Path | None = None, limits: BookLimits | None = None,
                 chapters: str | None = None, narrator: str | None = None,
                 description: str | None = None, lexicon: bytes | Mapping[str, Any] | None = None,
-                cast: bytes | Mapping[str, Any] | None = None) -> str:
+                cast: bytes | Mapping[str, Any] | None = None,
+                publication: Mapping[str, Any] | None = None) -> str:
     """Accept a book (its bytes in memory) and return its id, `parsing`; what cannot be decided without
     reading it is decided by `book.parse`, which leaves the book `queued` or `failed` with the reason.
 
     `base_dir` (CLI only) lets a manifest name source audio files inside that folder; `chapters` ("3-7,12",
     `app.books.select`) renders only those chapters; `lexicon` (a JSON/YAML file's bytes or parsed data,
     `app.books.lexicon`) is laid over the service's default one; `cast` (JSON/YAML bytes or parsed data,
-    `app.books.cast`) maps the voice names of the text's markup to stored voices, each prepared once."""
+    `app.books.cast`) maps the voice names of the text's markup to stored voices, each prepared once;
+    `publication` gives any of publisher, year, isbn, genres (`app.books.publication`) over the book's."""
     submission = Submission(options=options or BookOptions(), filename=filename, book_format=book_format,
                             title=title, author=author, language=language, narrator=narrator,
-                            description=description, chapters=chapters,
+                            description=description, chapters=chapters, **dict(publication or {}),
                             base_dir=str(base_dir.resolve()) if base_dir is not None else None)
     return accept_book(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
                        source=io.BytesIO(data), submission=submission, reference_bytes=reference_bytes,

@@ -8,9 +8,10 @@ tags (ffprobe's: `album` or `title`, `artist` or `album_artist`, `composer` for 
 `grouping` such as "Series #2", `isbn`, `asin`), an .nfo file, desc.txt and reader.txt, an .opf file,
 and last `metadata.json`, whose book keys include title, authors, narrators, series (each "Name #2"),
 description, language, genres, publishedYear, publisher, isbn and chapters ({start, end, title}, in
-seconds). Its cover is an image in the folder, `cover.*` first. The M4B carries the same tags
-(`app.books.assemble`); this file repeats them, so the book reads the same whichever Audiobookshelf
-trusts. Nothing here is spoken.
+seconds); a genre tag is split at the first of "/", "//" or ";" it holds, and `date` is taken as the
+published year as it stands. Its cover is an image in the folder, `cover.*` first. The M4B carries the
+same tags (`app.books.assemble`); this file repeats them (the genre "Audiobook" too when the book names
+none), so the book reads the same whichever Audiobookshelf trusts. Nothing here is spoken.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from app.artifacts import atomic_path, write_text
 from app.books.plan import BookPlan
+from app.books.tags import FALLBACK_GENRE
 
 METADATA = "metadata.json"
 COVER_NAMES = {"image/jpeg": "cover.jpg", "image/png": "cover.png"}
@@ -34,6 +36,8 @@ def shelf_metadata(plan: BookPlan, index: Mapping[str, Any]) -> dict[str, Any]:
         "title": plan.title, "authors": [plan.author] if plan.author else [],
         "narrators": [plan.narrator] if plan.narrator else [], "series": [series] if series else [],
         "description": plan.description or None, "language": plan.language,
+        "publisher": plan.publication.publisher or None, "publishedYear": plan.publication.year or None,
+        "isbn": plan.publication.isbn or None, "genres": list(plan.publication.genres) or [FALLBACK_GENRE],
         "chapters": [{"id": i, "start": c["start"], "end": c["end"], "title": c["title"]}
                      for i, c in enumerate(index["chapters"])]}
     return data

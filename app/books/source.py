@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from app.books.publication import Publication, check_isbn, check_year, clean_genres
 from app.errors import BadInput
 from app.speech import TOKEN_RATE
 
@@ -72,17 +73,41 @@ class SourceBook:
     cover_type: str | None = None  # "image/jpeg" or "image/png"
     narrator: str = ""  # for the players' tags (M4B, MP3); not spoken
     description: str = ""  # plain text, one paragraph per line
+    publication: Publication = Publication()  # publisher, year, ISBN, genres: the tags; not spoken
+
+
+@dataclass(frozen=True)
+class PublicationFields:
+    """What a request gives of a book's publication, each None where the book's own stands."""
+
+    publisher: str | None = None
+    year: str | None = None
+    isbn: str | None = None
+    genres: tuple[str, ...] | None = None
+
+    def over(self, own: Publication) -> Publication:
+        """`own` with the given fields in its place (checked: BadInput with the reason)."""
+        return Publication(
+            publisher=own.publisher if self.publisher is None else clean_line(self.publisher),
+            year=own.year if self.year is None else check_year(self.year),
+            isbn=own.isbn if self.isbn is None else check_isbn(self.isbn),
+            genres=own.genres if self.genres is None else clean_genres(self.genres))
 
 
 def with_metadata(book: SourceBook, *, narrator: str | None = None, description: str | None = None,
+                  publication: PublicationFields | None = None,
                   limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
-    """The book with a narrator and description given by the request in place of its own."""
+    """The book with a narrator, description and publication details given by the request in place of
+    its own."""
     if narrator is not None:
         book = replace(book, narrator=clean_line(narrator))
     if description is not None:
         book = replace(book, description=clean_description(description))
+    if publication is not None:
+        book = replace(book, publication=publication.over(book.publication))
     _check_length("the narrator", book.narrator, limits.max_author_chars)
     _check_length("the description", book.description, limits.max_description_chars)
+    _check_length("the publisher", book.publication.publisher, limits.max_author_chars)
     return book
 
 
@@ -117,7 +142,8 @@ def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
 
 def finish_book(chapters: list[SourceChapter], *, title: str, author: str, language: str,
                 limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None,
-                narrator: str = "", description: str = "") -> SourceBook:
+                narrator: str = "", description: str = "",
+                publication: Publication | None = None) -> SourceBook:
     """Drop empty chapters and check the limits every reader shares."""
     kept = [c for c in chapters if c.paragraphs or c.items]
     for chapter in kept:
@@ -137,7 +163,8 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
                                f"{len(paragraph)} characters; the limit is {limits.max_paragraph_chars}")
     language = check_language_tag(language or "en")
     book = SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
-                      chapters=tuple(kept), cover=cover, cover_type=cover_type)
+                      chapters=tuple(kept), cover=cover, cover_type=cover_type,
+                      publication=publication or Publication())
     return with_metadata(book, narrator=narrator, description=description, limits=limits)
 
 

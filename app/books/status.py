@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.artifacts import ArtifactStore
 from app.books.files import chapter_file_name, is_output, list_outputs, load_meta, output_dir
+from app.books.publication import Publication, publication_from_dict
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, utcnow
 from app.errors import NotFound
@@ -52,6 +53,7 @@ class BookStatusView:
     narrator: str = ""  # from the plan: the players' tags
     series: str = ""
     series_part: str = ""
+    publication: Publication = Publication()  # from the plan: publisher, year, ISBN, genres
     description: str = ""
     cast: dict[str, str] = field(default_factory=dict)  # from the plan: folded voice name -> voice id
 
@@ -113,7 +115,8 @@ def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, Any]:
         return {}
     return {"narrator": str(meta.get("narrator") or ""), "description": str(meta.get("description") or ""),
             "series": str(meta.get("series") or ""), "series_part": str(meta.get("series_part") or ""),
-            "cast": dict(meta.get("cast") or {})}
+            "cast": dict(meta.get("cast") or {}),
+            "publication": publication_from_dict(dict(meta.get("publication") or {}))}
 
 
 def output_file(*, session: Session, artifacts: ArtifactStore, book_id: str, name: str) -> Path:

@@ -22,8 +22,9 @@ from app import wire
 from app.books.encoding import DEFAULT_KBPS, Encoding
 from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.books.parse import FORMATS
+from app.books.publication import check_publication
 from app.books.select import parse_chapters
-from app.books.source import DEFAULT_LIMITS, BookLimits, check_language_tag
+from app.books.source import DEFAULT_LIMITS, BookLimits, PublicationFields, check_language_tag
 from app.errors import BadInput
 from app.speech import MAX_SEED, OutputFormat
 
@@ -102,6 +103,10 @@ class Submission:
     language: str | None = None
     narrator: str | None = None
     description: str | None = None
+    publisher: str | None = None  # these four for the tags and metadata.json (`app.books.publication`)
+    year: str | None = None
+    isbn: str | None = None
+    genres: list[str] | None = None
     chapters: str | None = None  # "3-7,12" (`app.books.select`)
     base_dir: str | None = None  # CLI `--local` only: the folder a manifest's audio files are read from
 
@@ -120,10 +125,16 @@ class Submission:
                                    ("file name", self.filename, 1000)):
             if value is not None and len(value) > limit:
                 raise BadInput(f"the {what} is {len(value)} characters; the limit is {limit}")
+        check_publication(publisher=self.publisher, year=self.year, isbn=self.isbn, genres=self.genres)
         if self.language is not None:
             check_language_tag(self.language)
         if self.chapters is not None:
             parse_chapters(self.chapters, limits.max_chapters)  # its spelling; the book's count comes later
+
+    @property
+    def publication(self) -> PublicationFields:
+        return PublicationFields(self.publisher, self.year, self.isbn,
+                                 None if self.genres is None else tuple(self.genres))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)

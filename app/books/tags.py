@@ -1,10 +1,13 @@
 """The tags a book's M4B and MP3s carry (`BookTags`), and the MP4 atoms FFmpeg's muxer does not write.
 
 Names follow audiobook players' convention (Audible's and the community's taggers): title and album the
-book, artist and album artist the author, composer the narrator, genre "Audiobook", the description as
-`description` and `comment` (then a "Note: ..." line for each note on how the audio was made). The
-series goes where Audiobookshelf looks for it (`app.books.shelf`): a grouping "Series #2" and freeform
-`SERIES` / `SERIES-PART` atoms (ID3: TIT1 and TXXX frames), the language in `LANGUAGE` (ID3: TLAN).
+book, artist and album artist the author, composer the narrator, the description as `description` and
+`comment` (then a "Note: ..." line for each note on how the audio was made). The series goes where
+Audiobookshelf looks for it (`app.books.shelf`): a grouping "Series #2" and freeform `SERIES` /
+`SERIES-PART` atoms (ID3: TIT1 and TXXX frames), the language in `LANGUAGE` (ID3: TLAN). The
+publication (`app.books.publication`): `genre` the book's genres joined by ";" (where Audiobookshelf
+splits them), "Audiobook" when none is known; `date` the year (ID3: TYER); freeform `PUBLISHER` (ID3:
+TPUB) and `ISBN` (ID3: TXXX).
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mutagen import mp4
+
+from app.books.publication import GENRE_SEPARATOR, Publication
+
+FALLBACK_GENRE = "Audiobook"
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,11 @@ class BookTags:
     series: str = ""  # Audiobookshelf's "series" and "series-part" tags, and the grouping "Series #2"
     series_part: str = ""
     language: str = ""
+    publication: Publication = Publication()
+
+    @property
+    def genre(self) -> str:
+        return GENRE_SEPARATOR.join(self.publication.genres) or FALLBACK_GENRE
 
     @property
     def grouping(self) -> str:
@@ -32,7 +44,8 @@ class BookTags:
 
     def custom(self) -> dict[str, str]:
         """Tags with no standard MP4 atom or ID3 frame: freeform atoms / TXXX frames (empty ones left out)."""
-        tags = {"SERIES": self.series, "SERIES-PART": self.series_part, "LANGUAGE": self.language}
+        tags = {"SERIES": self.series, "SERIES-PART": self.series_part, "LANGUAGE": self.language,
+                "PUBLISHER": self.publication.publisher, "ISBN": self.publication.isbn}
         return {k: v for k, v in tags.items() if v}
 
     @property
@@ -42,13 +55,15 @@ class BookTags:
     def common(self) -> dict[str, str]:
         """The tags every output of the book carries (empty ones left out)."""
         tags = {"album": self.title, "artist": self.author, "album_artist": self.author,
-                "composer": self.narrator, "genre": "Audiobook", "comment": self.comment}
+                "composer": self.narrator, "genre": self.genre, "date": self.publication.year,
+                "comment": self.comment}
         return {k: v for k, v in tags.items() if v}
 
 
 def write_mp4_extra_tags(path: Path, tags: BookTags) -> None:
     """What FFmpeg's MP4 muxer does not write: the grouping atom and freeform atoms, which FFmpeg (and so
-    Audiobookshelf's ffprobe) reads back as `grouping`, `SERIES`, `SERIES-PART`, `LANGUAGE`."""
+    Audiobookshelf's ffprobe) reads back as `grouping`, `SERIES`, `SERIES-PART`, `LANGUAGE`, `PUBLISHER`,
+    `ISBN`."""
     if not tags.grouping and not tags.custom():
         return
     box = mp4.MP4(path)

@@ -4,7 +4,9 @@
   "Heading 2"s, as in Markdown); a "Title" paragraph is the book's title. Tables, headers, footers and
   comments are not read.
 - Title, author, description and language from the document's core properties (title, author,
-  subject, language).
+  subject, language); for the tags, an ISBN from its identifier (when the check digit holds) and genres
+  from its category (separated by commas, '/' or ';'). Core properties hold no publisher or publication
+  date (`created` is the file's, not the book's).
 - Safety, as for an EPUB: the zip is checked from its central directory before anything is inflated
   (`app.books.safezip`: entries, sizes, ratios); every part is then read (a bad CRC refuses the
   document), and a part that declares a DTD or an entity, whatever its name and encoding, refuses it;
@@ -17,6 +19,7 @@ import io
 import re
 
 from app.books.blocks import chapters_at_headings
+from app.books.publication import Publication, genres_of, isbn_of, split_genre_list
 from app.books.safezip import SafeArchive
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, finish_book
 from app.errors import BadInput
@@ -56,7 +59,9 @@ def parse_docx(data: bytes, *, title: str | None = None, author: str | None = No
     return finish_book(chapters_at_headings(blocks, book_title), title=book_title or "Untitled",
                        author=author or " ".join((core.author or "").split()),
                        language=language or (core.language or "").strip() or "en", limits=limits,
-                       description=" ".join((core.subject or "").split()))
+                       description=" ".join((core.subject or "").split()),
+                       publication=Publication(isbn=isbn_of(core.identifier or "", "isbn"),
+                                               genres=genres_of(split_genre_list(core.category or ""))))
 
 
 _ENCODINGS = ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")

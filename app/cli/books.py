@@ -79,7 +79,7 @@ def _add_book_options(render: argparse.ArgumentParser, preview: bool = False) ->
     if preview:
         render.set_defaults(book_output="flac", mp3=False, timed=False, epub3=False, **dict.fromkeys(
             ("title", "author", "narrator", "description", "bitrate", "mp3_bitrate", "sample_rate", "series",
-             "series_part", "chapters")))
+             "series_part", "chapters", "publisher", "year", "isbn", "genre")))
         return
     render.add_argument("--title")
     render.add_argument("--author")
@@ -94,6 +94,11 @@ def _add_book_options(render: argparse.ArgumentParser, preview: bool = False) ->
                         "24000; ACX: 44100)")
     render.add_argument("--series", help="the series the book belongs to (tags, metadata.json)")
     render.add_argument("--series-part", help="the book's place in the series: 1, 2.5, 3a")
+    render.add_argument("--publisher", help="for the tags and metadata.json (default: the book's own)")
+    render.add_argument("--year", help="the publication year, 4 digits (default: the book's own, if any)")
+    render.add_argument("--isbn", help="ISBN-10 or ISBN-13, hyphens allowed; its check digit is checked")
+    render.add_argument("--genre", action="append", help="a genre; repeat for several (default: the book's "
+                        "own; none: 'Audiobook')")
     render.add_argument("--epub3", action="store_true",
                         help="a read-along EPUB 3 too (book.epub: the text highlighted as the audio plays)")
     render.add_argument("--chapters", help="render only these chapters, counted from 1: e.g. 3-7,12 "
@@ -112,8 +117,11 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
                                         ("chapters", args.chapters), ("bitrate_kbps", args.bitrate),
                                         ("mp3_bitrate_kbps", args.mp3_bitrate),
                                         ("sample_rate", args.sample_rate), ("series", args.series),
-                                        ("series_part", args.series_part))
+                                        ("series_part", args.series_part), ("publisher", args.publisher),
+                                        ("year", args.year), ("isbn", args.isbn))
                  if v is not None})
+    if args.genre is not None:
+        form["genres"] = ",".join(args.genre)
     if args.lexicon is not None:
         try:
             form["lexicon"] = read_file(args.lexicon, "lexicon").decode("utf-8-sig")

@@ -88,3 +88,18 @@ def test_with_a_token_the_page_is_public_says_it_needs_one_and_the_api_still_ref
 
 def test_without_a_token_the_page_says_none_is_needed(client: TestClient) -> None:
     assert 'data-token-required="false"' in client.get("/").text
+
+
+def test_every_field_the_page_sends_with_a_book_is_on_its_form_and_one_the_api_takes() -> None:
+    from app.api.routes_books import FORM_FIELDS
+
+    script = (WEB / "app.js").read_text(encoding="utf-8")
+    listed = re.search(r"function bookForm\(.*?for \(const name of \[(.*?)\]\)", script, re.S)
+    assert listed, "bookForm's list of text fields"
+    names = re.findall(r'"(\w+)"', listed.group(1))
+    assert {"publisher", "year", "isbn", "genres", "series", "narrator"} <= set(names)
+    form = re.search(r'<form id="book-form">(.*?)</form>', (WEB / "index.html").read_text(encoding="utf-8"),
+                     re.S)
+    assert form
+    for name in names:
+        assert f'name="{name}"' in form.group(1) and name in FORM_FIELDS, name

@@ -26,6 +26,7 @@ from app.errors import BadInput
 from tests.app.books.conftest import MARKDOWN_BOOK, make_docx, make_epub, make_pdf, tiny_png
 from tests.app.books.test_documents import PAGE
 from tests.app.books.test_output import VOICE, render
+from tests.app.books.test_publication import PUBLISHED
 from tests.app.books.test_subtitles import MARA, SRT, VTT
 
 SMIL = "{http://www.w3.org/ns/SMIL}"
@@ -37,7 +38,8 @@ PDF_BOOK = make_pdf([["Chapter 1", "The rain fell on the roof all night."],
 DOCX_BOOK = make_docx([("Title", "Winter"), ("Heading 1", "Snow"),
                        ("", "It snowed for 3 days. Dr. Hale stayed in."),
                        ("Heading 1", "Thaw"), ("", "Then the ice broke.")])
-SOURCES = {"text": TEXT_BOOK, "markdown": MARKDOWN_BOOK.encode(), "epub": make_epub(cover=tiny_png()),
+SOURCES = {"text": TEXT_BOOK, "markdown": MARKDOWN_BOOK.encode(), "epub": make_epub(cover=tiny_png(),
+                                                                                     opf_extra=PUBLISHED),
            "html": PAGE, "pdf": PDF_BOOK, "docx": DOCX_BOOK, "srt": SRT, "vtt": VTT}
 
 
@@ -212,3 +214,14 @@ def test_an_epub_whose_xhtml_is_not_xml_gets_plain_documents(tmp_path):
     source = parse_book(data, fmt="epub")  # the EPUB reader takes HTML as HTML ...
     plan = plan_book(source, voice_id=VOICE)
     assert own_documents(data, source, plan, DEFAULT_LIMITS, tmp_path / "s.zip") is None  # ... XML does not
+
+
+def test_the_read_along_package_carries_the_books_publication(tmp_path):
+    _, _, out = build("epub", tmp_path)  # EPUBCheck passes it in the test of every format above
+    with zipfile.ZipFile(out.epub) as z:
+        opf = etree.fromstring(z.read(next(n for n in z.namelist() if n.endswith(".opf"))))
+    dc = {name: [el.text for el in opf.iter(f"{{http://purl.org/dc/elements/1.1/}}{name}")]
+          for name in ("publisher", "date", "identifier", "subject")}
+    assert (dc["publisher"], dc["date"]) == (["Lantern House"], ["2019"])
+    assert "urn:isbn:9780306406157" in dc["identifier"]
+    assert dc["subject"] == ["Fiction", "Fantasy", "Adventure"]

@@ -253,6 +253,17 @@ def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClien
     shelved = form(series="The Lamps", series_part="2").book
     assert (shelved["series"], shelved["series_part"]) == ("The Lamps", "2")
     assert form(series_part="2").status_code == 422
+    published = post_and_read(client, files={"book": ("b.md", MARKDOWN_BOOK.encode())},
+                              data={"voice_id": off["voice_id"], "publisher": "Owl Press", "year": "2021",
+                                    "isbn": "978-0-306-40615-7",
+                                    "genres": ["Fantasy, Adventure", "Fantasy"]}).book  # two fields
+    assert (published["publisher"], published["year"], published["isbn"]) == ("Owl Press", "2021",
+                                                                               "9780306406157")
+    assert published["genres"] == ["Fantasy", "Adventure"] and off["genres"] == [] and off["isbn"] == ""
+    for field, value, reason in (("isbn", "978-0-306-40615-8", "check digit does not match"),
+                                 ("year", "19", "four digits"), ("genres", "Horror/Fantasy", "holds '/'")):
+        refused = form(**{field: value})
+        assert refused.status_code == 422 and reason in refused.json()["reason"], refused.json()
     acx = form(mp3_bitrate_kbps="192", sample_rate="44100").book
     assert (acx["mp3_bitrate_kbps"], acx["sample_rate"], acx["bitrate_kbps"]) == (192, 44100, 64)
     assert (off["sample_rate"], off["mp3_bitrate_kbps"]) == (None, 64)
@@ -268,6 +279,11 @@ def test_api_takes_a_narrator_a_description_mp3s_and_a_lexicon(client: TestClien
     in_json = post_and_read(client, json={"voice_id": off["voice_id"], "manifest": inline,
                                           "lexicon": {"words": {"x": {"phonemes": "[["}}}})
     assert in_json.book["status"] == "failed" and "without brackets" in in_json.book["error"]
+    dated = post_and_read(client, json={"voice_id": off["voice_id"], "manifest": inline, "year": 1999,
+                                        "genres": ["Drama"], "isbn": "0-306-40615-2"})
+    assert (dated.book["year"], dated.book["genres"], dated.book["isbn"]) == ("1999", ["Drama"], "0306406152")
+    late = client.post("/v1/books", json={"voice_id": off["voice_id"], "manifest": inline, "year": 3000})
+    assert late.status_code == 422 and "1000 to 2100" in late.json()["reason"]
     voiced = b"# B\n\n## One\n\n{Ann}\"Hello,\" she said."
     cast_file = ("cast.yaml", f"Ann: {off['voice_id']}")
     cast = post_and_read(client, files={"book": ("b.md", voiced), "cast": cast_file},

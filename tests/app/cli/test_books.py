@@ -137,3 +137,21 @@ def test_book_preview_asks_for_one_chapters_first_seconds_at_a_high_priority_and
     args = build_parser().parse_args(["book", "preview", str(book), "--voice", "0" * 64, "--out", "p.mp3"])
     with pytest.raises(BadInput, match=r"\.flac or \.wav"):
         cli_books.cmd_book_preview(args)
+
+
+def test_render_hands_publisher_year_isbn_and_repeated_genres_to_the_api() -> None:
+    from app.api.local import _publication
+    from app.books.submission import Submission
+    from app.cli import build_parser
+    from app.cli.books import _form
+
+    args = build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64,
+                                      "--publisher", "Owl Press", "--year", "2021", "--isbn", "0-306-40615-2",
+                                      "--genre", "Science Fiction", "--genre", "Space Opera"])
+    form = _form(args)
+    assert (form["publisher"], form["year"], form["isbn"]) == ("Owl Press", "2021", "0-306-40615-2")
+    given = _publication(form)  # as the local client (and the API's form reader) takes them
+    assert given["genres"] == ["Science Fiction", "Space Opera"]
+    Submission(**given).check()
+    plain = _form(build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64]))
+    assert not {"publisher", "year", "isbn", "genres"} & plain.keys() and _publication(plain) == {}
