@@ -144,6 +144,7 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_status_priority", "status", "priority"),
         Index("ix_jobs_voice_id", "voice_id"),
+        Index("ix_jobs_submitted_at_id", "submitted_at", "id"),  # newest-first pages (queries.paging)
         CheckConstraint(one_of("status", JobStatus), name="status"),
         CheckConstraint(one_of("output_format", OutputFormat), name="output_format"),
         CheckConstraint(f"prep_path IS NULL OR {one_of('prep_path', PrepPath)}", name="prep_path"),
@@ -254,6 +255,7 @@ class Book(Base):
     __tablename__ = "books"
     __table_args__ = (
         Index("ix_books_status", "status"),
+        Index("ix_books_submitted_at_id", "submitted_at", "id"),  # newest-first pages (queries.paging)
         CheckConstraint(one_of("status", BookStatus), name="status"),
         CheckConstraint(one_of("output_format", OutputFormat), name="output_format"),
         CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
