@@ -67,7 +67,7 @@ def test_job_pages_cover_every_row_once_newest_first_under_inserts(session: Sess
         newer.append(_job_at(session, voice, T0 + timedelta(days=1, seconds=len(newer))))
 
     seen = _walk(lambda **kw: q.page_jobs(session=session, **kw), limit, insert_newer)
-    assert seen == _newest_first(session, Job, old)  # exactly once each, in order; the newer ones not mixed in
+    assert seen == _newest_first(session, Job, old)  # each once, in order; newer ones not mixed in
     assert newer or limit >= len(old)
     assert _walk(lambda **kw: q.page_jobs(session=session, **kw), limit) == _newest_first(session, Job,
                                                                                             old + newer)
