@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from sqlalchemy import Select, and_, or_
 from app.errors import BadInput
 
 _SEP = "|"
+_ID = re.compile(r"[0-9A-Za-z-]{1,36}")  # row ids are UUIDs; nothing else reaches the query
 
 
 def encode_cursor(submitted_at: datetime, row_id: str) -> str:
@@ -32,11 +34,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         stamp, row_id = raw.split(_SEP, 1)
         when = datetime.fromisoformat(stamp)
-    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
+        if when.tzinfo is None or not _ID.fullmatch(row_id):
+            raise ValueError("not a stamp and an id")
+        return when.astimezone(UTC), row_id
+    except (binascii.Error, UnicodeDecodeError, ValueError, OverflowError) as e:
         raise BadInput("after: not a cursor this API returned (use X-Next-Cursor as given)") from e
-    if when.tzinfo is None or not row_id or len(row_id) > 36:
-        raise BadInput("after: not a cursor this API returned (use X-Next-Cursor as given)")
-    return when.astimezone(UTC), row_id
 
 
 def page(stmt: Select[Any], table: Any, after: str | None, limit: int) -> Select[Any]:

@@ -103,6 +103,8 @@ def test_cursor_round_trips_and_malformed_ones_are_refused() -> None:
     assert decode_cursor(encode_cursor(when, "abc")) == (when, "abc")
     naive = base64.urlsafe_b64encode(b"2026-03-04T05:06:07|abc").decode()
     for bad in ["", "!!!", "bm90IGEgY3Vyc29y", naive, "x" * 300,
-                base64.urlsafe_b64encode(b"\xff\xfe|x").decode()]:
+                base64.urlsafe_b64encode(b"\xff\xfe|x").decode(),
+                base64.urlsafe_b64encode(b"2026-03-04T05:06:07+00:00|a\x00b").decode(),  # NUL: PostgreSQL
+                base64.urlsafe_b64encode(b"0001-01-01T00:00:00+05:00|abc").decode()]:  # before year 1 in UTC
         with pytest.raises(BadInput, match="after: not a cursor"):
             decode_cursor(bad)
