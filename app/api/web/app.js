@@ -286,6 +286,28 @@ function renderJob(card, job) {
   }
 }
 
+// Everything on the server, newest first, a page at a time (the X-Next-Cursor header) ---------------
+
+const PAGE_SIZE = 20;
+const cursors = {job: "", book: ""};  // the next page's cursor; "" before the first page
+
+async function loadMore(button) {
+  const kind = button.dataset.kind;
+  const after = cursors[kind] ? `&after=${encodeURIComponent(cursors[kind])}` : "";
+  try {
+    const response = await api("GET", `/v1/${kind}s?limit=${PAGE_SIZE}${after}`);
+    for (const item of await response.json()) render(addCard(kind, item.id, false), item);
+    cursors[kind] = response.headers.get("X-Next-Cursor") || "";
+    if (!cursors[kind]) {
+      button.disabled = true;
+      button.textContent = `All ${kind}s shown`;
+    }
+    show($("#more-error"), null);
+  } catch (err) {
+    show($("#more-error"), err);
+  }
+}
+
 // Start ------------------------------------------------------------------------------------------
 
 async function poll() {
@@ -299,6 +321,9 @@ function start() {
   $("#voices-refresh").addEventListener("click", loadVoices);
   onSubmit($("#book-form"), "book", bookForm);
   onSubmit($("#job-form"), "job", jobForm);
+  for (const id of ["#more-jobs", "#more-books"]) {
+    $(id).addEventListener("click", (event) => loadMore(event.currentTarget));
+  }
   for (const {kind, id} of savedItems()) {
     if (LIVE[kind]) addCard(kind, id, false);
   }
