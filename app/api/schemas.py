@@ -147,6 +147,8 @@ class JobOut(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "degraded"]
     checks: dict[str, str] = Field(description="component -> 'ok' or the failure")
+    dummy_weights_workers: int | None = Field(default=None, description=(
+        "live GPU workers running dummy weights (no model folder: their audio is noise); None: unknown"))
 
 
 def _ms(start: datetime | None, end: datetime | None) -> float | None:

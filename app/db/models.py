@@ -197,6 +197,7 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime | None] = mapped_column(default=utcnow)
     slots: Mapped[int | None]  # jobs it streams at once (WAVEFARM_WORKER_SLOTS); NULL: not recorded
+    dummy_weights: Mapped[bool | None]  # runs without a model folder (noise); NULL: not recorded
 
 
 class WorkerVoice(Base):

@@ -308,6 +308,24 @@ async function loadMore(button) {
   }
 }
 
+// Dummy weights: /healthz counts the live GPU workers that run them --------------------------------
+
+const HEALTH_MS = 15000;
+
+async function checkWeights() {
+  try {
+    const health = await (await fetch("/healthz")).json();
+    const n = health.dummy_weights_workers || 0;
+    const banner = $("#dummy-banner");
+    banner.hidden = n === 0;
+    banner.textContent = n === 0 ? "" : `${n} GPU worker${n === 1 ? " runs" : "s run"} dummy weights ` +
+      "(no WAVEFARM_MODEL_DIR): the audio is noise, not speech. See docs/MODEL_SETUP.md.";
+  } catch {
+    // the server not answering shows on the next API call
+  }
+  setTimeout(checkWeights, HEALTH_MS);
+}
+
 // Start ------------------------------------------------------------------------------------------
 
 async function poll() {
@@ -328,6 +346,7 @@ function start() {
     if (LIVE[kind]) addCard(kind, id, false);
   }
   loadVoices();
+  checkWeights();
   poll();
 }
 

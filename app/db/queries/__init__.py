@@ -109,6 +109,7 @@ from app.db.queries.workers import (
     list_orphaned_jobs,
     list_worker_names,
     live_workers,
+    live_workers_on_dummy_weights,
     mark_worker_stopped,
     register_worker,
     release_job,
@@ -177,6 +178,7 @@ __all__ = [
     "release_job",
     # routing
     "live_workers",
+    "live_workers_on_dummy_weights",
     "worker_backlogs",
     "worker_slots",
     "voices_installed",

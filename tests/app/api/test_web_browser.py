@@ -10,7 +10,7 @@ processes, started by scripts/service_stack.py) on an API that needs a token.
   weights); a broken tokens file's refusal is shown under the form; the token, remembered,
   is still there after a reload;
 - "Older jobs" / "Older books" list what the server holds (not only this browser's), page by page with
-  the API's cursor, each once, newest first.
+  the API's cursor, each once, newest first; a banner says the stack's GPU worker runs dummy weights.
 
 The stack is this module's own (its queues, a SQLite file, an artifact root): the integration folder's
 session CPU worker cannot be shared from here without a second copy of it on the same queue.
@@ -274,3 +274,12 @@ def test_older_jobs_and_books_page_through_everything_on_the_server(page: Any, s
     expect(page.locator("#more-books")).to_have_text("All books shown")
     assert page.eval_on_selector_all("#items article.book", "cs => cs.map(c => c.dataset.id)") == every_book
     expect(page.locator("#more-error")).to_be_hidden()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_banner_says_the_gpu_worker_runs_dummy_weights(page: Any, stack: str) -> None:
+    from playwright.sync_api import expect
+
+    assert httpx.get(f"{stack}/healthz").json()["dummy_weights_workers"] == 1  # the stack's tiny preset
+    expect(page.locator("#dummy-banner")).to_contain_text("1 GPU worker runs dummy weights")
