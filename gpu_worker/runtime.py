@@ -137,10 +137,12 @@ class Presence:
     earlier under the same name was its killed predecessor's), a heartbeat every HEARTBEAT_S on its own
     thread, and marked stopped on a warm shutdown so nothing waits for its jobs."""
 
-    def __init__(self, sessions: sessionmaker[Session], name: str, slots: int | None = None) -> None:
+    def __init__(self, sessions: sessionmaker[Session], name: str, slots: int | None = None,
+                 dummy_weights: bool | None = None) -> None:
         self.sessions, self.name = sessions, name
         with session_scope(sessions) as session:
-            self.started_at = queries.register_worker(session=session, name=name, slots=slots).started_at
+            self.started_at = queries.register_worker(session=session, name=name, slots=slots,
+                                                      dummy_weights=dummy_weights).started_at
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="wavefarm-heartbeat", daemon=True)
         self._thread.start()
@@ -234,7 +236,8 @@ def build_runtime(settings: Settings, worker_id: str, engine_factory: EngineFact
     engine = engine_factory(settings, StoreFeatures(store), preparer)
     with session_scope(sessions) as session:  # a restarted worker's device memory is empty
         queries.clear_worker_voices(session=session, worker_id=worker_id)
-    presence = Presence(sessions, worker_id, settings.worker_slots)  # before any claim of this process
+    presence = Presence(sessions, worker_id, settings.worker_slots,
+                        dummy_weights=settings.model_dir is None)  # before any claim of this process
     book = Bookkeeper()
     installs = InstallRecords(book, sessions, worker_id)
     metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry(), engine.snapshot)

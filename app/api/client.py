@@ -33,6 +33,8 @@ class Client(Protocol):
                language: str | None = None) -> dict[str, Any]: ...
     def job(self, job_id: str) -> dict[str, Any]: ...
     def jobs(self, *, status: str | None, voice_id: str | None, limit: int) -> list[dict[str, Any]]: ...
+    def jobs_page(self, *, status: str | None, voice_id: str | None, after: str | None,
+                  limit: int) -> tuple[list[dict[str, Any]], str | None]: ...
     def cancel(self, job_id: str) -> dict[str, Any]: ...
     def audio(self, job_id: str) -> bytes: ...
     def voices(self) -> list[dict[str, Any]]: ...
@@ -84,8 +86,14 @@ class HttpClient:
 
     def jobs(self, *, status: str | None = None, voice_id: str | None = None,
              limit: int = 100) -> list[dict[str, Any]]:
-        params = {k: v for k, v in (("status", status), ("voice_id", voice_id)) if v}
-        return self._call("GET", "/v1/jobs", params={**params, "limit": limit}).json()
+        return self.jobs_page(status=status, voice_id=voice_id, after=None, limit=limit)[0]
+
+    def jobs_page(self, *, status: str | None, voice_id: str | None, after: str | None,
+                  limit: int) -> tuple[list[dict[str, Any]], str | None]:
+        """A page newest first, and the next page's cursor (None: the last page)."""
+        params = {k: v for k, v in (("status", status), ("voice_id", voice_id), ("after", after)) if v}
+        response = self._call("GET", "/v1/jobs", params={**params, "limit": limit})
+        return response.json(), response.headers.get("x-next-cursor")
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel").json()

@@ -48,9 +48,14 @@ class LocalClient:
 
     def jobs(self, *, status: str | None = None, voice_id: str | None = None,
              limit: int = 100) -> list[dict[str, Any]]:
+        return self.jobs_page(status=status, voice_id=voice_id, after=None, limit=limit)[0]
+
+    def jobs_page(self, *, status: str | None, voice_id: str | None, after: str | None,
+                  limit: int) -> tuple[list[dict[str, Any]], str | None]:
         with self.ctx.session() as s:
-            return [_job_out(j) for j in queries.list_jobs(session=s, status=status, voice_id=voice_id,
-                                                           limit=limit)]
+            rows, cursor = queries.page_jobs(session=s, status=status, voice_id=voice_id, after=after,
+                                             limit=limit)
+            return [_job_out(j) for j in rows], cursor
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         ctx = self.ctx

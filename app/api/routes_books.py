@@ -29,7 +29,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
-from app.api.schemas import BookOut, BookRequest, Problem
+from app.api.schemas import AFTER, BookOut, BookRequest, Problem
 from app.books import intake, service, status
 from app.books.cast import MAX_BYTES as CAST_MAX_BYTES
 from app.books.encoding import BITRATES, DEFAULT_KBPS, SAMPLE_RATES
@@ -242,11 +242,17 @@ async def create_book(request: Request, response: Response, ctx: Ctx) -> BookOut
     return book
 
 
-@router.get("", response_model=list[BookOut])
-def list_books(ctx: Ctx, limit: Annotated[int, Query(ge=1, le=200)] = 50) -> list[BookOut]:
-    """Newest first."""
+@router.get("", response_model=list[BookOut], responses={422: {"model": Problem}, 200: {"headers": {
+    "X-Next-Cursor": {"description": "the next page's `after` (absent on the last page)",
+                      "schema": {"type": "string"}}}}})
+def list_books(ctx: Ctx, response: Response, after: Annotated[str | None, Query(description=AFTER)] = None,
+               limit: Annotated[int, Query(ge=1, le=200)] = 50) -> list[BookOut]:
+    """Newest first, a page at a time: the X-Next-Cursor header is the next page's `after`."""
     with ctx.session() as s:
-        ids = [b.id for b in queries.list_books(session=s, limit=limit)]
+        rows, cursor = queries.page_books(session=s, after=after, limit=limit)
+        ids = [b.id for b in rows]
+    if cursor is not None:
+        response.headers["X-Next-Cursor"] = cursor
     return [_book_out(ctx, book_id) for book_id in ids]
 
 

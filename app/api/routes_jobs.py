@@ -18,7 +18,7 @@ from starlette.datastructures import FormData, UploadFile
 from app import jobs, wire
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
-from app.api.schemas import JobOut, JobRequest, Problem, parse_tokens
+from app.api.schemas import AFTER, JobOut, JobRequest, Problem, parse_tokens
 from app.db import queries
 from app.db.models import JobStatus
 from app.errors import BadInput, BadTokens
@@ -129,13 +129,19 @@ async def create_job(
     return job
 
 
-@router.get("", response_model=list[JobOut])
-def list_jobs(ctx: Ctx, status: JobStatus | None = None, voice_id: str | None = None,
+@router.get("", response_model=list[JobOut], responses={422: {"model": Problem}, 200: {"headers": {
+    "X-Next-Cursor": {"description": "the next page's `after` (absent on the last page)",
+                      "schema": {"type": "string"}}}}})
+def list_jobs(ctx: Ctx, response: Response, status: JobStatus | None = None, voice_id: str | None = None,
+              after: Annotated[str | None, Query(description=AFTER)] = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[JobOut]:
-    """Newest first."""
+    """Newest first, a page at a time: the X-Next-Cursor header is the next page's `after`."""
     with ctx.session() as s:
-        return [JobOut.of(job) for job in queries.list_jobs(session=s, status=status, voice_id=voice_id,
-                                                               limit=limit)]
+        rows, cursor = queries.page_jobs(session=s, status=status, voice_id=voice_id, after=after,
+                                         limit=limit)
+        if cursor is not None:
+            response.headers["X-Next-Cursor"] = cursor
+        return [JobOut.of(job) for job in rows]
 
 
 @router.get("/{job_id}", response_model=JobOut, responses={404: {"model": Problem}})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from sqlalchemy import text
 from app.api.deps import ApiContext, Ctx
 from app.api.schemas import Health
 from app.books.lexicon import load_lexicon
+from app.db import queries
+from app.db.models import utcnow
+from app.maintenance import WORKER_GONE_S
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["operations"])
@@ -67,7 +71,19 @@ def healthz(response: Response, ctx: Ctx) -> Health:
     healthy = all(v == "ok" for v in checks.values())
     if not healthy:
         response.status_code = 503
-    return Health(status="ok" if healthy else "degraded", checks=checks)
+    return Health(status="ok" if healthy else "degraded", checks=checks,
+                  dummy_weights_workers=_dummy_workers(ctx) if checks.get("database") == "ok" else None)
+
+
+def _dummy_workers(ctx: ApiContext) -> int | None:
+    """Live GPU workers (a heartbeat within WORKER_GONE_S) that run dummy weights, as they registered."""
+    try:
+        with ctx.session() as s:
+            return queries.live_workers_on_dummy_weights(
+                session=s, beat_after=utcnow() - timedelta(seconds=WORKER_GONE_S))
+    except Exception as exc:  # noqa: BLE001 - a health probe answers; the log says why
+        log.warning("healthz: dummy-weights count failed: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 @router.get("/metrics", response_class=Response,

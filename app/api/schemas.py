@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # annotations only: a client command does not load SQLAlchemy
     from app.db.models import Job, Voice
 
 SEED_MAX = 2**63 - 1
+AFTER = "a cursor from the previous page's X-Next-Cursor header: the rows older than that page's last"
 # The output format as a request field, its schema inline (an enum $ref would not resolve inside the
 # request bodies the routes publish by hand for their multipart alternative).
 OutputFormatField = Annotated[OutputFormat, WithJsonSchema({"type": "string", "enum": list(OutputFormat)})]
@@ -146,6 +147,8 @@ class JobOut(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "degraded"]
     checks: dict[str, str] = Field(description="component -> 'ok' or the failure")
+    dummy_weights_workers: int | None = Field(default=None, description=(
+        "live GPU workers running dummy weights (no model folder: their audio is noise); None: unknown"))
 
 
 def _ms(start: datetime | None, end: datetime | None) -> float | None:

@@ -7,6 +7,7 @@ either way they print the API's JSON shapes.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,9 @@ def add_commands(sub: Any) -> None:
     jobs = command("jobs", "list recent jobs", cmd_jobs)
     jobs.add_argument("--status")
     jobs.add_argument("--voice-id")
-    jobs.add_argument("--limit", type=int, default=20)
+    jobs.add_argument("--limit", type=int, default=20, help="jobs a page (default 20)")
+    jobs.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed after a page)")
+    jobs.add_argument("--all", action="store_true", help="page through every job, newest first")
     voices = command("voices", "list voices, upload one with --add, name one with --name", cmd_voices)
     voices.add_argument("--add", type=Path, metavar="FILE", help="upload a reference audio file")
     voices.add_argument("--name", help="a unique name for the voice (with --add, or with --voice)")
@@ -100,10 +103,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
         if args.status not in tuple(JobStatus):
             raise BadInput(f"--status {args.status!r} is not one of {', '.join(JobStatus)}")
-    for job in client(args).jobs(status=args.status, voice_id=args.voice_id, limit=args.limit):
-        done, total = job["progress"]["frames_done"], job["progress"]["frames_total"]
-        print(f"{job['id']}  {job['status']:<10} {done:>7}/{total:<7} voice {job['voice_id'][:12]}")
-    return 0
+    api, after = client(args), args.after
+    while True:
+        page, after = api.jobs_page(status=args.status, voice_id=args.voice_id, after=after, limit=args.limit)
+        for job in page:
+            done, total = job["progress"]["frames_done"], job["progress"]["frames_total"]
+            print(f"{job['id']}  {job['status']:<10} {done:>7}/{total:<7} voice {job['voice_id'][:12]}")
+        if after is None:
+            return 0
+        if not args.all:
+            print(f"more: --after {after} (or --all)", file=sys.stderr)
+            return 0
 
 
 def cmd_voices(args: argparse.Namespace) -> int:

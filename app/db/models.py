@@ -144,6 +144,7 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_status_priority", "status", "priority"),
         Index("ix_jobs_voice_id", "voice_id"),
+        Index("ix_jobs_submitted_at_id", "submitted_at", "id"),  # newest-first pages (queries.paging)
         CheckConstraint(one_of("status", JobStatus), name="status"),
         CheckConstraint(one_of("output_format", OutputFormat), name="output_format"),
         CheckConstraint(f"prep_path IS NULL OR {one_of('prep_path', PrepPath)}", name="prep_path"),
@@ -196,6 +197,7 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime | None] = mapped_column(default=utcnow)
     slots: Mapped[int | None]  # jobs it streams at once (WAVEFARM_WORKER_SLOTS); NULL: not recorded
+    dummy_weights: Mapped[bool | None]  # runs without a model folder (noise); NULL: not recorded
 
 
 class WorkerVoice(Base):
@@ -254,6 +256,7 @@ class Book(Base):
     __tablename__ = "books"
     __table_args__ = (
         Index("ix_books_status", "status"),
+        Index("ix_books_submitted_at_id", "submitted_at", "id"),  # newest-first pages (queries.paging)
         CheckConstraint(one_of("status", BookStatus), name="status"),
         CheckConstraint(one_of("output_format", OutputFormat), name="output_format"),
         CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),

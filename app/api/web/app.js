@@ -287,6 +287,46 @@ function renderJob(card, job) {
   }
 }
 
+// Everything on the server, newest first, a page at a time (the X-Next-Cursor header) ---------------
+
+const PAGE_SIZE = 20;
+const cursors = {job: "", book: ""};  // the next page's cursor; "" before the first page
+
+async function loadMore(button) {
+  const kind = button.dataset.kind;
+  const after = cursors[kind] ? `&after=${encodeURIComponent(cursors[kind])}` : "";
+  try {
+    const response = await api("GET", `/v1/${kind}s?limit=${PAGE_SIZE}${after}`);
+    for (const item of await response.json()) render(addCard(kind, item.id, false), item);
+    cursors[kind] = response.headers.get("X-Next-Cursor") || "";
+    if (!cursors[kind]) {
+      button.disabled = true;
+      button.textContent = `All ${kind}s shown`;
+    }
+    show($("#more-error"), null);
+  } catch (err) {
+    show($("#more-error"), err);
+  }
+}
+
+// Dummy weights: /healthz counts the live GPU workers that run them --------------------------------
+
+const HEALTH_MS = 15000;
+
+async function checkWeights() {
+  try {
+    const health = await (await fetch("/healthz")).json();
+    const n = health.dummy_weights_workers || 0;
+    const banner = $("#dummy-banner");
+    banner.hidden = n === 0;
+    banner.textContent = n === 0 ? "" : `${n} GPU worker${n === 1 ? " runs" : "s run"} dummy weights ` +
+      "(no WAVEFARM_MODEL_DIR): the audio is noise, not speech. See docs/MODEL_SETUP.md.";
+  } catch {
+    // the server not answering shows on the next API call
+  }
+  setTimeout(checkWeights, HEALTH_MS);
+}
+
 // Start ------------------------------------------------------------------------------------------
 
 async function poll() {
@@ -300,10 +340,14 @@ function start() {
   $("#voices-refresh").addEventListener("click", loadVoices);
   onSubmit($("#book-form"), "book", bookForm);
   onSubmit($("#job-form"), "job", jobForm);
+  for (const id of ["#more-jobs", "#more-books"]) {
+    $(id).addEventListener("click", (event) => loadMore(event.currentTarget));
+  }
   for (const {kind, id} of savedItems()) {
     if (LIVE[kind]) addCard(kind, id, false);
   }
   loadVoices();
+  checkWeights();
   poll();
 }
 

@@ -21,6 +21,7 @@ from app.db.models import (
     Segment,
     utcnow,
 )
+from app.db.queries import paging
 from app.db.queries._common import _clip, _insert, _rowcount
 from app.errors import NotFound
 
@@ -111,7 +112,13 @@ def require_book(*, session: Session, book_id: str) -> Book:
 
 def list_books(*, session: Session, limit: int = 100) -> list[Book]:
     """Newest first."""
-    return list(session.scalars(select(Book).order_by(Book.submitted_at.desc(), Book.id).limit(limit)))
+    return page_books(session=session, limit=limit)[0]
+
+
+def page_books(*, session: Session, after: str | None = None,
+               limit: int = 100) -> tuple[list[Book], str | None]:
+    """A page of books newest first after the cursor `after`, and the next page's cursor (None: last)."""
+    return paging.split(list(session.scalars(paging.page(select(Book), Book, after, limit))), limit)
 
 
 def list_chapters(*, session: Session, book_id: str) -> list[BookChapter]:

@@ -17,6 +17,7 @@ from app.db.models import (
     PrepPath,
     utcnow,
 )
+from app.db.queries import paging
 from app.db.queries._common import _clip, _insert, _rowcount
 from app.db.queries.workers import is_held
 from app.errors import NotFound
@@ -200,12 +201,18 @@ def cancel_job(*, session: Session, job_id: str) -> bool:
 def list_jobs(*, session: Session, status: str | None = None, voice_id: str | None = None,
               limit: int = 100) -> list[Job]:
     """Newest first, optionally of one status and one voice."""
-    stmt = select(Job).order_by(Job.submitted_at.desc(), Job.id).limit(limit)
+    return page_jobs(session=session, status=status, voice_id=voice_id, limit=limit)[0]
+
+
+def page_jobs(*, session: Session, status: str | None = None, voice_id: str | None = None,
+              after: str | None = None, limit: int = 100) -> tuple[list[Job], str | None]:
+    """A page of jobs newest first after the cursor `after`, and the next page's cursor (None: last)."""
+    stmt = paging.page(select(Job), Job, after, limit)
     if status is not None:
         stmt = stmt.where(Job.status == status)
     if voice_id is not None:
         stmt = stmt.where(Job.voice_id == voice_id)
-    return list(session.scalars(stmt))
+    return paging.split(list(session.scalars(stmt)), limit)
 
 
 def count_jobs_by_status(*, session: Session) -> dict[str, int]:

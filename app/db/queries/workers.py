@@ -27,13 +27,14 @@ CLAIM_HOLD_S = 10.0  # a held job's row is this fresh: progress_interval_s must 
 CLAIMED = (JobStatus.PREPARING, JobStatus.RUNNING)
 
 
-def register_worker(*, session: Session, name: str, slots: int | None = None) -> Worker:
-    """A worker process starting under `name` with `slots` (jobs it streams at once): a new incarnation
-    (started now, beating now)."""
+def register_worker(*, session: Session, name: str, slots: int | None = None,
+                    dummy_weights: bool | None = None) -> Worker:
+    """A worker process starting under `name` with `slots` (jobs it streams at once), on dummy weights or
+    not: a new incarnation (started now, beating now)."""
     now = utcnow()
-    stmt = _insert(session, Worker).values(name=name, started_at=now, heartbeat_at=now, slots=slots)
-    session.execute(stmt.on_conflict_do_update(index_elements=["name"],
-                                               set_={"started_at": now, "heartbeat_at": now, "slots": slots}))
+    values = {"started_at": now, "heartbeat_at": now, "slots": slots, "dummy_weights": dummy_weights}
+    stmt = _insert(session, Worker).values(name=name, **values)
+    session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_=values))
     worker = session.get(Worker, name, populate_existing=True)
     assert worker is not None
     return worker
@@ -118,6 +119,13 @@ def live_workers(*, session: Session, beat_after: datetime) -> list[str]:
     """Node names of the GPU workers that beat since `beat_after` (and did not stop), by name."""
     stmt = select(Worker.name).where(Worker.heartbeat_at.is_not(None), Worker.heartbeat_at >= beat_after)
     return list(session.scalars(stmt.order_by(Worker.name)))
+
+
+def live_workers_on_dummy_weights(*, session: Session, beat_after: datetime) -> int:
+    """How many of the GPU workers that beat since `beat_after` run dummy weights."""
+    stmt = select(func.count()).select_from(Worker).where(
+        Worker.heartbeat_at.is_not(None), Worker.heartbeat_at >= beat_after, Worker.dummy_weights.is_(True))
+    return int(session.scalar(stmt) or 0)
 
 
 def worker_backlogs(*, session: Session, workers: Sequence[str]) -> dict[str, int]:

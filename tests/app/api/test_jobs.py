@@ -169,6 +169,27 @@ def test_list_jobs_filters_by_status_and_voice(client: TestClient, settings: Set
     assert client.get("/v1/jobs", params={"limit": 0}).status_code == 422
 
 
+def test_list_jobs_and_books_page_with_a_cursor(client: TestClient, reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    submitted = [submit(client, voice_id).json()["id"] for _ in range(5)]
+    pages, after = [], None
+    while True:
+        page = client.get("/v1/jobs", params={"limit": 2, **({"after": after} if after else {})})
+        assert page.status_code == 200 and len(page.json()) <= 2
+        pages.append([j["id"] for j in page.json()])
+        after = page.headers.get("x-next-cursor")
+        if after is None:
+            break
+        submitted.append(submit(client, voice_id).json()["id"])  # inserted between pages: not in this walk
+    seen = [i for p in pages for i in p]
+    assert sorted(seen) == sorted(submitted[:5]) and len(pages) == 3
+    assert seen == [j["id"] for j in client.get("/v1/jobs", params={"limit": 100}).json()][-5:]
+    for path in ("/v1/jobs", "/v1/books"):
+        bad = client.get(path, params={"after": "bm90IGEgY3Vyc29y"})
+        assert bad.status_code == 422 and "after: not a cursor" in bad.json()["reason"], bad.text
+    assert "x-next-cursor" not in client.get("/v1/books").headers
+
+
 def test_cancel_a_queued_job_flags_it_for_the_worker(client: TestClient, settings: Settings,
                                                     reference: bytes) -> None:
     voice_id = upload_voice(client, reference).json()["id"]

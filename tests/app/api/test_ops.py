@@ -43,7 +43,8 @@ def test_healthz_checks_database_and_both_redis(client: TestClient, settings: Se
                                                 caplog: pytest.LogCaptureFixture) -> None:
     ok = client.get("/healthz")
     assert ok.status_code == 200
-    assert ok.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok", "feature_store": "ok"}}
+    assert ok.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok", "feature_store": "ok"},
+                         "dummy_weights_workers": 0}
     down = settings.model_copy(update={"feature_store_url": "redis://127.0.0.1:1/0"})
     for other in make_client(down):
         response = other.get("/healthz")
@@ -128,3 +129,25 @@ def test_requests_beyond_the_database_pool_are_told_to_retry_not_a_500(settings:
         finally:
             held.close()
         assert client.get("/v1/jobs").status_code == 200
+
+
+def test_healthz_counts_the_live_gpu_workers_on_dummy_weights(client: TestClient, settings: Settings) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from app.db import queries
+    from app.db.models import Worker, utcnow
+    from app.db.session import make_sessionmaker, session_scope
+
+    assert client.get("/healthz").json()["dummy_weights_workers"] == 0
+    with session_scope(make_sessionmaker(make_engine(settings.database_url))) as s:
+        queries.register_worker(session=s, name="gpu-dummy", slots=1, dummy_weights=True)
+        queries.register_worker(session=s, name="gpu-real", slots=1, dummy_weights=False)
+        queries.register_worker(session=s, name="gpu-gone", slots=1, dummy_weights=True)
+        an_hour_ago = utcnow() - timedelta(hours=1)
+        s.execute(update(Worker).where(Worker.name == "gpu-gone").values(heartbeat_at=an_hour_ago))
+    assert client.get("/healthz").json()["dummy_weights_workers"] == 1
+    with session_scope(make_sessionmaker(make_engine(settings.database_url))) as s:
+        queries.register_worker(session=s, name="gpu-real", slots=1, dummy_weights=True)  # restarted without
+    assert client.get("/healthz").json()["dummy_weights_workers"] == 2

@@ -8,7 +8,9 @@ processes, started by scripts/service_stack.py) on an API that needs a token.
 - a job from a tokens file with a stored voice picked from the list plays and downloads; a long one is
   cancelled from its card; a typed text renders and its card shows its notes (stand-in tokenizer, dummy
   weights); a broken tokens file's refusal is shown under the form; the token, remembered,
-  is still there after a reload.
+  is still there after a reload;
+- "Older jobs" / "Older books" list what the server holds (not only this browser's), page by page with
+  the API's cursor, each once, newest first; a banner says the stack's GPU worker runs dummy weights.
 
 The stack is this module's own (its queues, a SQLite file, an artifact root): the integration folder's
 session CPU worker cannot be shared from here without a second copy of it on the same queue.
@@ -240,3 +242,44 @@ def test_a_job_from_a_tokens_file_with_a_stored_voice_plays_and_a_long_one_is_ca
     (spoken,) = audio_durations(page, "article.job:first-child audio")
     assert spoken == pytest.approx(text_job["n_tokens"] / 25, abs=0.01)
     page.screenshot(path=tmp_path / "jobs.png", full_page=True)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_older_jobs_and_books_page_through_everything_on_the_server(page: Any, stack: str) -> None:
+    """Jobs this browser never submitted, listed a page at a time with the API's cursor."""
+    from playwright.sync_api import expect
+
+    with httpx.Client(base_url=stack, headers=AUTH, timeout=30) as api:
+        voice = api.post("/v1/voices", files={"reference": ("r.wav", (SAMPLES / "voice_a.wav").read_bytes(),
+                                                               "audio/wav")}).json()["id"]
+        for seed in range(23):  # more than a page (20)
+            job = {"voice_id": voice, "tokens": [1, 2, 3], "seed": seed}
+            assert api.post("/v1/jobs", json=job).is_success
+        every_job = [j["id"] for j in api.get("/v1/jobs", params={"limit": 1000}).json()]
+        every_book = [b["id"] for b in api.get("/v1/books", params={"limit": 200}).json()]
+    give_token(page)
+    more = page.locator("#more-jobs")
+    more.click()
+    expect(page.locator("#items article.job")).to_have_count(20)
+    for _ in range(10):  # 23 jobs and any earlier tests': a few pages
+        if not more.is_enabled():
+            break
+        more.click()
+        page.wait_for_timeout(300)
+    expect(more).to_have_text("All jobs shown")
+    shown = page.eval_on_selector_all("#items article.job", "cards => cards.map(c => c.dataset.id)")
+    assert shown == every_job  # each once, newest first
+    page.click("#more-books")
+    expect(page.locator("#more-books")).to_have_text("All books shown")
+    assert page.eval_on_selector_all("#items article.book", "cs => cs.map(c => c.dataset.id)") == every_book
+    expect(page.locator("#more-error")).to_be_hidden()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_banner_says_the_gpu_worker_runs_dummy_weights(page: Any, stack: str) -> None:
+    from playwright.sync_api import expect
+
+    assert httpx.get(f"{stack}/healthz").json()["dummy_weights_workers"] == 1  # the stack's tiny preset
+    expect(page.locator("#dummy-banner")).to_contain_text("1 GPU worker runs dummy weights")

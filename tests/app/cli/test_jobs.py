@@ -176,3 +176,30 @@ def test_voices_add_with_a_name_lists_it_and_submit_takes_the_name(server: str, 
     assert json.loads(capsys.readouterr().out)["name"] == "Grace"
     assert run("submit", "--api", server, "--voice", "Ada", "--tokens", str(SAMPLES / "tokens_a.json")) == 2
     assert "no voice 'Ada'" in capsys.readouterr().err
+
+
+def test_jobs_pages_with_after_and_all(server: str, cli_settings: Settings,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("voices", "--api", server, "--add", str(SAMPLES / "voice_a.wav")) == 0
+    voice_id = json.loads(capsys.readouterr().out)["id"]
+    with session_scope(make_sessionmaker(make_engine(cli_settings.database_url))) as s:
+        for _ in range(5):
+            queries.create_job(session=s, job_id=str(uuid.uuid4()), voice_id=voice_id, tokens=[1, 2],
+                               n_tokens=2, seed=1, output_format="wav")
+    with session_scope(make_sessionmaker(make_engine(cli_settings.database_url))) as s:
+        newest_first = [j.id for j in queries.list_jobs(session=s, voice_id=voice_id, limit=10)]
+
+    def ids(out: str) -> list[str]:
+        return [line.split()[0] for line in out.splitlines()]
+
+    assert run("jobs", "--api", server, "--voice-id", voice_id, "--limit", "2") == 0
+    first = capsys.readouterr()
+    assert ids(first.out) == newest_first[:2]
+    cursor = first.err.split("--after ")[1].split()[0]
+    assert run("jobs", "--api", server, "--voice-id", voice_id, "--limit", "2", "--after", cursor) == 0
+    assert ids(capsys.readouterr().out) == newest_first[2:4]
+    assert run("jobs", "--api", server, "--voice-id", voice_id, "--limit", "2", "--all") == 0
+    every = capsys.readouterr()
+    assert ids(every.out) == newest_first and len(newest_first) == 5 and "--after" not in every.err
+    assert run("jobs", "--api", server, "--after", "not-a-cursor") == 2
+    assert "after: not a cursor" in capsys.readouterr().err
