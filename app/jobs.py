@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 from sqlalchemy.orm import Session
 
-from app import audio, routing, voice_names, voices, wire
+from app import audio, lifecycle, routing, voice_names, voices, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus
@@ -236,7 +236,7 @@ def cancel_job(*, settings: Settings, session: Session, store: FeatureStore, job
     between steps (a hint only: it reads the job's status from the database at its next progress report
     as well)."""
     job = get_job(session=session, job_id=job_id)
-    cancelled_now = queries.cancel_job(session=session, job_id=job.id)
+    cancelled_now = lifecycle.cancel(session=session, job_id=job.id)
     job = queries.require_job(session=session, job_id=job.id)
     session.commit()
     if job.status != JobStatus.CANCELLED:

@@ -1,41 +1,31 @@
-"""Maintenance: put back what crashes and cancellations can leave behind, and report it.
+"""The reconciler: one pass over SQL state that puts back what crashes, kills and lost messages leave.
 
-One pass, safe to run at any time and from anywhere (the `maintenance.sweep` task on a CPU worker,
-`wavefarm maintenance`, a cron):
+The database is the truth and a message is only a doorbell (`app.lifecycle`), so every rule below is a
+query over rows, each followed by an idempotent action; the pass is safe to run at any time, from
+anywhere, by several processes at once (the `maintenance.sweep` task on a CPU worker every
+`maintenance_interval_s`, `wavefarm maintenance`, a cron; the job rules also run in every GPU worker
+each heartbeat, `gpu_worker.worker.PeerWatch`, so a killed worker's jobs run again within a lease):
 1. orphan files: files under the artifact root that no database row refers to (partial outputs of a
    killed worker, temp files, references whose rows never committed), older than `orphan_grace_s`, are
    removed (the age guard keeps a file whose row is still being committed, or one being written);
-2. stranded messages: the messages waiting in the own queue of a GPU worker that is gone (stopped, or
-   no heartbeat for `WORKER_GONE_S`: `app.routing` sent them there) are moved to the shared gpu queue,
-   where any worker takes them (`Broker.move_queue`), and their jobs are recorded as routed there;
-3. orphaned jobs: a job claimed by a GPU worker that is gone (stopped, no heartbeat for `WORKER_GONE_S`,
-   or started again since the claim: `queries.list_orphaned_jobs`) goes back to `queued` and gets its
-   message back (`resume_orphans`). On Redis the killed worker's message sits in kombu's `unacked` hash
-   until the visibility timeout (6 h by default): it is put back in the queue now, or sent again when
-   the kill lost it. RabbitMQ requeues a dead consumer's messages by itself, so there a job is sent
-   again only when it also stayed quiet for `stuck_job_after_s` (the broker lost it). A restarted GPU
-   worker runs the same part for the jobs its previous process held, as it starts (`gpu_worker.worker`).
-   The same pass looks at the jobs such a worker held that ended while it was gone (cancelled, mostly):
-   on Redis their messages wait in `unacked` for the visibility timeout, each beside the partial output
-   the killed worker was writing; they are put back now (`return_settled`), so that a live worker takes
-   each one, finds its job ended, removes the partial and acknowledges the message;
-4. stuck jobs: a live job not updated for `stuck_job_after_s` whose `synth` message is nowhere in the
-   broker (waiting, or delivered and unacknowledged) is sent again: the job would otherwise wait forever
-   (a broker that lost its data, a message a killed worker had just popped). A job that is running
-   updates its row every `progress_interval_s`, so it is never stale. Redis only: RabbitMQ cannot list a
-   queue's messages, and it loses none of a dead consumer's (part 2 covers the jobs of gone workers).
-   A text job not tokenized yet has no `synth`: its `job.tokenize` (cpu queue) is looked for instead,
-   and sent again when it is missing. "The broker" is the shared gpu queue and every GPU worker's own.
-   A job still `queued` (never claimed, or released) whose only message is delivered and
-   unacknowledged is not held by any live worker either: a GPU worker takes one message per free slot
-   (prefetch multiplier 1) and claims it at once, so such a message belonged to a worker killed before
-   its claim (no claim, so part 3 cannot see it). Its message is put back at the head of its queue (on
-   Redis it would wait for the visibility timeout, 6 h by default);
+2. leases that passed: a claimed job whose lease (`job_lease_s`, renewed by each progress report) has
+   passed was held by a worker that died, hung or lost the database: it goes back to `queued` and its
+   bell is rung (`lifecycle.ring`). A GPU worker that starts again under a name releases at once the
+   claims its previous process made (`release_previous`). The dead worker's own message, if the broker
+   still has one (RabbitMQ requeues it at once, Redis after its visibility timeout), is a duplicate: its
+   delivery finds the job claimed or ended and is acknowledged without work;
+3. bells to gone workers: a queued job whose latest doorbell went to the own queue of a GPU worker that
+   is gone (stopped, or no heartbeat for `WORKER_GONE_S`) is rung again, where `app.routing` says now
+   (a live holder of its voice, or the shared queue);
+4. bells due: a queued job not claimed within `stuck_job_after_s` of its last ring (then twice as long,
+   and so on) is rung again: its message may have been lost (a broker that lost its data, a kill between
+   the commit and the send, a consumer killed before its claim); a text job without tokens gets its
+   `job.tokenize`;
 5. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
 6. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
    failed or cancelled) for `STALLED_CHAPTER_AFTER_S` without the chapter being assembled gets its
    `book.chapter` sent again. Its trigger, the chord over the chapter's segment jobs, never fires when
-   one of them was sent again by parts 3 or 4 (a re-sent message carries no chord), and `book.chapter` is
+   one of them was rung again by rules 2-4 (a re-sent message carries no chord), and `book.chapter` is
    idempotent, so sending it again is always safe. A scheduled chapter with a segment that has no job
    (and no error) for `stuck_job_after_s` was being sent when its CPU worker died: its book gets its
    `book.plan` again, which sends every scheduled, unassembled chapter's segments that are neither done
@@ -43,31 +33,30 @@ One pass, safe to run at any time and from anywhere (the `maintenance.sweep` tas
 7. books: a book folder without a row (the API died before committing it) is removed once older than
    `orphan_grace_s`, and a book left `parsing` by a reader that died gets `book.parse` again
    (`app.books.upkeep`).
-It does not touch the GPU workers' installs (theirs to reclaim) and does not retry failed jobs.
+It never reads the broker: it does not need to know where a message is. It does not touch the GPU
+workers' installs (theirs to reclaim) and does not retry failed jobs.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import keys
+from app import keys, lifecycle
 from app.artifacts import ArtifactStore
 from app.books import upkeep
-from app.broker import Broker, RedisBroker, as_broker, open_broker
 from app.db import queries
-from app.db.models import JobStatus, utcnow
+from app.db.models import utcnow
 from app.db.session import make_engine, make_sessionmaker, session_scope
-from app.routing import QUEUE_SEP, send_routed, worker_queue
 from app.settings import Settings
 from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice
-from app.wire import BOOK_CHAPTER_TASK, BOOK_PLAN_TASK, TaskSender, send_tokenize, tokenize_task_id
+from app.wire import BOOK_CHAPTER_TASK, BOOK_PLAN_TASK, TaskSender
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +64,17 @@ STALLED_CHAPTER_AFTER_S = 60.0  # a chapter's chord fires within seconds of its 
 # What a sweep found, counted in the feature store (`keys.COUNTER_SWEEP`) and exported by the API as
 # wavefarm_sweep_found_total{kind}: the SweepReport fields, errors aside. Work that was stuck: all but the
 # files and voices, which are leftovers, not waiting work.
-SWEEP_FINDINGS = ("orphans_removed", "jobs_resumed", "messages_returned", "jobs_requeued", "jobs_rerouted",
-                  "voices_reclaimed", "chapters_resumed", "books_removed", "books_reparsed")
+SWEEP_FINDINGS = ("orphans_removed", "jobs_resumed", "jobs_requeued", "jobs_rerouted", "voices_reclaimed",
+                  "chapters_resumed", "books_removed", "books_reparsed")
 WORKER_GONE_S = 60.0  # a GPU worker beats every gpu_worker.runtime.HEARTBEAT_S (10 s): six missed beats
 
 
 @dataclass
 class SweepReport:
     orphans_removed: list[str] = field(default_factory=list)  # root-relative paths
-    jobs_resumed: list[str] = field(default_factory=list)  # orphaned: their worker is gone
-    messages_returned: list[str] = field(default_factory=list)  # of jobs that ended while it was gone
-    jobs_requeued: list[str] = field(default_factory=list)  # stuck: no message anywhere
-    jobs_rerouted: list[str] = field(default_factory=list)  # moved from a gone worker's own queue
+    jobs_resumed: list[str] = field(default_factory=list)  # their lease passed: queued and rung again
+    jobs_requeued: list[str] = field(default_factory=list)  # queued, not claimed in time: rung again
+    jobs_rerouted: list[str] = field(default_factory=list)  # rung on a gone worker's queue: rung again
     voices_reclaimed: list[str] = field(default_factory=list)
     chapters_resumed: list[str] = field(default_factory=list)  # "<book id>/<chapter index>"
     books_removed: list[str] = field(default_factory=list)  # folders without a row
@@ -97,34 +85,61 @@ class SweepReport:
         return asdict(self)
 
 
-def broker_task_ids(broker: Broker | redis.Redis, queue: str) -> set[str]:
-    """Task ids with a message for `queue` in a Redis broker: waiting (every priority) or unacked."""
-    return as_broker(broker).task_ids(queue) or set()
+def reconcile_jobs(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
+                   report: SweepReport) -> None:
+    """Rules 2 and 3 (module docstring): the jobs of dead and gone workers, queued and rung again."""
+    expire_leases(settings=settings, sessions=sessions, sender=sender, report=report)
+    reroute_gone(settings=settings, sessions=sessions, sender=sender, report=report)
 
 
-def gpu_queues(settings: Settings, sessions: sessionmaker[Session]) -> list[str]:
-    """The shared gpu queue and the own queue of every GPU worker the database knows."""
-    with session_scope(sessions) as session:
-        names = queries.list_worker_names(session=session)
-    return [settings.queue_gpu, *(worker_queue(settings, name) for name in names)]
-
-
-def move_stranded(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
+def expire_leases(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
                   report: SweepReport) -> None:
-    """Part 2 (module docstring): a gone worker's own queue, emptied into the shared gpu queue."""
-    broker = as_broker(broker)
+    """Rule 2 (module docstring): claimed jobs whose lease passed go back to the queue, rung."""
+    now = utcnow()
     with session_scope(sessions) as session:
-        silent_before = utcnow() - timedelta(seconds=WORKER_GONE_S)
-        gone = queries.list_gone_workers(session=session, silent_before=silent_before)
-    for name in gone:
-        moved = broker.move_queue(worker_queue(settings, name), settings.queue_gpu)
-        if not moved:
-            continue
+        expired = [(job.id, job.attempts, job.worker) for job in queries.list_expired_leases(
+            session=session, now=now)]
+    for job_id, attempts, worker in expired:
         with session_scope(sessions) as session:
-            queries.set_job_route(session=session, job_ids=moved, routed_to=None, route="shared_worker_gone")
-        log.warning("maintenance: %d jobs waiting on the queue of GPU worker %s, which is gone, moved to the "
-                    "shared queue", len(moved), name)
-        report.jobs_rerouted.extend(moved)
+            if not lifecycle.release(session=session, job_id=job_id, attempts=attempts, expired_by=now):
+                continue  # renewed, claimed again, finished or cancelled meanwhile
+            lifecycle.ring(session=session, sender=sender, settings=settings, job_id=job_id)
+        log.warning("maintenance: job %s: the lease of worker %s passed; queued again", job_id, worker)
+        report.jobs_resumed.append(job_id)
+
+
+def release_previous(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
+                     worker: str, started_at: datetime) -> list[str]:
+    """Rule 2 for a GPU worker starting under `worker`: the claims its previous process made (before
+    `started_at`) are released and rung now, without waiting for their leases. -> their ids."""
+    with session_scope(sessions) as session:
+        held = [(job.id, job.attempts) for job in queries.list_claims_before(
+            session=session, worker=worker, claimed_before=started_at)]
+    resumed = []
+    for job_id, attempts in held:
+        with session_scope(sessions) as session:
+            if lifecycle.release(session=session, job_id=job_id, attempts=attempts, worker=worker,
+                                 claimed_before=started_at):
+                lifecycle.ring(session=session, sender=sender, settings=settings, job_id=job_id)
+                resumed.append(job_id)
+    return resumed
+
+
+def reroute_gone(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
+                 report: SweepReport) -> None:
+    """Rule 3 (module docstring): queued jobs whose bell rang on a gone worker's own queue, rung again."""
+    silent_before = utcnow() - timedelta(seconds=WORKER_GONE_S)
+    with session_scope(sessions) as session:
+        stranded = [(job.id, job.routed_to) for job in queries.list_queued_on_gone_workers(
+            session=session, silent_before=silent_before)]
+    for job_id, worker in stranded:
+        with session_scope(sessions) as session:
+            if lifecycle.ring(session=session, sender=sender, settings=settings, job_id=job_id,
+                              route_note="shared_worker_gone") is None:
+                continue
+        log.warning("maintenance: job %s waited on the queue of GPU worker %s, which is gone; rung again",
+                    job_id, worker)
+        report.jobs_rerouted.append(job_id)
 
 
 def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float,
@@ -141,133 +156,19 @@ def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float
         report.orphans_removed.append(str(path.relative_to(artifacts.root)))
 
 
-def resume_orphans(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
-                   sender: TaskSender, report: SweepReport, worker: str | None = None) -> None:
-    """Part 3 (module docstring): the jobs of gone workers (only `worker`'s, when given) are queued again,
-    and the messages of those that ended meanwhile are put back to be cleared."""
-    broker = as_broker(broker)
-    return_settled(settings=settings, sessions=sessions, broker=broker, report=report, worker=worker)
+def ring_due(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
+             report: SweepReport) -> None:
+    """Rule 4 (module docstring): queued jobs not claimed within their ring's wait, rung again."""
     now = utcnow()
-    quiet = now - timedelta(seconds=settings.stuck_job_after_s) if broker.redelivers_dead_consumers else None
     with session_scope(sessions) as session:
-        orphans = [(job.id, job.priority, job.attempts) for job in queries.list_orphaned_jobs(
-            session=session, silent_before=now - timedelta(seconds=WORKER_GONE_S), worker=worker,
-            quiet_before=quiet)]
-    if not orphans:
-        return
-    put_back = _PutBack(settings, sessions, broker, sender)
-    for job_id, priority, attempts in orphans:
-        if put_back.waiting(job_id):
-            continue  # its message is in the queue: the next delivery claims it (its worker is gone)
+        due = [job.id for job in queries.list_due_rings(
+            session=session, now=now, quiet_before=now - timedelta(seconds=settings.stuck_job_after_s))]
+    for job_id in due:
         with session_scope(sessions) as session:
-            if not queries.release_job(session=session, job_id=job_id, attempts=attempts):
-                continue  # claimed again, finished or cancelled meanwhile
-            put_back.message(session, job_id, priority)
-        log.warning("maintenance: job %s was held by a worker that is gone; queued again", job_id)
-        report.jobs_resumed.append(job_id)
-
-
-def return_settled(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker,
-                   report: SweepReport, worker: str | None = None) -> None:
-    """Part 3's other half (module docstring): Redis only, RabbitMQ redelivers a dead consumer's
-    messages by itself."""
-    if not isinstance(broker, RedisBroker):
-        return
-    shared = settings.queue_gpu
-    unacked = broker.unacked(shared, prefix=shared + QUEUE_SEP)
-    if not unacked:
-        return
-    with session_scope(sessions) as session:
-        ended = queries.list_ended_on_gone_workers(
-            session=session, job_ids=list(unacked), worker=worker,
-            silent_before=utcnow() - timedelta(seconds=WORKER_GONE_S))
-    for job_id in ended:
-        if broker.restore(unacked[job_id], shared):
-            log.warning("maintenance: job %s ended while the worker holding it was gone; its message is back "
-                        "in %s, for a live worker to clear", job_id, shared)
-            report.messages_returned.append(job_id)
-
-
-class _PutBack:
-    """An orphaned job's message, back in the shared gpu queue: the one a dead worker left in kombu's
-    `unacked` hash (Redis; taken from the shared queue or the worker's own), or a new one, routed again,
-    when there is none (a kill that lost it; RabbitMQ: a broker that lost it)."""
-
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session], broker: Broker,
-                 sender: TaskSender) -> None:
-        self.settings, self.sender = settings, sender
-        self.redis = broker if isinstance(broker, RedisBroker) else None
-        self.queued: set[str] = set()
-        if self.redis is not None:
-            for queue in gpu_queues(settings, sessions):
-                self.queued |= self.redis.waiting_ids(queue)
-        shared = settings.queue_gpu
-        self.unacked = self.redis.unacked(shared, prefix=shared + QUEUE_SEP) if self.redis else {}
-
-    def waiting(self, job_id: str) -> bool:
-        return job_id in self.queued
-
-    def message(self, session: Session, job_id: str, priority: int) -> None:
-        tag = self.unacked.get(job_id)
-        if self.redis is not None and tag is not None and self.redis.restore(tag, self.settings.queue_gpu):
-            queries.set_job_route(session=session, job_ids=[job_id], routed_to=None,
-                                  route="shared_worker_gone")
-            return
-        job = queries.require_job(session=session, job_id=job_id)
-        send_routed(session=session, sender=self.sender, settings=self.settings, job_id=job_id,
-                    voice_id=job.voice_id, priority=priority)
-
-
-def requeue_stuck(*, settings: Settings, sessions: sessionmaker[Session], broker: Broker | redis.Redis,
-                  sender: TaskSender, report: SweepReport) -> None:
-    """Part 4 (module docstring): quiet live jobs without any message are sent again (Redis only)."""
-    present: set[str] | None = set()
-    queues = gpu_queues(settings, sessions)
-    for queue in queues:
-        found = as_broker(broker).task_ids(queue)
-        present = None if found is None or present is None else present | found
-    if present is None:
-        return  # RabbitMQ: cannot tell; it keeps every message it confirmed (part 3 covers gone workers)
-    redis_broker = as_broker(broker)
-    assert isinstance(redis_broker, RedisBroker)  # only kombu's Redis transport lists its messages
-    waiting = set().union(*(redis_broker.waiting_ids(q) for q in queues)) if queues else set()
-    held = {task: (tag, q) for q in queues for task, tag in redis_broker.unacked(q).items()}
-    cutoff = utcnow() - timedelta(seconds=settings.stuck_job_after_s)
-    with session_scope(sessions) as session:
-        jobs = queries.list_stale_live_jobs(session=session, updated_before=cutoff)
-        stale = [(job.id, job.priority, job.attempts, job.status, queries.is_tokenized(job)) for job in jobs]
-    tokenizing: set[str] | None = None
-    for job_id, priority, attempts, status, tokenized in stale:
-        if not tokenized:  # a text job: its message is job.tokenize on the cpu queue, which sends synth
-            tokenizing = as_broker(broker).task_ids(settings.queue_cpu) if tokenizing is None else tokenizing
-            if tokenize_task_id(job_id) not in (tokenizing or set()):
-                with session_scope(sessions) as session:
-                    queries.touch_job(session=session, job_id=job_id)
-                send_tokenize(sender, settings, job_id, priority)
-                log.warning("maintenance: text job %s had no job.tokenize message; sent again", job_id)
-                report.jobs_requeued.append(job_id)
-            continue
-        if job_id in held and job_id not in waiting and status == JobStatus.QUEUED:
-            tag, queue = held[job_id]  # unclaimed, quiet, delivered: its consumer died before claiming it
-            with session_scope(sessions) as session:
-                queries.touch_job(session=session, job_id=job_id)
-            if redis_broker.restore(tag, queue):
-                log.warning("maintenance: job %s was delivered to a worker that never claimed it; its "
-                            "message is back in %s", job_id, queue)
-                report.jobs_requeued.append(job_id)
-            continue
-        if job_id in present:
-            continue  # waiting its turn, or held by a worker that claimed it (part 3 covers gone ones)
-        with session_scope(sessions) as session:
-            if status == JobStatus.QUEUED:
-                queries.touch_job(session=session, job_id=job_id)
-            elif not queries.release_job(session=session, job_id=job_id, attempts=attempts):
-                continue  # claimed again meanwhile
-            job = queries.require_job(session=session, job_id=job_id)
-            send_routed(session=session, sender=sender, settings=settings, job_id=job_id,
-                        voice_id=job.voice_id, priority=priority)
-        log.warning("maintenance: job %s had no broker message; sent again", job_id)
-        report.jobs_requeued.append(job_id)
+            sent = lifecycle.ring(session=session, sender=sender, settings=settings, job_id=job_id)
+        if sent is not None:
+            log.warning("maintenance: job %s was not claimed in time; its %s sent again", job_id, sent)
+            report.jobs_requeued.append(job_id)
 
 
 def reclaim_voices(*, sessions: sessionmaker[Session], store: FeatureStore, report: SweepReport) -> None:
@@ -304,20 +205,17 @@ def resume_chapters(*, settings: Settings, sessions: sessionmaker[Session], send
 
 
 def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: ArtifactStore,
-          store: FeatureStore, broker: Broker | redis.Redis, sender: TaskSender,
-          grace_s: float | None = None) -> SweepReport:
+          store: FeatureStore, sender: TaskSender, grace_s: float | None = None) -> SweepReport:
     """One maintenance pass (see the module docstring); each part runs even if another failed."""
     report = SweepReport()
     grace = settings.orphan_grace_s if grace_s is None else grace_s
     parts = (
         ("orphans", lambda: _in_session(sessions, lambda s: remove_orphans(
             session=s, artifacts=artifacts, grace_s=grace, report=report))),
-        ("stranded messages", lambda: move_stranded(settings=settings, sessions=sessions, broker=broker,
-                                                    report=report)),
-        ("orphaned jobs", lambda: resume_orphans(settings=settings, sessions=sessions, broker=broker,
-                                                 sender=sender, report=report)),
-        ("stuck jobs", lambda: requeue_stuck(settings=settings, sessions=sessions, broker=broker,
-                                             sender=sender, report=report)),
+        ("leases", lambda: expire_leases(settings=settings, sessions=sessions, sender=sender, report=report)),
+        ("gone workers", lambda: reroute_gone(settings=settings, sessions=sessions, sender=sender,
+                                              report=report)),
+        ("bells due", lambda: ring_due(settings=settings, sessions=sessions, sender=sender, report=report)),
         ("abandoned voices", lambda: reclaim_voices(sessions=sessions, store=store, report=report)),
         ("stalled chapters", lambda: resume_chapters(settings=settings, sessions=sessions, sender=sender,
                                                      report=report)),
@@ -332,11 +230,11 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
         except Exception as exc:  # one failing part must not stop the others
             log.exception("maintenance: %s failed", name)
             report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-    log.info("maintenance: %d orphan files removed, %d jobs moved off gone workers' queues, %d jobs of gone "
-             "workers queued again, %d messages of their ended jobs put back, %d jobs sent again, %d voices "
-             "reclaimed, %d chapters checked again, %d book folders removed, %d books read again, %d errors",
+    log.info("maintenance: %d orphan files removed, %d jobs rung off gone workers' queues, %d jobs whose "
+             "lease passed queued again, %d jobs rung again, %d voices reclaimed, %d chapters checked again, "
+             "%d book folders removed, %d books read again, %d errors",
              len(report.orphans_removed), len(report.jobs_rerouted), len(report.jobs_resumed),
-             len(report.messages_returned), len(report.jobs_requeued), len(report.voices_reclaimed),
+             len(report.jobs_requeued), len(report.voices_reclaimed),
              len(report.chapters_resumed), len(report.books_removed), len(report.books_reparsed),
              len(report.errors))
     count_findings(store, report)
@@ -363,12 +261,10 @@ def run_sweep(settings: Settings, sender: TaskSender, grace_s: float | None = No
     """Build the clients from `settings`, sweep once, close them."""
     engine = make_engine(settings.database_url)
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
-    broker = open_broker(settings.broker_url, timeout_s=10)
     try:
         return sweep(settings=settings, sessions=make_sessionmaker(engine),
-                     artifacts=ArtifactStore(settings.artifact_root), store=store, broker=broker,
-                     sender=sender, grace_s=grace_s)
+                     artifacts=ArtifactStore(settings.artifact_root), store=store, sender=sender,
+                     grace_s=grace_s)
     finally:
-        broker.close()
         store.close()
         engine.dispose()

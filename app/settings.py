@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(default=6 * 3600, ge=1, description="must exceed the longest job")
     progress_interval_s: float = Field(default=1.0, gt=0)
     job_max_attempts: int = Field(default=3, ge=1)
+    job_lease_s: float = Field(
+        default=30.0, gt=0, description="a claimed job is its GPU worker's for this long after each progress "
+        "report; once it passed (the worker died), the reconciler queues the job again")
     step_deadline_s: float = Field(
         default=600.0, gt=0, description="an engine step running longer than this is hung: the GPU worker "
         "exits non-zero so its supervisor restarts it and its jobs are redelivered")
@@ -137,8 +140,8 @@ class Settings(BaseSettings):
     orphan_grace_s: float = Field(
         default=3600.0, ge=0, description="files nothing refers to are removed once this old")
     stuck_job_after_s: float = Field(
-        default=120.0, gt=0, description="a live job not updated for this long and without a broker "
-        "message is sent again (a running job updates its row every progress_interval_s)")
+        default=120.0, gt=0, description="a queued job's message (its doorbell) is sent again once it has "
+        "waited this long, and again after twice as long, and so on (a lost message costs this much)")
     maintenance_interval_s: float = Field(
         default=120.0, ge=0, description="CPU workers send `maintenance.sweep` this often (one of them per "
         "period, by a Redis claim); 0: never (run `wavefarm maintenance` from cron instead)")
@@ -167,6 +170,13 @@ class Settings(BaseSettings):
     def _visibility_outlasts_prep_wait(self) -> Settings:
         if self.visibility_timeout_s * 1000 <= self.prep_wait_ms:
             raise ValueError("visibility_timeout_s must be longer than prep_wait_ms (and the longest job)")
+        return self
+
+    @model_validator(mode="after")
+    def _lease_outlasts_reports(self) -> Settings:
+        if self.job_lease_s < 3 * self.progress_interval_s:
+            raise ValueError("job_lease_s must be at least three progress_interval_s: a running job renews "
+                             "its lease with each progress report")
         return self
 
 

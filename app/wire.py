@@ -7,9 +7,8 @@ neither Celery nor anything heavy, so the API's and the CLI's imports stay light
 
 Priorities: a job's priority is 0..9, larger first. Tasks carry the *broker priority*
 (`broker_priority`), in kombu-Redis's order: 0 is served first, 9 last, and a task sent without one
-counts as 0 (the book and maintenance tasks: ahead of every job's work). kombu's Redis transport keeps
-one list per priority step, "<queue>" for 0 and "<queue>\\x06\\x16<n>" for the others; delivered but
-unacknowledged messages wait in the hash "unacked" (`app.broker` reads them). RabbitMQ serves the
+counts as 0 (the book and maintenance tasks: ahead of every job's work); kombu's Redis transport keeps
+one list per step of `PRIORITY_STEPS` (nothing in wavefarm reads them: `app.broker`). RabbitMQ serves the
 *largest* priority first, up to the queue's `x-max-priority`: a Celery app on an amqp:// broker turns
 the number around as it publishes (`amqp_priority`, applied in `app.celery_config`), so every sender
 writes the same number on both brokers and both serve the same task first.
@@ -34,11 +33,7 @@ BOOK_ASSEMBLE_TASK = "book.assemble"
 
 MAX_PRIORITY = 9  # job priority 0..9, larger goes first
 
-# kombu's Redis transport (module docstring).
-PRIORITY_SEP = "\x06\x16"
-PRIORITY_STEPS = tuple(range(MAX_PRIORITY + 1))
-UNACKED_KEY = "unacked"
-UNACKED_INDEX_KEY = "unacked_index"  # delivery tag -> when it was delivered
+PRIORITY_STEPS = tuple(range(MAX_PRIORITY + 1))  # kombu's Redis transport: one list per step
 
 
 class TaskSender(Protocol):
@@ -57,11 +52,6 @@ def amqp_priority(priority: int | None) -> int:
     if priority is None:
         return MAX_PRIORITY
     return MAX_PRIORITY - max(0, min(int(priority), MAX_PRIORITY))
-
-
-def priority_lists(queue: str) -> list[str]:
-    """The broker's lists of one queue, one per priority step."""
-    return [queue] + [f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS[1:]]
 
 
 def send_prepare(sender: TaskSender, settings: Settings, voice_id: str, priority: int = 0) -> None:

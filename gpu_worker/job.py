@@ -1,12 +1,14 @@
 """One `synth` task's body: a job from its claim to its file, in numbered steps (`JobRun.run`).
 
-1. claim the job's next attempt in the database (nothing to do when it finished, was cancelled or another
-   worker holds it); 2. open its output's temp file; 3. hand it to the engine (`EngineLoop.submit`);
-4. write its audio as it arrives, report progress (database, throttled; Celery `task-progress` events and
-task state for Flower), and rename the file into place at the end. Audio with a NaN or infinite sample, or
-one value throughout (a broken voice or model: a constant -1.0 is what NaN features decode to), is never
-recorded as a success: the job fails with the reason and its file is discarded. A job no longer live
-(cancelled, or finished elsewhere) is aborted at the next report. The database, the broker or Redis being
+1. claim the job's next attempt in the database, leased (`app.lifecycle`: nothing to do when it finished,
+was cancelled or an attempt holds its lease); 2. open its output's temp file; 3. hand it to the engine
+(`EngineLoop.submit`); 4. write its audio as it arrives, report progress (database, throttled, which
+renews the lease; Celery `task-progress` events and task state for Flower), and rename the file into
+place at the end. Audio with a NaN or infinite sample, or one value throughout (a broken voice or model:
+a constant -1.0 is what NaN features decode to), is never recorded as a success: the job fails with the
+reason and its file is discarded. A job no longer live (cancelled, or finished elsewhere) or no longer
+this attempt's (its lease passed and another worker claimed it) is aborted at the next report. The
+database, the broker or Redis being
 away sends the job back to the queue (a new, counted attempt), not to failure.
 """
 
@@ -27,6 +29,7 @@ from celery import Task
 from celery.exceptions import Reject
 from sqlalchemy.exc import OperationalError
 
+from app import lifecycle
 from app.artifacts import ArtifactStore
 from app.audio import commit_output, open_output
 from app.db import queries
@@ -119,6 +122,7 @@ class JobRun:
 
     def __init__(self, rt: Runtime, task: Task, job_id: str) -> None:
         self.rt, self.task, self.job_id = rt, task, job_id
+        self.attempt: int | None = None  # the job's `attempts` once this run claimed it: its lease's name
 
     def run(self) -> dict[str, Any]:
         if self.rt.loop.running(self.job_id):  # a duplicate delivery while the job streams here
@@ -156,12 +160,13 @@ class JobRun:
             if not queries.is_tokenized(found):  # job.tokenize sends synth once the tokens exist
                 log.warning("synth %s: a text job not tokenized yet (job.tokenize sends it)", self.job_id)
                 return None
-            row = queries.claim_job_attempt(session=session, job_id=self.job_id, worker=self.rt.worker_id,
-                                            max_attempts=settings.job_max_attempts)
+            row = lifecycle.claim(session=session, job_id=self.job_id, worker=self.rt.worker_id,
+                                  max_attempts=settings.job_max_attempts, lease_s=settings.job_lease_s)
             if row is None:
                 if queries.require_job(session=session, job_id=self.job_id).status in DONE_JOB_STATUSES:
                     _drop_partials(self.rt.artifacts, self.job_id)  # left by a worker killed mid-job
                 return None
+            self.attempt = row.attempts
             if settings.model_dir is None:
                 queries.add_job_note(session=session, job_id=row.id, note=dummy_weights_note(settings))
             voice = queries.require_voice(session=session, voice_id=row.voice_id)
@@ -241,7 +246,8 @@ class JobRun:
 
     def _running(self, event: VoiceReady, progress: _Progress) -> None:
         with session_scope(self.rt.sessions) as session:
-            queries.mark_job_running(session=session, job_id=self.job_id, prep_path=event.prep_path)
+            lifecycle.mark_running(session=session, job_id=self.job_id, prep_path=event.prep_path,
+                                   attempt=self.attempt)
         self.rt.installs.pin(event.voice_id, +1)
         progress.pinned = True
         self._count(event.prep_path)
@@ -257,8 +263,8 @@ class JobRun:
         total = sum(progress.frames_per_chunk)
         try:
             with session_scope(self.rt.sessions) as session:
-                live = queries.update_progress(session=session, job_id=self.job_id,
-                                               frames_done=progress.frames_done)
+                live = lifecycle.renew(session=session, job_id=self.job_id, frames_done=progress.frames_done,
+                                       attempt=self.attempt, lease_s=self.rt.settings.job_lease_s)
         except OperationalError as exc:  # the database is away for a moment: keep decoding
             log.warning("synth %s: progress not recorded: %s", self.job_id, exc)
             live = True
@@ -292,8 +298,8 @@ class JobRun:
 
     def _finish(self, status: JobStatus, *, output_path: str | None = None, error: str | None = None) -> bool:
         with session_scope(self.rt.sessions) as session:
-            return queries.finish_job(session=session, job_id=self.job_id, status=status,
-                                      output_path=output_path, error=error)
+            return lifecycle.finish(session=session, job_id=self.job_id, status=status,
+                                    output_path=output_path, error=error)
 
     def _finish_decoded(self, relpath: str) -> bool:
         """Record success, waiting out a short database outage; False if the job was no longer live."""

@@ -10,19 +10,19 @@ the job through the process's runtime (`gpu_worker.runtime`): the N threads of t
 of continuous batching, and one engine thread owns the model and the device. The runtime is built when
 the worker is ready; a watchdog exits the process when a step hangs, so its supervisor restarts it.
 
-Restarts and duplicates (docs/RELIABILITY.md): when the worker is ready it puts back the jobs its
-previous process under the same node name held (`resume_previous`: on Redis their messages would sit in
-kombu's `unacked` hash until the visibility timeout). A delivery of a job that a live worker is
-streaming does not claim it (`queries.is_held`); it is not dropped either, but checked again a little
-later (a Celery retry with a countdown), so that if that worker dies the job still has a message. A job
-sent back to the queue (`Reject`, the database or Redis away) is released first, so its next delivery
-claims it at once.
+Restarts and duplicates (docs/RELIABILITY.md, `app.lifecycle`): a message is a doorbell, the job's row
+is the truth. A claim leases the job to this worker, renewed by its progress reports. A delivery of a job
+that an attempt holds the lease of (here or elsewhere), or that ended, is acknowledged without work
+(`skipped`): if that holder dies, its lease passes and the reconciler rings the job again. A job sent back
+to the queue (`Reject`, the database or Redis away) is released first, so its next delivery claims it at
+once. When the worker is ready it releases, and rings, the jobs its previous process under the same node
+name claimed (`resume_previous`: killed, so they would wait for their leases).
 
-Peers: every live GPU worker also looks after the ones that died (`recover_peers`, every heartbeat):
-the jobs waiting on a gone worker's own queue are moved to the shared queue and the jobs it held are put
-back, as the maintenance sweep does (parts 2 and 3), so with several GPU workers a SIGKILLed one's jobs
-run again about `WORKER_GONE_S` after it died, whatever the sweep's interval. Of two workers doing it at
-once, each job is put back by one (the moves and releases are atomic).
+Peers: every live GPU worker also runs the reconciler's job rules every heartbeat (`recover_peers`):
+jobs whose lease passed (a SIGKILLed peer's) are queued and rung again, and jobs rung on a gone worker's
+own queue are rung again where `app.routing` says now, so with several GPU workers a killed one's jobs
+run again about `job_lease_s` after it died, whatever the sweep's interval. Of two workers doing it at
+once, each job is released by one (the releases are conditional UPDATEs).
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from celery import Celery, Task, signals
 from celery.exceptions import Reject
 from kombu import Queue
 
-from app.broker import open_broker
+from app import lifecycle
 from app.celery_config import make_celery
-from app.db import queries
-from app.db.models import LIVE_JOB_STATUSES
 from app.db.session import session_scope
-from app.maintenance import SweepReport, move_stranded, resume_orphans
+from app.maintenance import SweepReport, reconcile_jobs, release_previous
 from app.routing import worker_queue
 from app.settings import Settings, get_settings
 from app.wire import SYNTH_TASK, TaskSender
@@ -49,8 +47,6 @@ from gpu_worker.runtime import HEARTBEAT_S, Runtime, current_runtime, runtime
 from gpu_worker.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
-
-RECHECK_MAX_S = 30.0  # a duplicate of a job streaming elsewhere looks again after 1, 2, 4 .. 30 s
 
 
 def make_gpu_celery(settings: Settings) -> Celery:
@@ -65,62 +61,36 @@ def make_gpu_celery(settings: Settings) -> Celery:
 celery = make_gpu_celery(get_settings())
 
 
-@celery.task(name=SYNTH_TASK, bind=True, max_retries=None)
+@celery.task(name=SYNTH_TASK, bind=True)
 def synth(self: Task, job_id: str) -> dict[str, Any]:
     rt = runtime(self.request.hostname or "gpu-worker")
     try:
-        result = JobRun(rt, self, job_id).run()
+        return JobRun(rt, self, job_id).run()
     except Reject:
         release(rt, job_id)
         raise
-    if result.get("status") == "skipped" and still_live(rt, job_id):
-        # Streamed by a live worker (here or elsewhere): look again later rather than drop the message.
-        raise self.retry(countdown=recheck_s(rt.settings, self.request.retries))
-    return result
-
-
-def recheck_s(settings: Settings, retries: int) -> float:
-    """Growing waits; on Redis well inside the visibility timeout, or kombu would hand the waiting
-    message (held unacknowledged until its countdown ends) to another worker as well."""
-    return min(2.0 ** min(retries, 8), RECHECK_MAX_S, settings.visibility_timeout_s / 3)
-
-
-def still_live(rt: Runtime, job_id: str) -> bool:
-    """The job has not ended (unknown if the database is away: then it is checked again too)."""
-    try:
-        with session_scope(rt.sessions) as session:
-            job = queries.get_job(session=session, job_id=job_id)
-            return job is not None and job.status in LIVE_JOB_STATUSES
-    except TRANSIENT as exc:
-        log.warning("synth %s: cannot tell whether the job ended: %s; checked again later", job_id, exc)
-        return True
 
 
 def release(rt: Runtime, job_id: str) -> None:
     """A job this worker sends back to the queue is no longer held by it: its next delivery claims it at
-    once. Best effort: when the database is away the hold lapses by itself (`queries.CLAIM_HOLD_S`)."""
+    once. Best effort: when the database is away the lease lapses by itself (`job_lease_s`)."""
     try:
         with session_scope(rt.sessions) as session:
-            queries.release_job(session=session, job_id=job_id, worker=rt.worker_id)
+            lifecycle.release(session=session, job_id=job_id, worker=rt.worker_id)
     except TRANSIENT as exc:
         log.warning("synth %s: claim not released: %s", job_id, exc)
 
 
 def recover_peers(rt: Runtime, sender: TaskSender) -> SweepReport:
-    """One look at the GPU workers that are gone (module docstring): their queues and their jobs."""
+    """The reconciler's job rules, once (module docstring): leases that passed, bells on gone workers."""
     report = SweepReport()
-    broker = open_broker(rt.settings.broker_url)
     try:
-        move_stranded(settings=rt.settings, sessions=rt.sessions, broker=broker, report=report)
-        resume_orphans(settings=rt.settings, sessions=rt.sessions, broker=broker, sender=sender,
-                       report=report)
+        reconcile_jobs(settings=rt.settings, sessions=rt.sessions, sender=sender, report=report)
     except TRANSIENT as exc:  # the next beat tries again
         log.warning("worker %s: gone peers not looked after: %s", rt.worker_id, exc)
-    finally:
-        broker.close()
     if report.jobs_rerouted or report.jobs_resumed:
-        log.warning("worker %s: %d jobs moved off gone workers' queues, %d of their jobs queued again",
-                    rt.worker_id, len(report.jobs_rerouted), len(report.jobs_resumed))
+        log.warning("worker %s: %d jobs rung off gone workers' queues, %d jobs whose lease passed queued "
+                    "again", rt.worker_id, len(report.jobs_rerouted), len(report.jobs_resumed))
     return report
 
 
@@ -141,21 +111,19 @@ class PeerWatch(threading.Thread):
 
 
 def resume_previous(rt: Runtime, sender: TaskSender) -> list[str]:
-    """Put back the jobs this node name's previous process held when it died (its claims predate this
-    process's registration); the maintenance sweep does the same for workers that never come back."""
-    report = SweepReport()
-    broker = open_broker(rt.settings.broker_url)
+    """Release and ring the jobs this node name's previous process claimed before it died (before this
+    process registered); the reconciler does the same for workers that never come back, once their leases
+    pass."""
     try:
-        resume_orphans(settings=rt.settings, sessions=rt.sessions, broker=broker, sender=sender,
-                       report=report, worker=rt.worker_id)
-    except TRANSIENT as exc:  # the sweep will find them once this worker's predecessor looks gone
+        resumed = release_previous(settings=rt.settings, sessions=rt.sessions, sender=sender,
+                                   worker=rt.worker_id, started_at=rt.presence.started_at)
+    except TRANSIENT as exc:  # their leases pass and the reconciler finds them
         log.warning("worker %s: the jobs of its previous process not resumed: %s", rt.worker_id, exc)
-    finally:
-        broker.close()
-    if report.jobs_resumed:
+        return []
+    if resumed:
         log.warning("worker %s: resumed %d jobs its previous process held: %s", rt.worker_id,
-                    len(report.jobs_resumed), report.jobs_resumed)
-    return report.jobs_resumed
+                    len(resumed), resumed)
+    return resumed
 
 
 @signals.celeryd_after_setup.connect

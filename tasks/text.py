@@ -17,7 +17,7 @@ import logging
 
 from celery import Task
 
-from app import jobs, routing, wire
+from app import jobs, lifecycle, routing, wire
 from app.db import queries
 from app.db.models import JobStatus
 from app.db.session import session_scope
@@ -51,7 +51,7 @@ def tokenize_job(job_id: str, res: Resources) -> str:
                                  max_tokens=res.settings.max_tokens)
         except (WavefarmError, OSError, RuntimeError) as exc:
             with session_scope(res.sessions) as session:
-                queries.finish_job(session=session, job_id=job_id, status=JobStatus.FAILED,
+                lifecycle.finish(session=session, job_id=job_id, status=JobStatus.FAILED,
                                    error=f"tokenize: {exc}")
             log.warning("job.tokenize %s: %s: %s", job_id, type(exc).__name__, exc)
             return "failed"
@@ -81,7 +81,7 @@ def tokenize(self: Task, job_id: str) -> str:
     except TRANSIENT_ERRORS as exc:
         if self.request.retries >= MAX_RETRIES:
             with session_scope(res.sessions) as session:
-                queries.finish_job(session=session, job_id=job_id, status=JobStatus.FAILED,
+                lifecycle.finish(session=session, job_id=job_id, status=JobStatus.FAILED,
                                    error=f"tokenize: infrastructure error after {MAX_RETRIES} retries: {exc}")
             raise
         log.warning("job.tokenize %s: %s; retrying", job_id, exc)

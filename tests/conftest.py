@@ -34,11 +34,11 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
+from app.broker import open_broker
 from app.db import upgrade
 from app.db.session import make_engine, make_sessionmaker
 from app.settings import Settings
 from app.store import FeatureStore
-from app.wire import priority_lists
 
 pytest_plugins = ["tests.support.runtime"]
 
@@ -272,6 +272,6 @@ def broker(settings: Settings) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(settings.broker_url)
     yield client
     for queue in (settings.queue_cpu, settings.queue_gpu):
-        client.delete(*priority_lists(queue))
+        open_broker(settings.broker_url).purge(queue)
     client.close()
 

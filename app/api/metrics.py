@@ -28,14 +28,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import redis
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import keys
-from app.broker import Broker, as_broker
+from app.broker import Broker
 from app.store import FeatureStore
 
 log = logging.getLogger(__name__)
@@ -56,9 +55,9 @@ HTTP_REQUESTS = "wavefarm_http_requests"
 HTTP_SECONDS = "wavefarm_http_request_seconds"
 
 
-def broker_queue_depth(broker: Broker | redis.Redis, queue: str) -> int:
-    """Messages waiting in a queue (`app.broker`: Redis's per-priority lists, or a passive declare)."""
-    return as_broker(broker).queue_depth(queue)
+def broker_queue_depth(broker: Broker, queue: str) -> int:
+    """Messages waiting in a queue, every priority (`app.broker`)."""
+    return broker.queue_depth(queue)
 
 
 @dataclass
@@ -75,7 +74,7 @@ class DbCounts:
 class StateCollector(Collector):
     """Reads queue depths, feature-store counters and memory, and database counts at every scrape."""
 
-    def __init__(self, *, broker: Broker | redis.Redis, store: FeatureStore,
+    def __init__(self, *, broker: Broker, store: FeatureStore,
                  queues: list[str] | Callable[[], list[str]], db_counts: Callable[[], DbCounts],
                  sweep_kinds: tuple[str, ...] = ()) -> None:
         self.broker, self.store, self.queues, self.db_counts = broker, store, queues, db_counts
@@ -95,8 +94,9 @@ class StateCollector(Collector):
 
     def _queues(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(QUEUE_DEPTH, "messages waiting in the broker", labels=["queue"])
-        for queue in self.queues() if callable(self.queues) else self.queues:
-            depth.add_metric([queue], broker_queue_depth(self.broker, queue))
+        queues = self.queues() if callable(self.queues) else self.queues
+        for queue, n in self.broker.queue_depths(list(queues)).items():
+            depth.add_metric([queue], n)
         yield depth
 
     def _store(self) -> Iterator[Metric]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app import jobs, wire
+from app import jobs, lifecycle, wire
 from app.artifacts import ArtifactStore
 from app.books.intake import accept_book
 from app.books.source import BookLimits
@@ -119,7 +119,7 @@ def cancel_book(*, session: Session, store: FeatureStore, book_id: str, cancel_t
     cancelled = []
     for state in queries.book_segment_states(session=session, book_id=book_id):
         if state.live and state.job_id and not _needed_elsewhere(session, state.key, book_id):
-            if queries.cancel_job(session=session, job_id=state.job_id):
+            if lifecycle.cancel(session=session, job_id=state.job_id):
                 cancelled.append(state.job_id)
     session.commit()
     for job_id in cancelled:  # after the commit: the GPU worker polls these between steps

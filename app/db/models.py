@@ -183,6 +183,13 @@ class Job(Base):
     # or None for the shared gpu queue; `route` says why (`app.routing.ROUTES`).
     routed_to: Mapped[str | None] = mapped_column(String(255))
     route: Mapped[str | None] = mapped_column(String(32))
+    # The lease (`app.lifecycle`): a claimed job is its worker's until `lease_until`, which the running
+    # attempt pushes on with every progress report; once it passed, the job is anyone's. A queued job's
+    # doorbell (its message) is rung again when `ring_due_at` passed (NULL: never rung again yet, due
+    # once the row is `stuck_job_after_s` old); `rings` counts the rings since its last claim.
+    lease_until: Mapped[datetime | None]
+    ring_due_at: Mapped[datetime | None]
+    rings: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 

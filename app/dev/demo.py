@@ -167,13 +167,13 @@ def _watchdog(procs: Procs, logs: Path, interrupted: Callable[[], None]) -> Call
 
 
 def _cancel_unfinished(settings: Any, job_ids: list[str]) -> None:
-    from app.db import queries
+    from app import lifecycle
     from app.db.session import make_engine, make_sessionmaker, session_scope
 
     engine = make_engine(settings.database_url)
     try:
         with session_scope(make_sessionmaker(engine)) as s:
-            cancelled = sum(queries.cancel_job(session=s, job_id=job_id) for job_id in job_ids)
+            cancelled = sum(lifecycle.cancel(session=s, job_id=job_id) for job_id in job_ids)
         if cancelled:
             say(f"cancelled {cancelled} unfinished sample jobs")
     finally:

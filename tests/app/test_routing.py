@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app import routing
+from app import lifecycle, routing
 from app.db import queries as q
 from app.db.models import Job, JobStatus, Worker, utcnow
 from app.settings import Settings
@@ -55,7 +55,7 @@ def route(session: Session, settings: Settings, voice: str, **changes: Any) -> r
 def claimed_by(session: Session, voice: str, worker: str, n: int = 1) -> None:
     for _ in range(n):
         job, _ = new_job(session, voice)
-        q.claim_job_attempt(session=session, job_id=job.id, worker=worker, max_attempts=3)
+        lifecycle.claim(session=session, job_id=job.id, worker=worker, max_attempts=3, lease_s=30)
     session.commit()
 
 

@@ -5,6 +5,7 @@ import redis
 from celery import Celery
 from sqlalchemy.orm import Session
 
+from app import lifecycle
 from app.artifacts import ArtifactStore
 from app.db import queries as q
 from app.db.models import Voice, VoiceStatus
@@ -80,9 +81,9 @@ def test_cancelling_the_last_job_of_a_prepared_voice_reclaims_its_features(
     voice_id = q.require_job(session=session, job_id=a).voice_id
     q.mark_voice_ready(session=session, voice_id=voice_id, prepare_ms=1.0, feature_nbytes=10)
     store.put(voice_id, blob())
-    q.cancel_job(session=session, job_id=a)
+    lifecycle.cancel(session=session, job_id=a)
     assert not reclaim_abandoned_voice(session=session, store=store, voice_id=voice_id)  # b still wants it
-    q.cancel_job(session=session, job_id=b)
+    lifecycle.cancel(session=session, job_id=b)
     assert reclaim_abandoned_voice(session=session, store=store, voice_id=voice_id)
     session.commit()
     assert not store.exists(voice_id)

@@ -13,6 +13,7 @@ import soundfile as sf
 import torch
 from celery.exceptions import Reject
 
+from app import lifecycle
 from app.audio import load_reference
 from app.broker import open_broker
 from app.celery_config import make_celery
@@ -23,7 +24,7 @@ from app.features import PromptHostFeatures, host_half
 from app.keys import COUNTER_PREP_PATH, feature_key
 from app.settings import Settings
 from app.store import FeatureStore
-from app.wire import priority_lists, send_prepare
+from app.wire import send_prepare
 from gpu_worker.adapters import StoreFeatures
 from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.job import JobRun
@@ -55,7 +56,7 @@ def test_a_prepared_ahead_job_streams_into_its_output_file(make_runtime, session
 
 def test_first_audio_is_stamped_even_when_the_job_ends_inside_one_progress_interval(make_runtime,
                                                                                     sessions) -> None:
-    rt = make_runtime(progress_interval_s=3600.0)
+    rt = make_runtime(progress_interval_s=3600.0, job_lease_s=3 * 3600.0)
     prepare_ahead(rt, VOICE_A)
     job_id = submit(rt, sessions, VOICE_A, n_tokens=30)
     assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "succeeded"
@@ -172,7 +173,7 @@ def test_cancel_while_running_stops_the_job_and_removes_its_temp_file(make_runti
     assert duplicate["status"] == "skipped" and job_row(sessions, job_id).attempts == 1
     rt.store.request_cancel(job_id, ttl_s=60)
     with sessions() as session:
-        assert queries.cancel_job(session=session, job_id=job_id)
+        assert lifecycle.cancel(session=session, job_id=job_id)
         session.commit()
     runner.join(60)
     assert result["status"] == "cancelled"
@@ -193,7 +194,7 @@ def test_cancel_while_waiting_for_the_voice_abandons_it_without_installing(make_
     while not rt.loop.engine.live_jobs() and time.monotonic() < deadline:
         time.sleep(0.02)
     with sessions() as session:
-        assert queries.cancel_job(session=session, job_id=job_id)
+        assert lifecycle.cancel(session=session, job_id=job_id)
         session.commit()
     runner.join(30)
     assert result["status"] == "cancelled" and result["prep_path"] == "abandoned"
@@ -234,7 +235,7 @@ def test_a_delivery_of_a_job_cancelled_after_its_worker_died_removes_that_worker
     partial = rt.artifacts.root / "outputs" / f".{job_id}.wav.k1ll3d.part"
     partial.write_bytes(b"RIFF half a file")
     with sessions.begin() as session:
-        assert queries.cancel_job(session=session, job_id=job_id)
+        assert lifecycle.cancel(session=session, job_id=job_id)
     assert JobRun(rt, RecordingTask(), job_id).run()["status"] == "skipped"
     assert not partial.exists() and job_row(sessions, job_id).status == "cancelled"
 
@@ -291,7 +292,7 @@ def test_a_voice_waiting_behind_a_deep_cpu_queue_is_prepared_inline_at_once(make
         result = JobRun(rt, RecordingTask(), job_id).run()
         took = time.monotonic() - started
     finally:
-        broker.client.delete(*priority_lists(rt.settings.queue_cpu))
+        broker.purge(rt.settings.queue_cpu)
         broker.close()
         producer.close()
     assert result["status"] == "succeeded" and result["prep_path"] == "queue_full"

@@ -1,7 +1,7 @@
 """The two brokers as wavefarm uses them, on the real Redis and the real RabbitMQ: the same job priority
-is served first on both, queue depths are read on both, and the maintenance sweep puts back the jobs of
-a GPU worker that went silent on both (and leaves a live worker's jobs alone), and the jobs waiting on
-a gone worker's own queue are moved to the shared queue with their priorities on both.
+is served first on both, queue depths are read on both, the reconciler rings again on both the jobs
+whose lease passed (and leaves leased ones alone), and the jobs rung on a gone worker's own queue are rung
+again on the shared queue with their priorities on both.
 
 Nothing consumes the queues here: messages are published by a wavefarm Celery app (`make_celery`, as
 the API and the CPU workers publish) and taken off with kombu, the way a worker's consumer takes them.
@@ -21,12 +21,13 @@ from kombu import Connection, Queue
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import lifecycle
 from app.artifacts import ArtifactStore
 from app.broker import is_amqp, open_broker
 from app.celery_config import make_celery, redis_options
 from app.db import queries
 from app.db.models import Job, JobStatus, Worker, utcnow
-from app.maintenance import WORKER_GONE_S, SweepReport, move_stranded, resume_orphans
+from app.maintenance import WORKER_GONE_S, SweepReport, expire_leases, reroute_gone
 from app.routing import worker_queue
 from app.settings import Settings
 from app.store import FeatureStore
@@ -88,84 +89,42 @@ def test_a_higher_job_priority_is_served_first_on_both_brokers(broker_settings: 
 
 
 def claimed_job(settings: Settings, db: sessionmaker[Session], store: FeatureStore, worker: str,
-                seed: int) -> str:
-    """A job sent and then claimed by `worker` (registered now), its message already taken off the
-    queue and acknowledged: what the broker holds once a worker that streamed it is gone for good."""
+                seed: int, lease_s: float) -> str:
+    """A job sent and then claimed by `worker` (registered now) under a lease of `lease_s`, its message
+    already taken off the queue and acknowledged: what the broker holds once a worker that streamed it
+    is gone for good."""
     job_id = send_job(settings, db, store, VOICE_A, 30, seed=seed)
     assert take_all(settings, settings.queue_gpu) == [job_id]
     with db.begin() as session:
         queries.register_worker(session=session, name=worker)
     with db.begin() as session:
-        job = queries.claim_job_attempt(session=session, job_id=job_id, worker=worker, max_attempts=3)
+        job = lifecycle.claim(session=session, job_id=job_id, worker=worker, max_attempts=3, lease_s=lease_s)
         assert job is not None and job.status == JobStatus.PREPARING
     return job_id
 
 
-def test_the_sweep_puts_back_the_jobs_of_a_worker_gone_silent_and_not_those_of_a_live_one(
+def test_the_reconciler_rings_again_the_jobs_whose_lease_passed_and_not_those_still_leased(
         broker_settings: Settings, db, store: FeatureStore) -> None:
     settings = broker_settings
-    gone = claimed_job(settings, db, store, "gpu-gone@test", seed=1)
-    live = claimed_job(settings, db, store, "gpu-live@test", seed=2)
-    long_ago = utcnow() - timedelta(seconds=WORKER_GONE_S + settings.stuck_job_after_s + 60)
-    with db.begin() as session:  # gpu-gone stopped beating long ago, and its job stopped moving with it
-        session.execute(update(Worker).where(Worker.name == "gpu-gone@test").values(heartbeat_at=long_ago))
-        session.execute(update(Job).where(Job.id == gone).values(updated_at=long_ago))
+    gone = claimed_job(settings, db, store, "gpu-gone@test", seed=1, lease_s=0)  # never renewed: passed
+    live = claimed_job(settings, db, store, "gpu-live@test", seed=2, lease_s=600)
+    with db.begin() as session:  # gpu-gone stopped beating long ago
+        session.execute(update(Worker).where(Worker.name == "gpu-gone@test").values(
+            heartbeat_at=utcnow() - timedelta(seconds=WORKER_GONE_S + 60)))
     app = make_celery(settings)
-    broker = open_broker(settings.broker_url)
     report = SweepReport()
     try:
-        resume_orphans(settings=settings, sessions=db, broker=broker, sender=app, report=report)
+        expire_leases(settings=settings, sessions=db, sender=app, report=report)
         assert report.jobs_resumed == [gone]
-        assert take_all(settings, settings.queue_gpu) == [gone]  # its message is back, once
-        resume_orphans(settings=settings, sessions=db, broker=broker, sender=app, report=report)
-        assert report.jobs_resumed == [gone]  # a second sweep finds nothing more to do
+        assert take_all(settings, settings.queue_gpu) == [gone]  # its doorbell rang, once
+        expire_leases(settings=settings, sessions=db, sender=app, report=report)
+        assert report.jobs_resumed == [gone]  # a second pass finds nothing more to do
     finally:
-        broker.close()
         app.close()
     with db() as session:
         resumed, held = (queries.require_job(session=session, job_id=j) for j in (gone, live))
     assert resumed.status == JobStatus.QUEUED and resumed.attempts == 1  # the lost attempt stays counted
     assert held.status == JobStatus.PREPARING and held.worker == "gpu-live@test"
-
-
-def test_a_job_that_ended_while_its_gone_worker_held_it_gets_its_message_back_on_redis(
-        broker_settings: Settings, db, store: FeatureStore) -> None:
-    """A GPU worker killed mid-job holds its message unacknowledged; the job is cancelled meanwhile, so
-    no part of the sweep resumes it. On Redis the message would wait in `unacked` for the visibility
-    timeout (6 h) beside the partial output; the sweep puts it back now, for a live worker to clear
-    (the partial goes with it: `test_a_delivery_of_a_job_cancelled_after_its_worker_died_...`). RabbitMQ
-    hands it on by itself once the dead consumer's connection is gone."""
-    settings, worker = broker_settings, "gpu-killed@test"
-    amqp = is_amqp(settings.broker_url)
-    job_id = send_job(settings, db, store, VOICE_A, 30, seed=4)
-    long_ago = utcnow() - timedelta(seconds=WORKER_GONE_S + 60)
-    options = {} if amqp else redis_options(settings)
-    app, broker, report = make_celery(settings), open_broker(settings.broker_url), SweepReport()
-    try:
-        with Connection(settings.broker_url, transport_options=options) as conn:
-            held = Queue(settings.queue_gpu)(conn.channel()).get()  # delivered; the worker dies holding it
-            assert held is not None and held.headers["id"] == job_id
-            with db.begin() as session:
-                queries.register_worker(session=session, name=worker)
-            with db.begin() as session:
-                assert queries.claim_job_attempt(session=session, job_id=job_id, worker=worker,
-                                                 max_attempts=3)
-            with db.begin() as session:
-                assert queries.cancel_job(session=session, job_id=job_id)
-                session.execute(update(Worker).where(Worker.name == worker).values(heartbeat_at=long_ago))
-            resume_orphans(settings=settings, sessions=db, broker=broker, sender=app, report=report)
-            assert report.jobs_resumed == []  # it ended: nothing to run again
-            if not amqp:
-                assert report.messages_returned == [job_id]
-                assert take_all(settings, settings.queue_gpu) == [job_id]  # back, for a live worker to clear
-                resume_orphans(settings=settings, sessions=db, broker=broker, sender=app, report=report)
-                assert report.messages_returned == [job_id]  # once
-        if amqp:  # the consumer's connection closed: RabbitMQ hands the message on by itself
-            assert report.messages_returned == []
-            assert take_all(settings, settings.queue_gpu) == [job_id]
-    finally:
-        broker.close()
-        app.close()
 
 
 def test_an_idle_worker_on_rabbitmq_stops_about_as_soon_as_one_on_redis(
@@ -197,11 +156,12 @@ def test_an_idle_worker_on_rabbitmq_stops_about_as_soon_as_one_on_redis(
     assert took["amqp"] < 3 * took["redis"] + 1.0, (took, workers["amqp"].tail())
 
 
-def test_a_gone_workers_own_queue_is_moved_to_the_shared_queue_in_priority_order_on_both_brokers(
+def test_jobs_rung_on_a_gone_workers_own_queue_are_rung_again_on_the_shared_queue_in_priority_order(
         broker_settings: Settings, db, store: FeatureStore) -> None:
-    """Voice affinity sent jobs to two workers' own queues; one of them stopped beating. The sweep moves
-    its waiting messages, priorities kept, to the shared queue, where they are served by priority with
-    the ones already there; the live worker's queue is left alone."""
+    """Voice affinity sent jobs to two workers' own queues; one of them stopped beating. The reconciler
+    rings those jobs again on the shared queue, at their priorities, where they are served by priority with
+    the ones already there; the live worker's jobs are left alone. (The doorbells left in the gone worker's
+    queue are duplicates: if that worker comes back, each finds its job claimed or ended.)"""
     settings = broker_settings
     gone, live = "gpu-gone@test", "gpu-live@test"
     jobs = [send_job(settings, db, store, VOICE_A, 30, seed=n) for n in range(5)]
@@ -211,30 +171,31 @@ def test_a_gone_workers_own_queue_is_moved_to_the_shared_queue_in_priority_order
             queries.register_worker(session=session, name=name)
     priorities = dict(zip(jobs, (2, 9, 5, 0, 7), strict=True))
     app = make_celery(settings)
-    broker = open_broker(settings.broker_url)
     report = SweepReport()
     try:
+        with db.begin() as session:
+            for job_id, priority in priorities.items():
+                session.execute(update(Job).where(Job.id == job_id).values(priority=priority))
+            queries.set_job_route(session=session, job_ids=jobs[:3], routed_to=gone, route="holder")
+            queries.set_job_route(session=session, job_ids=[jobs[4]], routed_to=live, route="holder")
         for job_id in jobs[:3]:
             send_synth(app, settings, job_id, priorities[job_id], queue=worker_queue(settings, gone))
         send_synth(app, settings, jobs[3], priorities[jobs[3]])  # already on the shared queue
         send_synth(app, settings, jobs[4], priorities[jobs[4]], queue=worker_queue(settings, live))
-        move_stranded(settings=settings, sessions=db, broker=broker, report=report)
+        reroute_gone(settings=settings, sessions=db, sender=app, report=report)
         assert report.jobs_rerouted == []  # both beat just now: nobody is gone
         long_ago = utcnow() - timedelta(seconds=WORKER_GONE_S + 5)
         with db.begin() as session:
             session.execute(update(Worker).where(Worker.name == gone).values(heartbeat_at=long_ago))
-        move_stranded(settings=settings, sessions=db, broker=broker, report=report)
+        reroute_gone(settings=settings, sessions=db, sender=app, report=report)
         assert sorted(report.jobs_rerouted) == sorted(jobs[:3])
-        assert broker.queue_depth(worker_queue(settings, gone)) == 0
         order = take_all(settings, settings.queue_gpu)
         assert [priorities[j] for j in order] == [9, 5, 2, 0]
         assert take_all(settings, worker_queue(settings, live)) == [jobs[4]]
-        move_stranded(settings=settings, sessions=db, broker=broker, report=report)
-        assert len(report.jobs_rerouted) == 3  # nothing left to move
+        reroute_gone(settings=settings, sessions=db, sender=app, report=report)
+        assert len(report.jobs_rerouted) == 3  # rung on the shared queue now: nothing more to do
     finally:
-        broker.close()
         app.close()
     with db() as session:
         routes = {j: queries.require_job(session=session, job_id=j).route for j in jobs}
     assert {routes[j] for j in jobs[:3]} == {"shared_worker_gone"}
-    assert routes[jobs[3]] == routes[jobs[4]] == "shared_single"  # as submitted: no second worker then

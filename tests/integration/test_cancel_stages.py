@@ -18,6 +18,7 @@ import pytest
 
 import app.features
 import gpu_worker.job
+from app import lifecycle
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
 from app.keys import COUNTER_PREP_PATH
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.timeout(120)
 def cancel(rt: Runtime, sqlite_sessions, job_id: str) -> None:
     """What POST /v1/jobs/{id}/cancel does."""
     with sqlite_sessions() as session:
-        assert queries.cancel_job(session=session, job_id=job_id)
+        assert lifecycle.cancel(session=session, job_id=job_id)
         voice_id = job_row(sqlite_sessions, job_id).voice_id
         reclaim_abandoned_voice(session=session, store=rt.store, voice_id=voice_id)
         session.commit()

@@ -12,10 +12,10 @@ import pytest
 import redis
 from sqlalchemy import update
 
+from app.broker import open_broker
 from app.db import queries
 from app.db.models import Job, utcnow
 from app.jobs import submit_job
-from app.maintenance import broker_task_ids
 from app.settings import Settings
 from app.store import FeatureStore
 from tasks.celery_app import make_celery
@@ -62,19 +62,18 @@ def test_the_cpu_app_carries_the_periodic_sweep_step() -> None:
 @pytest.mark.timeout(180)
 def test_a_cpu_worker_sends_a_job_whose_message_was_lost_again_on_its_own(
         settings: Settings, sessions, artifacts, tmp_path: Path) -> None:
-    """A queued job whose `synth` message vanished (a worker SIGKILLed between the broker's pop and its
-    unacknowledged record) is sent again by the sweep a CPU worker schedules itself."""
+    """A queued job whose `synth` message vanished (a broker that lost it, a worker SIGKILLed between the
+    broker's pop and its unacknowledged record) is rung again by the sweep a CPU worker schedules itself."""
     settings = settings.model_copy(update={"maintenance_interval_s": 1.0, "stuck_job_after_s": 1.0})
     producer = make_celery(settings, include=())
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=600)
-    broker = redis.Redis.from_url(settings.broker_url)
-    gpu_lists = [settings.queue_gpu, *[f"{settings.queue_gpu}\x06\x16{n}" for n in range(1, 10)]]
+    broker = open_broker(settings.broker_url)
     worker = None
     try:
         with sessions() as session:
             job_id = submit_job(settings=settings, session=session, sender=producer, store=store,
                                 artifacts=artifacts, tokens=[1] * 30, reference_bytes=wav_bytes())
-        assert broker.delete(*gpu_lists) == 1  # the message is gone, the job is still queued
+        assert broker.purge(settings.queue_gpu) == 1  # the message is gone, the job is still queued
         with sessions() as session:
             quiet = utcnow() - timedelta(hours=1)
             session.execute(update(Job).where(Job.id == job_id).values(updated_at=quiet))
@@ -82,17 +81,18 @@ def test_a_cpu_worker_sends_a_job_whose_message_was_lost_again_on_its_own(
         worker = start_worker(settings, f"cpu-sched-{job_id[:8]}", tmp_path,
                               ["-A", "tasks.celery_app", "worker", "-Q", settings.queue_cpu, "-P", "solo"])
         deadline = time.monotonic() + 60
-        while job_id not in broker_task_ids(broker, settings.queue_gpu):
+        while broker.queue_depth(settings.queue_gpu) == 0:
             assert time.monotonic() < deadline, worker.tail()
             time.sleep(0.2)
+        time.sleep(2.5)  # more periods pass: rung again only as its waits double (1 s, 1 s, 2 s ...)
+        worker.stop()  # a sweep under way ends first (a warm shutdown): rings and messages are settled
         with sessions() as session:
-            assert queries.require_job(session=session, job_id=job_id).status == "queued"
-        time.sleep(2.5)  # more periods pass: the job has its message now, so it is not sent twice
-        assert sum(broker.llen(key) for key in gpu_lists) == 1, worker.tail()
+            job = queries.require_job(session=session, job_id=job_id)
+        assert job.status == "queued"
+        assert broker.queue_depth(settings.queue_gpu) == job.rings <= 3, worker.tail()  # a message a ring
     finally:
         if worker is not None:
             worker.stop()
-        broker.delete(*gpu_lists)
-        broker.close()
+        broker.purge(settings.queue_gpu)
         store.close()
         producer.close()

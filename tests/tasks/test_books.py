@@ -16,6 +16,7 @@ import soundfile as sf
 from celery import Celery
 
 import tasks.books as books
+from app import lifecycle
 from app.books.files import output_dir
 from app.books.service import BookOptions, submit_book
 from app.books.status import book_status
@@ -69,7 +70,7 @@ def render_live_jobs(res: Resources, book_id: str) -> int:
                 t = np.arange(job.n_tokens * 960) / 24000
                 sf.write(res.artifacts.path(relpath), 0.3 * np.sin(2 * np.pi * 220 * t), 24000,
                          format=job.output_format.upper())
-                assert queries.finish_job(session=session, job_id=job.id, status=JobStatus.SUCCEEDED,
+                assert lifecycle.finish(session=session, job_id=job.id, status=JobStatus.SUCCEEDED,
                                           output_path=relpath)
                 done += 1
         session.commit()
@@ -167,7 +168,7 @@ def test_a_failed_segment_fails_the_book_with_its_reason_and_a_new_render_retrie
     books.plan(book_id, res)
     with res.sessions() as session:
         first = queries.book_segment_states(session=session, book_id=book_id)[0]
-        queries.finish_job(session=session, job_id=first.job_id, status=JobStatus.FAILED, error="boom")
+        lifecycle.finish(session=session, job_id=first.job_id, status=JobStatus.FAILED, error="boom")
         session.commit()
     assert books.check_chapter(book_id, 0, res) == "failed"
     with res.sessions() as session:
@@ -432,7 +433,7 @@ def test_a_chapter_whose_sending_died_part_way_is_sent_again_by_the_sweep(res: R
 
     def run():
         return sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
-                     broker=broker, sender=celery)
+                     sender=celery)
 
     try:
         assert run().chapters_resumed == []  # scheduled just now: book.plan may still be sending
@@ -471,7 +472,7 @@ def test_a_chapter_whose_segments_settled_without_its_chord_is_checked_again_by_
 
         def run():
             return sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts,
-                         store=res.store, broker=broker, sender=celery)
+                         store=res.store, sender=celery)
 
         assert run().chapters_resumed == []  # settled just now: the chords may still fire
         past = utcnow() - timedelta(seconds=STALLED_CHAPTER_AFTER_S + 5)

@@ -1,5 +1,6 @@
-"""`maintenance.sweep`: orphan files, jobs without a broker message, abandoned voices; also as a CLI
-command. Real Redis (broker and feature store), both databases."""
+"""`maintenance.sweep`, the reconciler: orphan files, leases that passed, doorbells due or rung on a gone
+worker's queue, abandoned voices; also as a CLI command. Real Redis (broker and feature store), both
+databases."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from datetime import timedelta
 import numpy as np
 from sqlalchemy import update
 
-from app import cli
+from app import cli, lifecycle
 from app.artifacts import ArtifactStore
 from app.books.service import submit_book
+from app.broker import open_broker
 from app.db import queries
-from app.db.models import Book, Job, JobStatus, VoiceStatus, utcnow
+from app.db.models import Book, Job, JobStatus, VoiceStatus, Worker, utcnow
 from app.features import host_half
 from app.jobs import submit_job
-from app.maintenance import broker_task_ids, sweep
+from app.maintenance import WORKER_GONE_S, release_previous, sweep
 from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.helpers import queued
@@ -28,8 +30,7 @@ from tests.support.audio import wav_bytes
 
 
 def run(settings, sessions, artifacts, store, broker, celery, **kw):
-    return sweep(settings=settings, sessions=sessions, artifacts=artifacts, store=store, broker=broker,
-                 sender=celery, **kw)
+    return sweep(settings=settings, sessions=sessions, artifacts=artifacts, store=store, sender=celery, **kw)
 
 
 def submit(settings: Settings, sessions, store, artifacts, celery, reference: bytes | None = None,
@@ -95,72 +96,105 @@ def test_a_book_folder_without_a_row_is_removed_and_a_book_whose_reader_died_is_
     assert run(settings, sessions, artifacts, store, broker, celery, grace_s=3600).books_reparsed == []
 
 
-def test_a_stale_job_without_a_broker_message_is_sent_again_once(
+def depth(settings: Settings) -> int:
+    return open_broker(settings.broker_url).queue_depth(settings.queue_gpu)
+
+
+def lose_messages(settings: Settings) -> None:
+    """The broker lost what waited in the gpu queue (a flush, a crash without persistence)."""
+    open_broker(settings.broker_url).purge(settings.queue_gpu)
+
+
+def test_a_queued_job_not_claimed_in_time_is_rung_again_with_growing_waits(
         settings, sessions, artifacts, store, broker, celery) -> None:
-    waiting = submit(settings, sessions, store, artifacts, celery)
     lost = submit(settings, sessions, store, artifacts, celery)
-    broker.delete(settings.queue_gpu, *[f"{settings.queue_gpu}\x06\x16{n}" for n in range(1, 10)])
-    celery.send_task("synth", args=[waiting], queue=settings.queue_gpu, task_id=waiting)  # still queued
-    with sessions() as session:  # both went quiet long ago
-        session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
+    submit(settings, sessions, store, artifacts, celery)  # recent: left alone
+    lose_messages(settings)
+    with sessions() as session:  # `lost` went quiet long ago; the other was just submitted
+        session.execute(update(Job).where(Job.id == lost).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
     report = run(settings, sessions, artifacts, store, broker, celery)
-    assert report.jobs_requeued == [lost]
-    ids = broker_task_ids(broker, settings.queue_gpu)
-    assert {waiting, lost} <= ids
-    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == []  # now it has one
-
-
-def _deliver_without_ack(broker, settings) -> str:
-    """Pop the queued synth message into kombu's unacked hash, as a consumer that took it would: its tag."""
-    raw = broker.rpop(settings.queue_gpu) or next(
-        broker.rpop(f"{settings.queue_gpu}\x06\x16{n}") for n in range(1, 10)
-        if broker.llen(f"{settings.queue_gpu}\x06\x16{n}"))
-    tag = json.loads(raw)["properties"]["delivery_tag"]
-    broker.hset("unacked", tag, json.dumps([json.loads(raw), "", settings.queue_gpu]))
-    broker.zadd("unacked_index", {tag: time.time()})
-    return tag
-
-
-def test_an_unacknowledged_message_of_a_claimed_job_counts_as_present(settings, sessions, artifacts, store,
-                                                                      broker, celery) -> None:
-    job_id = submit(settings, sessions, store, artifacts, celery)
-    tag = _deliver_without_ack(broker, settings)
-    try:
-        with sessions() as session:  # claimed (its worker's fate is part 3's), quiet for long
-            session.execute(update(Job).values(status="running", attempts=1, worker="gpu@elsewhere",
-                                               updated_at=utcnow() - timedelta(hours=2)))
-            session.commit()
-        assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == []
-        assert broker.hexists("unacked", tag)
-    finally:
-        broker.hdel("unacked", tag)
-        broker.zrem("unacked_index", tag)
-    assert job_id
-
-
-def test_a_quiet_queued_job_delivered_to_a_worker_that_never_claimed_it_goes_back_to_its_queue(
-        settings, sessions, artifacts, store, broker, celery) -> None:
-    """A GPU worker SIGKILLed between taking a message and claiming its job: no claim for part 3 to see,
-    and on Redis the message would sit unacknowledged for the visibility timeout (6 h)."""
-    job_id = submit(settings, sessions, store, artifacts, celery)
-    tag = _deliver_without_ack(broker, settings)
+    assert report.jobs_requeued == [lost] and depth(settings) == 1
+    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == []  # not due yet
     with sessions() as session:
-        session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
+        first_wait = queries.require_job(session=session, job_id=lost).ring_due_at - utcnow()
+        session.execute(update(Job).where(Job.id == lost).values(ring_due_at=utcnow() - timedelta(seconds=1)))
         session.commit()
-    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == [job_id]
-    assert not broker.hexists("unacked", tag)  # moved, not copied: one message
-    assert broker_task_ids(broker, settings.queue_gpu) == {job_id}
-    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == []  # waiting now
+    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == [lost]  # due again
+    with sessions() as session:
+        job = queries.require_job(session=session, job_id=lost)
+        second_wait = job.ring_due_at - utcnow()
+    grace = settings.stuck_job_after_s
+    assert job.rings == 2 and job.status == JobStatus.QUEUED
+    assert grace * 0.9 < first_wait.total_seconds() <= grace
+    assert 2 * grace * 0.9 < second_wait.total_seconds() <= 2 * grace  # the wait doubles
+    assert depth(settings) == 2  # a duplicate doorbell: its delivery finds the job claimed and is skipped
+
+
+def test_a_claimed_job_whose_lease_passed_is_queued_and_rung_again_and_a_leased_one_is_left_alone(
+        settings, sessions, artifacts, store, broker, celery) -> None:
+    dead = submit(settings, sessions, store, artifacts, celery)
+    alive = submit(settings, sessions, store, artifacts, celery)
+    lose_messages(settings)
+    with sessions() as session:
+        assert lifecycle.claim(session=session, job_id=dead, worker="gpu@dead", max_attempts=3, lease_s=0)
+        assert lifecycle.claim(session=session, job_id=alive, worker="gpu@alive", max_attempts=3, lease_s=60)
+        session.commit()
+    report = run(settings, sessions, artifacts, store, broker, celery)
+    assert report.jobs_resumed == [dead] and depth(settings) == 1
+    with sessions() as session:
+        resumed = queries.require_job(session=session, job_id=dead)
+        assert (resumed.status, resumed.attempts, resumed.lease_until) == (JobStatus.QUEUED, 1, None)
+        assert queries.require_job(session=session, job_id=alive).status == JobStatus.PREPARING
+        assert not lifecycle.renew(session=session, job_id=dead, frames_done=5, attempt=1, lease_s=30)
+    assert run(settings, sessions, artifacts, store, broker, celery).jobs_resumed == []  # once
+
+
+def test_a_gpu_worker_started_again_releases_the_claims_of_its_previous_process_at_once(
+        settings, sessions, artifacts, store, broker, celery) -> None:
+    held = submit(settings, sessions, store, artifacts, celery)
+    lose_messages(settings)
+    with sessions() as session:
+        assert lifecycle.claim(session=session, job_id=held, worker="gpu@a", max_attempts=3, lease_s=600)
+        session.commit()
+    with sessions() as session:
+        started = queries.register_worker(session=session, name="gpu@a").started_at
+        session.commit()
+    assert release_previous(settings=settings, sessions=sessions, sender=celery, worker="gpu@b",
+                            started_at=started) == []  # another name's claims are not its own
+    assert release_previous(settings=settings, sessions=sessions, sender=celery, worker="gpu@a",
+                            started_at=started) == [held]
+    assert depth(settings) == 1
+    with sessions() as session:
+        assert queries.require_job(session=session, job_id=held).status == JobStatus.QUEUED
+
+
+def test_a_queued_job_rung_on_a_gone_workers_own_queue_is_rung_again_on_the_shared_queue(
+        settings, sessions, artifacts, store, broker, celery) -> None:
+    job_id = submit(settings, sessions, store, artifacts, celery)
+    lose_messages(settings)
+    with sessions() as session:
+        queries.register_worker(session=session, name="gpu@gone")
+        queries.set_job_route(session=session, job_ids=[job_id], routed_to="gpu@gone", route="holder")
+        session.commit()
+    assert run(settings, sessions, artifacts, store, broker, celery).jobs_rerouted == []  # it beat just now
+    with sessions() as session:
+        session.execute(update(Worker).values(heartbeat_at=utcnow() - timedelta(seconds=WORKER_GONE_S + 5)))
+        session.commit()
+    assert run(settings, sessions, artifacts, store, broker, celery).jobs_rerouted == [job_id]
+    assert depth(settings) == 1
+    with sessions() as session:
+        job = queries.require_job(session=session, job_id=job_id)
+        assert (job.routed_to, job.route) == (None, "shared_worker_gone")
 
 
 def test_finished_and_recent_jobs_are_left_alone(settings, sessions, artifacts, store, broker,
                                                  celery) -> None:
     done = submit(settings, sessions, store, artifacts, celery)
     recent = submit(settings, sessions, store, artifacts, celery)
-    broker.delete(settings.queue_gpu, *[f"{settings.queue_gpu}\x06\x16{n}" for n in range(1, 10)])
+    lose_messages(settings)
     with sessions() as session:
-        queries.finish_job(session=session, job_id=done, status=JobStatus.FAILED, error="x")
+        lifecycle.finish(session=session, job_id=done, status=JobStatus.FAILED, error="x")
         session.execute(update(Job).where(Job.id == done).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
     report = run(settings, sessions, artifacts, store, broker, celery)
@@ -172,7 +206,7 @@ def test_features_left_for_a_voice_whose_jobs_were_all_cancelled_are_reclaimed(
     job_id = submit(settings, sessions, store, artifacts, celery)
     with sessions() as session:
         voice_id = queries.require_job(session=session, job_id=job_id).voice_id
-        queries.cancel_job(session=session, job_id=job_id)
+        lifecycle.cancel(session=session, job_id=job_id)
         session.commit()
     # A preparation that finished after the cancel, on a worker that died before reclaiming it.
     store.put(voice_id, host_half(np.zeros(24000 * 3, np.float32) + 0.1, voice_id).to_bytes())

@@ -13,6 +13,7 @@ from sqlalchemy import update
 
 import tasks.text as text_task
 from app.books.text import estimate_tokens
+from app.broker import open_broker
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus, Voice, utcnow
 from app.errors import BadInput, BadTokens, Conflict
@@ -20,7 +21,6 @@ from app.jobs import cancel_job, job_tokens, submit_job
 from app.maintenance import sweep
 from app.speech import MEL_PER_TOKEN
 from app.text_tokens import STAND_IN_NOTE
-from app.wire import priority_lists
 from tasks.voice import Resources
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
@@ -149,20 +149,20 @@ def test_a_language_without_a_guide_voice_fails_the_job_with_the_reason(
 def test_the_sweep_sends_a_lost_tokenize_again_and_never_a_synth_without_tokens(
         res: Resources, celery: Celery, broker) -> None:
     job_id = submit(res, celery)
-    broker.delete(*priority_lists(res.settings.queue_cpu))  # the broker lost the job's message
+    open_broker(res.settings.broker_url).purge(res.settings.queue_cpu)  # the broker lost the job's message
     with res.sessions() as session:
         session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
     report = sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
-                   broker=broker, sender=celery)
+                   sender=celery)
     assert (report.jobs_requeued, report.errors) == ([job_id], [])
     assert [m["task"] for m in queued(broker, res.settings.queue_cpu)] == ["job.tokenize"]
     assert queued(broker, res.settings.queue_gpu) == []
-    with res.sessions() as session:  # quiet again: its message is there now, so nothing is sent
+    with res.sessions() as session:  # quiet again, but rung just now: not due before stuck_job_after_s
         session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
     again = sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
-                  broker=broker, sender=celery)
+                  sender=celery)
     assert again.jobs_requeued == [] and len(queued(broker, res.settings.queue_cpu)) == 1
 
 

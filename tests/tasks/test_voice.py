@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
+from app import lifecycle
 from app.db import queries as q
 from app.db.models import VoiceStatus
 from app.features import PromptHostFeatures
@@ -108,7 +109,7 @@ def submitted_job(res: Resources, celery: Celery, reference: bytes | None = None
 
 def cancel(res: Resources, job_id: str) -> None:
     with res.sessions() as session:
-        assert q.cancel_job(session=session, job_id=job_id)
+        assert lifecycle.cancel(session=session, job_id=job_id)
         session.commit()
 
 

@@ -7,11 +7,11 @@ processes never both win. Inserts that may race use INSERT .. ON CONFLICT
 DO NOTHING (SQLite and PostgreSQL both have it).
 
     voices       voice rows, preparation states, uses, live jobs, referenced artifact paths
-    jobs         job creation (idempotent), attempts, progress, finishing, cancelling, listing
+    jobs         job creation (idempotent), tokens, notes, listing (state changes: `app.lifecycle`)
     installs     which voices each GPU worker holds, pins, last use
-    workers      GPU worker incarnations and heartbeats; held and orphaned jobs, releasing a claim;
+    workers      GPU worker incarnations and heartbeats;
                  the routing reads (live workers, backlogs, voice holders) and job routes
-    maintenance  stale live jobs and abandoned ready voices, for the sweep
+    maintenance  the reconciler's reads: leases that passed, doorbells due, abandoned ready voices
     books        books, chapters, segments and their jobs, per-chapter progress
     stats        books by status and the chapters of live books, for the API's metrics
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
@@ -63,23 +63,24 @@ from app.db.queries.installs import (
 )
 from app.db.queries.jobs import (
     add_job_note,
-    cancel_job,
-    claim_job_attempt,
     count_jobs_by_status,
     create_job,
-    finish_job,
     get_job,
     get_job_by_idempotency_key,
     is_tokenized,
     job_ids_with_prefix,
     list_jobs,
-    mark_job_running,
     page_jobs,
     require_job,
     set_job_tokens,
-    update_progress,
 )
-from app.db.queries.maintenance import list_abandoned_ready_voices, list_stale_live_jobs, touch_job
+from app.db.queries.maintenance import (
+    list_abandoned_ready_voices,
+    list_claims_before,
+    list_due_rings,
+    list_expired_leases,
+    list_queued_on_gone_workers,
+)
 from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.voices import (
     add_voice_use,
@@ -99,20 +100,15 @@ from app.db.queries.voices import (
     voice_ids_with_prefix,
 )
 from app.db.queries.workers import (
-    CLAIM_HOLD_S,
     beat,
     count_jobs_by_route,
     get_worker,
-    is_held,
-    list_ended_on_gone_workers,
     list_gone_workers,
-    list_orphaned_jobs,
     list_worker_names,
     live_workers,
     live_workers_on_dummy_weights,
     mark_worker_stopped,
     register_worker,
-    release_job,
     set_job_route,
     voice_holders,
     voices_installed,
@@ -150,11 +146,6 @@ __all__ = [
     "set_job_tokens",
     "is_tokenized",
     "add_job_note",
-    "claim_job_attempt",
-    "mark_job_running",
-    "update_progress",
-    "finish_job",
-    "cancel_job",
     "list_jobs",
     "page_jobs",
     "count_jobs_by_status",
@@ -167,15 +158,10 @@ __all__ = [
     "list_worker_voices",
     "clear_worker_voices",
     # GPU workers
-    "CLAIM_HOLD_S",
     "register_worker",
     "beat",
     "mark_worker_stopped",
     "get_worker",
-    "is_held",
-    "list_orphaned_jobs",
-    "list_ended_on_gone_workers",
-    "release_job",
     # routing
     "live_workers",
     "live_workers_on_dummy_weights",
@@ -188,8 +174,10 @@ __all__ = [
     "list_worker_names",
     "count_jobs_by_route",
     # maintenance
-    "list_stale_live_jobs",
-    "touch_job",
+    "list_expired_leases",
+    "list_claims_before",
+    "list_queued_on_gone_workers",
+    "list_due_rings",
     "list_abandoned_ready_voices",
     # books and segments
     "PlannedChapter",

@@ -1,25 +1,15 @@
-"""Jobs: creation (idempotent), attempts, progress, finishing, cancelling, listing."""
+"""Jobs: creation (idempotent), tokens, notes, listing. Their state changes are `app.lifecycle`'s."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import (
-    DONE_JOB_STATUSES,
-    LIVE_JOB_STATUSES,
-    Job,
-    JobKind,
-    JobStatus,
-    PrepPath,
-    utcnow,
-)
+from app.db.models import Job, JobKind, JobStatus, utcnow
 from app.db.queries import paging
-from app.db.queries._common import _clip, _insert, _rowcount
-from app.db.queries.workers import is_held
+from app.db.queries._common import _insert, _rowcount
 from app.errors import NotFound
 from app.speech import MEL_PER_TOKEN
 
@@ -100,102 +90,6 @@ def add_job_note(*, session: Session, job_id: str, note: str) -> None:
     notes = list(job.notes or [])
     if note not in notes:
         job.notes = [*notes, note]
-
-
-def claim_job_attempt(*, session: Session, job_id: str, worker: str, max_attempts: int) -> Job | None:
-    """Start the next attempt of a live job on `worker`; None when it must not run.
-
-    None means: finished or cancelled already, another worker claimed this
-    attempt first, a live worker is streaming the job (a duplicate delivery:
-    `workers.is_held`), or out of attempts (the job is then marked failed).
-    Progress and timings restart with each attempt."""
-    job = require_job(session=session, job_id=job_id)
-    if job.status in DONE_JOB_STATUSES or is_held(session=session, job=job):
-        return None
-    if job.attempts >= max_attempts:
-        finish_job(
-            session=session,
-            job_id=job_id,
-            status=JobStatus.FAILED,
-            error=f"gave up after {job.attempts} attempts" + (f": {job.error}" if job.error else ""),
-        )
-        return None
-    now = utcnow()
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.attempts == job.attempts, Job.status.in_(LIVE_JOB_STATUSES))
-        .values(
-            attempts=Job.attempts + 1,
-            status=JobStatus.PREPARING,
-            worker=worker,
-            started_at=now,
-            first_audio_at=None,
-            finished_at=None,
-            frames_done=0,
-            prep_path=None,
-            updated_at=now,
-        )
-    )
-    if _rowcount(result) != 1:
-        return None
-    return require_job(session=session, job_id=job_id)
-
-
-def mark_job_running(*, session: Session, job_id: str, prep_path: PrepPath | str) -> bool:
-    """The job's voice is installed (by `prep_path`) and its rows are being decoded."""
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES))
-        .values(status=JobStatus.RUNNING, prep_path=str(prep_path), updated_at=utcnow())
-    )
-    return _rowcount(result) == 1
-
-
-def update_progress(
-    *, session: Session, job_id: str, frames_done: int, frames_total: int | None = None
-) -> bool:
-    """Record decoded mel frames; the first call with frames stamps first_audio_at.
-
-    False when the job is no longer live (cancelled or finished): stop working on it."""
-    now = utcnow()
-    values: dict[str, Any] = {"frames_done": frames_done, "updated_at": now}
-    if frames_total is not None:
-        values["frames_total"] = frames_total
-    if frames_done > 0:
-        values["first_audio_at"] = func.coalesce(Job.first_audio_at, now)
-    result = session.execute(
-        update(Job).where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES)).values(**values)
-    )
-    return _rowcount(result) == 1
-
-
-def finish_job(
-    *,
-    session: Session,
-    job_id: str,
-    status: JobStatus,
-    output_path: str | None = None,
-    error: str | None = None,
-) -> bool:
-    """Move a live job to a final status; False if it was already final (first finisher wins)."""
-    assert status in DONE_JOB_STATUSES, f"{status} is not a final status"
-    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "updated_at": utcnow()}
-    if output_path is not None:
-        values["output_path"] = output_path
-    if error is not None:
-        values["error"] = _clip(error)
-    if status == JobStatus.SUCCEEDED:
-        values["frames_done"] = Job.frames_total
-    result = session.execute(
-        update(Job).where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES)).values(**values)
-    )
-    return _rowcount(result) == 1
-
-
-def cancel_job(*, session: Session, job_id: str) -> bool:
-    """Cancel a live job; False if it had already finished. Raises NotFound for an unknown id."""
-    require_job(session=session, job_id=job_id)
-    return finish_job(session=session, job_id=job_id, status=JobStatus.CANCELLED, error="cancelled")
 
 
 def list_jobs(*, session: Session, status: str | None = None, voice_id: str | None = None,

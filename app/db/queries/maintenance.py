@@ -1,29 +1,47 @@
-"""Maintenance: stale live jobs and abandoned ready voices, for the sweep."""
+"""The reconciler's reads (`app.maintenance`): leases that passed, doorbells due, abandoned ready voices."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.db.models import LIVE_JOB_STATUSES, Job, JobStatus, Voice, VoiceStatus, utcnow
+from app.db.models import Job, JobStatus, Voice, VoiceStatus, Worker
+
+CLAIMED = (JobStatus.PREPARING, JobStatus.RUNNING)
 
 
-def list_stale_live_jobs(*, session: Session, updated_before: Any, limit: int = 1000) -> list[Job]:
-    """Live jobs (queued, preparing, running) not updated since `updated_before`, oldest first."""
-    stmt = (
-        select(Job)
-        .where(Job.status.in_(LIVE_JOB_STATUSES), Job.updated_at < updated_before)
-        .order_by(Job.updated_at)
-        .limit(limit)
-    )
+def list_expired_leases(*, session: Session, now: datetime, limit: int = 1000) -> list[Job]:
+    """Claimed jobs whose lease passed before `now`, oldest lease first."""
+    stmt = (select(Job).where(Job.status.in_(CLAIMED), or_(Job.lease_until.is_(None), Job.lease_until <= now))
+            .order_by(Job.lease_until).limit(limit))
     return list(session.scalars(stmt))
 
 
-def touch_job(*, session: Session, job_id: str) -> None:
-    """Stamp updated_at (a job sent again is not stale until it has had time to run)."""
-    session.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow()))
+def list_claims_before(*, session: Session, worker: str, claimed_before: datetime) -> list[Job]:
+    """Jobs `worker`'s name claimed before `claimed_before` (its previous process's, killed) still claimed."""
+    stmt = select(Job).where(Job.status.in_(CLAIMED), Job.worker == worker, Job.started_at < claimed_before)
+    return list(session.scalars(stmt.order_by(Job.started_at)))
+
+
+def list_queued_on_gone_workers(*, session: Session, silent_before: datetime, limit: int = 1000) -> list[Job]:
+    """Queued jobs whose latest doorbell went to the own queue of a GPU worker that is gone (stopped, or
+    silent since `silent_before`): nobody will take it there."""
+    gone = or_(Worker.heartbeat_at.is_(None), Worker.heartbeat_at < silent_before)
+    stmt = (select(Job).join(Worker, Worker.name == Job.routed_to)
+            .where(Job.status == JobStatus.QUEUED, gone).order_by(Job.submitted_at).limit(limit))
+    return list(session.scalars(stmt))
+
+
+def list_due_rings(*, session: Session, now: datetime, quiet_before: datetime,
+                   limit: int = 1000) -> list[Job]:
+    """Queued jobs whose doorbell is due again: its `ring_due_at` passed, or never rung again and not
+    updated since `quiet_before`; highest priority, then oldest, first."""
+    due = or_(Job.ring_due_at <= now, and_(Job.ring_due_at.is_(None), Job.updated_at < quiet_before))
+    stmt = (select(Job).where(Job.status == JobStatus.QUEUED, due)
+            .order_by(Job.priority.desc(), Job.submitted_at).limit(limit))
+    return list(session.scalars(stmt))
 
 
 def list_abandoned_ready_voices(*, session: Session) -> list[str]:

@@ -1,12 +1,5 @@
-"""GPU workers: each node name's current incarnation and heartbeat; which claimed jobs a live worker
-holds, and which were left by a dead one.
-
-A job is *held* while its worker streams it: claimed (preparing or running), its row updated within
-`CLAIM_HOLD_S` (the worker reports progress every `progress_interval_s`), by the incarnation of its
-worker that claimed it (the worker's `started_at` is not later than the job's) and not by one that
-stopped. A second delivery of a held job does not claim it (`claim_job_attempt`). A job is *orphaned*
-when the worker that claimed it is gone: stopped, silent for longer than the caller's limit, or started
-again since the claim (a process under the same name that was killed).
+"""GPU workers: each node name's current incarnation and heartbeat (a job's claim is a lease on the job's
+own row: `app.lifecycle`).
 
 The routing queries (`app.routing`) read the same rows: which workers are live, what each has to get
 through, which hold a voice; where each job's `synth` was sent.
@@ -15,15 +8,14 @@ through, which hold a voice; where each job's `synth` was sent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import DONE_JOB_STATUSES, Job, JobStatus, Worker, WorkerVoice, utcnow
+from app.db.models import Job, JobStatus, Worker, WorkerVoice, utcnow
 from app.db.queries._common import _insert, _rowcount
 
-CLAIM_HOLD_S = 10.0  # a held job's row is this fresh: progress_interval_s must stay well below it
 CLAIMED = (JobStatus.PREPARING, JobStatus.RUNNING)
 
 
@@ -55,62 +47,6 @@ def mark_worker_stopped(*, session: Session, name: str, started_at: datetime) ->
 
 def get_worker(*, session: Session, name: str) -> Worker | None:
     return session.get(Worker, name, populate_existing=True)
-
-
-def is_held(*, session: Session, job: Job, now: datetime | None = None) -> bool:
-    """Is a live worker streaming this job right now (module docstring)?"""
-    if job.status not in CLAIMED or job.worker is None or job.started_at is None:
-        return False
-    now = now or utcnow()
-    if job.updated_at < now - timedelta(seconds=CLAIM_HOLD_S):
-        return False
-    holder = get_worker(session=session, name=job.worker)
-    if holder is None:  # a worker that does not register (an older version): nothing to go by
-        return False
-    return holder.heartbeat_at is not None and holder.started_at <= job.started_at
-
-
-def list_orphaned_jobs(*, session: Session, silent_before: datetime, worker: str | None = None,
-                       quiet_before: datetime | None = None, limit: int = 1000) -> list[Job]:
-    """Claimed jobs whose worker is gone: stopped, not beating since `silent_before`, or restarted after
-    the claim; only `worker`'s, and only those not updated since `quiet_before`, when given."""
-    gone = or_(Worker.heartbeat_at.is_(None), Worker.heartbeat_at < silent_before,
-               Worker.started_at > Job.started_at)
-    stmt = (select(Job).join(Worker, Worker.name == Job.worker)
-            .where(Job.status.in_(CLAIMED), gone).order_by(Job.updated_at).limit(limit))
-    if worker is not None:
-        stmt = stmt.where(Job.worker == worker)
-    if quiet_before is not None:
-        stmt = stmt.where(Job.updated_at < quiet_before)
-    return list(session.scalars(stmt))
-
-
-def list_ended_on_gone_workers(*, session: Session, job_ids: Sequence[str], silent_before: datetime,
-                               worker: str | None = None) -> list[str]:
-    """Of `job_ids`, those that ended (succeeded, failed, cancelled) and were last claimed by a worker
-    that is gone, as `list_orphaned_jobs` means it (only `worker`'s, when given)."""
-    if not job_ids:
-        return []
-    gone = or_(Worker.heartbeat_at.is_(None), Worker.heartbeat_at < silent_before,
-               Worker.started_at > Job.started_at)
-    stmt = (select(Job.id).join(Worker, Worker.name == Job.worker)
-            .where(Job.id.in_(list(job_ids)), Job.status.in_(DONE_JOB_STATUSES), gone))
-    if worker is not None:
-        stmt = stmt.where(Job.worker == worker)
-    return list(session.scalars(stmt.order_by(Job.id)))
-
-
-def release_job(*, session: Session, job_id: str, attempts: int | None = None,
-                worker: str | None = None) -> bool:
-    """A claimed job nobody works on goes back to `queued` (its attempts stay counted), so that the next
-    delivery claims it at once. Only the attempt `attempts`, or only while `worker` holds it, when given;
-    False if the job moved on meanwhile (claimed again, finished, cancelled)."""
-    stmt = update(Job).where(Job.id == job_id, Job.status.in_(CLAIMED))
-    if attempts is not None:
-        stmt = stmt.where(Job.attempts == attempts)
-    if worker is not None:
-        stmt = stmt.where(Job.worker == worker)
-    return _rowcount(session.execute(stmt.values(status=JobStatus.QUEUED, updated_at=utcnow()))) == 1
 
 
 # Routing (`app.routing`) ------------------------------------------------------------------------------

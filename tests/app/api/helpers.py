@@ -11,6 +11,7 @@ import redis
 import torch
 from fastapi.testclient import TestClient
 
+from app import lifecycle
 from app.api.main import create_app
 from app.artifacts import ArtifactStore
 from app.db import queries
@@ -50,7 +51,7 @@ def finish(settings: Settings, job_id: str, status: JobStatus, output: bytes | N
         if output is not None:
             relpath = artifacts.output_relpath(job_id, "wav")
             artifacts.write_bytes(relpath, output)
-        assert queries.finish_job(session=s, job_id=job_id, status=status, output_path=relpath)
+        assert lifecycle.finish(session=s, job_id=job_id, status=status, output_path=relpath)
     engine.dispose()
 
 

@@ -12,6 +12,7 @@ from pydantic import SecretStr
 
 from app.api.main import create_app
 from app.api.metrics import broker_queue_depth
+from app.broker import open_broker
 from app.db.models import JobStatus, PrepPath
 from app.db.session import make_engine
 from app.keys import COUNTER_PREP_PATH
@@ -80,7 +81,7 @@ def test_metrics_report_queues_prep_paths_and_job_counts(client: TestClient, set
     store.incr(COUNTER_PREP_PATH, PrepPath.PREPARED_AHEAD, 5)
     store.incr(COUNTER_PREP_PATH, PrepPath.INLINE)
     store.close()
-    assert broker_queue_depth(broker, settings.queue_gpu) == 3
+    assert broker_queue_depth(open_broker(settings.broker_url), settings.queue_gpu) == 3
     text = client.get("/metrics").text
     assert f'wavefarm_queue_depth{{queue="{settings.queue_gpu}"}} 3.0' in text
     assert f'wavefarm_queue_depth{{queue="{settings.queue_cpu}"}} 1.0' in text

@@ -5,9 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from app import cli
+from app import cli, lifecycle
 from app.artifacts import ArtifactStore
-from app.db import queries
 from app.db.models import JobStatus
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.dev import SAMPLES
@@ -27,12 +26,12 @@ def finish_later(settings: Settings, job_id: str, delay: float = 1.0) -> threadi
         artifacts = ArtifactStore(settings.artifact_root)
         engine = make_engine(settings.database_url)
         with session_scope(make_sessionmaker(engine)) as s:
-            queries.update_progress(session=s, job_id=job_id, frames_done=10)
+            lifecycle.renew(session=s, job_id=job_id, frames_done=10)
         time.sleep(0.6)
         relpath = artifacts.output_relpath(job_id, "wav")
         artifacts.write_bytes(relpath, (SAMPLES / "voice_b.wav").read_bytes())
         with session_scope(make_sessionmaker(engine)) as s:
-            queries.finish_job(session=s, job_id=job_id, status=JobStatus.SUCCEEDED, output_path=relpath)
+            lifecycle.finish(session=s, job_id=job_id, status=JobStatus.SUCCEEDED, output_path=relpath)
         engine.dispose()
 
     thread = threading.Thread(target=work, daemon=True)

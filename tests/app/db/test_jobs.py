@@ -6,6 +6,7 @@ from datetime import UTC
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import lifecycle
 from app.db import queries as q
 from app.db.models import JobStatus, PrepPath
 from app.db.session import session_scope
@@ -36,13 +37,13 @@ def test_claims_are_exclusive_and_bounded_by_max_attempts(sessions: sessionmaker
     with session_scope(sessions) as s:
         job_id = new_job(s, voice)[0].id
     with session_scope(sessions) as s:
-        claimed = q.claim_job_attempt(session=s, job_id=job_id, worker="w1", max_attempts=2)
+        claimed = lifecycle.claim(session=s, job_id=job_id, worker="w1", max_attempts=2, lease_s=0)
         assert claimed is not None and claimed.attempts == 1 and claimed.status == JobStatus.PREPARING
-    with session_scope(sessions) as s:  # redelivered after w1 died
-        again = q.claim_job_attempt(session=s, job_id=job_id, worker="w2", max_attempts=2)
-        assert again is not None and (again.attempts, again.worker) == (2, "w2")
+    with session_scope(sessions) as s:  # redelivered after w1 died (its lease passed at once)
+        again = lifecycle.claim(session=s, job_id=job_id, worker="w2", max_attempts=2, lease_s=0)
+        assert again is not None and (again.attempts, again.worker) == (2, "w2")  # w2 dies at once too
     with session_scope(sessions) as s:
-        assert q.claim_job_attempt(session=s, job_id=job_id, worker="w3", max_attempts=2) is None
+        assert lifecycle.claim(session=s, job_id=job_id, worker="w3", max_attempts=2, lease_s=30) is None
     with session_scope(sessions) as s:
         job = q.require_job(session=s, job_id=job_id)
         assert job.status == JobStatus.FAILED and "gave up after 2 attempts" in (job.error or "")
@@ -50,39 +51,39 @@ def test_claims_are_exclusive_and_bounded_by_max_attempts(sessions: sessionmaker
 
 def test_progress_stamps_first_audio_once_and_stops_after_cancel(session: Session, voice: str):
     job_id = new_job(session, voice)[0].id
-    q.claim_job_attempt(session=session, job_id=job_id, worker="w", max_attempts=3)
-    assert q.mark_job_running(session=session, job_id=job_id, prep_path=PrepPath.PREPARED_AHEAD)
-    assert q.update_progress(session=session, job_id=job_id, frames_done=0)
+    lifecycle.claim(session=session, job_id=job_id, worker="w", max_attempts=3, lease_s=30)
+    assert lifecycle.mark_running(session=session, job_id=job_id, prep_path=PrepPath.PREPARED_AHEAD)
+    assert lifecycle.renew(session=session, job_id=job_id, frames_done=0)
     assert q.require_job(session=session, job_id=job_id).first_audio_at is None
-    assert q.update_progress(session=session, job_id=job_id, frames_done=2)
+    assert lifecycle.renew(session=session, job_id=job_id, frames_done=2)
     first = q.require_job(session=session, job_id=job_id).first_audio_at
-    assert q.update_progress(session=session, job_id=job_id, frames_done=4, frames_total=6)
+    assert lifecycle.renew(session=session, job_id=job_id, frames_done=4, frames_total=6)
     job = q.require_job(session=session, job_id=job_id)
     assert first is not None and job.first_audio_at == first and (job.frames_done, job.frames_total) == (4, 6)
     assert job.prep_path == "prepared_ahead" and job.status == JobStatus.RUNNING
-    assert q.cancel_job(session=session, job_id=job_id)
-    assert not q.update_progress(session=session, job_id=job_id, frames_done=6)
-    assert not q.cancel_job(session=session, job_id=job_id)
+    assert lifecycle.cancel(session=session, job_id=job_id)
+    assert not lifecycle.renew(session=session, job_id=job_id, frames_done=6)
+    assert not lifecycle.cancel(session=session, job_id=job_id)
     assert q.require_job(session=session, job_id=job_id).status == JobStatus.CANCELLED
 
 
 def test_first_finisher_wins(session: Session, voice: str):
     job_id = new_job(session, voice)[0].id
-    done = q.finish_job(
+    done = lifecycle.finish(
         session=session, job_id=job_id, status=JobStatus.SUCCEEDED, output_path="outputs/a.wav"
     )
-    late = q.finish_job(session=session, job_id=job_id, status=JobStatus.FAILED, error="late")
+    late = lifecycle.finish(session=session, job_id=job_id, status=JobStatus.FAILED, error="late")
     session.commit()
     job = q.require_job(session=session, job_id=job_id)
     assert done and not late and job.status == JobStatus.SUCCEEDED and job.error is None
     assert job.finished_at is not None and job.frames_done == job.frames_total
-    assert q.claim_job_attempt(session=session, job_id=job_id, worker="w", max_attempts=3) is None
+    assert lifecycle.claim(session=session, job_id=job_id, worker="w", max_attempts=3, lease_s=30) is None
 
 
 def test_live_jobs_of_a_voice_are_counted(session: Session, voice: str):
     a = new_job(session, voice)[0].id
     b = new_job(session, voice)[0].id
-    q.cancel_job(session=session, job_id=b)
+    lifecycle.cancel(session=session, job_id=b)
     assert q.count_live_jobs(session=session, voice_id=voice) == 1
     assert q.count_live_jobs(session=session, voice_id=voice, exclude_job_id=a) == 0
 
@@ -94,12 +95,12 @@ def test_two_workers_claiming_the_same_attempt_never_both_win(sessions: sessionm
     with session_scope(sessions) as s:
         job_id = new_job(s, voice)[0].id
     first = sessions()
-    assert q.claim_job_attempt(session=first, job_id=job_id, worker="w1", max_attempts=3) is not None
+    assert lifecycle.claim(session=first, job_id=job_id, worker="w1", max_attempts=3, lease_s=30) is not None
     second: list[object] = []
 
     def claim() -> None:  # reads attempts=0, then its UPDATE waits for the first claim's lock
         with session_scope(sessions) as s:
-            second.append(q.claim_job_attempt(session=s, job_id=job_id, worker="w2", max_attempts=3))
+            second.append(lifecycle.claim(session=s, job_id=job_id, worker="w2", max_attempts=3, lease_s=30))
 
     thread = threading.Thread(target=claim)
     thread.start()

@@ -12,8 +12,8 @@ from sqlalchemy import inspect, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app import lifecycle
 from app.db import downgrade, upgrade
-from app.db import queries as q
 from app.db.models import Base, Job, JobStatus, PrepPath, Voice, VoiceStatus, utcnow
 from app.db.session import make_engine
 from tests.app.db.helpers import new_job, vid
@@ -101,7 +101,7 @@ def test_the_database_refuses_values_outside_the_enums(session: Session, voice: 
 def test_every_enum_value_the_code_knows_is_allowed_by_the_migrated_schema(session: Session, voice: str):
     job_id = new_job(session, voice)[0].id
     for path in PrepPath:
-        assert q.mark_job_running(session=session, job_id=job_id, prep_path=path)
+        assert lifecycle.mark_running(session=session, job_id=job_id, prep_path=path)
         session.flush()
     for status in VoiceStatus:
         session.execute(update(Voice).where(Voice.id == voice).values(status=status))

@@ -6,6 +6,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from app import lifecycle
 from app.db import queries as q
 from app.db.models import Job, JobStatus, VoiceStatus
 from app.errors import NotFound
@@ -45,7 +46,7 @@ def test_voice_lifecycle_records_timings_size_and_errors(session: Session, voice
 
 def test_referenced_paths_lists_every_artifact_the_rows_point_at(session: Session, voice: str):
     job_id = new_job(session, voice)[0].id
-    q.finish_job(
+    lifecycle.finish(
         session=session, job_id=job_id, status=JobStatus.SUCCEEDED, output_path=f"outputs/{job_id}.wav"
     )
     session.execute(update(Job).where(Job.id == job_id).values(tokens_path=f"tokens/{job_id}.json"))
@@ -59,7 +60,7 @@ def test_referenced_paths_lists_every_artifact_the_rows_point_at(session: Sessio
 def test_a_voice_is_abandoned_only_when_all_its_jobs_were_cancelled(session: Session, voice: str):
     assert not q.is_voice_abandoned(session=session, voice_id=voice)  # no jobs: uploaded on its own
     a, b = new_job(session, voice)[0].id, new_job(session, voice)[0].id
-    q.cancel_job(session=session, job_id=a)
+    lifecycle.cancel(session=session, job_id=a)
     assert not q.is_voice_abandoned(session=session, voice_id=voice)
-    q.cancel_job(session=session, job_id=b)
+    lifecycle.cancel(session=session, job_id=b)
     assert q.is_voice_abandoned(session=session, voice_id=voice)
