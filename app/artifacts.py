@@ -28,6 +28,7 @@ from app.keys import check_job_id
 from app.speech import OutputFormat
 
 REFERENCES, TOKENS, OUTPUTS, TMP = "references", "tokens", "outputs", "tmp"
+_PARTIAL = re.compile(r"\.([0-9a-f-]{36})\.(?:wav|flac)\.[^/]+\.part")
 # soundfile's format names -> our extensions
 REFERENCE_FORMATS = {"WAV": "wav", "FLAC": "flac", "OGG": "ogg", "MP3": "mp3"}
 
@@ -148,6 +149,20 @@ class ArtifactStore:
         return True
 
     # Housekeeping ---------------------------------------------------------------
+
+    def partial_outputs(self) -> dict[str, list[Path]]:
+        """Job id -> the partial outputs under outputs/ (`.<job id>.<fmt>.<random>.part`, written while
+        a job streams; a killed worker leaves its own behind)."""
+        found: dict[str, list[Path]] = {}
+        folder = self.root / OUTPUTS
+        if not folder.is_dir():
+            return found
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                match = _PARTIAL.fullmatch(entry.name)
+                if match is not None:
+                    found.setdefault(match.group(1), []).append(Path(entry.path))
+        return found
 
     def list_orphans(self, *, referenced: set[str], older_than_s: float = 3600.0) -> list[Path]:
         """Files nothing refers to, last modified more than `older_than_s` ago.

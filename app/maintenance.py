@@ -7,7 +7,8 @@ anywhere, by several processes at once (the `maintenance.sweep` task on a CPU wo
 each heartbeat, `gpu_worker.worker.PeerWatch`, so a killed worker's jobs run again within a lease):
 1. orphan files: files under the artifact root that no database row refers to (partial outputs of a
    killed worker, temp files, references whose rows never committed), older than `orphan_grace_s`, are
-   removed (the age guard keeps a file whose row is still being committed, or one being written);
+   removed (the age guard keeps a file whose row is still being committed, or one being written); the
+   partial outputs of jobs that ended more than `job_lease_s` ago go at once (nobody writes them);
 2. leases that passed: a claimed job whose lease (`job_lease_s`, renewed by each progress report) has
    passed was held by a worker that died, hung or lost the database: it goes back to `queued` and its
    bell is rung (`lifecycle.ring`). A GPU worker that starts again under a name releases at once the
@@ -86,10 +87,12 @@ class SweepReport:
 
 
 def reconcile_jobs(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
-                   report: SweepReport) -> None:
-    """Rules 2 and 3 (module docstring): the jobs of dead and gone workers, queued and rung again."""
+                   artifacts: ArtifactStore, report: SweepReport) -> None:
+    """Rules 2 and 3 (module docstring): the jobs of dead and gone workers, queued and rung again; and
+    the partial outputs the dead ones left of jobs that ended."""
     expire_leases(settings=settings, sessions=sessions, sender=sender, report=report)
     reroute_gone(settings=settings, sessions=sessions, sender=sender, report=report)
+    drop_settled_partials(settings=settings, sessions=sessions, artifacts=artifacts, report=report)
 
 
 def expire_leases(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
@@ -140,6 +143,23 @@ def reroute_gone(*, settings: Settings, sessions: sessionmaker[Session], sender:
         log.warning("maintenance: job %s waited on the queue of GPU worker %s, which is gone; rung again",
                     job_id, worker)
         report.jobs_rerouted.append(job_id)
+
+
+def drop_settled_partials(*, settings: Settings, sessions: sessionmaker[Session], artifacts: ArtifactStore,
+                          report: SweepReport) -> None:
+    """Rule 1's quick half (module docstring): the partial outputs of jobs that ended more than a lease
+    ago. A live attempt removes its own at its next report; one left by a killed worker of a job that was
+    cancelled meanwhile would otherwise wait for `orphan_grace_s` (nothing claims that job again)."""
+    partials = artifacts.partial_outputs()
+    if not partials:
+        return
+    with session_scope(sessions) as session:
+        ended = queries.list_ended_jobs(session=session, job_ids=sorted(partials),
+                                        finished_before=utcnow() - timedelta(seconds=settings.job_lease_s))
+    for job_id in ended:
+        for path in partials[job_id]:
+            path.unlink(missing_ok=True)
+            report.orphans_removed.append(str(path.relative_to(artifacts.root)))
 
 
 def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float,
@@ -212,6 +232,8 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
     parts = (
         ("orphans", lambda: _in_session(sessions, lambda s: remove_orphans(
             session=s, artifacts=artifacts, grace_s=grace, report=report))),
+        ("partials", lambda: drop_settled_partials(settings=settings, sessions=sessions, artifacts=artifacts,
+                                                   report=report)),
         ("leases", lambda: expire_leases(settings=settings, sessions=sessions, sender=sender, report=report)),
         ("gone workers", lambda: reroute_gone(settings=settings, sessions=sessions, sender=sender,
                                               report=report)),

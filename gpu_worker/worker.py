@@ -85,7 +85,8 @@ def recover_peers(rt: Runtime, sender: TaskSender) -> SweepReport:
     """The reconciler's job rules, once (module docstring): leases that passed, bells on gone workers."""
     report = SweepReport()
     try:
-        reconcile_jobs(settings=rt.settings, sessions=rt.sessions, sender=sender, report=report)
+        reconcile_jobs(settings=rt.settings, sessions=rt.sessions, sender=sender, artifacts=rt.artifacts,
+                       report=report)
     except TRANSIENT as exc:  # the next beat tries again
         log.warning("worker %s: gone peers not looked after: %s", rt.worker_id, exc)
     if report.jobs_rerouted or report.jobs_resumed:

@@ -3,9 +3,9 @@
 Every `maintenance_interval_s` each CPU worker's timer asks the feature store for the period's claim
 (`FeatureStore.claim_sweep`, a key that lives for 0.9 of the period); the one that gets it sends
 `maintenance.sweep` to the cpu queue, where any worker runs it. So a cluster of N workers sweeps about
-once per period, and a stranded job (its broker message lost: a worker SIGKILLed between the broker's
-pop and the message's unacked record, or a broker that lost its data) is sent again without anyone
-having to set up a cron.
+once per period, and a job whose message was lost (a worker SIGKILLed between taking it and claiming
+the job, a broker that lost its data) is rung again (`app.lifecycle`) without anyone having to set up a
+cron.
 
 The timer runs in the worker's main process (its event loop, or Celery's timer thread); the tick only
 sets a key and publishes a message, and never raises into the loop. Not in here: the sweep itself

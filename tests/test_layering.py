@@ -78,3 +78,51 @@ def _imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
     return found
+
+
+# A job's state after its insert (`queries.create_job`, queued) changes only in app/lifecycle.py.
+JOB_STATE_COLUMNS = {"status", "attempts", "worker", "lease_until", "ring_due_at", "rings", "started_at",
+                     "finished_at", "output_path", "error", "frames_done", "first_audio_at", "prep_path"}
+JOB_STATE_OWNER = "app/lifecycle.py"
+
+
+def _updates_of_jobs(tree: ast.AST) -> list[tuple[int, set[str]]]:
+    """Each `update(Job)...values(...)` in a module: its line and the columns it names (`**` names all)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "values"):
+            continue
+        chain: ast.AST = node.func.value
+        while isinstance(chain, ast.Call | ast.Attribute):
+            if (isinstance(chain, ast.Call) and isinstance(chain.func, ast.Name) and chain.func.id == "update"
+                    and chain.args and isinstance(chain.args[0], ast.Name) and chain.args[0].id == "Job"):
+                names = {k.arg for k in node.keywords if k.arg is not None}
+                if any(k.arg is None for k in node.keywords):
+                    names |= JOB_STATE_COLUMNS  # **values: could be any of them
+                found.append((node.lineno, names))
+                break
+            chain = chain.func if isinstance(chain, ast.Call) else chain.value
+    return found
+
+
+def test_only_the_lifecycle_module_changes_a_jobs_state() -> None:
+    """docs/ARCHITECTURE.md: routes, tasks and the GPU worker call `app.lifecycle`; nothing else writes
+    a job's state columns."""
+    offenders = {}
+    for package in ("app", "tasks", "gpu_worker"):
+        for path in (REPO / package).rglob("*.py"):
+            rel = str(path.relative_to(REPO))
+            if rel == JOB_STATE_OWNER:
+                continue
+            tree = ast.parse(path.read_text(), filename=rel)
+            for line, names in _updates_of_jobs(tree):
+                if names & JOB_STATE_COLUMNS:
+                    offenders[f"{rel}:{line}"] = sorted(names & JOB_STATE_COLUMNS)
+    assert offenders == {}
+
+
+def test_the_job_state_check_sees_an_update_outside_the_lifecycle() -> None:
+    """The check above would catch a writer: it finds the lifecycle's own updates."""
+    tree = ast.parse((REPO / JOB_STATE_OWNER).read_text())
+    assert any("status" in names for _, names in _updates_of_jobs(tree))

@@ -228,8 +228,8 @@ def test_a_finished_job_is_not_run_again(make_runtime, sessions) -> None:
 def test_a_delivery_of_a_job_cancelled_after_its_worker_died_removes_that_workers_partial(
         make_runtime, sessions) -> None:
     """A worker killed mid-job leaves `.<job>.wav.*.part`; the job is cancelled while nobody holds it.
-    Its message, put back by the sweep (`app.maintenance.return_settled`), reaches a live worker: the
-    job is not run, and the partial goes."""
+    Its message (RabbitMQ hands it on at once; Redis after the visibility timeout) reaches a live worker:
+    the job is not run, and the partial goes (else the sweep's orphan-file rule removes it)."""
     rt = make_runtime()
     job_id = submit(rt, sessions, VOICE_A, n_tokens=30)
     partial = rt.artifacts.root / "outputs" / f".{job_id}.wav.k1ll3d.part"

@@ -242,3 +242,21 @@ def test_the_task_is_registered_on_the_cpu_app() -> None:
 
     celery_app.loader.import_default_modules()
     assert "maintenance.sweep" in celery_app.tasks
+
+
+def test_the_partial_output_a_killed_worker_left_of_a_job_cancelled_since_goes_once_a_lease_has_passed(
+        settings, sessions, artifacts: ArtifactStore, store, broker, celery) -> None:
+    cancelled, recent, live = (submit(settings, sessions, store, artifacts, celery) for _ in range(3))
+    partials = {job_id: artifacts.root / "outputs" / f".{job_id}.wav.k1ll3d.part"
+                for job_id in (cancelled, recent, live)}
+    for path in partials.values():
+        path.write_bytes(b"RIFF half a file")
+    with sessions() as session:
+        for job_id in (cancelled, recent):
+            assert lifecycle.cancel(session=session, job_id=job_id)
+        long_ago = utcnow() - timedelta(seconds=settings.job_lease_s + 5)
+        session.execute(update(Job).where(Job.id == cancelled).values(finished_at=long_ago))
+        session.commit()
+    report = run(settings, sessions, artifacts, store, broker, celery)  # orphan grace: the default hour
+    assert report.orphans_removed == [f"outputs/.{cancelled}.wav.k1ll3d.part"]
+    assert not partials[cancelled].exists() and partials[recent].exists() and partials[live].exists()

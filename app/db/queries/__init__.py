@@ -78,6 +78,7 @@ from app.db.queries.maintenance import (
     list_abandoned_ready_voices,
     list_claims_before,
     list_due_rings,
+    list_ended_jobs,
     list_expired_leases,
     list_queued_on_gone_workers,
 )
@@ -178,6 +179,7 @@ __all__ = [
     "list_claims_before",
     "list_queued_on_gone_workers",
     "list_due_rings",
+    "list_ended_jobs",
     "list_abandoned_ready_voices",
     # books and segments
     "PlannedChapter",

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Job, JobStatus, Voice, VoiceStatus, Worker
+from app.db.models import DONE_JOB_STATUSES, Job, JobStatus, Voice, VoiceStatus, Worker
 
 CLAIMED = (JobStatus.PREPARING, JobStatus.RUNNING)
 
@@ -42,6 +42,15 @@ def list_due_rings(*, session: Session, now: datetime, quiet_before: datetime,
     stmt = (select(Job).where(Job.status == JobStatus.QUEUED, due)
             .order_by(Job.priority.desc(), Job.submitted_at).limit(limit))
     return list(session.scalars(stmt))
+
+
+def list_ended_jobs(*, session: Session, job_ids: list[str], finished_before: datetime) -> list[str]:
+    """Of `job_ids`, those that ended (succeeded, failed, cancelled) before `finished_before`."""
+    if not job_ids:
+        return []
+    stmt = select(Job.id).where(Job.id.in_(job_ids), Job.status.in_(DONE_JOB_STATUSES),
+                                Job.finished_at < finished_before)
+    return list(session.scalars(stmt.order_by(Job.id)))
 
 
 def list_abandoned_ready_voices(*, session: Session) -> list[str]:
