@@ -25,7 +25,8 @@ the run left behind counts); no pin; Redis keys bounded (feature keys at most th
 TTL; in the results database and a Redis broker's, no key without a TTL but kombu's fixed ones: its
 queue lists and unacked bookkeeping); each worker's RSS (its process group; of a GPU worker the process
 that started the most jobs, of a CPU worker the longest-lived) within 10 % between half-way through
-that process's life and its peak after.
+that process's life and its peak after. It also records, for each killed GPU worker, how long after the
+kill each job it held was claimed by a next attempt (`recovery`).
 Prints a JSON report (`--report` writes it too); exit status 0 when every check holds.
 """
 
@@ -172,6 +173,7 @@ class Soak:
         self.events: list[dict[str, Any]] = []
         self.restarts: list[tuple[float, str]] = []  # (when, worker)
         self.redis_keys_peak: dict[str, int] = {}
+        self.recovery: dict[str, dict[str, Any]] = {}  # "kill g1" -> what it held and when each ran again
         self.t0 = time.monotonic()
 
     def now(self) -> float:
@@ -247,7 +249,10 @@ class Soak:
             if any(e["what"] == key for e in self.events) or ended < share * self.args.jobs:
                 continue
             if what == "kill":
+                held = self.held_by(name)
                 self.cluster.kill(name)
+                if name in GPU:
+                    self.recovery[key] = {"killed_at": utcnow(), "held": held, "again_s": {}, "ended": []}
                 self.rss[name].append([])  # its next process's samples
                 self.restarts.append((time.monotonic() + restart_after, name))
             else:
@@ -258,6 +263,41 @@ class Soak:
                 self.restarts.remove((when, name))
                 self.start(name)
                 self.events.append({"what": f"start {name}", "at_s": self.now(), "jobs_ended": ended})
+
+    def held_by(self, name: str) -> dict[str, int]:
+        """The jobs a GPU worker has claimed now: id -> attempts."""
+        node = self.cluster.node(name)
+        with self.sessions() as session:
+            rows = session.execute(select(Job.id, Job.attempts).where(
+                Job.worker == node, Job.status.in_((JobStatus.PREPARING, JobStatus.RUNNING))))
+            return {str(job_id): int(attempts) for job_id, attempts in rows.tuples()}
+
+    def watch_recovery(self) -> None:
+        """For each killed GPU worker's jobs: when a next attempt claimed it (seconds after the kill, from
+        the row's `started_at`), or that it ended without one (cancelled meanwhile)."""
+        for kill in self.recovery.values():
+            waiting = [j for j in kill["held"] if j not in kill["again_s"] and j not in kill["ended"]]
+            if not waiting:
+                continue
+            with self.sessions() as session:
+                rows = session.scalars(select(Job).where(Job.id.in_(waiting))).all()
+            for job in rows:
+                if job.attempts > kill["held"][job.id] and job.started_at is not None:
+                    kill["again_s"][job.id] = round(
+                        (_aware(job.started_at) - kill["killed_at"]).total_seconds(), 1)
+                elif job.status in DONE_JOB_STATUSES:
+                    kill["ended"].append(job.id)
+
+    def recovery_report(self) -> dict[str, Any]:
+        out = {}
+        for key, kill in self.recovery.items():
+            again = sorted(kill["again_s"].values())
+            out[key] = {"held": len(kill["held"]), "ran_again": len(again),
+                        "ended_before_running_again": len(kill["ended"]),
+                        "again_s_min": again[0] if again else None,
+                        "again_s_median": again[len(again) // 2] if again else None,
+                        "again_s_max": again[-1] if again else None}
+        return out
 
     # -- checks ------------------------------------------------------------------------------------------
     def finish_checks(self, store: FeatureStore, dbs: dict[str, redis.Redis]) -> dict[str, Any]:
@@ -354,12 +394,15 @@ class Soak:
                 ended = sum(n for s, n in self.counts().items() if s in DONE_JOB_STATUSES)
                 self.sample(store, dbs)
                 self.chaos(ended, store)
+                self.watch_recovery()
                 if not threads[1].is_alive() and ended == len(self.jobs) and not self.restarts:
                     break
             report["elapsed_s"] = self.now()
             stop.set()
             time.sleep(2.0)  # the workers' bookkeeping threads settle (unpins)
             report.update(self.finish_checks(store, dbs))
+            self.watch_recovery()
+            report["recovery"] = self.recovery_report()
             with self.sessions() as session:
                 report["rss"] = self.rss_report(queries.list_jobs(session=session, limit=10 ** 6))
         finally:
