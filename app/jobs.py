@@ -4,7 +4,7 @@ the book pipeline and the GPU worker, so every interface accepts, refuses and ca
 `submit_job` checks the request, stores the reference audio under its content hash, writes the voice
 and job rows, commits, and only then queues `voice.prepare` (cpu queue; skipped when the voice's
 features are in the store already) and `synth` (gpu queue). A job may bring text instead of tokens:
-then `job.tokenize` (cpu queue, `app.text_tokens`) makes its tokens and sends its `synth`. If the
+then `job.tokenize` (cpu queue, `app.text.tokens`) makes its tokens and sends its `synth`. If the
 broker refuses, the job is taken back out, so the client can simply retry. Tasks are sent by name
 (`app.wire`): nothing here imports task code.
 """
@@ -31,7 +31,7 @@ from app.keys import check_job_id, check_voice_id, known_id
 from app.settings import Settings
 from app.speech import MAX_SEED, OutputFormat, check_tokens
 from app.store import FeatureStore
-from app.text_tokens import check_text
+from app.text.tokens import check_text
 
 log = logging.getLogger(__name__)
 

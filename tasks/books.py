@@ -44,7 +44,7 @@ from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
 from app.db.session import session_scope
 from app.errors import WavefarmError
 from app.keys import check_job_id
-from app.text_tokens import STAND_IN_NOTE
+from app.text.tokens import STAND_IN_NOTE
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, Resources, resources
 

@@ -1,7 +1,7 @@
 """`job.tokenize`: a text job's speech tokens, on a CPU worker, then its `synth`.
 
     job.tokenize(job_id)   the job's text through the guide voice and the S3 tokenizer
-                           (`app.text_tokens`) -> the job's tokens -> `synth` sent to a GPU
+                           (`app.text.tokens`) -> the job's tokens -> `synth` sent to a GPU
                            worker (`app.routing`)
 
 Idempotent: a redelivery after the tokens were stored only sends `synth` again (the GPU worker claims a
@@ -23,7 +23,7 @@ from app.db.models import JobStatus
 from app.db.session import session_scope
 from app.errors import WavefarmError
 from app.keys import check_job_id
-from app.text_tokens import STAND_IN_NOTE, text_tokens
+from app.text.tokens import STAND_IN_NOTE, text_tokens
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, Resources, resources
 

@@ -126,3 +126,40 @@ def test_the_job_state_check_sees_an_update_outside_the_lifecycle() -> None:
     """The check above would catch a writer: it finds the lifecycle's own updates."""
     tree = ast.parse((REPO / JOB_STATE_OWNER).read_text())
     assert any("status" in names for _, names in _updates_of_jobs(tree))
+
+
+def _app_imports(module: str) -> set[str]:
+    """The `app.*` modules `module` imports (anywhere in it), as dotted names of files that exist."""
+    path = REPO / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = REPO / module.replace(".", "/") / "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                and node.module.startswith("app")):
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.startswith("app")]
+        found |= {n for n in names if (REPO / (n.replace(".", "/") + ".py")).exists()
+                  or (REPO / n.replace(".", "/") / "__init__.py").exists()}
+    return found
+
+
+def _closure(module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_app_imports(name) - seen)
+    return seen
+
+
+def test_jobs_do_not_import_books_and_text_imports_neither() -> None:
+    """Text jobs and books share `app.text`; `app.books.service` builds on `app.jobs`, never the reverse
+    (the cycle jobs -> text_tokens -> books -> jobs is gone)."""
+    assert not {m for m in _closure("app.jobs") if m.startswith("app.books")}
+    assert not {m for m in _closure("app.text") | _closure("app.text.tokens")
+                if m.startswith(("app.books", "app.jobs"))}
+    assert "app.jobs" in _closure("app.books.service")  # the check sees a real edge

@@ -5,11 +5,10 @@
     parse        text, Markdown, EPUB or a JSON manifest -> `SourceBook` (picks the reader)
       epub         EPUB 2/3 reader (spine order, TOC titles, cover); safezip: its zip-bomb guards
       manifest     JSON manifest of speech tokens (API) or source audio files (CLI)
-    text         English normalisation (numbers: `numbers`); sentence/paragraph segmentation with pauses
-    plan         `SourceBook` -> `BookPlan` (chapters -> segments, each with a content key)
+    plan         `SourceBook` -> `BookPlan` (chapters -> segments, each with a content key; the text's
+                 normalisation, segmentation and guide voice are `app.text`'s, shared with text jobs)
     tokens       a segment's token source: its own tokens, text through the guide voice, or speech to
                  re-voice -> S3 tokens
-    guide_voice  espeak-ng speaks a segment's text at 16 kHz (the S3 tokenizer reads it)
     assemble     rendered segments -> chapter WAV/FLAC and one M4B with chapter markers
       index        the chapter index: JSON and WebVTT with segment timings
       output       `assemble_book`: all of it in one folder, reusing chapters whose inputs are unchanged

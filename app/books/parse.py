@@ -13,7 +13,7 @@ every reader shares (decoding text, the limits, finishing a book) is in `app.boo
 - Markdown: chapters at headings (with one `#` title and several `##`, the `##` ones; otherwise the
   top level used); front matter `title:`/`author:`; code blocks, images, HTML and link targets are
   dropped, emphasis is unwrapped.
-Paragraph text stays raw here: normalisation is `app.books.text`'s job. Language is not detected:
+Paragraph text stays raw here: normalisation is `app.text.normalise`'s job. Language is not detected:
 callers pass it (EPUBs declare it), English by default.
 """
 

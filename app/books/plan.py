@@ -5,7 +5,7 @@ A segment's key is the sha256 of what decides its audio and nothing else:
 where content is the normalised text as said (kind "text", after the pronunciation lexicon,
 `app.books.lexicon`), the speech tokens ("tokens"), or the source audio file's sha256 ("audio"), and
 source options are the caller's render options (seed, model ...) plus, for text, the guide voice's
-identity (`app.books.guide_voice.identity`). Position, chapter, title and pauses are not in it, so
+identity (`app.text.guide_voice.identity`). Position, chapter, title and pauses are not in it, so
 re-rendering a book reuses every finished segment, an edit to one paragraph (or to one lexicon entry)
 changes only the keys of the segments it changes, and a repeated sentence is rendered once. Pauses live
 on the segments and in the plan's own `key`, which names the assembled output.
@@ -26,7 +26,9 @@ from app.books.cast import NARRATOR, VoiceState, check_cast, split_runs
 from app.books.lexicon import EMPTY, Budget, Lexicon
 from app.books.publication import Publication, publication_from_dict
 from app.books.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
-from app.books.text import (
+from app.errors import BadInput
+from app.speech import TOKEN_RATE
+from app.text.normalise import (
     DEFAULT_OPTIONS,
     SegmentOptions,
     TextSegment,
@@ -34,8 +36,6 @@ from app.books.text import (
     segment_cue,
     segment_paragraph,
 )
-from app.errors import BadInput
-from app.speech import TOKEN_RATE
 
 KEY_VERSION = 1  # bump when a change here or in normalisation should re-render every book
 Kind = Literal["text", "tokens", "audio"]

@@ -126,7 +126,7 @@ def _guide(source: SourceBook, job: ParseJob) -> dict[str, Any] | None:
         return None
     if job.guide is not None:  # given by the parent (tests; a parent that knows it already)
         return job.guide
-    from app.books.guide_voice import identity, options_for
+    from app.text.guide_voice import identity, options_for
 
     return identity(options_for(source.language))
 

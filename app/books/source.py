@@ -170,7 +170,7 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
 
 def check_language_tag(language: str) -> str:
     """A BCP 47 tag as a book or the request gives it -> lower case with hyphens; BadInput if it is not
-    one (its spelling only: whether a guide voice speaks it is `app.books.guide_voice`'s question)."""
+    one (its spelling only: whether a guide voice speaks it is `app.text.guide_voice`'s question)."""
     tag = language.strip().lower().replace("_", "-")
     if not _LANGUAGE_RE.fullmatch(tag):
         raise BadInput(f"language {tag[:40]!r} is not a language tag such as 'en' or 'pt-br'")

@@ -20,11 +20,11 @@ import numpy as np
 import soundfile as sf
 
 from app.audio import resample
-from app.books.guide_voice import options_for, speak
 from app.books.plan import PlanSegment
 from app.errors import BadInput
 from app.s3 import speech_tokens, tokenizer_for
 from app.speech import S3_SAMPLE_RATE
+from app.text.guide_voice import options_for, speak
 
 
 @dataclass(frozen=True)

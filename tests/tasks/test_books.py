@@ -307,7 +307,7 @@ def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_len
     book: its status, chapters.json and the M4B's comment. Speech rendered is shorter than the M4B by
     exactly the pauses between segments: both figures are given, each named."""
     from app.db.models import Job
-    from app.text_tokens import STAND_IN_NOTE
+    from app.text.tokens import STAND_IN_NOTE
     from gpu_worker.runtime import dummy_weights_note
 
     assert res.settings.model_dir is None

@@ -12,7 +12,6 @@ from celery import Celery
 from sqlalchemy import update
 
 import tasks.text as text_task
-from app.books.text import estimate_tokens
 from app.broker import open_broker
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus, Voice, utcnow
@@ -20,7 +19,8 @@ from app.errors import BadInput, BadTokens, Conflict
 from app.jobs import cancel_job, job_tokens, submit_job
 from app.maintenance import sweep
 from app.speech import MEL_PER_TOKEN
-from app.text_tokens import STAND_IN_NOTE
+from app.text.normalise import estimate_tokens
+from app.text.tokens import STAND_IN_NOTE
 from tasks.voice import Resources
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes

@@ -20,8 +20,8 @@ from app.books.index import write_index
 from app.books.output import assemble_book
 from app.books.parse import parse_markdown
 from app.books.plan import PlanChapter, PlanSegment, plan_book
-from app.books.text import SegmentOptions
 from app.errors import NotFound
+from app.text.normalise import SegmentOptions
 from tests.app.books.conftest import tiny_png
 
 SR = 24000
@@ -347,7 +347,7 @@ def test_assemble_book_writes_every_output_beside_each_other(rendered, tmp_path)
 
 def test_markdown_to_m4b_with_the_guide_voice_standing_in_for_the_model(markdown_book, tmp_path):
     """The whole pipeline-independent path: parse, plan, speak each unique segment once, assemble."""
-    from app.books.guide_voice import GUIDE_SAMPLE_RATE, GuideOptions, identity, speak
+    from app.text.guide_voice import GUIDE_SAMPLE_RATE, GuideOptions, identity, speak
 
     book = parse_markdown(markdown_book)
     options = GuideOptions.for_language(book.language)

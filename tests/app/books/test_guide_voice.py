@@ -5,9 +5,9 @@ import shutil
 import numpy as np
 import pytest
 
-from app.books import guide_voice
-from app.books.guide_voice import GUIDE_SAMPLE_RATE, GuideOptions, identity, speak
 from app.errors import BadInput
+from app.text import guide_voice
+from app.text.guide_voice import GUIDE_SAMPLE_RATE, GuideOptions, identity, speak
 
 SENTENCE = "The lighthouse keeper climbed one hundred thirty-two steps."
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.books.guide_voice import GuideOptions, speak
 from app.books.lexicon import EMPTY, Budget, load_lexicon, parse_lexicon
 from app.books.parse import parse_markdown
 from app.books.plan import plan_book
 from app.errors import BadInput
+from app.text.guide_voice import GuideOptions, speak
 from tests.app.books.conftest import MARKDOWN_BOOK
 
 VOICE = "ab" * 32

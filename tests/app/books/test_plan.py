@@ -11,8 +11,8 @@ import pytest
 from app.books.manifest import parse_manifest
 from app.books.parse import parse_markdown
 from app.books.plan import BookPlan, plan_book
-from app.books.text import SegmentOptions
 from app.errors import BadInput
+from app.text.normalise import SegmentOptions
 from tests.app.books.conftest import MARKDOWN_BOOK
 
 VOICE = "ab" * 32

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.books.text import (
+from app.text.normalise import (
     SegmentOptions,
     estimate_tokens,
     normalise,

@@ -1,6 +1,6 @@
 """English number words: cardinals, ordinals, years, decimals, currency amounts.
 
-Pure string functions used by `app.books.text`; American style ("one hundred five", no "and").
+Pure string functions used by `app.text.normalise`; American style ("one hundred five", no "and").
 Other languages are not handled here: their digits pass through for the guide voice to read.
 """
 

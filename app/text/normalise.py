@@ -22,8 +22,8 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from app.books import numbers as num
 from app.speech import TOKEN_RATE
+from app.text import numbers as num
 
 
 @dataclass(frozen=True)

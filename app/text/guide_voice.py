@@ -16,7 +16,7 @@ a fresh process per call, repeats exactly). Plan keys do not depend on it: a key
 the guide voice, and whichever rendering is stored first is reused.
 
 Languages: any espeak-ng voice name ("en-us", "de", "fr" ...); the text should already be
-normalised (`app.books.text`). `[[...]]` in the text is espeak-ng phoneme mnemonics (both backends):
+normalised (`app.text.normalise`). `[[...]]` in the text is espeak-ng phoneme mnemonics (both backends):
 only a pronunciation lexicon's entry puts it there (`app.books.lexicon`).
 """
 

@@ -9,7 +9,7 @@
                                              S3-tokenized; the segments' tokens in order
 
 The segmentation, normalisation (numbers, abbreviations, compass points) and pauses are the books'
-(`app.books.text`), so a sentence sounds the same in a job as in a book. Paragraphs are separated by a
+(`app.text.normalise`), so a sentence sounds the same in a job as in a book. Paragraphs are separated by a
 blank line. With no model folder the S3 tokenizer is the stand-in (`app.s3`): its tokens do not say the
 text, and the job's record says so (`STAND_IN_NOTE`).
 """
@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from app.books.text import TextSegment, segment_paragraph
 from app.errors import BadInput
 from app.speech import S3_SAMPLE_RATE, TOKEN_RATE
+from app.text.normalise import TextSegment, segment_paragraph
 
 MAX_TEXT_CHARS = 100_000  # far above any single job's token limit; bounds the work of checking
 _LANGUAGE_RE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}")  # a BCP 47 tag such as en, en-GB
@@ -40,7 +40,7 @@ def check_text(text: str, language: str, *, max_tokens: int) -> list[TextSegment
     """The text's segments, as `text_tokens` will speak them; BadInput for no text, a bad language tag
     or an estimated length over `max_tokens` (such a text is a book: POST /v1/books)."""
     check_language(language)
-    from app.books.guide_voice import options_for  # loads espeak-ng's library once per process
+    from app.text.guide_voice import options_for  # loads espeak-ng's library once per process
 
     options_for(language.lower())  # a language no guide voice speaks is refused now, not on a worker
     if not isinstance(text, str) or not text.strip():
@@ -65,9 +65,9 @@ def text_tokens(text: str, language: str, model_dir: str | Path | None, *, max_t
     longer than `max_tokens`."""
     import numpy as np
 
-    from app.books.guide_voice import GUIDE_SAMPLE_RATE, options_for, speak
     from app.s3 import speech_tokens, tokenizer_for
     from app.speech import check_tokens
+    from app.text.guide_voice import GUIDE_SAMPLE_RATE, options_for, speak
 
     assert GUIDE_SAMPLE_RATE == S3_SAMPLE_RATE
     segments = check_text(text, language, max_tokens=max_tokens)
