@@ -86,23 +86,28 @@ JOB_STATE_COLUMNS = {"status", "attempts", "worker", "lease_until", "ring_due_at
 JOB_STATE_OWNER = "app/lifecycle.py"
 
 
+def _is_update_of_jobs(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "update"
+            and bool(node.args) and isinstance(node.args[0], ast.Name) and node.args[0].id == "Job")
+
+
 def _updates_of_jobs(tree: ast.AST) -> list[tuple[int, set[str]]]:
-    """Each `update(Job)...values(...)` in a module: its line and the columns it names (`**` names all)."""
+    """Each function that builds an `update(Job)`: its line and the columns its `.values(...)` calls name
+    (`**` names all), wherever the statement is kept meanwhile (`stmt = update(Job)...; stmt.values(...)`)."""
     found = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "values"):
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        chain: ast.AST = node.func.value
-        while isinstance(chain, ast.Call | ast.Attribute):
-            if (isinstance(chain, ast.Call) and isinstance(chain.func, ast.Name) and chain.func.id == "update"
-                    and chain.args and isinstance(chain.args[0], ast.Name) and chain.args[0].id == "Job"):
-                names = {k.arg for k in node.keywords if k.arg is not None}
+        if not any(_is_update_of_jobs(node) for node in ast.walk(func)):
+            continue
+        names: set[str] = set()
+        for node in ast.walk(func):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "values"):
+                names |= {k.arg for k in node.keywords if k.arg is not None}
                 if any(k.arg is None for k in node.keywords):
                     names |= JOB_STATE_COLUMNS  # **values: could be any of them
-                found.append((node.lineno, names))
-                break
-            chain = chain.func if isinstance(chain, ast.Call) else chain.value
+        found.append((func.lineno, names))
     return found
 
 
