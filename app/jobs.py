@@ -107,32 +107,22 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
 
     Commits `session` (workers must see the rows before the tasks arrive). Raises BadTokens, BadAudio,
     BadInput or NotFound before anything is stored."""
-    if tokens is None and text is None:
-        raise BadTokens("tokens are missing (send tokens, or text)")
-    if tokens is not None and text is not None:
-        raise BadInput("give exactly one of tokens or text")
-    token_list = None if tokens is None else check_tokens(tokens, max_tokens=settings.max_tokens)
-    if text is not None:
-        language = language or "en"
-        check_text(text, language, max_tokens=settings.max_tokens)
-    elif language is not None:
-        raise BadInput("language goes with text; tokens have no language")
-    request = _Request(tokens=token_list, text=text, language=language, seed=seed,
-                       output_format=output_format, priority=priority)
-    chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
-    _check_idempotency_key(idempotency_key)
+    request, chosen_seed = check_request(settings=settings, tokens=tokens, text=text, language=language,
+                                         seed=seed, output_format=output_format, priority=priority,
+                                         idempotency_key=idempotency_key)
+    token_list, text, language = request.tokens, request.text, request.language
     voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
     if idempotency_key is not None:
         existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
         if existing is not None:  # a retry: the same request, or a Conflict
-            return _replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
+            return replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
     voice = voices.resolve_voice(settings=settings, session=session, artifacts=artifacts,
                                  reference_bytes=reference_bytes, voice_id=voice_id)
     job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
                            seed=chosen_seed, output_format=output_format, priority=priority,
                            idempotency_key=idempotency_key, text=text, language=language)
     if not created:  # a concurrent submission with the same key won the insert: judged the same way
-        _replayed(job, request, voice.id, artifacts)
+        replayed(job, request, voice.id, artifacts)
         session.commit()
         return job.id
     queries.add_voice_use(session=session, voice_id=voice.id)
@@ -151,8 +141,30 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
     return job.id
 
 
+def check_request(*, settings: Settings, tokens: Iterable[int] | None, text: str | None,
+                  language: str | None, seed: int | None, output_format: str, priority: int,
+                  idempotency_key: str | None) -> tuple[Request, int]:
+    """A job request's fields checked, without the database: (the request, the seed to use). Raises
+    BadTokens or BadInput."""
+    if tokens is None and text is None:
+        raise BadTokens("tokens are missing (send tokens, or text)")
+    if tokens is not None and text is not None:
+        raise BadInput("give exactly one of tokens or text")
+    token_list = None if tokens is None else check_tokens(tokens, max_tokens=settings.max_tokens)
+    if text is not None:
+        language = language or "en"
+        check_text(text, language, max_tokens=settings.max_tokens)
+    elif language is not None:
+        raise BadInput("language goes with text; tokens have no language")
+    request = Request(tokens=token_list, text=text, language=language, seed=seed,
+                      output_format=output_format, priority=priority)
+    chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
+    _check_idempotency_key(idempotency_key)
+    return request, chosen_seed
+
+
 @dataclass(frozen=True)
-class _Request:
+class Request:
     """What defines a job, as a request asked for it (seed None: any seed was fine)."""
 
     tokens: list[int] | None  # None: a text job
@@ -175,7 +187,7 @@ def _voice_id_of(settings: Settings, reference_bytes: bytes | None, voice_id: st
         raise BadInput(str(exc)) from exc
 
 
-def _replayed(job: Job, request: _Request, voice_id: str, artifacts: ArtifactStore) -> str:
+def replayed(job: Job, request: Request, voice_id: str, artifacts: ArtifactStore) -> str:
     """The job an idempotency key already names, if this request is the same one; Conflict otherwise."""
     tokens = request.tokens
     if tokens is None:
