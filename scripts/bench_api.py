@@ -2,7 +2,7 @@
 
     python scripts/bench_api.py [--backends sqlite,postgres] [--concurrency 1,8,32,64] [--requests 400]
                                 [--book-segments 33000] [--books 200] [--json OUT]
-                                [--batch 1000 --batch-requests 10 --scenarios batch]
+                                [--batch 1000 --batch-requests 10 --scenarios batch] [--null-broker]
 
 Per backend, one API process (`uvicorn` with the app `wavefarm serve` runs) on loopback, no workers:
 - `sqlite`: the embedded default (a SQLite file, the local Redis as broker on databases 5-7);
@@ -61,19 +61,27 @@ SCENARIOS = ("submit", "job_status", "list_jobs", "book_status", "list_books", "
 
 # -- the API process --------------------------------------------------------------------------------------
 
-def serve_counted(port: int, profile: str | None) -> None:
+class NullSender:
+    """--null-broker: messages are dropped here, so a run shows what the service costs without the broker."""
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
+        pass
+
+
+def serve_counted(port: int, profile: str | None, null_broker: bool = False) -> None:
     """The API app of `wavefarm serve`, plus a count of SQL statements at GET /_bench/statements."""
     import uvicorn
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from app.api.main import app_from_environment
+    from app.api.main import create_app
     from app.cli.services import _upgrade_schema
+    from app.settings import get_settings
 
     _upgrade_schema()
     count = [0]
     event.listen(Engine, "before_cursor_execute", lambda *_: count.__setitem__(0, count[0] + 1))
-    app = app_from_environment()
+    app = create_app(get_settings(), sender=NullSender() if null_broker else None)
     app.add_api_route("/_bench/statements", lambda: {"statements": count[0]}, methods=["GET"])
     if profile:
         import cProfile
@@ -96,8 +104,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def api_process(settings: Settings, log: Path, profile: str | None) -> Iterator[subprocess.Popen]:
+def api_process(settings: Settings, log: Path, profile: str | None,
+                null_broker: bool = False) -> Iterator[subprocess.Popen]:
     argv = [sys.executable, __file__, "--serve", str(PORT)] + (["--profile-out", profile] if profile else [])
+    argv += ["--null-broker"] if null_broker else []
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -303,7 +313,7 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
     print(f"{name}:", flush=True)
     with backend(name, root / name) as settings:
         profile = str(root / f"{name}.prof") if args.profile else None
-        with api_process(settings, root / f"{name}-api.log", profile) as proc, \
+        with api_process(settings, root / f"{name}-api.log", profile, args.null_broker) as proc, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
             sample = SAMPLES / "voice_a.wav"
             files = {"file": (sample.name, sample.read_bytes(), "audio/wav")}
@@ -333,11 +343,13 @@ def main() -> int:
                         "batch only with --batch)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--null-broker", action="store_true", help="the API drops its messages (no broker "
+                        "round trips): what the service costs without them")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve_counted(args.serve, args.profile_out)
+        serve_counted(args.serve, args.profile_out, args.null_broker)
         return 0
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     every = [s for s in SCENARIOS if s != "batch" or args.batch]
