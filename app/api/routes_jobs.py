@@ -104,9 +104,8 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
 
 def _submit(ctx: ApiContext, fields: dict[str, Any]) -> JobOut:
     with ctx.session() as s:
-        job_id = jobs.submit_job(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                 artifacts=ctx.artifacts, **fields)
-        return JobOut.of(queries.require_job(session=s, job_id=job_id))
+        return JobOut.of(jobs.submit(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                     artifacts=ctx.artifacts, **fields))  # as submitted: no re-read
 
 
 @router.post("", status_code=202, response_model=JobOut, openapi_extra=SUBMIT_BODY,

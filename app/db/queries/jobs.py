@@ -55,17 +55,22 @@ def create_job(
     kind: str = JobKind.TOKENS,
     text: str | None = None,
     language: str | None = None,
+    routed_to: str | None = None,
+    route: str | None = None,
 ) -> tuple[Job, bool]:
-    """Insert a queued job. With an idempotency key already used, returns that job instead. A text job
-    has no tokens yet (None, n_tokens 0) until `set_job_tokens`.
+    """Insert a queued job (with its route, when decided: `app.routing`). With an idempotency key already
+    used, returns that job instead. A text job has no tokens yet (None, n_tokens 0) until `set_job_tokens`.
 
     Returns (job, created)."""
-    created = bool(insert_jobs(session=session, jobs=[NewJob(
+    row = _rows([NewJob(
         id=job_id, voice_id=voice_id, tokens=tokens, n_tokens=n_tokens, seed=seed,
         output_format=output_format, priority=priority, idempotency_key=idempotency_key,
-        tokens_path=tokens_path, kind=kind, text=text, language=language)]))
-    if created:
-        return require_job(session=session, job_id=job_id), True
+        tokens_path=tokens_path, kind=kind, text=text, language=language, routed_to=routed_to, route=route)])
+    stmt = _insert(session, Job).values(row).on_conflict_do_nothing(index_elements=["idempotency_key"])
+    # RETURNING the row as a Job: the insert is the only statement (no read after it).
+    job = session.scalars(stmt.returning(Job), execution_options={"populate_existing": True}).one_or_none()
+    if job is not None:
+        return job, True
     existing = get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key or "")
     assert existing is not None, "conflicting insert without a row to conflict with"
     return existing, False
@@ -96,15 +101,18 @@ def insert_jobs(*, session: Session, jobs: Sequence[NewJob]) -> set[str]:
     idempotency key another job holds is skipped. Returns the ids inserted."""
     if not jobs:
         return set()
+    stmt = _insert(session, Job).on_conflict_do_nothing(index_elements=["idempotency_key"])
+    return set(session.scalars(stmt.returning(Job.id), _rows(jobs)))
+
+
+def _rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
     now = utcnow()
-    rows = [{"id": j.id, "voice_id": j.voice_id, "status": JobStatus.QUEUED, "kind": j.kind, "text": j.text,
+    return [{"id": j.id, "voice_id": j.voice_id, "status": JobStatus.QUEUED, "kind": j.kind, "text": j.text,
              "language": j.language, "tokens": list(j.tokens) if j.tokens is not None else None,
              "tokens_path": j.tokens_path, "n_tokens": j.n_tokens, "seed": j.seed,
              "output_format": j.output_format, "priority": j.priority, "idempotency_key": j.idempotency_key,
              "frames_done": 0, "frames_total": MEL_PER_TOKEN * j.n_tokens, "submitted_at": now, "attempts": 0,
              "updated_at": now, "routed_to": j.routed_to, "route": j.route} for j in jobs]
-    stmt = _insert(session, Job).on_conflict_do_nothing(index_elements=["idempotency_key"])
-    return set(session.scalars(stmt.returning(Job.id), rows))
 
 
 def jobs_by_idempotency_keys(*, session: Session, keys: Collection[str]) -> dict[str, Job]:
