@@ -30,7 +30,7 @@ from app import jobs, routing, voices, wire
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import JobKind, JobStatus, Voice
-from app.errors import Conflict, WavefarmError
+from app.errors import BadInput, Conflict, WavefarmError
 from app.settings import Settings
 from app.store import FeatureStore
 
@@ -64,7 +64,8 @@ class _Item:
 def submit_batch(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
                  artifacts: ArtifactStore, items: Sequence[dict[str, Any] | WavefarmError]) -> list[Outcome]:
     """One outcome per item, in order (module docstring). Commits `session`."""
-    assert len(items) <= BATCH_MAX, "the interface bounds a batch"
+    if not 0 < len(items) <= BATCH_MAX:
+        raise BadInput(f"a batch holds 1 to {BATCH_MAX} jobs; this one has {len(items)}")
     outcomes = [Outcome(error=item if isinstance(item, WavefarmError) else None) for item in items]
     checked = [c for i, item in enumerate(items) if not isinstance(item, WavefarmError)
                if (c := _check(settings, i, item, outcomes)) is not None]
