@@ -59,9 +59,10 @@ def _check_idempotency_key(key: str | None) -> None:
 
 def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, tokens: list[int] | None, seed: int,
             output_format: str, priority: int, idempotency_key: str | None = None,
-            text: str | None = None, language: str | None = None) -> tuple[Job, bool]:
-    """Insert a queued job for checked `tokens` (a long list goes to the artifact store), or for checked
-    `text` (tokens None: `job.tokenize` makes them); flushes.
+            text: str | None = None, language: str | None = None,
+            route: routing.Route | None = None) -> tuple[Job, bool]:
+    """Insert a queued job for checked `tokens` (a long list goes to the artifact store; `route`: where its
+    `synth` goes, recorded with it), or for checked `text` (tokens None: `job.tokenize` makes them).
 
     Returns (job, created); with an idempotency key another submission used first, that job and False."""
     job_id = str(uuid.uuid4())
@@ -75,7 +76,8 @@ def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, tokens
     job, created = queries.create_job(
         session=session, job_id=job_id, voice_id=voice_id, tokens=tokens if inline else None,
         n_tokens=len(tokens), seed=seed, output_format=output_format, priority=priority,
-        idempotency_key=idempotency_key, tokens_path=tokens_path)
+        idempotency_key=idempotency_key, tokens_path=tokens_path,
+        routed_to=route.worker if route else None, route=route.reason if route else None)
     if not created and tokens_path:
         artifacts.remove(tokens_path)
     return job, created
@@ -99,14 +101,71 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
                voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
                priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
                language: str | None = None) -> str:
-    """Accept one job and return its id: speech `tokens`, or `text` (in `language`, default "en") that a
-    CPU worker turns into tokens first. An idempotency key already used returns that job if the request
-    is the same (voice, tokens or text and language, output format, priority, and the seed when one is
-    given) and raises Conflict if it is not; this is judged after a lost insert race as well, so two
-    concurrent requests with one key get one job, or one job and a Conflict.
+    """`submit`, for its job's id."""
+    return submit(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
+                  tokens=tokens, reference_bytes=reference_bytes, voice_id=voice_id, seed=seed,
+                  output_format=output_format, priority=priority, idempotency_key=idempotency_key, text=text,
+                  language=language).id
+
+
+def submit(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
+           artifacts: ArtifactStore, tokens: Iterable[int] | None = None,
+           reference_bytes: bytes | None = None,
+           voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
+           priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
+           language: str | None = None) -> Job:
+    """Accept one job and return it, as written (an answer needs no re-read): speech `tokens`, or `text`
+    (in `language`, default "en") that a CPU worker turns into tokens first. An idempotency key already
+    used returns that job if the request is the same (voice, tokens or text and language, output format,
+    priority, and the seed when one is given) and raises Conflict if it is not; this is judged after a
+    lost insert race as well, so two concurrent requests with one key get one job, or one job and a
+    Conflict. The job is routed before its insert (`app.routing`), so its row and route are committed
+    once, before any message.
 
     Commits `session` (workers must see the rows before the tasks arrive). Raises BadTokens, BadAudio,
     BadInput or NotFound before anything is stored."""
+    request, chosen_seed = check_request(settings=settings, tokens=tokens, text=text, language=language,
+                                         seed=seed, output_format=output_format, priority=priority,
+                                         idempotency_key=idempotency_key)
+    token_list, text, language = request.tokens, request.text, request.language
+    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
+    if idempotency_key is not None:
+        existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
+        if existing is not None:  # a retry: the same request, or a Conflict
+            replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
+            return existing
+    voice = voices.resolve_voice(settings=settings, session=session, artifacts=artifacts,
+                                 reference_bytes=reference_bytes, voice_id=voice_id)
+    # Routed before the insert, so the route is written with the row: one commit before any message.
+    route = None if text is not None else routing.route_voice(session=session, settings=settings,
+                                                              voice_id=voice.id)
+    job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
+                           seed=chosen_seed, output_format=output_format, priority=priority,
+                           idempotency_key=idempotency_key, text=text, language=language, route=route)
+    if not created:  # a concurrent submission with the same key won the insert: judged the same way
+        replayed(job, request, voice.id, artifacts)
+        session.commit()
+        return job
+    queries.add_voice_use(session=session, voice_id=voice.id)
+    try:
+        voices.queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice,
+                                 priority=priority)  # commits the rows first
+        if route is not None:
+            wire.send_synth(sender, settings, job.id, priority, queue=route.queue)
+        else:
+            wire.send_tokenize(sender, settings, job.id, priority)
+    except Exception:
+        log.exception("job %s: could not enqueue; withdrawing it", job.id)
+        _withdraw(session=session, artifacts=artifacts, job=job)
+        raise
+    return job
+
+
+def check_request(*, settings: Settings, tokens: Iterable[int] | None, text: str | None,
+                  language: str | None, seed: int | None, output_format: str, priority: int,
+                  idempotency_key: str | None) -> tuple[Request, int]:
+    """A job request's fields checked, without the database: (the request, the seed to use). Raises
+    BadTokens or BadInput."""
     if tokens is None and text is None:
         raise BadTokens("tokens are missing (send tokens, or text)")
     if tokens is not None and text is not None:
@@ -117,42 +176,15 @@ def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender,
         check_text(text, language, max_tokens=settings.max_tokens)
     elif language is not None:
         raise BadInput("language goes with text; tokens have no language")
-    request = _Request(tokens=token_list, text=text, language=language, seed=seed,
-                       output_format=output_format, priority=priority)
+    request = Request(tokens=token_list, text=text, language=language, seed=seed,
+                      output_format=output_format, priority=priority)
     chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
     _check_idempotency_key(idempotency_key)
-    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
-    if idempotency_key is not None:
-        existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
-        if existing is not None:  # a retry: the same request, or a Conflict
-            return _replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
-    voice = voices.resolve_voice(settings=settings, session=session, artifacts=artifacts,
-                                 reference_bytes=reference_bytes, voice_id=voice_id)
-    job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
-                           seed=chosen_seed, output_format=output_format, priority=priority,
-                           idempotency_key=idempotency_key, text=text, language=language)
-    if not created:  # a concurrent submission with the same key won the insert: judged the same way
-        _replayed(job, request, voice.id, artifacts)
-        session.commit()
-        return job.id
-    queries.add_voice_use(session=session, voice_id=voice.id)
-    try:
-        voices.queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice,
-                                 priority=priority)  # commits the rows first
-        if text is None:
-            routing.send_routed(session=session, sender=sender, settings=settings, job_id=job.id,
-                                voice_id=voice.id, priority=priority)
-        else:
-            wire.send_tokenize(sender, settings, job.id, priority)
-    except Exception:
-        log.exception("job %s: could not enqueue; withdrawing it", job.id)
-        _withdraw(session=session, artifacts=artifacts, job=job)
-        raise
-    return job.id
+    return request, chosen_seed
 
 
 @dataclass(frozen=True)
-class _Request:
+class Request:
     """What defines a job, as a request asked for it (seed None: any seed was fine)."""
 
     tokens: list[int] | None  # None: a text job
@@ -175,7 +207,7 @@ def _voice_id_of(settings: Settings, reference_bytes: bytes | None, voice_id: st
         raise BadInput(str(exc)) from exc
 
 
-def _replayed(job: Job, request: _Request, voice_id: str, artifacts: ArtifactStore) -> str:
+def replayed(job: Job, request: Request, voice_id: str, artifacts: ArtifactStore) -> str:
     """The job an idempotency key already names, if this request is the same one; Conflict otherwise."""
     tokens = request.tokens
     if tokens is None:

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     max_tokens: int = Field(
         default=25 * 3600, ge=1, description="speech tokens per job (25 per second of audio)"
     )
+    max_batch_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1, description="request body of POST /v1/jobs/batch (up to 1000 jobs)"
+    )
 
     # Books.
     lexicon: Path | None = Field(

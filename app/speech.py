@@ -36,6 +36,9 @@ def check_tokens(tokens: Iterable[Any], *, max_tokens: int | None = None, where:
         raise BadTokens(f"{at}tokens are empty; send a non-empty list of integers")
     if max_tokens is not None and len(out) > max_tokens:
         raise BadTokens(f"{at}{len(out)} tokens; at most {max_tokens} are accepted")
+    # Fast path: plain ints in range (what a parsed JSON list holds); anything else is judged one by one.
+    if all(type(t) is int for t in out) and 0 <= min(out) and max(out) < VOCAB_SIZE:
+        return out
     ids: list[int] = []
     for i, token in enumerate(out):
         integral = isinstance(token, numbers.Integral) and not isinstance(token, bool)

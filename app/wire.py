@@ -16,6 +16,8 @@ writes the same number on both brokers and both serve the same task first.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from app.settings import Settings
@@ -76,3 +78,25 @@ def send_synth(sender: TaskSender, settings: Settings, job_id: str, priority: in
     chooses); the task id is the job id (Flower and revocation address it)."""
     sender.send_task(SYNTH_TASK, args=[job_id], queue=queue or settings.queue_gpu, task_id=job_id,
                      priority=broker_priority(priority))
+
+
+class _OnProducer:
+    """A sender whose every task goes through one producer (one broker connection)."""
+
+    def __init__(self, sender: TaskSender, producer: Any) -> None:
+        self.sender, self.producer = sender, producer
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> Any:
+        return self.sender.send_task(name, args, producer=self.producer, **options)
+
+
+@contextmanager
+def one_connection(sender: TaskSender) -> Iterator[TaskSender]:
+    """A round of many messages over one broker connection: a Celery app's producer, taken from its pool
+    once (each plain `send_task` takes one and gives it back); any other sender is used as it is."""
+    acquire = getattr(sender, "producer_or_acquire", None)
+    if acquire is None:
+        yield sender
+        return
+    with acquire() as producer:
+        yield _OnProducer(sender, producer)

@@ -2,6 +2,7 @@
 
     python scripts/bench_api.py [--backends sqlite,postgres] [--concurrency 1,8,32,64] [--requests 400]
                                 [--book-segments 33000] [--books 200] [--json OUT]
+                                [--batch 1000 --batch-requests 10 --scenarios batch] [--null-broker]
 
 Per backend, one API process (`uvicorn` with the app `wavefarm serve` runs) on loopback, no workers:
 - `sqlite`: the embedded default (a SQLite file, the local Redis as broker on databases 5-7);
@@ -12,11 +13,14 @@ requests of each scenario from an asyncio client in this process (keep-alive con
     submit        POST /v1/jobs (100 speech tokens, a stored voice)
     job_status    GET /v1/jobs/{id}          list_jobs   GET /v1/jobs?limit=50
     book_status   GET /v1/books/{id} of the big book     list_books  GET /v1/books?limit=200
+    batch         POST /v1/jobs/batch of `--batch` jobs (100 tokens each, one stored voice),
+                  `--batch-requests` requests; its row counts jobs: jobs/s, API CPU and SQL statements per job
 Printed per row: requests/s answered, p50/p99 latency, how many were answered 503 Busy (overload), the
 API process's CPU ms per request (from /proc) and SQL statements per request (counted by a SQLAlchemy
 event in the API process). The client shares the machine's cores with the server: on 2 cores it takes
 part of the CPU the server could have had, so the rates are a floor. `--profile` also writes a cProfile
-of 200 submissions at concurrency 1 (the request thread's own time) and prints its top functions.
+of 200 submissions at concurrency 1 (the request thread's own time) and prints its top functions; with
+`--batch`, of `--batch-requests` batches instead.
 """
 
 from __future__ import annotations
@@ -52,24 +56,32 @@ PORT = 8767
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 RABBIT = "amqp://guest:guest@127.0.0.1:5672//"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SCENARIOS = ("submit", "job_status", "list_jobs", "book_status", "list_books")
+SCENARIOS = ("submit", "job_status", "list_jobs", "book_status", "list_books", "batch")
 
 
 # -- the API process --------------------------------------------------------------------------------------
 
-def serve_counted(port: int, profile: str | None) -> None:
+class NullSender:
+    """--null-broker: messages are dropped here, so a run shows what the service costs without the broker."""
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
+        pass
+
+
+def serve_counted(port: int, profile: str | None, null_broker: bool = False) -> None:
     """The API app of `wavefarm serve`, plus a count of SQL statements at GET /_bench/statements."""
     import uvicorn
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from app.api.main import app_from_environment
+    from app.api.main import create_app
     from app.cli.services import _upgrade_schema
+    from app.settings import get_settings
 
     _upgrade_schema()
     count = [0]
     event.listen(Engine, "before_cursor_execute", lambda *_: count.__setitem__(0, count[0] + 1))
-    app = app_from_environment()
+    app = create_app(get_settings(), sender=NullSender() if null_broker else None)
     app.add_api_route("/_bench/statements", lambda: {"statements": count[0]}, methods=["GET"])
     if profile:
         import cProfile
@@ -92,8 +104,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def api_process(settings: Settings, log: Path, profile: str | None) -> Iterator[subprocess.Popen]:
+def api_process(settings: Settings, log: Path, profile: str | None,
+                null_broker: bool = False) -> Iterator[subprocess.Popen]:
     argv = [sys.executable, __file__, "--serve", str(PORT)] + (["--profile-out", profile] if profile else [])
+    argv += ["--null-broker"] if null_broker else []
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -202,7 +216,7 @@ async def run_scenario(client: httpx.AsyncClient, make: Any, concurrency: int,
                 busy[0] += 1
                 continue
             latencies.append(time.perf_counter() - start)
-            if response.status_code >= 400:
+            if response.status_code >= 400 or (url.endswith("/batch") and response.json()["refused"]):
                 raise RuntimeError(f"{method} {url}: {response.status_code} {response.text[:300]}")
 
     start = time.perf_counter()
@@ -226,44 +240,61 @@ async def measure(proc: subprocess.Popen, voice: str, book: str, args: argparse.
     def submit(i: int) -> tuple[str, str, Any]:
         return "POST", "/v1/jobs", {"voice_id": voice, "tokens": tokens, "seed": i}
 
+    def batch(i: int) -> tuple[str, str, Any]:
+        return "POST", "/v1/jobs/batch", [{"voice_id": voice, "tokens": tokens, "seed": i * args.batch + k}
+                                          for k in range(args.batch)]
+
     makers = {"submit": submit,
               "job_status": lambda i: ("GET", f"/v1/jobs/{job_ids[i % len(job_ids)]}", None),
               "list_jobs": lambda i: ("GET", "/v1/jobs?limit=50", None),
               "book_status": lambda i: ("GET", f"/v1/books/{book}", None),
-              "list_books": lambda i: ("GET", "/v1/books?limit=200", None)}
+              "list_books": lambda i: ("GET", "/v1/books?limit=200", None), "batch": batch}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=300, limits=limits) as client:
         async def statements() -> int:
             return (await client.get("/_bench/statements")).json()["statements"]
 
         for c in args.concurrency:
-            for name in SCENARIOS:
+            for name in args.scenarios:
                 n = args.requests if name in ("submit", "job_status") else max(20, args.requests // 4)
-                await run_scenario(client, makers[name], min(c, 4), min(n, 8))  # warm-up
+                n = args.batch_requests if name == "batch" else n
+                per = args.batch if name == "batch" else 1  # jobs a request
+                await run_scenario(client, makers[name], min(c, 4), min(n, 8 if per == 1 else 1))  # warm-up
                 before_sql, before_cpu = await statements(), cpu_seconds(proc.pid)
                 wall, lat, busy = await run_scenario(client, makers[name], c, n)
                 sql, cpu = await statements() - before_sql - 1, cpu_seconds(proc.pid) - before_cpu
                 if name == "submit":
                     listed = (await client.get("/v1/jobs?limit=1000")).json()
                     job_ids = [j["id"] for j in listed]
-                rows.append({"concurrency": c, "scenario": name, "requests": n, "busy_503": busy,
-                             "per_s": round(len(lat) / wall, 1),
+                rows.append({"concurrency": c, "scenario": name, "requests": n, "jobs_per_request": per,
+                             "busy_503": busy, "per_s": round(per * len(lat) / wall, 1),
                              "p50_ms": round(1000 * quantile(lat, 0.5), 2),
                              "p99_ms": round(1000 * quantile(lat, 0.99), 2),
                              "cpu_ms_per_request": round(1000 * cpu / n, 2),
-                             "sql_per_request": round(sql / n, 2)})
+                             "sql_per_request": round(sql / n, 2),
+                             "cpu_ms_per_job": round(1000 * cpu / (n * per), 3),
+                             "sql_per_job": round(sql / (n * per), 4)})
                 r = rows[-1]
-                print(f"  C={c:<3} {name:<12} {r['per_s']:>8}/s  p50 {r['p50_ms']:>8} ms  "
+                unit = "jobs" if per > 1 else ""
+                print(f"  C={c:<3} {name:<12} {r['per_s']:>8}{unit}/s  p50 {r['p50_ms']:>8} ms  "
                       f"p99 {r['p99_ms']:>8} ms  cpu {r['cpu_ms_per_request']:>7} ms  "
-                      f"sql {r['sql_per_request']:>6}" + (f"  busy(503) {busy}" if busy else ""), flush=True)
+                      f"sql {r['sql_per_request']:>6}" + (f"  busy(503) {busy}" if busy else "")
+                      + (f"  per job: cpu {r['cpu_ms_per_job']} ms, sql {r['sql_per_job']}"
+                         if per > 1 else ""), flush=True)
     return rows
 
 
-async def profile_submissions(voice: str, out: Path) -> None:
+async def profile_submissions(voice: str, out: Path, args: argparse.Namespace) -> None:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=300) as client:
         await client.post("/_bench/profile/true")
-        for i in range(200):
-            body = {"voice_id": voice, "tokens": list(range(100)), "seed": i}
-            (await client.post("/v1/jobs", json=body)).raise_for_status()
+        if args.batch:
+            for i in range(args.batch_requests):
+                body = [{"voice_id": voice, "tokens": list(range(100)), "seed": 10**6 + i * args.batch + k}
+                        for k in range(args.batch)]
+                (await client.post("/v1/jobs/batch", json=body)).raise_for_status()
+        else:
+            for i in range(200):
+                body = {"voice_id": voice, "tokens": list(range(100)), "seed": i}
+                (await client.post("/v1/jobs", json=body)).raise_for_status()
         await client.post("/_bench/profile/false")
 
 
@@ -282,7 +313,7 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
     print(f"{name}:", flush=True)
     with backend(name, root / name) as settings:
         profile = str(root / f"{name}.prof") if args.profile else None
-        with api_process(settings, root / f"{name}-api.log", profile) as proc, \
+        with api_process(settings, root / f"{name}-api.log", profile, args.null_broker) as proc, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
             sample = SAMPLES / "voice_a.wav"
             files = {"file": (sample.name, sample.read_bytes(), "audio/wav")}
@@ -293,7 +324,7 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
             rows = asyncio.run(measure(proc, voice, book, args))
             top = []
             if profile:
-                asyncio.run(profile_submissions(voice, Path(profile)))
+                asyncio.run(profile_submissions(voice, Path(profile), args))
                 top = print_profile(Path(profile))
     return {"backend": name, "database": settings.database_url.split(":", 1)[0],
             "broker": settings.broker_url.split(":", 1)[0], "rows": rows, "profile_top": top}
@@ -306,15 +337,26 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="per concurrency (listings: a quarter)")
     parser.add_argument("--book-segments", type=int, default=33_000)
     parser.add_argument("--books", type=int, default=200, help="books of 100 segments beside the big one")
+    parser.add_argument("--batch", type=int, default=0, help="jobs a POST /v1/jobs/batch (batch scenario)")
+    parser.add_argument("--batch-requests", type=int, default=10, help="batch requests per concurrency")
+    parser.add_argument("--scenarios", default=None, help=f"some of {','.join(SCENARIOS)} (default: all; "
+                        "batch only with --batch)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--null-broker", action="store_true", help="the API drops its messages (no broker "
+                        "round trips): what the service costs without them")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve_counted(args.serve, args.profile_out)
+        serve_counted(args.serve, args.profile_out, args.null_broker)
         return 0
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    every = [s for s in SCENARIOS if s != "batch" or args.batch]
+    chosen = args.scenarios.split(",") if args.scenarios else every
+    if "batch" in chosen and not args.batch:
+        parser.error("the batch scenario needs --batch N")
+    args.scenarios = chosen
     root = Path(tempfile.mkdtemp(prefix="wavefarm-bench-api-"))
     results = [run_backend(name, args, root) for name in args.backends.split(",")]
     if args.json:

@@ -31,6 +31,7 @@ class Client(Protocol):
     def submit(self, *, voice: str | bytes, tokens: Sequence[Any] | None, seed: int | None,
                output_format: str, priority: int, idempotency_key: str | None, text: str | None = None,
                language: str | None = None) -> dict[str, Any]: ...
+    def submit_batch(self, items: list[Any]) -> dict[str, Any]: ...
     def job(self, job_id: str) -> dict[str, Any]: ...
     def jobs(self, *, status: str | None, voice_id: str | None, limit: int) -> list[dict[str, Any]]: ...
     def jobs_page(self, *, status: str | None, voice_id: str | None, after: str | None,
@@ -80,6 +81,10 @@ class HttpClient:
                 "language": language, "seed": seed, "output_format": output_format, "priority": priority,
                 "idempotency_key": idempotency_key}
         return self._call("POST", "/v1/jobs", json={k: v for k, v in body.items() if v is not None}).json()
+
+    def submit_batch(self, items: list[Any]) -> dict[str, Any]:
+        """Up to 1000 job requests (dicts as POST /v1/jobs takes them as JSON): the BatchOut answer."""
+        return self._call("POST", "/v1/jobs/batch", json=items).json()
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}").json()

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from app import voice_names
+from app.api.batch import batch_out, request_fields
 from app.api.schemas import BookOut, JobOut, VoiceOut
+from app.batch import submit_batch
 from app.books.encoding import DEFAULT_KBPS
 from app.books.publication import split_genre_list
 from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
@@ -41,6 +43,13 @@ class LocalClient:
                 reference_bytes=voice if isinstance(voice, bytes) else None, seed=seed,
                 output_format=output_format, priority=priority, idempotency_key=idempotency_key)
             return _job_out(get_job(session=s, job_id=job_id))
+
+    def submit_batch(self, items: list[Any]) -> dict[str, Any]:
+        ctx = self.ctx
+        with ctx.session() as s:
+            outcomes = submit_batch(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                    artifacts=ctx.artifacts, items=[request_fields(item) for item in items])
+        return batch_out(outcomes).model_dump(mode="json")
 
     def job(self, job_id: str) -> dict[str, Any]:
         with self.ctx.session() as s:

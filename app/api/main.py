@@ -98,7 +98,8 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
     # Largest acceptable body: a reference, a token file at the token limit, and form overhead.
     job_body = settings.max_reference_bytes + 8 * settings.max_tokens + 2**20
     book_body = settings.max_reference_bytes + DEFAULT_LIMITS.max_epub_bytes + 2**20  # an EPUB and a voice
-    app.add_middleware(BodyLimit, max_bytes=job_body, per_prefix={"/v1/books": book_body})
+    app.add_middleware(BodyLimit, max_bytes=job_body,
+                       per_prefix={"/v1/books": book_body, "/v1/jobs/batch": settings.max_batch_bytes})
     app.add_middleware(HttpMetrics, metrics=http_metrics(ctx.registry))
     for router in (voices_router, jobs_router, books_router, openai_router, ops_router, web_router):
         app.include_router(router)

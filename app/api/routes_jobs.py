@@ -1,4 +1,5 @@
-"""/v1/jobs: submit (JSON or multipart), follow, list, cancel, download the audio.
+"""/v1/jobs: submit (JSON or multipart, or many at once: /v1/jobs/batch), follow, list, cancel, download the
+audio.
 
 Thin HTTP adapters over `app.jobs`: they parse and bound the request, call the service and shape the
 answer; what a job is, and when one is refused or may be cancelled, is the service's.
@@ -15,7 +16,8 @@ from fastapi.responses import FileResponse
 from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from app import jobs, wire
+from app import batch, jobs, wire
+from app.api.batch import NDJSON_TYPES, BatchOut, batch_out, parse_items
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import AFTER, JobOut, JobRequest, Problem, parse_tokens
@@ -102,9 +104,8 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
 
 def _submit(ctx: ApiContext, fields: dict[str, Any]) -> JobOut:
     with ctx.session() as s:
-        job_id = jobs.submit_job(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                 artifacts=ctx.artifacts, **fields)
-        return JobOut.of(queries.require_job(session=s, job_id=job_id))
+        return JobOut.of(jobs.submit(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
+                                     artifacts=ctx.artifacts, **fields))  # as submitted: no re-read
 
 
 @router.post("", status_code=202, response_model=JobOut, openapi_extra=SUBMIT_BODY,
@@ -127,6 +128,38 @@ async def create_job(
     job = await run_in_threadpool(_submit, ctx, fields)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
+
+
+BATCH_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"type": "array", "items": JobRequest.model_json_schema(),
+                                    "minItems": 1, "maxItems": batch.BATCH_MAX}},
+    "application/x-ndjson": {"schema": {"type": "string", "description": "one job request a line"}},
+}}}
+
+
+def _submit_batch(ctx: ApiContext, items: list[Any]) -> BatchOut:
+    with ctx.session() as s:
+        return batch_out(batch.submit_batch(settings=ctx.settings, session=s, sender=ctx.sender,
+                                            store=ctx.store, artifacts=ctx.artifacts, items=items))
+
+
+@router.post("/batch", response_model=BatchOut, openapi_extra=BATCH_BODY,
+             responses={413: {"model": Problem}, 415: {"model": Problem}, 422: {"model": Problem}})
+async def create_jobs(request: Request, ctx: Ctx) -> BatchOut:
+    """Submit up to 1000 jobs at once, as a JSON array of what POST /v1/jobs takes as JSON (name stored
+    voices), or as JSON lines (application/x-ndjson). One result per item, in order: accepted (the job,
+    and whether its idempotency key named one already) or refused with the reason; a bad item never
+    sinks the others. The jobs are written in one transaction and queued in one round."""
+    ctype = request.headers.get("content-type", "")
+    lines = ctype.startswith(NDJSON_TYPES)
+    if not (lines or ctype.startswith("application/json")):
+        raise HTTPException(415, detail="send a JSON array (application/json) or JSON lines "
+                            "(application/x-ndjson)")
+    body = bytearray()
+    async for chunk in request.stream():  # bounded by the body limit (app.api.limits): 413 past it
+        body += chunk
+    items = await run_in_threadpool(parse_items, bytes(body), lines=lines)
+    return await run_in_threadpool(_submit_batch, ctx, items)
 
 
 @router.get("", response_model=list[JobOut], responses={422: {"model": Problem}, 200: {"headers": {

@@ -25,9 +25,12 @@ def add_commands(sub: Any) -> None:
 
     submit = command("submit", "submit a job: a voice (id or reference file) and speech tokens or text",
                      cmd_submit)
-    submit.add_argument("--voice", required=True, help="voice id (sha256) or a reference audio file")
+    submit.add_argument("--voice", help="voice id (sha256), name or a reference audio file (required, "
+                        "except for a --batch file whose items each name their voice_id)")
     what = submit.add_mutually_exclusive_group(required=True)
     what.add_argument("--tokens", type=Path, help="JSON file: [ids] or {\"tokens\": [ids]}")
+    what.add_argument("--batch", type=Path, metavar="PATH", help="many jobs: a JSON-lines file or JSON array "
+                      "of job requests, or a folder of token files; one line per result, then a summary")
     what.add_argument("--text", help="text to speak (through the guide voice; a longer text is a book); "
                       "@FILE reads it from a file")
     submit.add_argument("--language", help="the text's language tag (default en), e.g. en-GB, de")
@@ -36,7 +39,7 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("--format", dest="output_format", choices=[f.value for f in OutputFormat],
                         default=OutputFormat.WAV.value)
     submit.add_argument("--priority", type=int, default=0)
-    submit.add_argument("--idempotency-key")
+    submit.add_argument("--idempotency-key", help="with --batch: the prefix of each item's key")
     submit.add_argument("--wait", action="store_true", help="follow progress until the job finishes")
     command("status", "show a job", cmd_status).add_argument("job_id")
     command("cancel", "cancel a job", cmd_cancel).add_argument("job_id")
@@ -56,6 +59,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from app.api.client import follow
     from app.api.schemas import parse_tokens
 
+    if args.batch is not None:
+        return _submit_batch(args)
+    if args.voice is None:
+        raise BadInput("--voice is required (except with --batch)")
     text = _text_of(args.text)
     if args.language is not None and text is None:
         raise BadInput("--language goes with --text")
@@ -74,6 +81,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
         args.output.write_bytes(api.audio(job["id"]))
         print(f"audio written to {args.output}")
     return 0
+
+
+def _submit_batch(args: argparse.Namespace) -> int:
+    from app.cli import batch
+
+    if args.wait or args.output or args.language:
+        raise BadInput("--wait, -o and --language go with one job, not --batch")
+    items = batch.read_items(args.batch)
+    api = client(args)
+    voice = voice_id_for(api, args.voice) if args.voice else None
+    return batch.submit_all(api, batch.with_defaults(items, args, voice))
 
 
 def _text_of(value: str | None) -> str | None:

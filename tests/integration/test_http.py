@@ -148,3 +148,18 @@ def test_a_text_job_is_tokenized_on_the_cpu_worker_and_says_how_its_audio_was_ma
     assert final["notes"][1].startswith("rendered with dummy weights") and "noise" in final["notes"][1]
     told = capsys.readouterr().err
     assert all(f"note: job {job['id'][:8]}: {note}" in told for note in final["notes"])
+
+
+@pytest.mark.timeout(400)
+def test_a_batchs_jobs_render_through_the_workers(live_api: str) -> None:
+    client = HttpClient(live_api)
+    voice = client.add_voice((SAMPLES / "voice_a.wav").read_bytes())["id"]
+    tokens = json.loads((SAMPLES / "tokens_a.json").read_text())[:40]
+    answer = client.submit_batch([{"voice_id": voice, "tokens": tokens[: 20 + 10 * i], "seed": i}
+                                  for i in range(3)] + [{"voice_id": voice, "tokens": [VOCAB_SIZE]}])
+    assert (answer["accepted"], answer["refused"]) == (3, 1)
+    for i, result in enumerate(answer["results"][:3]):
+        final = follow(client, result["job_id"], timeout_s=300, poll_s=0.2)
+        assert final["status"] == "succeeded", final
+        audio, sr = sf.read(io.BytesIO(client.audio(result["job_id"])))
+        assert len(audio) == (20 + 10 * i) * 960 and sr == 24000

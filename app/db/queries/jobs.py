@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, JobKind, JobStatus, utcnow
@@ -44,26 +46,78 @@ def create_job(
     kind: str = JobKind.TOKENS,
     text: str | None = None,
     language: str | None = None,
+    routed_to: str | None = None,
+    route: str | None = None,
 ) -> tuple[Job, bool]:
-    """Insert a queued job. With an idempotency key already used, returns that job instead. A text job
-    has no tokens yet (None, n_tokens 0) until `set_job_tokens`.
+    """Insert a queued job (with its route, when decided: `app.routing`). With an idempotency key already
+    used, returns that job instead. A text job has no tokens yet (None, n_tokens 0) until `set_job_tokens`.
 
     Returns (job, created)."""
-    now = utcnow()
-    stmt = _insert(session, Job).values(
-        id=job_id, voice_id=voice_id, status=JobStatus.QUEUED, kind=kind, text=text, language=language,
-        tokens=list(tokens) if tokens is not None else None, tokens_path=tokens_path, n_tokens=n_tokens,
-        seed=seed, output_format=output_format, priority=priority, idempotency_key=idempotency_key,
-        frames_done=0, frames_total=MEL_PER_TOKEN * n_tokens, submitted_at=now, attempts=0, updated_at=now,
-    )
-    if idempotency_key is not None:
-        stmt = stmt.on_conflict_do_nothing(index_elements=["idempotency_key"])
-    created = session.execute(stmt.returning(Job.id)).first() is not None
-    if created:
-        return require_job(session=session, job_id=job_id), True
+    row = _rows([NewJob(
+        id=job_id, voice_id=voice_id, tokens=tokens, n_tokens=n_tokens, seed=seed,
+        output_format=output_format, priority=priority, idempotency_key=idempotency_key,
+        tokens_path=tokens_path, kind=kind, text=text, language=language, routed_to=routed_to, route=route)])
+    stmt = _insert(session, Job).values(row).on_conflict_do_nothing(index_elements=["idempotency_key"])
+    # RETURNING the row as a Job: the insert is the only statement (no read after it).
+    job = session.scalars(stmt.returning(Job), execution_options={"populate_existing": True}).one_or_none()
+    if job is not None:
+        return job, True
     existing = get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key or "")
     assert existing is not None, "conflicting insert without a row to conflict with"
     return existing, False
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """One row for `insert_jobs`: a queued job (a text job: tokens None, n_tokens 0, its text)."""
+
+    id: str
+    voice_id: str
+    tokens: Sequence[int] | None
+    n_tokens: int
+    seed: int
+    output_format: str
+    priority: int = 0
+    idempotency_key: str | None = None
+    tokens_path: str | None = None
+    kind: str = JobKind.TOKENS
+    text: str | None = None
+    language: str | None = None
+    routed_to: str | None = None  # where its `synth` goes, decided before the insert (`app.routing`)
+    route: str | None = None
+
+
+def insert_jobs(*, session: Session, jobs: Sequence[NewJob]) -> set[str]:
+    """Insert queued jobs in one statement (one per SQLAlchemy insertmanyvalues page); a job whose
+    idempotency key another job holds is skipped. Returns the ids inserted."""
+    if not jobs:
+        return set()
+    stmt = _insert(session, Job).on_conflict_do_nothing(index_elements=["idempotency_key"])
+    return set(session.scalars(stmt.returning(Job.id), _rows(jobs)))
+
+
+def _rows(jobs: Sequence[NewJob]) -> list[dict[str, Any]]:
+    now = utcnow()
+    return [{"id": j.id, "voice_id": j.voice_id, "status": JobStatus.QUEUED, "kind": j.kind, "text": j.text,
+             "language": j.language, "tokens": list(j.tokens) if j.tokens is not None else None,
+             "tokens_path": j.tokens_path, "n_tokens": j.n_tokens, "seed": j.seed,
+             "output_format": j.output_format, "priority": j.priority, "idempotency_key": j.idempotency_key,
+             "frames_done": 0, "frames_total": MEL_PER_TOKEN * j.n_tokens, "submitted_at": now, "attempts": 0,
+             "updated_at": now, "routed_to": j.routed_to, "route": j.route} for j in jobs]
+
+
+def jobs_by_idempotency_keys(*, session: Session, keys: Collection[str]) -> dict[str, Job]:
+    """The jobs holding these idempotency keys, by key (a key no job holds is absent)."""
+    if not keys:
+        return {}
+    found = session.scalars(select(Job).where(Job.idempotency_key.in_(list(keys))))
+    return {job.idempotency_key: job for job in found if job.idempotency_key is not None}
+
+
+def delete_jobs(*, session: Session, job_ids: Collection[str]) -> None:
+    """Take jobs out again (their messages could not be sent: `app.batch`)."""
+    if job_ids:
+        session.execute(delete(Job).where(Job.id.in_(list(job_ids))))
 
 
 def set_job_tokens(*, session: Session, job_id: str, tokens: Sequence[int] | None, n_tokens: int,

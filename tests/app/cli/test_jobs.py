@@ -205,3 +205,41 @@ def test_jobs_pages_with_after_and_all(server: str, cli_settings: Settings,
     assert ids(every.out) == newest_first and set(created) <= set(newest_first) and "--after" not in every.err
     assert run("jobs", "--api", server, "--after", "not-a-cursor") == 2
     assert "after: not a cursor" in capsys.readouterr().err
+
+
+def test_submit_batch_from_a_folder_prints_each_result_and_a_summary_and_resubmits_nothing(
+        server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "segments"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps([1, 2, 3]))
+    (folder / "b.json").write_text(json.dumps({"tokens": [4, 5, 99999]}))
+    (folder / "c.json").write_text("[6, 7")
+    argv = ["submit", "--api", server, "--voice", str(SAMPLES / "voice_a.wav"), "--batch", str(folder),
+            "--idempotency-key", f"run-{uuid.uuid4().hex[:8]}", "--priority", "4"]
+    assert run(*argv) == 1  # some were refused
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["a.json", "b.json", "c.json"]
+    assert "refused  422 BadTokens" in lines[1] and "refused  - BadInput: tokens are not JSON" in lines[2]
+    job_id = lines[0].split()[1]
+    assert lines[-1] == "1 accepted (0 existed already), 2 refused"
+    assert run(*argv) == 1
+    again = capsys.readouterr().out.splitlines()
+    assert again[0] == f"a.json  {job_id}  queued  (existed)"
+    assert run("status", "--api", server, job_id) == 0
+    assert json.loads(capsys.readouterr().out)["priority"] == 4
+
+
+def test_local_submit_batch_of_json_lines_naming_their_voices(
+        cli_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("voices", "--local", "--add", str(SAMPLES / "voice_a.wav")) == 0
+    voice_id = json.loads(capsys.readouterr().out)["id"]
+    lines = [{"voice_id": voice_id, "tokens": [1, 2], "seed": 5}, {"voice_id": "0" * 64, "tokens": [1]},
+             {"voice_id": voice_id, "text": "Hello there."}]
+    batch = tmp_path / "jobs.jsonl"
+    batch.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert run("submit", "--local", "--batch", str(batch)) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("1  refused  404 NotFound")
+    assert out[-1] == "2 accepted (0 existed already), 1 refused"
+    assert run("status", "--local", out[0].split()[1]) == 0
+    assert json.loads(capsys.readouterr().out)["seed"] == 5
