@@ -158,8 +158,9 @@ def _claim(url: str, dbs: tuple[int, ...], owner: str) -> str | None:
             busy = _busy(clients, owner)  # another demo took a lease meanwhile
             for db in leased if busy else []:  # a race lost: our fresh leases go, theirs stay
                 clients[db].delete(DEMO_LEASE_KEY)
-        if busy:
-            return f"databases {', '.join(map(str, dbs))}: {'; '.join(busy)}"
+        if busy:  # the first reason: the line stays readable
+            more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
+            return f"databases {', '.join(map(str, dbs))}: {busy[0]}{more}"
         for client in clients.values():
             client.set(DEMO_OWNER_KEY, owner)
         return None
