@@ -148,15 +148,17 @@ async def first_audio(ctx: ApiContext, tail: PcmTail, job_id: str,
             if chunk:
                 return chunk
             raise JobEnded(f"job {job_id} succeeded but its audio is gone", status)
-        if time.monotonic() > deadline:
-            raise await _give_up(ctx, tail, job_id, status, bound_s)
+        if time.monotonic() > deadline and (late := await _give_up(ctx, job_id, status, bound_s)):
+            raise late
         await asyncio.sleep(POLL_S)
 
 
-async def _give_up(ctx: ApiContext, tail: PcmTail, job_id: str, status: str, bound_s: float) -> NoFirstAudio:
-    """Cancel a job that wrote no audio within the bound; the error that says why."""
-    tail.close()
+async def _give_up(ctx: ApiContext, job_id: str, status: str, bound_s: float) -> NoFirstAudio | None:
+    """Cancel a job that wrote no audio within the bound: the error that says why; None when the job
+    ended meanwhile (the next poll answers with what it left)."""
     await run_in_threadpool(cancel_unfinished, ctx, job_id, "its speech request gave up waiting for audio")
+    if (await run_in_threadpool(_status, ctx, job_id))[0] != JobStatus.CANCELLED:
+        return None
     claimed = status != JobStatus.QUEUED
     why = (f"job {job_id} was taken by a GPU worker ({status}) but wrote no audio within {bound_s:g} s"
            if claimed else f"no GPU worker took job {job_id} within {bound_s:g} s (is one running?)")

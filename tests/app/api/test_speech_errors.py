@@ -94,7 +94,6 @@ def _partial_wav(settings: Settings, job_id: str, seconds: float = 0.5) -> None:
     (final.parent / f".{final.name}.x1.part").write_bytes(out.getvalue())
 
 
-@pytest.mark.timeout(120)
 def test_a_job_that_failed_before_any_audio_is_a_502_with_its_error(
         api: httpx.Client, speech_settings: Settings, voice: str) -> None:
     key, job_id = _job_in_state(speech_settings, voice, JobStatus.FAILED,
@@ -105,7 +104,6 @@ def test_a_job_that_failed_before_any_audio_is_a_502_with_its_error(
     assert answer.headers["X-Wavefarm-Job-Id"] == job_id
 
 
-@pytest.mark.timeout(120)
 def test_a_job_cancelled_before_any_audio_is_a_409(api: httpx.Client, speech_settings: Settings,
                                                     voice: str) -> None:
     key, job_id = _job_in_state(speech_settings, voice, JobStatus.CANCELLED)
@@ -114,7 +112,6 @@ def test_a_job_cancelled_before_any_audio_is_a_409(api: httpx.Client, speech_set
     assert job_id in answer.json()["reason"]
 
 
-@pytest.mark.timeout(120)
 def test_a_failure_after_the_audio_started_cuts_the_transfer_and_is_no_bug(
         api: httpx.Client, speech_settings: Settings, voice: str, caplog: pytest.LogCaptureFixture) -> None:
     """The status line went out with the first audio: the failure shows as a body that never completes,
@@ -135,7 +132,6 @@ def test_a_failure_after_the_audio_started_cuts_the_transfer_and_is_no_bug(
     assert not [m for level, m in logged if level == "ERROR"], logged
 
 
-@pytest.mark.timeout(120)
 def test_no_gpu_worker_within_the_bound_is_a_503_and_the_job_is_cancelled(
         api: httpx.Client, speech_settings: Settings, voice: str) -> None:
     answer = _speech(api, voice)  # nothing consumes the queues: the job stays queued
@@ -145,7 +141,6 @@ def test_no_gpu_worker_within_the_bound_is_a_503_and_the_job_is_cancelled(
     assert _status(speech_settings, job_id) == JobStatus.CANCELLED
 
 
-@pytest.mark.timeout(120)
 def test_a_claimed_job_without_audio_within_the_bound_is_a_504_and_is_cancelled(
         api: httpx.Client, speech_settings: Settings, voice: str) -> None:
     key, job_id = _job_in_state(speech_settings, voice, JobStatus.RUNNING)
