@@ -67,6 +67,12 @@ def sweep_sent_key(queue: str) -> str:
     return f"{PREFIX}:sweep:sent:{queue}"
 
 
+# In each Redis database `wavefarm demo` uses (app.dev.services): which demo (host and folder) uses it, so
+# that a demo's leftovers are told from another stack's keys; and, for a minute after the claim, the same
+# as a lease, so that two demos starting at once do not both take a database before their workers connect.
+DEMO_OWNER_KEY = f"{PREFIX}:demo:owner"
+DEMO_LEASE_KEY = f"{PREFIX}:demo:lease"
+
 # Counter groups: each is one hash whose fields are the counted outcomes.
 COUNTER_PREP_PATH = "prep_path"  # fields: app.db.models.PrepPath values
 COUNTER_PREPARE = "prepare"  # fields: prepared, noop, failed, retried

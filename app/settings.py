@@ -139,6 +139,11 @@ class Settings(BaseSettings):
         default=600.0, gt=0, description="an engine step running longer than this is hung: the GPU worker "
         "exits non-zero so its supervisor restarts it and its jobs are redelivered")
 
+    speech_first_audio_timeout_s: float = Field(
+        default=300.0, gt=0, description="a speech request (POST /v1/audio/speech) whose job has written no "
+        "audio after this long is answered 503 (no GPU worker took the job) or 504 (one did), and its job is "
+        "cancelled")
+
     # Maintenance (`maintenance.sweep`, `wavefarm maintenance`).
     orphan_grace_s: float = Field(
         default=3600.0, ge=0, description="files nothing refers to are removed once this old")

@@ -2,8 +2,9 @@
 
 Errors: BadInput -> 422, NotFound -> 404 (Gone -> 410) and Conflict -> 409, with the reason; request
 validation -> 422; an unreachable database or Redis -> 503; no database connection free within the
-pool's timeout -> 503 Busy with Retry-After; anything else is a bug: logged with a
-traceback, 500 without details. Every error body has the `Problem` shape ({"error", "reason"}).
+pool's timeout -> 503 Busy with Retry-After; a speech stream cut after its audio started is passed to
+the server, which closes the connection; anything else is a bug: logged with a traceback, 500 without
+details. Every error body has the `Problem` shape ({"error", "reason"}).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from app.api.routes_openai import router as openai_router
 from app.api.routes_ops import router as ops_router
 from app.api.routes_voices import router as voices_router
 from app.api.schemas import problem
+from app.api.speech_stream import StreamCut
 from app.api.web import router as web_router
 from app.books.source import DEFAULT_LIMITS
 from app.db import queries
@@ -166,5 +168,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, StreamCut):  # no bug: logged with its job where it happened; on to the server,
+            raise exc  # which closes the connection (the response has started: no status can follow)
         log.exception("%s %s: unhandled error", request.method, request.url.path)
         return _respond(500, "InternalError", "internal error; the server log has the details")

@@ -6,6 +6,11 @@ re-voices them in `voice`: a stored voice's id, name or unique id prefix), so a 
 like any other: a row, a priority (header `X-Wavefarm-Priority`), a cancel, metrics, and idempotency
 (header `Idempotency-Key`). The answer streams the audio as the GPU worker writes it (chunked), in
 `response_format`; a client that disconnects cancels its job. The job's id is in `X-Wavefarm-Job-Id`.
+
+Until the first audio the status can still say what went wrong (`Problem` bodies, as every other error
+of the API): the job failed, 502; cancelled, 409; succeeded with its audio since removed, 410; no audio
+within `speech_first_audio_timeout_s`, 503 (no GPU worker took the job) or 504 (one did), the job
+cancelled. Once audio has been sent a failure cuts the stream (`app.api.speech_stream`).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from app import jobs, wire
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.schemas import Problem, problem
 from app.api.speech_codec import FORMATS, MEDIA_TYPES, Encoder, check_format
-from app.api.speech_stream import JobEnded, PcmTail, first_audio, stream_job
+from app.api.speech_stream import JobEnded, NoFirstAudio, PcmTail, first_audio, stream_job
 from app.db import queries
+from app.db.models import JobStatus
 from app.errors import BadInput, NotFound
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(authorize)],
@@ -74,8 +80,13 @@ def _submit(ctx: ApiContext, req: SpeechRequest, priority: int, key: str | None)
 
 @router.post("/audio/speech", response_class=StreamingResponse, responses={
     200: {"content": {t: {} for t in MEDIA_TYPES.values()}, "description": "the audio, streamed"},
-    404: {"model": Problem}, 422: {"model": Problem},
-    500: {"model": Problem, "description": "the job failed before any audio"}})
+    404: {"model": Problem}, 409: {"model": Problem, "description": "the job was cancelled before any audio"},
+    410: {"model": Problem, "description": "the job succeeded, but its audio has been removed"},
+    422: {"model": Problem},
+    502: {"model": Problem, "description": "the job failed before any audio; the reason is its error"},
+    503: {"model": Problem, "description": "no GPU worker took the job within the bound; it is cancelled"},
+    504: {"model": Problem, "description": "a GPU worker took the job but wrote no audio within the bound; "
+                                           "it is cancelled"}})
 async def create_speech(
     req: SpeechRequest, request: Request, ctx: Ctx,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
@@ -88,13 +99,22 @@ async def create_speech(
     headers = {"X-Wavefarm-Job-Id": job_id}
     try:
         first = await first_audio(ctx, tail, job_id, request.is_disconnected)
-    except JobEnded as exc:
+    except (JobEnded, NoFirstAudio) as exc:
         tail.close()
-        return JSONResponse(status_code=500, content=problem("JobFailed", str(exc)), headers=headers)
+        status, error = _no_audio_answer(exc)
+        return JSONResponse(status_code=status, content=problem(error, str(exc)), headers=headers)
     if first is None:  # the client left before the first audio; its job is cancelled
         return Response(status_code=499, headers=headers)
     stream = stream_job(ctx, tail, job_id, Encoder(req.response_format), first)
     return StreamingResponse(stream, media_type=MEDIA_TYPES[req.response_format], headers=headers)
+
+
+def _no_audio_answer(exc: JobEnded | NoFirstAudio) -> tuple[int, str]:
+    """The status and error kind of a speech request whose job gave no audio."""
+    if isinstance(exc, NoFirstAudio):
+        return (504, "NoAudioInTime") if exc.claimed else (503, "NoGpuWorker")
+    return {JobStatus.FAILED: (502, "JobFailed"), JobStatus.CANCELLED: (409, "JobCancelled")}.get(
+        JobStatus(exc.status), (410, "Gone"))
 
 
 def _model(model_id: str) -> dict[str, Any]:

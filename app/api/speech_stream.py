@@ -3,9 +3,12 @@
 keeps reading the same inode, so the rename changes nothing for it. `stream_job` turns the growing PCM
 into a requested format (`app.api.speech_codec`) and yields it as it comes.
 
-The job's state is read from the database between reads; a job that fails or is cancelled ends the
-stream with an error (the client sees a cut transfer, not a short file). A consumer that goes away
-(a client that disconnects closes the generator) cancels the job, unless it had ended.
+The job's state is read from the database between reads. Before the first audio, a job that ends
+without any raises `JobEnded` and one that writes none within the bound raises `NoFirstAudio` (its job
+cancelled), which the route answers as errors. After it, the status line has gone: a job that fails or
+is cancelled is logged and the stream is cut (the connection closes before the chunked body's end, so a
+client sees an incomplete transfer, never a short file that looks whole). A consumer that goes away (a
+client that disconnects closes the generator) cancels the job, unless it had ended.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -35,7 +39,25 @@ READ_MAX = 1 << 20
 
 
 class JobEnded(WavefarmError):
-    """The job ended without audio to finish the stream (failed or cancelled)."""
+    """The job ended without audio to finish the stream: `status` failed or cancelled, or succeeded with
+    its audio gone."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NoFirstAudio(WavefarmError):
+    """The job wrote no audio within the bound (it has been cancelled); `claimed`: a GPU worker had
+    taken it (it was preparing its voice or running), else it was still queued."""
+
+    def __init__(self, message: str, claimed: bool) -> None:
+        super().__init__(message)
+        self.claimed = claimed
+
+
+class StreamCut(WavefarmError):
+    """The job ended badly after its audio had started: the response is cut (raised out of the body)."""
 
 
 class PcmTail:
@@ -93,20 +115,23 @@ def _status(ctx: ApiContext, job_id: str) -> tuple[str, str | None]:
         return job.status, job.error
 
 
-def cancel_unfinished(ctx: ApiContext, job_id: str) -> None:
+def cancel_unfinished(ctx: ApiContext, job_id: str, why: str = "its speech client went away") -> None:
     """Cancel the job its listener left, unless it has ended."""
     with ctx.session() as s:
         try:
             jobs.cancel_job(settings=ctx.settings, session=s, store=ctx.store, job_id=job_id)
-            log.info("job %s: its speech client went away; cancelled", job_id)
+            log.info("job %s: %s; cancelled", job_id, why)
         except Conflict:
             pass  # ended meanwhile
 
 
 async def first_audio(ctx: ApiContext, tail: PcmTail, job_id: str,
                       gone: Callable[[], Awaitable[bool]]) -> bytes | None:
-    """Waits for the job's first samples; JobEnded when it ends without any; None (the job cancelled)
-    when `gone()` says the client left meanwhile."""
+    """Waits for the job's first samples, at most `settings.speech_first_audio_timeout_s`; None (the job
+    cancelled) when `gone()` says the client left meanwhile. JobEnded when the job ends without any
+    audio; NoFirstAudio (the job cancelled) when none came within the bound."""
+    bound_s = ctx.settings.speech_first_audio_timeout_s
+    deadline = time.monotonic() + bound_s
     while True:
         if await gone():
             tail.close()
@@ -117,13 +142,27 @@ async def first_audio(ctx: ApiContext, tail: PcmTail, job_id: str,
         if chunk:
             return chunk
         if status in DONE_JOB_STATUSES and status != JobStatus.SUCCEEDED:
-            raise JobEnded(f"job {job_id} {status}: {error or 'no reason recorded'}")
+            raise JobEnded(f"job {job_id} {status}: {error or 'no reason recorded'}", status)
         if status == JobStatus.SUCCEEDED:
             chunk = await run_in_threadpool(tail.read)
             if chunk:
                 return chunk
-            raise JobEnded(f"job {job_id} succeeded but its audio is gone")
+            raise JobEnded(f"job {job_id} succeeded but its audio is gone", status)
+        if time.monotonic() > deadline and (late := await _give_up(ctx, job_id, status, bound_s)):
+            raise late
         await asyncio.sleep(POLL_S)
+
+
+async def _give_up(ctx: ApiContext, job_id: str, status: str, bound_s: float) -> NoFirstAudio | None:
+    """Cancel a job that wrote no audio within the bound: the error that says why; None when the job
+    ended meanwhile (the next poll answers with what it left)."""
+    await run_in_threadpool(cancel_unfinished, ctx, job_id, "its speech request gave up waiting for audio")
+    if (await run_in_threadpool(_status, ctx, job_id))[0] != JobStatus.CANCELLED:
+        return None
+    claimed = status != JobStatus.QUEUED
+    why = (f"job {job_id} was taken by a GPU worker ({status}) but wrote no audio within {bound_s:g} s"
+           if claimed else f"no GPU worker took job {job_id} within {bound_s:g} s (is one running?)")
+    return NoFirstAudio(f"{why}; the job is cancelled", claimed)
 
 
 async def stream_job(ctx: ApiContext, tail: PcmTail, job_id: str, encoder: Encoder,
@@ -143,7 +182,9 @@ async def stream_job(ctx: ApiContext, tail: PcmTail, job_id: str, encoder: Encod
                 return
             if status in DONE_JOB_STATUSES:
                 ended = True
-                raise JobEnded(f"job {job_id} {status} while streaming: {error or 'no reason recorded'}")
+                log.warning("job %s %s after its audio had started streaming (%s): the response is cut",
+                            job_id, status, error or "no reason recorded")
+                raise StreamCut(f"job {job_id} {status} while streaming: {error or 'no reason recorded'}")
             await asyncio.sleep(POLL_S)
     finally:
         tail.close()

@@ -1,7 +1,8 @@
 """`wavefarm demo`: the whole service on one machine, in one command, and tidied away afterwards.
 
-SQLite and artifacts under ./var, a Redis on localhost (ours if none listens), a CPU worker and a
-GPU worker as child processes, the bundled sample voices and tokens submitted through `app.jobs`,
+SQLite and artifacts under ./var, a Redis on localhost (ours if none listens; on a shared one, databases
+0-2 unless another stack uses them, then 3-5: `services.choose_redis`), a CPU worker and a GPU worker as child
+processes, the bundled sample voices and tokens submitted through `app.jobs`,
 progress bars, then where the audio is and how each voice was prepared. Everything started here is
 stopped on the way out, also on Ctrl-C or failure. Dummy weights (noise) unless WAVEFARM_MODEL_DIR
 is set, with the tiny preset unless WAVEFARM_MODEL_PRESET says otherwise, so it fits in minutes on a
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +53,13 @@ def demo_environment(var: Path) -> dict[str, str]:
     if not os.environ.get("WAVEFARM_MODEL_DIR"):
         defaults["WAVEFARM_MODEL_PRESET"] = "tiny"
     return {**defaults, **{k: v for k, v in os.environ.items() if k.startswith("WAVEFARM_")}}
+
+
+def default_redis_urls() -> list[str]:
+    from app.settings import Settings
+
+    return [str(Settings.model_fields[name.removeprefix("WAVEFARM_").lower()].default)
+            for name in services.REDIS_VARS]
 
 
 def announce_model(env: dict[str, str]) -> None:
@@ -95,18 +104,19 @@ def run_demo(*, var: Path, jobs_per_voice: int = 2, timeout_s: float = 270.0) ->
     # background job inherits that, and Python keeps an inherited SIG_IGN).
     signal.signal(signal.SIGINT, interrupt)
     env = demo_environment(var)
-    os.environ.update(env)  # this process is an entry point: its Settings come from here too
-    from app.settings import Settings
-
-    settings = Settings()
     announce_model(env)
     logs = var.resolve() / "logs"
     job_ids: list[str] = []
     with ExitStack() as stack:
-        # Runs after the workers stop (callbacks unwind in reverse): unfinished sample jobs are
-        # cancelled, so the next demo does not find them queued with their messages gone.
-        stack.callback(_cancel_unfinished, settings, job_ids)
         try:
+            env.update(_start_redis(stack, env, var.resolve()))
+            os.environ.update(env)  # this process is an entry point: its Settings come from here too
+            from app.settings import Settings
+
+            settings = Settings()
+            # Runs after the workers stop (callbacks unwind in reverse): unfinished sample jobs are
+            # cancelled, so the next demo does not find them queued with their messages gone.
+            stack.callback(_cancel_unfinished, settings, job_ids)
             procs = _start_services(stack, settings, env, var.resolve(), logs)
             counts_before = _submit_samples(settings, jobs_per_voice, job_ids, interrupt.check)
             jobs = _follow(settings, job_ids, timeout_s, _watchdog(procs, logs, interrupt.check))
@@ -134,13 +144,23 @@ def _show_logs(logs: Path) -> None:
 Procs = dict[str, subprocess.Popen[bytes]]
 
 
-def _start_services(stack: ExitStack, settings: Any, env: dict[str, str], var: Path, logs: Path) -> Procs:
-    from app.db import upgrade
-
-    for url in dict.fromkeys((settings.broker_url, settings.feature_store_url)):
+def _start_redis(stack: ExitStack, env: dict[str, str], var: Path) -> dict[str, str]:
+    """A Redis for the broker and the feature store (ours if none listens); the URLs to use on it."""
+    defaults = default_redis_urls()
+    broker, _, features = (env.get(name, url)
+                           for name, url in zip(services.REDIS_VARS, defaults, strict=True))
+    for url in dict.fromkeys((broker, features)):
         stop = services.ensure_redis(url, var / "redis")
         if stop is not None:
             stack.callback(stop)
+    urls, line = services.choose_redis(env, owner=f"{socket.gethostname()}:{var}", defaults=defaults)
+    say(line)
+    return urls
+
+
+def _start_services(stack: ExitStack, settings: Any, env: dict[str, str], var: Path, logs: Path) -> Procs:
+    from app.db import upgrade
+
     upgrade(settings.database_url)
     say(f"database: {settings.database_url}")
     child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}

@@ -22,7 +22,7 @@ from app.settings import Settings
 from app.speech import VOCAB_SIZE
 from tests.conftest import SESSION_TAG, settings_env
 from tests.integration.conftest import _wait_ready as wait_ready
-from tests.support.net import free_port
+from tests.support.net import answers_healthz, free_port
 
 
 @pytest.fixture(scope="module")
@@ -41,19 +41,13 @@ def live_api(cpu_worker: str, worker_settings: Settings,
     try:
         wait_ready(worker_settings, node, procs["gpu"], logs / "gpu.log")
         url = f"http://127.0.0.1:{port}"
-        assert services.wait_until(lambda: _healthy(url), timeout=90), services.log_tail(logs / "api.log")
+        assert services.wait_until(lambda: answers_healthz(url), timeout=90), \
+            services.log_tail(logs / "api.log")
         yield url
     finally:
         for proc in procs.values():
             services.stop_process(proc)
         print(services.log_tail(logs / "gpu.log", 40))
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 class Recorder:

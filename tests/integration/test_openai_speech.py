@@ -19,7 +19,7 @@ from app.dev import SAMPLES, services
 from app.settings import Settings
 from tests.conftest import SESSION_TAG, settings_env
 from tests.integration.conftest import _wait_ready as wait_ready
-from tests.support.net import free_port
+from tests.support.net import answers_healthz, free_port
 
 TOKEN = "speech-test-token"
 TEXT = "The wind blew from the north. It was half past three, and the boats came home."
@@ -40,19 +40,13 @@ def api(cpu_worker: str, worker_settings: Settings,
     try:
         wait_ready(worker_settings, node, procs[0], logs / "gpu.log")
         url = f"http://127.0.0.1:{port}"
-        assert services.wait_until(lambda: _answers(url), timeout=90), services.log_tail(logs / "api.log")
+        assert services.wait_until(lambda: answers_healthz(url), timeout=90), \
+            services.log_tail(logs / "api.log")
         yield url
     finally:
         for proc in procs:
             services.stop_process(proc)
         print(services.log_tail(logs / "api.log", 40))
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture

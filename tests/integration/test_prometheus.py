@@ -18,7 +18,7 @@ from app.settings import Settings
 from tests.conftest import SESSION_TAG, settings_env
 from tests.deploy.test_prometheus_rules import GRAPH_FALLBACKS, dashboard_expressions, rules
 from tests.integration.conftest import _wait_ready as wait_ready
-from tests.support.net import free_port
+from tests.support.net import answers_healthz, free_port
 from tests.support.prom import alert_signals, prometheus, query
 
 RATIO = "wavefarm:feature_store_memory:ratio"
@@ -42,7 +42,7 @@ def stack(cpu_worker: str, worker_settings: Settings, tmp_path_factory: pytest.T
     try:
         wait_ready(worker_settings, node, procs["gpu"], logs / "gpu.log")
         api = f"http://127.0.0.1:{api_port}"
-        assert services.wait_until(lambda: _answers(f"{api}/healthz"), timeout=90), services.log_tail(
+        assert services.wait_until(lambda: answers_healthz(api), timeout=90), services.log_tail(
             logs / "api.log")
         targets = {"wavefarm-api": f"127.0.0.1:{api_port}",
                    "wavefarm-gpu-worker": f"127.0.0.1:{metrics_port}"}
@@ -51,13 +51,6 @@ def stack(cpu_worker: str, worker_settings: Settings, tmp_path_factory: pytest.T
     finally:
         for proc in procs.values():
             services.stop_process(proc)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def _targets_up(prom: str) -> bool:

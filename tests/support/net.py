@@ -1,4 +1,5 @@
-"""Local ports for the processes a test starts, and the API served on one from a thread."""
+"""Local ports for the processes a test starts, the API served on one from a thread, and a poll of an
+API's /healthz."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from app.settings import Settings
+
+
+def answers_healthz(url: str) -> bool:
+    """Whether the API at `url` answers GET /healthz with 200 now (a poll for `wait_until`)."""
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def free_port() -> int:
