@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from app import jobs
+from app import jobs, lifecycle
 from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobStatus
@@ -68,7 +68,7 @@ def _job_in_state(settings: Settings, voice: str, status: JobStatus,
                                      artifacts=ArtifactStore(settings.artifact_root), text=TEXT,
                                      voice_id=voice, output_format="wav", idempotency_key=key)
             if status in (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.SUCCEEDED):
-                assert queries.finish_job(session=s, job_id=job_id, status=status, error=error)
+                assert lifecycle.finish(session=s, job_id=job_id, status=status, error=error)
             elif status != JobStatus.QUEUED:
                 s.get_one(Job, job_id).status = status
     finally:
