@@ -100,6 +100,7 @@ from app.db.queries.voices import (
 )
 from app.db.queries.workers import (
     CLAIM_HOLD_S,
+    LiveWorker,
     beat,
     count_jobs_by_route,
     get_worker,
@@ -108,6 +109,7 @@ from app.db.queries.workers import (
     list_gone_workers,
     list_orphaned_jobs,
     list_worker_names,
+    live_worker_rows,
     live_workers,
     live_workers_on_dummy_weights,
     mark_worker_stopped,
@@ -115,7 +117,6 @@ from app.db.queries.workers import (
     release_job,
     set_job_route,
     voice_holders,
-    voices_installed,
     worker_backlogs,
     worker_slots,
 )
@@ -181,7 +182,8 @@ __all__ = [
     "live_workers_on_dummy_weights",
     "worker_backlogs",
     "worker_slots",
-    "voices_installed",
+    "LiveWorker",
+    "live_worker_rows",
     "voice_holders",
     "set_job_route",
     "list_gone_workers",
