@@ -17,6 +17,12 @@ API process's CPU ms per request (from /proc) and SQL statements per request (co
 event in the API process). The client shares the machine's cores with the server: on 2 cores it takes
 part of the CPU the server could have had, so the rates are a floor. `--profile` also writes a cProfile
 of 200 submissions at concurrency 1 (the request thread's own time) and prints its top functions.
+
+`--processes N` (N > 1, PostgreSQL only: `wavefarm serve --processes` refuses SQLite) serves the API
+from N uvicorn processes on the one port, as `wavefarm serve --processes N` does (the request metrics in
+prometheus_client's multiprocess mode); CPU is then the whole process tree's and statements are summed
+over the processes (each writes its count to a file of its own), and after the run one scrape of
+/metrics must count every request the client sent (`metrics_requests_counted` in the JSON).
 """
 
 from __future__ import annotations
@@ -87,13 +93,109 @@ def serve_counted(port: int, profile: str | None) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    """CPU seconds of `pid` and its descendants (the processes `--processes` starts)."""
+    def own(p: int) -> tuple[int, float]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK  # ppid, utime + stime
+
+    table: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                table[int(entry.name)] = own(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue  # ended meanwhile
+    tree, grew = {pid}, True
+    while grew:  # until no process has a parent in the tree that is not in it itself
+        grew = False
+        for p, (ppid, _) in table.items():
+            if ppid in tree and p not in tree:
+                tree.add(p)
+                grew = True
+    return sum(table[p][1] for p in tree if p in table)
+
+
+# -- several API processes (--processes) -------------------------------------------------------------------
+
+STATEMENTS_DIR = "WAVEFARM_BENCH_STATEMENTS_DIR"  # where each API process writes its statement count
+
+
+def counted_app() -> Any:
+    """The API app of `wavefarm serve` in one of several processes, counting its SQL statements into a
+    file of its own (8 bytes, rewritten in place) so /_bench/statements can sum every process's."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from app.api.main import app_from_environment
+
+    folder = Path(os.environ[STATEMENTS_DIR])
+    fd = os.open(folder / str(os.getpid()), os.O_RDWR | os.O_CREAT, 0o600)
+    count = [0]
+
+    def counted(*_: Any) -> None:
+        count[0] += 1
+        os.pwrite(fd, count[0].to_bytes(8, "little"), 0)
+
+    event.listen(Engine, "before_cursor_execute", counted)
+    app = app_from_environment()
+
+    def statements() -> dict[str, int]:
+        return {"statements": sum(int.from_bytes(f.read_bytes()[:8] or b"\0", "little")
+                                  for f in folder.iterdir())}
+
+    app.add_api_route("/_bench/statements", statements, methods=["GET"])
+    return app
+
+
+def serve_processes(port: int, processes: int) -> None:
+    """What `wavefarm serve --processes N` runs, with `counted_app` as the app."""
+    import uvicorn
+
+    from app.api.metrics import prepare_multiprocess_dir
+    from app.cli.services import _upgrade_schema
+
+    _upgrade_schema()
+    prepare_multiprocess_dir(os.environ)
+    os.environ[STATEMENTS_DIR] = tempfile.mkdtemp(prefix="wavefarm-bench-statements-")
+    uvicorn.run("scripts.bench_api:counted_app", factory=True, host="127.0.0.1", port=port,
+                log_level="warning", workers=processes)
+
+
+async def requests_counted(base: str) -> float:
+    """Requests the API's /metrics counts in all (summed over processes in multiprocess mode)."""
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        text = (await client.get("/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("wavefarm_http_requests_total{"))
+
+
+async def metrics_check(n: int) -> dict[str, float]:
+    """`n` requests between two scrapes, whichever processes answer them: the second scrape must count
+    them all, and the first scrape itself (a per-process counter would count only its own share)."""
+    base = f"http://127.0.0.1:{PORT}"
+    before = await requests_counted(base)
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        await asyncio.gather(*(client.get("/healthz") for _ in range(n)))
+    return {"sent": n + 1, "counted": await requests_counted(base) - before}
+
+
+def processes_refusal(args: argparse.Namespace) -> str | None:
+    """Why these options cannot run (several processes: PostgreSQL only, as `wavefarm serve`), or None."""
+    if args.processes < 1:
+        return f"--processes must be at least 1, not {args.processes}"
+    if args.processes > 1 and "sqlite" in args.backends.split(","):
+        return (f"--processes {args.processes} needs --backends postgres: `wavefarm serve` runs several "
+                "API processes on PostgreSQL only")
+    if args.processes > 1 and args.profile:
+        return "--profile profiles one API process: use it without --processes"
+    return None
 
 
 @contextmanager
-def api_process(settings: Settings, log: Path, profile: str | None) -> Iterator[subprocess.Popen]:
+def api_process(settings: Settings, log: Path, profile: str | None,
+                processes: int = 1) -> Iterator[subprocess.Popen]:
     argv = [sys.executable, __file__, "--serve", str(PORT)] + (["--profile-out", profile] if profile else [])
+    argv += ["--serve-processes", str(processes)] if processes > 1 else []
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -282,7 +384,7 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
     print(f"{name}:", flush=True)
     with backend(name, root / name) as settings:
         profile = str(root / f"{name}.prof") if args.profile else None
-        with api_process(settings, root / f"{name}-api.log", profile) as proc, \
+        with api_process(settings, root / f"{name}-api.log", profile, args.processes) as proc, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
             sample = SAMPLES / "voice_a.wav"
             files = {"file": (sample.name, sample.read_bytes(), "audio/wav")}
@@ -291,15 +393,17 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
             voice = response.json()["id"]
             book = seed_books(settings, voice, args.book_segments, args.books)
             rows = asyncio.run(measure(proc, voice, book, args))
+            counted = asyncio.run(metrics_check(100)) if args.processes > 1 else None
             top = []
             if profile:
                 asyncio.run(profile_submissions(voice, Path(profile)))
                 top = print_profile(Path(profile))
     return {"backend": name, "database": settings.database_url.split(":", 1)[0],
-            "broker": settings.broker_url.split(":", 1)[0], "rows": rows, "profile_top": top}
+            "broker": settings.broker_url.split(":", 1)[0], "rows": rows, "profile_top": top,
+            **({"processes": args.processes, "metrics_requests_counted": counted} if counted else {})}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--concurrency", default="1,8,32,64")
@@ -308,12 +412,21 @@ def main() -> int:
     parser.add_argument("--books", type=int, default=200, help="books of 100 segments beside the big one")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--processes", type=int, default=1,
+                        help="API processes (uvicorn workers, as `wavefarm serve --processes`); >1: postgres")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.serve and args.serve_processes > 1:
+        serve_processes(args.serve, args.serve_processes)
+        return 0
     if args.serve:
         serve_counted(args.serve, args.profile_out)
         return 0
+    refusal = processes_refusal(args)
+    if refusal:
+        parser.error(refusal)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     root = Path(tempfile.mkdtemp(prefix="wavefarm-bench-api-"))
     results = [run_backend(name, args, root) for name in args.backends.split(",")]
