@@ -16,7 +16,7 @@ one of `ROUTES`, recorded on the job (`jobs.route`, exported by the API as `wave
                     install is oldest (none first), so that, with every worker idle, new voices go round
                     the workers instead of piling on the first by name. (Not the count of voices each
                     has installed: counting 100,000 installs took 28 ms a decision on PostgreSQL,
-                    docs/SCALING.md; the latest install is one index probe per worker.)
+                    docs/SCALING.md; `record_install` keeps the latest on the worker's row.)
   spilled           every slot of every holder is taken and a worker that does not hold the voice has a
                     free one: the job starts there now (one more install) rather than queue behind the
                     holder's jobs; that worker then holds the voice too, and the voice's next jobs go to

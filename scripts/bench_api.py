@@ -54,7 +54,18 @@ from app.dev import SAMPLES, services  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from scripts.service_stack import bench_settings, env_of, flush_redis  # noqa: E402
 
-PORT = 8767
+
+def _free_port() -> int:
+    """A port nothing listens on now: a fixed one was taken by another run of this script on a shared
+    machine, whose API then answered this run's requests (and wrote to its own database)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+PORT = _free_port()
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 RABBIT = "amqp://guest:guest@127.0.0.1:5672//"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -17,7 +17,8 @@ Then `--decisions` decisions of each kind, each in a session of its own as `send
     gone       a voice installed only on gone workers     (route: placed)
 Printed and saved per kind: p50/p99/mean ms per decision, this process's CPU ms per decision (what the
 API process spends), SQL statements per decision and the routes taken; plus each statement's mean time
-(which query dominates), and a floor: the same number of `SELECT 1` round trips through the same session,
+(which query dominates; on PostgreSQL also each statement's own execution time, EXPLAIN ANALYZE), and
+a floor: the same number of `SELECT 1` round trips through the same session,
 timed the same way (what three statements cost on this machine whatever they ask). Nothing else runs
 against this database; the machine may be shared, so the tail is pessimistic.
 """
@@ -108,8 +109,15 @@ def seed(engine: Engine, *, workers: int, voices: int, done_jobs: int, seed: int
                 "last_used": now - timedelta(seconds=rng.uniform(0, 86_400)),
                 "pinned": rng.randint(1, 3) if rng.random() < 0.1 else 0}
 
-    _insert(engine, WorkerVoice, [install(live[i % workers], v) for i, v in enumerate(held_ids)]
-            + [install(gone[i % len(gone)], v) for i, v in enumerate(gone_ids)])
+    installs = ([install(live[i % workers], v) for i, v in enumerate(held_ids)]
+                + [install(gone[i % len(gone)], v) for i, v in enumerate(gone_ids)])
+    _insert(engine, WorkerVoice, installs)
+    latest: dict[str, Any] = {}
+    for row in installs:  # what record_install keeps on the worker's row, install by install
+        latest[row["worker_id"]] = max(latest.get(row["worker_id"], row["installed_at"]), row["installed_at"])
+    with engine.begin() as conn:
+        for name, at in latest.items():
+            conn.execute(update(Worker).where(Worker.name == name).values(last_install_at=at))
 
     def job(status: str, worker: str | None, routed_to: str | None) -> dict[str, Any]:
         started = now - timedelta(seconds=rng.uniform(0, 3600))
@@ -201,6 +209,30 @@ def measure(engine: Engine, settings: Settings, ids: dict[str, list[str]], decis
     return {"kinds": kinds, "statements": per_statement}
 
 
+def server_ms(engine: Engine, settings: Settings, voice: str) -> list[dict[str, Any]]:
+    """PostgreSQL's own execution time of each statement of one decision (EXPLAIN ANALYZE, median of 5),
+    without the round trips and the client: what the database spends per decision."""
+    seen: list[tuple[str, Any]] = []
+
+    def keep(_c: Any, _cur: Any, stmt: str, params: Any, *_: Any) -> None:
+        seen.append((stmt, params))
+
+    session_of = make_sessionmaker(engine)
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        with session_of() as s:
+            routing.route_voice(session=s, settings=settings, voice_id=voice)
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    rows = []
+    with engine.connect() as conn:
+        for stmt, params in seen:
+            runs = sorted(float(conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + stmt, params)
+                                .scalar_one()[0]["Execution Time"]) for _ in range(5))
+            rows.append({"statement": " ".join(stmt.split())[:160], "execution_ms": round(runs[2], 3)})
+    return rows
+
+
 def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     with database(name, root) as url:
         engine = make_engine(url)
@@ -210,6 +242,8 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
             seeded = time.perf_counter() - t0
             settings = Settings(database_url=url, voice_affinity="on")
             result = measure(engine, settings, ids, args.decisions)
+            if name == "postgres":
+                result["server"] = {kind: server_ms(engine, settings, ids[kind][-1]) for kind in KINDS}
         finally:
             engine.dispose()
     print(f"{name}: seeded in {seeded:.1f} s")
@@ -218,6 +252,9 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
               f"cpu {r['client_cpu_ms']:>7} ms  statements {r['statements']:>5}  routes {r['routes']}")
     for r in result["statements"][:8]:
         print(f"    {r['mean_ms']:>8} ms x{r['calls']:<6} {r['statement'][:110]}")
+    for kind, rows in result.get("server", {}).items():
+        print(f"  {kind}: PostgreSQL's execution {sum(r['execution_ms'] for r in rows):.3f} ms "
+              f"({', '.join(str(r['execution_ms']) for r in rows)})")
     return {"backend": name, "workers": args.workers, "gone_workers": max(1, args.workers // 8),
             "voices_installed": args.voices, "done_jobs": args.done_jobs, **result}
 

@@ -33,3 +33,6 @@ def test_the_routing_benchmark_runs_small_and_reports_each_kind_of_decision(tmp_
         assert kinds["not_held"]["routes"] == {"placed": 10}
         assert kinds["gone"]["routes"] == {"placed": 10}  # its only holder is gone: placed anew
         assert backend["statements"] and all(s["calls"] > 0 for s in backend["statements"])
+    server = report["backends"][0]["server"]  # PostgreSQL's own time per statement of a decision
+    assert set(server) == {"held", "not_held", "gone"}
+    assert all(len(rows) == 3 and all(r["execution_ms"] > 0 for r in rows) for rows in server.values())

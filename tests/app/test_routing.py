@@ -212,3 +212,17 @@ def test_send_routed_records_the_route_then_sends_synth_there(session, settings,
     row = q.require_job(session=session, job_id=job.id)
     assert (row.routed_to, row.route) == (A, "affinity")
     assert q.count_jobs_by_route(session=session) == {"affinity": 1}
+
+
+def test_a_workers_latest_install_is_kept_on_its_row_and_a_new_incarnation_starts_with_none(
+        session, settings, voices):
+    live(session, A, B)
+    q.record_install(session=session, worker_id=A, voice_id=voices[0], nbytes=1)
+    session.commit()
+    installed = q.get_worker_voice(session=session, worker_id=A, voice_id=voices[0])
+    assert installed is not None
+    rows = {row.name: row for row in q.live_worker_rows(session=session, beat_after=utcnow() - timedelta(1))}
+    assert rows[A].last_install == installed.installed_at and rows[B].last_install is None
+    live(session, A)  # restarted: its device memory, and so its installs, are gone
+    rows = {row.name: row for row in q.live_worker_rows(session=session, beat_after=utcnow() - timedelta(1))}
+    assert rows[A].last_install is None

@@ -33,7 +33,8 @@ def register_worker(*, session: Session, name: str, slots: int | None = None,
     """A worker process starting under `name` with `slots` (jobs it streams at once), on dummy weights or
     not: a new incarnation (started now, beating now)."""
     now = utcnow()
-    values = {"started_at": now, "heartbeat_at": now, "slots": slots, "dummy_weights": dummy_weights}
+    values = {"started_at": now, "heartbeat_at": now, "slots": slots, "dummy_weights": dummy_weights,
+              "last_install_at": None}  # a new process holds no voice yet
     stmt = _insert(session, Worker).values(name=name, **values)
     session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_=values))
     worker = session.get(Worker, name, populate_existing=True)
@@ -159,16 +160,14 @@ def worker_slots(*, session: Session, workers: Sequence[str]) -> dict[str, int |
 class LiveWorker:
     name: str
     slots: int | None  # as it registered (None: a row from before they were recorded)
-    last_install: datetime | None  # its latest install (`worker_voices`); None: it holds none
+    last_install: datetime | None  # this incarnation's latest install; None: it installed none
 
 
 def live_worker_rows(*, session: Session, beat_after: datetime) -> list[LiveWorker]:
     """The GPU workers that beat since `beat_after` (and did not stop), by name, with their slots and
-    latest install: one index probe per worker (ix_worker_voices_worker_installed), not a count of
-    every install, so the cost does not grow with the voices installed."""
-    latest = (select(func.max(WorkerVoice.installed_at)).where(WorkerVoice.worker_id == Worker.name)
-              .correlate(Worker).scalar_subquery())
-    stmt = (select(Worker.name, Worker.slots, latest)
+    latest install (`workers.last_install_at`, kept by `record_install`): the workers' rows alone, so the
+    cost does not grow with the voices installed."""
+    stmt = (select(Worker.name, Worker.slots, Worker.last_install_at)
             .where(Worker.heartbeat_at.is_not(None), Worker.heartbeat_at >= beat_after).order_by(Worker.name))
     return [LiveWorker(name, slots, last) for name, slots, last in session.execute(stmt).tuples()]
 
