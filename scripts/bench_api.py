@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -166,10 +167,14 @@ def serve_processes(port: int, processes: int) -> None:
     from app.cli.services import _upgrade_schema
 
     _upgrade_schema()
-    prepare_multiprocess_dir(os.environ)
-    os.environ[STATEMENTS_DIR] = tempfile.mkdtemp(prefix="wavefarm-bench-statements-")
-    uvicorn.run("scripts.bench_api:counted_app", factory=True, host="127.0.0.1", port=port,
-                log_level="warning", workers=processes)
+    metrics = prepare_multiprocess_dir(os.environ)
+    statements = os.environ[STATEMENTS_DIR] = tempfile.mkdtemp(prefix="wavefarm-bench-statements-")
+    try:
+        uvicorn.run("scripts.bench_api:counted_app", factory=True, host="127.0.0.1", port=port,
+                    log_level="warning", workers=processes)
+    finally:
+        shutil.rmtree(metrics, ignore_errors=True)
+        shutil.rmtree(statements, ignore_errors=True)
 
 
 async def requests_counted(base: str) -> float:

@@ -25,7 +25,8 @@ sources, so any process answers them alike; the request metrics are counted in e
 prometheus_client's multiprocess mode: with PROMETHEUS_MULTIPROC_DIR set (in the environment before
 prometheus_client is imported), each process writes its counts to files there and every `/metrics`
 answer sums all of them. `serve` sets the variable for N > 1 and empties the folder of an earlier run's
-files (`prepare_multiprocess_dir`); with one process it is left unset and nothing is written to disk.
+files (`prepare_multiprocess_dir`; a folder it made itself is removed when it stops); with one process it
+is left unset and nothing is written to disk.
 """
 
 from __future__ import annotations

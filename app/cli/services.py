@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,13 +100,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     check_port_free(args.host, args.port)  # before anything starts: say who holds it
     _upgrade_schema()  # once, here, before the processes start
+    made = None
     if args.processes > 1:
-        from app.api.metrics import prepare_multiprocess_dir
+        from app.api.metrics import MULTIPROC_ENV, prepare_multiprocess_dir
 
+        given = os.environ.get(MULTIPROC_ENV)
         folder = prepare_multiprocess_dir(os.environ)  # inherited by the processes uvicorn spawns
+        made = None if given else folder
         log.info("serve: %d processes; request metrics shared in %s", args.processes, folder)
-    uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
-                log_level=args.log_level, workers=args.processes)
+    try:
+        uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
+                    log_level=args.log_level, workers=args.processes)
+    finally:
+        if made is not None:  # a folder of our own: its counts mean nothing to the next start
+            shutil.rmtree(made, ignore_errors=True)
     return 0
 
 

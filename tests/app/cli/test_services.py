@@ -98,16 +98,18 @@ def test_serve_runs_several_processes_on_postgresql_with_their_metrics_in_one_fo
     runs: list[dict] = []
     import uvicorn
 
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: runs.append(k))
+    def run(*_: object, **options: object) -> None:  # the folder, as the processes would inherit it
+        folder = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        runs.append({**options, "folder": folder, "empty_dir": folder.is_dir() and not any(folder.iterdir())})
+
+    monkeypatch.setattr(uvicorn, "run", run)
     try:
         assert cli.main(["serve", "--port", "18999", "--processes", "3"]) == 0
     finally:
         get_settings.cache_clear()
-    (run,) = runs
-    assert run["workers"] == 3 and run["factory"] is True
-    folder = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])  # inherited by the processes uvicorn spawns
-    assert folder.is_dir() and not list(folder.iterdir())
-    folder.rmdir()
+    (started,) = runs
+    assert started["workers"] == 3 and started["factory"] is True and started["empty_dir"]
+    assert not started["folder"].exists()  # a folder serve made is removed when it stops
 
 
 def test_serve_refuses_several_processes_on_sqlite_and_says_why(
