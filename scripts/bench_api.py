@@ -21,6 +21,12 @@ event in the API process). The client shares the machine's cores with the server
 part of the CPU the server could have had, so the rates are a floor. `--profile` also writes a cProfile
 of 200 submissions at concurrency 1 (the request thread's own time) and prints its top functions; with
 `--batch`, of `--batch-requests` batches instead.
+
+`--processes N` (N > 1, PostgreSQL only: `wavefarm serve --processes` refuses SQLite) serves the API
+from N uvicorn processes on the one port, as `wavefarm serve --processes N` does (the request metrics in
+prometheus_client's multiprocess mode); CPU is then the whole process tree's and statements are summed
+over the processes (each writes its count to a file of its own), and after the run one scrape of
+/metrics must count every request the client sent (`metrics_requests_counted` in the JSON).
 """
 
 from __future__ import annotations
@@ -50,9 +56,21 @@ if str(REPO) not in sys.path:
 
 from app.dev import SAMPLES, services  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from scripts.bench_api_processes import metrics_check, processes_refusal, serve_processes  # noqa: E402
 from scripts.service_stack import bench_settings, env_of, flush_redis  # noqa: E402
 
-PORT = 8767
+
+def _free_port() -> int:
+    """A port nothing listens on now: a fixed one was taken by another run of this script on a shared
+    machine, whose API then answered this run's requests (and wrote to its own database)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+PORT = _free_port()
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 RABBIT = "amqp://guest:guest@127.0.0.1:5672//"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -99,15 +117,34 @@ def serve_counted(port: int, profile: str | None, null_broker: bool = False) -> 
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    """CPU seconds of `pid` and its descendants (the processes `--processes` starts)."""
+    def own(p: int) -> tuple[int, float]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK  # ppid, utime + stime
+
+    table: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                table[int(entry.name)] = own(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue  # ended meanwhile
+    tree, grew = {pid}, True
+    while grew:  # until no process has a parent in the tree that is not in it itself
+        grew = False
+        for p, (ppid, _) in table.items():
+            if ppid in tree and p not in tree:
+                tree.add(p)
+                grew = True
+    return sum(table[p][1] for p in tree if p in table)
 
 
 @contextmanager
 def api_process(settings: Settings, log: Path, profile: str | None,
-                null_broker: bool = False) -> Iterator[subprocess.Popen]:
+                null_broker: bool = False, processes: int = 1) -> Iterator[subprocess.Popen]:
     argv = [sys.executable, __file__, "--serve", str(PORT)] + (["--profile-out", profile] if profile else [])
     argv += ["--null-broker"] if null_broker else []
+    argv += ["--serve-processes", str(processes)] if processes > 1 else []
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -313,7 +350,8 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
     print(f"{name}:", flush=True)
     with backend(name, root / name) as settings:
         profile = str(root / f"{name}.prof") if args.profile else None
-        with api_process(settings, root / f"{name}-api.log", profile, args.null_broker) as proc, \
+        with api_process(settings, root / f"{name}-api.log", profile, args.null_broker,
+                         args.processes) as proc, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
             sample = SAMPLES / "voice_a.wav"
             files = {"file": (sample.name, sample.read_bytes(), "audio/wav")}
@@ -322,15 +360,18 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
             voice = response.json()["id"]
             book = seed_books(settings, voice, args.book_segments, args.books)
             rows = asyncio.run(measure(proc, voice, book, args))
+            base = f"http://127.0.0.1:{PORT}"
+            counted = asyncio.run(metrics_check(base, 100)) if args.processes > 1 else None
             top = []
             if profile:
                 asyncio.run(profile_submissions(voice, Path(profile), args))
                 top = print_profile(Path(profile))
     return {"backend": name, "database": settings.database_url.split(":", 1)[0],
-            "broker": settings.broker_url.split(":", 1)[0], "rows": rows, "profile_top": top}
+            "broker": settings.broker_url.split(":", 1)[0], "rows": rows, "profile_top": top,
+            **({"processes": args.processes, "metrics_requests_counted": counted} if counted else {})}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--concurrency", default="1,8,32,64")
@@ -345,12 +386,21 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--null-broker", action="store_true", help="the API drops its messages (no broker "
                         "round trips): what the service costs without them")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="API processes (uvicorn workers, as `wavefarm serve --processes`); >1: postgres")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.serve and args.serve_processes > 1:
+        serve_processes(args.serve, args.serve_processes)
+        return 0
     if args.serve:
         serve_counted(args.serve, args.profile_out, args.null_broker)
         return 0
+    refusal = processes_refusal(args)
+    if refusal:
+        parser.error(refusal)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     every = [s for s in SCENARIOS if s != "batch" or args.batch]
     chosen = args.scenarios.split(",") if args.scenarios else every

@@ -19,17 +19,29 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
   wavefarm_source_up{source}           1 when that source answered this scrape
 plus request counts and latencies of the API itself. The GPU worker exports its engine's metrics from
 its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
+
+Several API processes (`wavefarm serve --processes N`): the state metrics are read from the shared
+sources, so any process answers them alike; the request metrics are counted in each process, so they use
+prometheus_client's multiprocess mode: with PROMETHEUS_MULTIPROC_DIR set (in the environment before
+prometheus_client is imported), each process writes its counts to files there and every `/metrics`
+answer sums all of them. `serve` sets the variable for N > 1 and empties the folder of an earlier run's
+files (`prepare_multiprocess_dir`; a folder it made itself is removed when it stops); with one process it
+is left unset and nothing is written to disk.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -53,6 +65,7 @@ STORE_MAX = "wavefarm_feature_store_max_bytes"
 SOURCE_UP = "wavefarm_source_up"
 HTTP_REQUESTS = "wavefarm_http_requests"
 HTTP_SECONDS = "wavefarm_http_request_seconds"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
 
 
 def broker_queue_depth(broker: Broker, queue: str) -> int:
@@ -131,9 +144,30 @@ class StateCollector(Collector):
 
 
 def http_metrics(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
-    """The API's own request metrics, registered once per app (the middleware stack may be rebuilt)."""
-    return (Counter(HTTP_REQUESTS, "HTTP requests", ["method", "route", "status"], registry=registry),
-            Histogram(HTTP_SECONDS, "HTTP request latency", ["method", "route"], registry=registry))
+    """The API's own request metrics, registered once per app (the middleware stack may be rebuilt). In
+    multiprocess mode they are written to the shared folder and `registry` reads every process's files."""
+    own: CollectorRegistry | None = registry
+    if os.environ.get(MULTIPROC_ENV):
+        MultiProcessCollector(registry)  # registers itself: the sum over the folder's files
+        own = None  # registered, this process's metrics would be reported beside the sum
+    return (Counter(HTTP_REQUESTS, "HTTP requests", ["method", "route", "status"], registry=own),
+            Histogram(HTTP_SECONDS, "HTTP request latency", ["method", "route"], registry=own))
+
+
+def prepare_multiprocess_dir(environ: MutableMapping[str, str]) -> Path:
+    """The folder several API processes share their request metrics in: PROMETHEUS_MULTIPROC_DIR when
+    set (emptied of an earlier run's `.db` files: counts of processes gone would be summed as if live),
+    else a new temporary folder, set in `environ` for the processes to inherit."""
+    given = environ.get(MULTIPROC_ENV)
+    if not given:
+        folder = Path(tempfile.mkdtemp(prefix="wavefarm-api-metrics-"))
+        environ[MULTIPROC_ENV] = str(folder)
+        return folder
+    folder = Path(given)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.db"):
+        stale.unlink()
+    return folder
 
 
 class HttpMetrics:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ def add_commands(sub: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--processes", type=_positive, default=1,
+                       help="API processes on the one port (uvicorn's --workers); more than one needs "
+                            "PostgreSQL (default: 1)")
     serve.set_defaults(handler=cmd_serve)
     for name, what in (("cpu-worker", "voice preparation and maintenance tasks (celery -Q cpu)"),
                        ("gpu-worker", "the synthesis worker (celery -Q gpu, thread pool of worker_slots)")):
@@ -69,15 +73,47 @@ def _upgrade_schema() -> None:
     upgrade(settings().database_url)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def serve_refusal(database_url: str, processes: int) -> str | None:
+    """Why `serve` will not start `processes` API processes on this database, or None."""
+    if processes > 1 and database_url.startswith("sqlite"):
+        return (f"--processes {processes}: several API processes need PostgreSQL (WAVEFARM_DATABASE_URL); "
+                "SQLite takes one writer at a time, so the processes would queue on its lock and time "
+                "out. Run one process on SQLite.")
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.cli.ports import check_port_free
 
+    refusal = serve_refusal(settings().database_url, args.processes)
+    if refusal:
+        print(f"wavefarm serve: {refusal}", file=sys.stderr)
+        return 2
     check_port_free(args.host, args.port)  # before anything starts: say who holds it
-    _upgrade_schema()
-    uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
-                log_level=args.log_level)
+    _upgrade_schema()  # once, here, before the processes start
+    made = None
+    if args.processes > 1:
+        from app.api.metrics import MULTIPROC_ENV, prepare_multiprocess_dir
+
+        given = os.environ.get(MULTIPROC_ENV)
+        folder = prepare_multiprocess_dir(os.environ)  # inherited by the processes uvicorn spawns
+        made = None if given else folder
+        log.info("serve: %d processes; request metrics shared in %s", args.processes, folder)
+    try:
+        uvicorn.run("app.api.main:app_from_environment", factory=True, host=args.host, port=args.port,
+                    log_level=args.log_level, workers=args.processes)
+    finally:
+        if made is not None:  # a folder of our own: its counts mean nothing to the next start
+            shutil.rmtree(made, ignore_errors=True)
     return 0
 
 

@@ -144,6 +144,9 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_status_priority", "status", "priority"),
         Index("ix_jobs_voice_id", "voice_id"),
+        Index("ix_jobs_voice_status", "voice_id", "status"),  # a voice's live jobs (app.routing)
+        Index("ix_jobs_status_worker", "status", "worker"),  # workers' backlogs from the index (app.routing)
+        Index("ix_jobs_status_routed_to", "status", "routed_to"),
         Index("ix_jobs_submitted_at_id", "submitted_at", "id"),  # newest-first pages (queries.paging)
         CheckConstraint(one_of("status", JobStatus), name="status"),
         CheckConstraint(one_of("output_format", OutputFormat), name="output_format"),
@@ -205,12 +208,14 @@ class Worker(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(default=utcnow)
     slots: Mapped[int | None]  # jobs it streams at once (WAVEFARM_WORKER_SLOTS); NULL: not recorded
     dummy_weights: Mapped[bool | None]  # runs without a model folder (noise); NULL: not recorded
+    last_install_at: Mapped[datetime | None]  # this incarnation's latest install (app.routing); NULL: none
 
 
 class WorkerVoice(Base):
     """A voice installed on one GPU worker (prompt + setup caches resident on its device)."""
 
     __tablename__ = "worker_voices"
+    __table_args__ = (Index("ix_worker_voices_voice_id", "voice_id"),)  # who holds a voice (app.routing)
 
     worker_id: Mapped[str] = mapped_column(String(255), primary_key=True)
     voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"), primary_key=True)

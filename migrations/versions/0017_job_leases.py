@@ -1,7 +1,7 @@
 """jobs.lease_until, jobs.ring_due_at, jobs.rings: leases and doorbells (`app.lifecycle`).
 
 Revision ID: 0017_job_leases
-Revises: 0015_worker_weights
+Revises: 0016_routing_index
 Create Date: 2026-12-04
 
 A job claimed when the database is upgraded (a worker of the previous version streaming it) gets a lease
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0017_job_leases"
-down_revision: str | None = "0015_worker_weights"
+down_revision: str | None = "0016_routing_index"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -163,17 +163,29 @@ def test_slots_a_worker_did_not_record_are_the_routers_own_setting(session, sett
     assert q.worker_slots(session=session, workers=[A, B]) == {A: 4, B: None}
 
 
-def test_new_voices_on_idle_workers_spread_by_the_voices_each_has_installed(session, settings, voices):
+def test_new_voices_on_idle_workers_go_to_the_one_whose_latest_install_is_oldest(session, settings, voices):
     live(session, A, B)
     q.record_install(session=session, worker_id=A, voice_id=voices[1], nbytes=1)  # idle, but holds one
     assert route(session, settings, voices[0]) == routing.Route(f"{settings.queue_gpu}.{B}", B, "placed")
     q.record_install(session=session, worker_id=B, voice_id=voices[0], nbytes=1)
     q.record_install(session=session, worker_id=B, voice_id=voices[2], nbytes=1)
     session.commit()
-    assert q.voices_installed(session=session, workers=[A, B]) == {A: 1, B: 2}
-    assert route(session, settings, vid(7)).worker == A
-    claimed_by(session, voices[1], A, n=1)  # busier comes first: live jobs, then voices installed
+    rows = {row.name: row for row in q.live_worker_rows(session=session, beat_after=utcnow() - timedelta(1))}
+    assert rows[A].last_install is not None and rows[B].last_install is not None
+    assert rows[A].last_install < rows[B].last_install
+    assert route(session, settings, vid(7)).worker == A  # A installed nothing since B did
+    claimed_by(session, voices[1], A, n=1)  # busier comes first: live jobs, then the latest install
     assert route(session, settings, vid(7)).worker == B
+
+
+def test_a_voices_holders_are_only_live_workers_whatever_else_holds_it(session, settings, voices):
+    live(session, A, B)
+    q.record_install(session=session, worker_id=A, voice_id=voices[0], nbytes=1)
+    q.record_install(session=session, worker_id="gpu-gone@host", voice_id=voices[0], nbytes=1)
+    claimed_by(session, voices[0], "gpu-other@host", n=1)
+    session.commit()
+    assert q.voice_holders(session=session, voice_id=voices[0], workers=[A, B]) == {A}
+    assert q.voice_holders(session=session, voice_id=voices[0], workers=[B]) == set()
 
 
 def test_finished_jobs_are_no_backlog_and_hold_no_voice(session, settings, voices):
@@ -200,3 +212,17 @@ def test_send_routed_records_the_route_then_sends_synth_there(session, settings,
     row = q.require_job(session=session, job_id=job.id)
     assert (row.routed_to, row.route) == (A, "affinity")
     assert q.count_jobs_by_route(session=session) == {"affinity": 1}
+
+
+def test_a_workers_latest_install_is_kept_on_its_row_and_a_new_incarnation_starts_with_none(
+        session, settings, voices):
+    live(session, A, B)
+    q.record_install(session=session, worker_id=A, voice_id=voices[0], nbytes=1)
+    session.commit()
+    installed = q.get_worker_voice(session=session, worker_id=A, voice_id=voices[0])
+    assert installed is not None
+    rows = {row.name: row for row in q.live_worker_rows(session=session, beat_after=utcnow() - timedelta(1))}
+    assert rows[A].last_install == installed.installed_at and rows[B].last_install is None
+    live(session, A)  # restarted: its device memory, and so its installs, are gone
+    rows = {row.name: row for row in q.live_worker_rows(session=session, beat_after=utcnow() - timedelta(1))}
+    assert rows[A].last_install is None

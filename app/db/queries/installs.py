@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import InstallEvent, WorkerVoice, utcnow
+from app.db.models import InstallEvent, Worker, WorkerVoice, utcnow
 
 
 def get_worker_voice(*, session: Session, worker_id: str, voice_id: str) -> WorkerVoice | None:
@@ -27,6 +27,8 @@ def record_install(*, session: Session, worker_id: str, voice_id: str, nbytes: i
     _close_events(session, worker_id, voice_id, lost=False)  # installed again: the earlier one ended
     session.add(InstallEvent(worker_id=worker_id, voice_id=voice_id, installed_at=now, nbytes=nbytes,
                              lost=False))
+    # The router's tie-break among idle workers (app.routing), kept here so it never counts installs.
+    session.execute(update(Worker).where(Worker.name == worker_id).values(last_install_at=now))
     session.flush()
     return row
 

@@ -8,9 +8,10 @@ through, which hold a voice; where each job's `synth` was sent.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, or_, select, union, union_all, update
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, JobStatus, Worker, WorkerVoice, utcnow
@@ -24,7 +25,8 @@ def register_worker(*, session: Session, name: str, slots: int | None = None,
     """A worker process starting under `name` with `slots` (jobs it streams at once), on dummy weights or
     not: a new incarnation (started now, beating now)."""
     now = utcnow()
-    values = {"started_at": now, "heartbeat_at": now, "slots": slots, "dummy_weights": dummy_weights}
+    values = {"started_at": now, "heartbeat_at": now, "slots": slots, "dummy_weights": dummy_weights,
+              "last_install_at": None}  # a new process holds no voice yet
     stmt = _insert(session, Worker).values(name=name, **values)
     session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_=values))
     worker = session.get(Worker, name, populate_existing=True)
@@ -65,16 +67,19 @@ def live_workers_on_dummy_weights(*, session: Session, beat_after: datetime) -> 
 
 
 def worker_backlogs(*, session: Session, workers: Sequence[str]) -> dict[str, int]:
-    """Live jobs each worker has to get through: claimed by it, or queued on its own queue."""
+    """Live jobs each worker has to get through: claimed by it, or queued on its own queue. One statement
+    over the live jobs (ix_jobs_status_priority), every worker's counted and `workers`' kept: naming 64
+    workers in the query cost more to render than the database took to count (scripts/bench_routing.py)."""
     backlog = dict.fromkeys(workers, 0)
     if not workers:
         return backlog
-    claimed = (select(Job.worker, func.count()).where(Job.status.in_(CLAIMED), Job.worker.in_(workers))
+    claimed = (select(Job.worker, func.count()).where(Job.status.in_(CLAIMED), Job.worker.is_not(None))
                .group_by(Job.worker))
     queued = (select(Job.routed_to, func.count())
-              .where(Job.status == JobStatus.QUEUED, Job.routed_to.in_(workers)).group_by(Job.routed_to))
-    for name, n in [*session.execute(claimed), *session.execute(queued)]:
-        backlog[name] += int(n)
+              .where(Job.status == JobStatus.QUEUED, Job.routed_to.is_not(None)).group_by(Job.routed_to))
+    for name, n in session.execute(union_all(claimed, queued)):
+        if name in backlog:
+            backlog[name] += int(n)
     return backlog
 
 
@@ -87,28 +92,32 @@ def worker_slots(*, session: Session, workers: Sequence[str]) -> dict[str, int |
     return slots
 
 
-def voices_installed(*, session: Session, workers: Sequence[str]) -> dict[str, int]:
-    """How many voices each worker has installed now (`worker_voices`)."""
-    held = dict.fromkeys(workers, 0)
-    if workers:
-        stmt = (select(WorkerVoice.worker_id, func.count()).where(WorkerVoice.worker_id.in_(workers))
-                .group_by(WorkerVoice.worker_id))
-        held.update((name, int(n)) for name, n in session.execute(stmt).tuples())
-    return held
+@dataclass(frozen=True)
+class LiveWorker:
+    name: str
+    slots: int | None  # as it registered (None: a row from before they were recorded)
+    last_install: datetime | None  # this incarnation's latest install; None: it installed none
+
+
+def live_worker_rows(*, session: Session, beat_after: datetime) -> list[LiveWorker]:
+    """The GPU workers that beat since `beat_after` (and did not stop), by name, with their slots and
+    latest install (`workers.last_install_at`, kept by `record_install`): the workers' rows alone, so the
+    cost does not grow with the voices installed."""
+    stmt = (select(Worker.name, Worker.slots, Worker.last_install_at)
+            .where(Worker.heartbeat_at.is_not(None), Worker.heartbeat_at >= beat_after).order_by(Worker.name))
+    return [LiveWorker(name, slots, last) for name, slots, last in session.execute(stmt).tuples()]
 
 
 def voice_holders(*, session: Session, voice_id: str, workers: Sequence[str]) -> set[str]:
     """Of `workers`, those that hold the voice: installed (`worker_voices`), or with live jobs of it
-    claimed or queued on their own queue (the install is under way, or will be)."""
+    claimed or queued on their own queue (the install is under way, or will be); one statement."""
     if not workers:
         return set()
-    installed = select(WorkerVoice.worker_id).where(WorkerVoice.voice_id == voice_id,
-                                                     WorkerVoice.worker_id.in_(workers))
-    claimed = select(Job.worker).where(Job.voice_id == voice_id, Job.status.in_(CLAIMED),
-                                       Job.worker.in_(workers))
-    queued = select(Job.routed_to).where(Job.voice_id == voice_id, Job.status == JobStatus.QUEUED,
-                                         Job.routed_to.in_(workers))
-    return {name for stmt in (installed, claimed, queued) for name in session.scalars(stmt) if name}
+    installed = select(WorkerVoice.worker_id.label("name")).where(WorkerVoice.voice_id == voice_id)
+    claimed = select(Job.worker).where(Job.voice_id == voice_id, Job.status.in_(CLAIMED))
+    queued = select(Job.routed_to).where(Job.voice_id == voice_id, Job.status == JobStatus.QUEUED)
+    live = set(workers)
+    return {name for name in session.scalars(union(installed, claimed, queued)) if name in live}
 
 
 def set_job_route(*, session: Session, job_ids: Sequence[str], routed_to: str | None, route: str) -> None:

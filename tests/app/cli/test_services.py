@@ -87,3 +87,43 @@ def test_services_bring_the_schema_up_to_date_on_start(command: list[str], tmp_p
     engine = make_engine(url)
     assert {"voices", "jobs", "worker_voices"} <= set(inspect(engine).get_table_names())
     engine.dispose()
+
+
+def test_serve_runs_several_processes_on_postgresql_with_their_metrics_in_one_folder(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("WAVEFARM_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # restored (unset) after the test
+    monkeypatch.setattr(service_commands, "_upgrade_schema", lambda: None)
+    get_settings.cache_clear()
+    runs: list[dict] = []
+    import uvicorn
+
+    def run(*_: object, **options: object) -> None:  # the folder, as the processes would inherit it
+        folder = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        runs.append({**options, "folder": folder, "empty_dir": folder.is_dir() and not any(folder.iterdir())})
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    try:
+        assert cli.main(["serve", "--port", "18999", "--processes", "3"]) == 0
+    finally:
+        get_settings.cache_clear()
+    (started,) = runs
+    assert started["workers"] == 3 and started["factory"] is True and started["empty_dir"]
+    assert not started["folder"].exists()  # a folder serve made is removed when it stops
+
+
+def test_serve_refuses_several_processes_on_sqlite_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("WAVEFARM_DATABASE_URL", f"sqlite:///{tmp_path / 'db.sqlite'}")
+    get_settings.cache_clear()
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("started on SQLite"))
+    try:
+        assert cli.main(["serve", "--processes", "2"]) == 2
+        assert service_commands.serve_refusal(get_settings().database_url, 1) is None
+    finally:
+        get_settings.cache_clear()
+    assert "several API processes need PostgreSQL" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--processes", "0"])
