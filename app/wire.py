@@ -28,8 +28,7 @@ SWEEP_TASK = "maintenance.sweep"  # cpu queue (tasks/maintenance.py)
 BOOK_PARSE_TASK = "book.parse"  # cpu queue, tasks/books.py: read and plan a submitted book (bounded child)
 BOOK_PLAN_TASK = "book.plan"  # cpu queue, tasks/books.py: start or resume a book
 BOOK_TOKENIZE_TASK = "book.tokenize"
-BOOK_CHAPTER_TASK = "book.chapter"
-BOOK_CHAPTER_ERROR_TASK = "book.chapter_error"
+BOOK_CHAPTER_TASK = "book.chapter"  # cpu queue: a chapter recorded ready (app.db.queries.chapters)
 BOOK_ASSEMBLE_TASK = "book.assemble"
 
 MAX_PRIORITY = 9  # job priority 0..9, larger goes first
@@ -86,3 +85,9 @@ def send_synth(sender: TaskSender, settings: Settings, job_id: str, priority: in
     chooses); the task id is the job id (Flower and revocation address it)."""
     sender.send_task(SYNTH_TASK, args=[job_id], queue=queue or settings.queue_gpu, task_id=job_id,
                      priority=broker_priority(priority))
+
+
+def send_chapter(sender: TaskSender, settings: Settings, book_id: str, index: int) -> None:
+    """Ring a chapter's `book.chapter` on a CPU worker: its segments have all settled (a doorbell: the
+    task reads the database, so a lost or doubled one is harmless; the sweep rings a lost one again)."""
+    sender.send_task(BOOK_CHAPTER_TASK, args=[book_id, index], queue=settings.queue_cpu)

@@ -7,12 +7,14 @@ processes never both win. Inserts that may race use INSERT .. ON CONFLICT
 DO NOTHING (SQLite and PostgreSQL both have it).
 
     voices       voice rows, preparation states, uses, live jobs, referenced artifact paths
-    jobs         job creation (idempotent), attempts, progress, finishing, cancelling, listing
+    jobs         job creation (idempotent), attempts, progress, finishing (counted against chapters),
+                 cancelling, listing
     installs     which voices each GPU worker holds, pins, last use
     workers      GPU worker incarnations and heartbeats; held and orphaned jobs, releasing a claim;
                  the routing reads (live workers, backlogs, voice holders) and job routes
     maintenance  stale live jobs and abandoned ready voices, for the sweep
-    books        books, chapters, segments and their jobs, per-chapter progress
+    books        books, chapters, segments and their jobs
+    chapters     chapter counters kept as segments settle; the outbox of `book.chapter`
     stats        books by status and the chapters of live books, for the API's metrics
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
 
@@ -23,11 +25,9 @@ from __future__ import annotations
 
 from app.db.queries._common import ERROR_MAX_CHARS
 from app.db.queries.books import (
-    ChapterProgress,
     PlannedChapter,
     SegmentState,
     add_book_plan,
-    book_progress,
     book_segment_states,
     claim_next_chapter,
     count_live_books_with_segment,
@@ -40,10 +40,10 @@ from app.db.queries.books import (
     link_segment_job,
     list_books,
     list_chapters,
-    list_stalled_chapters,
     list_unsent_chapters,
     mark_chapter_assembled,
     page_books,
+    reopen_failed_segments,
     require_book,
     segment_renders,
     segment_state,
@@ -51,6 +51,14 @@ from app.db.queries.books import (
     start_book_parse,
     touch_chapter,
     unlink_segment_job,
+)
+from app.db.queries.chapters import (
+    chapter_ready_at,
+    list_chapters_of,
+    list_unchecked_chapters,
+    mark_chapter_checked,
+    mark_chapter_rung,
+    record_ready,
 )
 from app.db.queries.installs import (
     clear_worker_voices,
@@ -62,6 +70,7 @@ from app.db.queries.installs import (
     remove_worker_voice,
 )
 from app.db.queries.jobs import (
+    Settled,
     add_job_note,
     cancel_job,
     claim_job_attempt,
@@ -77,6 +86,7 @@ from app.db.queries.jobs import (
     page_jobs,
     require_job,
     set_job_tokens,
+    settle_job,
     update_progress,
 )
 from app.db.queries.maintenance import list_abandoned_ready_voices, list_stale_live_jobs, touch_job
@@ -153,6 +163,8 @@ __all__ = [
     "claim_job_attempt",
     "mark_job_running",
     "update_progress",
+    "Settled",
+    "settle_job",
     "finish_job",
     "cancel_job",
     "list_jobs",
@@ -205,9 +217,9 @@ __all__ = [
     "claim_next_chapter",
     "count_rendering_segments",
     "mark_chapter_assembled",
-    "list_stalled_chapters",
     "list_unsent_chapters",
     "touch_chapter",
+    "reopen_failed_segments",
     "SegmentState",
     "book_segment_states",
     "gather_book_notes",
@@ -216,8 +228,13 @@ __all__ = [
     "get_segment",
     "link_segment_job",
     "fail_segment",
-    "ChapterProgress",
-    "book_progress",
     "segment_renders",
+    # chapter counters and the outbox of book.chapter
+    "list_chapters_of",
+    "chapter_ready_at",
+    "record_ready",
+    "mark_chapter_checked",
+    "list_unchecked_chapters",
+    "mark_chapter_rung",
     "count_live_books_with_segment",
 ]

@@ -1,8 +1,10 @@
-"""Jobs: creation (idempotent), attempts, progress, finishing, cancelling, listing."""
+"""Jobs: creation (idempotent), attempts, progress, finishing (counted against book chapters), cancelling,
+listing."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -17,7 +19,7 @@ from app.db.models import (
     PrepPath,
     utcnow,
 )
-from app.db.queries import paging
+from app.db.queries import chapters, paging
 from app.db.queries._common import _clip, _insert, _rowcount
 from app.db.queries.workers import is_held
 from app.errors import NotFound
@@ -169,7 +171,36 @@ def update_progress(
     return _rowcount(result) == 1
 
 
-def finish_job(
+@dataclass(frozen=True)
+class Settled:
+    finished: bool  # the job moved to its final status here (False: it was final already)
+    # (book id, index) of the chapters whose last segment this job was: their `book.chapter` is sent
+    # after the commit (the sweep sends it again if that send is lost)
+    chapters_ready: list[tuple[str, int]] = field(default_factory=list)
+
+
+def settle_job(*, session: Session, job_id: str, status: JobStatus, output_path: str | None = None,
+               error: str | None = None) -> Settled:
+    """Move a live job to a final status (first finisher wins) and, in the same transaction, count it
+    against the chapters of the live books whose segment it renders (`chapters.count_outcome`)."""
+    if not _finish_row(session=session, job_id=job_id, status=status, output_path=output_path, error=error):
+        return Settled(False)
+    ready: list[tuple[str, int]] = []
+    for key in chapters.lock_job_segments(session=session, job_id=job_id):
+        ready += chapters.count_outcome(session=session, key=key, before=chapters.Outcome(chapters.OPEN),
+                                        after=chapters.read_outcome(session=session, key=key))
+    return Settled(True, ready)
+
+
+def finish_job(*, session: Session, job_id: str, status: JobStatus, output_path: str | None = None,
+               error: str | None = None) -> bool:
+    """`settle_job`; False if the job was already final. Its chapters' `book.chapter` is left to the
+    sweep (`app.maintenance` part 6): callers that can send it after the commit use `settle_job`."""
+    return settle_job(session=session, job_id=job_id, status=status, output_path=output_path,
+                      error=error).finished
+
+
+def _finish_row(
     *,
     session: Session,
     job_id: str,
@@ -177,7 +208,7 @@ def finish_job(
     output_path: str | None = None,
     error: str | None = None,
 ) -> bool:
-    """Move a live job to a final status; False if it was already final (first finisher wins)."""
+    """The job's row alone (`settle_job` counts it too): live -> final; False if it was already final."""
     assert status in DONE_JOB_STATUSES, f"{status} is not a final status"
     values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "updated_at": utcnow()}
     if output_path is not None:
