@@ -331,9 +331,12 @@ def reopen_failed_segments(*, session: Session, book_id: str, index: int) -> int
             .where(BookSegment.book_id == book_id, BookSegment.chapter == index,
                    (Segment.job_id.is_not(None) & failed_job)
                    | (Segment.job_id.is_(None) & Segment.error.is_not(None))))
+    # every segment locked before any chapter is counted, in key order: a render of another book
+    # holding one of them never waits on a chapter this holds
+    locked = {key: chapter_counts.lock_outcome(session=session, key=key)
+              for key in sorted(session.scalars(stmt))}
     reopened = 0
-    for key in list(session.scalars(stmt)):
-        before = chapter_counts.lock_outcome(session=session, key=key)
+    for key, before in locked.items():
         if before.state != chapter_counts.FAILED:
             continue  # replaced meanwhile
         session.execute(update(Segment).where(Segment.key == key)
