@@ -22,7 +22,7 @@ from app.artifacts import ArtifactStore
 from app.books.files import chapter_file_name, is_output, list_outputs, load_meta, output_dir
 from app.books.publication import Publication, publication_from_dict
 from app.db import queries
-from app.db.models import LIVE_BOOK_STATUSES, Book, BookChapter, utcnow
+from app.db.models import LIVE_BOOK_STATUSES, Book, utcnow
 from app.errors import NotFound
 from app.keys import check_job_id, known_id
 from app.speech import TOKEN_RATE
@@ -77,7 +77,7 @@ def _rate(book: Book, audio_seconds: float, now: datetime) -> float | None:
 
 def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> BookStatusView:
     book = require_book(session=session, book_id=book_id)
-    return _view(book, queries.list_chapters(session=session, book_id=book_id), artifacts)
+    return _view(book, queries.list_chapters_of(session=session, book_ids=[book.id])[book.id], artifacts)
 
 
 def book_statuses(*, session: Session, artifacts: ArtifactStore,
@@ -87,7 +87,7 @@ def book_statuses(*, session: Session, artifacts: ArtifactStore,
     return [_view(book, chapters[book.id], artifacts) for book in books]
 
 
-def _view(book: Book, rows: Sequence[BookChapter], artifacts: ArtifactStore) -> BookStatusView:
+def _view(book: Book, rows: Sequence[queries.ChapterRow], artifacts: ArtifactStore) -> BookStatusView:
     """From the chapters' counters (`app.db.queries.chapters`): O(chapters), whatever the segments."""
     done_s = sum(row.tokens_done for row in rows) / TOKEN_RATE
     rate = _rate(book, done_s, utcnow())

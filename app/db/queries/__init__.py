@@ -53,6 +53,7 @@ from app.db.queries.books import (
     unlink_segment_job,
 )
 from app.db.queries.chapters import (
+    ChapterRow,
     chapter_ready_at,
     list_chapters_of,
     list_unchecked_chapters,
@@ -230,6 +231,7 @@ __all__ = [
     "fail_segment",
     "segment_renders",
     # chapter counters and the outbox of book.chapter
+    "ChapterRow",
     "list_chapters_of",
     "chapter_ready_at",
     "record_ready",

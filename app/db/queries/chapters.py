@@ -163,13 +163,35 @@ def mark_chapter_rung(*, session: Session, book_id: str, index: int) -> None:
                     .values(rung_at=utcnow()).execution_options(synchronize_session=False))
 
 
-def list_chapters_of(*, session: Session, book_ids: Sequence[str]) -> dict[str, list[BookChapter]]:
+@dataclass(frozen=True)
+class ChapterRow:
+    """What a book's status reads of a chapter: plain values, no ORM object (a page of 200 books reads
+    a thousand of them)."""
+
+    index: int
+    title: str
+    keys_total: int
+    keys_done: int
+    tokens_done: int
+    est_seconds: float
+    seconds: float | None
+    loudness_lufs: float | None
+    true_peak_dbtp: float | None
+    assembled_at: datetime | None
+
+
+_ROW_COLUMNS = (BookChapter.index, BookChapter.title, BookChapter.keys_total, BookChapter.keys_done,
+                BookChapter.tokens_done, BookChapter.est_seconds, BookChapter.seconds,
+                BookChapter.loudness_lufs, BookChapter.true_peak_dbtp, BookChapter.assembled_at)
+
+
+def list_chapters_of(*, session: Session, book_ids: Sequence[str]) -> dict[str, list[ChapterRow]]:
     """The chapters of these books, in order, by book id (one query for a page of books)."""
-    found: dict[str, list[BookChapter]] = {book_id: [] for book_id in book_ids}
-    stmt = (select(BookChapter).where(BookChapter.book_id.in_(list(book_ids)))
+    found: dict[str, list[ChapterRow]] = {book_id: [] for book_id in book_ids}
+    stmt = (select(BookChapter.book_id, *_ROW_COLUMNS).where(BookChapter.book_id.in_(list(book_ids)))
             .order_by(BookChapter.book_id, BookChapter.index))
-    for chapter in session.scalars(stmt):
-        found[chapter.book_id].append(chapter)
+    for book_id, *values in session.execute(stmt):
+        found[book_id].append(ChapterRow(*values))
     return found
 
 
