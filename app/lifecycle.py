@@ -24,13 +24,16 @@ records when the bell is due again if the job is still queued then: `stuck_job_a
 first ring, doubling with each further one (`RING_BACKOFF_MAX`), so a job waiting its turn behind a
 long queue gets a few duplicate messages, not one per period.
 
-Every function takes `session=` and flushes; the caller owns the transaction, except `ring`, which
-commits before it sends (the route is on the row before the message can be delivered). State changes
-that may race are single conditional UPDATEs: of two processes, one wins.
+Finishing a job counts it, in the same transaction, against the chapters of the live books whose
+segment it renders (`settle`; docs/BOOKS.md). Every function takes `session=` and flushes; the caller
+owns the transaction, except `ring`, which commits before it sends (the route is on the row before the
+message can be delivered). State changes that may race are single conditional UPDATEs: of two
+processes, one wins.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,6 +42,7 @@ from sqlalchemy.orm import Session
 
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, LIVE_JOB_STATUSES, Job, JobStatus, PrepPath, utcnow
+from app.db.queries import chapters
 from app.db.queries._common import _clip, _rowcount
 from app.routing import send_routed
 from app.settings import Settings
@@ -128,9 +132,19 @@ def release(*, session: Session, job_id: str, attempts: int | None = None, worke
     return _rowcount(session.execute(stmt.values(**values))) == 1
 
 
-def finish(*, session: Session, job_id: str, status: JobStatus, output_path: str | None = None,
-           error: str | None = None) -> bool:
-    """Move a live job to a final status; False if it was already final (first finisher wins)."""
+@dataclass(frozen=True)
+class Settled:
+    finished: bool  # the job moved to its final status here (False: it was final already)
+    # (book id, index) of the chapters whose last open segment this job was: their `book.chapter` is sent
+    # after the commit (`wire.send_chapter`; the reconciler sends it again if that send is lost)
+    chapters_ready: list[tuple[str, int]] = field(default_factory=list)
+
+
+def settle(*, session: Session, job_id: str, status: JobStatus, output_path: str | None = None,
+           error: str | None = None) -> Settled:
+    """Move a live job to a final status (first finisher wins; the lease is cleared) and, in the same
+    transaction, count it against the chapters of the live books whose segment it renders
+    (`queries.chapters`: the counters a book's status reads, and the chapter's ready record)."""
     assert status in DONE_JOB_STATUSES, f"{status} is not a final status"
     now = utcnow()
     values: dict[str, Any] = {"status": status, "finished_at": now, "updated_at": now, "lease_until": None,
@@ -144,7 +158,21 @@ def finish(*, session: Session, job_id: str, status: JobStatus, output_path: str
     result = session.execute(
         update(Job).where(Job.id == job_id, Job.status.in_(LIVE_JOB_STATUSES)).values(**values)
     )
-    return _rowcount(result) == 1
+    if _rowcount(result) != 1:
+        return Settled(False)
+    ready: list[tuple[str, int]] = []
+    for key in chapters.lock_job_segments(session=session, job_id=job_id):
+        ready += chapters.count_outcome(session=session, key=key, before=chapters.Outcome(chapters.OPEN),
+                                        after=chapters.read_outcome(session=session, key=key))
+    return Settled(True, ready)
+
+
+def finish(*, session: Session, job_id: str, status: JobStatus, output_path: str | None = None,
+           error: str | None = None) -> bool:
+    """`settle`; False if the job was already final. Its chapters' `book.chapter` is left to the
+    reconciler (`app.maintenance`): callers that can send it after the commit use `settle`."""
+    return settle(session=session, job_id=job_id, status=status, output_path=output_path,
+                  error=error).finished
 
 
 def cancel(*, session: Session, job_id: str) -> bool:

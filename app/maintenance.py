@@ -23,12 +23,15 @@ each heartbeat, `gpu_worker.worker.PeerWatch`, so a killed worker's jobs run aga
    the commit and the send, a consumer killed before its claim); a text job without tokens gets its
    `job.tokenize`;
 5. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
-6. stalled chapters: a rendering book's scheduled chapter whose segments have all settled (finished,
-   failed or cancelled) for `STALLED_CHAPTER_AFTER_S` without the chapter being assembled gets its
-   `book.chapter` sent again. Its trigger, the chord over the chapter's segment jobs, never fires when
-   one of them was rung again by rules 2-4 (a re-sent message carries no chord), and `book.chapter` is
-   idempotent, so sending it again is always safe. A scheduled chapter with a segment that has no job
-   (and no error) for `stuck_job_after_s` was being sent when its CPU worker died: its book gets its
+6. ready chapters: the transaction that settles a chapter's last segment records it ready
+   (`app.db.queries.chapters`, an outbox) and the settling code sends its `book.chapter` after the
+   commit; a ready chapter of a rendering book that `book.chapter` has not checked
+   `UNCHECKED_CHAPTER_AFTER_S` after it was recorded (or last sent again) gets it sent again: the send
+   was lost (a broker away, a process killed between commit and send, a job settled by a path that does
+   not send: a cancel through the API, a job out of attempts). `book.chapter` is idempotent, so
+   sending it again is always safe. A scheduled chapter with a segment that has no job (and no error)
+   for `stuck_job_after_s` was being sent when its CPU worker died: no SQL row would ever make that
+   segment render (a text segment has no job until `book.tokenize` made one), so its book gets its
    `book.plan` again, which sends every scheduled, unassembled chapter's segments that are neither done
    nor rendering (idempotent too: a text segment's tokenize finds a job made meanwhile);
 7. books: a book folder without a row (the API died before committing it) is removed once older than
@@ -57,11 +60,13 @@ from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
 from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice
-from app.wire import BOOK_CHAPTER_TASK, BOOK_PLAN_TASK, TaskSender
+from app.wire import BOOK_PLAN_TASK, TaskSender, send_chapter
 
 log = logging.getLogger(__name__)
 
-STALLED_CHAPTER_AFTER_S = 60.0  # a chapter's chord fires within seconds of its last segment
+# A ready chapter's book.chapter is sent as its last segment's job commits and runs within seconds (it
+# goes ahead of every job's work on the cpu queue); unchecked after this, it is sent again.
+UNCHECKED_CHAPTER_AFTER_S = 60.0
 # What a sweep found, counted in the feature store (`keys.COUNTER_SWEEP`) and exported by the API as
 # wavefarm_sweep_found_total{kind}: the SweepReport fields, errors aside. Work that was stuck: all but the
 # files and voices, which are leftovers, not waiting work.
@@ -200,28 +205,28 @@ def reclaim_voices(*, sessions: sessionmaker[Session], store: FeatureStore, repo
 
 def resume_chapters(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
                     report: SweepReport) -> None:
-    cutoff = utcnow() - timedelta(seconds=STALLED_CHAPTER_AFTER_S)
+    """Part 6 (module docstring): ready chapters' lost doorbells, and chapters whose sending died."""
+    now = utcnow()
     with session_scope(sessions) as session:
-        stalled = queries.list_stalled_chapters(session=session, settled_before=cutoff)
+        unchecked = queries.list_unchecked_chapters(
+            session=session, rung_before=now - timedelta(seconds=UNCHECKED_CHAPTER_AFTER_S))
+        for book_id, index in unchecked:  # stamped before sending: a send that fails waits a period
+            queries.mark_chapter_rung(session=session, book_id=book_id, index=index)
         unsent = queries.list_unsent_chapters(
-            session=session, scheduled_before=utcnow() - timedelta(seconds=settings.stuck_job_after_s))
+            session=session, scheduled_before=now - timedelta(seconds=settings.stuck_job_after_s))
+        for book_id, index in unsent:
+            queries.touch_chapter(session=session, book_id=book_id, index=index)
+    for book_id, index in unchecked:
+        send_chapter(sender, settings, book_id, index)
+        log.warning("maintenance: book %s chapter %d was ready and not checked; book.chapter sent again",
+                    book_id, index)
+        report.chapters_resumed.append(f"{book_id}/{index}")
     for book_id in dict.fromkeys(book for book, _ in unsent):
-        with session_scope(sessions) as session:
-            for book, index in unsent:
-                if book == book_id:
-                    queries.touch_chapter(session=session, book_id=book_id, index=index)
         sender.send_task(BOOK_PLAN_TASK, args=[book_id], queue=settings.queue_cpu)
         chapters = [index for book, index in unsent if book == book_id]
         log.warning("maintenance: book %s chapters %s were scheduled but some segments never sent; "
                     "book.plan sent again", book_id, [i + 1 for i in chapters])
         report.chapters_resumed += [f"{book_id}/{i}" for i in chapters]
-    for book_id, index in stalled:
-        with session_scope(sessions) as session:
-            queries.touch_chapter(session=session, book_id=book_id, index=index)
-        sender.send_task(BOOK_CHAPTER_TASK, args=[book_id, index], queue=settings.queue_cpu)
-        log.warning("maintenance: book %s chapter %d had settled without being assembled; checked again",
-                    book_id, index)
-        report.chapters_resumed.append(f"{book_id}/{index}")
 
 
 def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: ArtifactStore,
@@ -239,7 +244,7 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
                                               report=report)),
         ("bells due", lambda: ring_due(settings=settings, sessions=sessions, sender=sender, report=report)),
         ("abandoned voices", lambda: reclaim_voices(sessions=sessions, store=store, report=report)),
-        ("stalled chapters", lambda: resume_chapters(settings=settings, sessions=sessions, sender=sender,
+        ("ready chapters", lambda: resume_chapters(settings=settings, sessions=sessions, sender=sender,
                                                      report=report)),
         ("book folders", lambda: report.books_removed.extend(upkeep.remove_orphan_books(
             sessions=sessions, artifacts=artifacts, grace_s=grace))),

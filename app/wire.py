@@ -29,8 +29,7 @@ SWEEP_TASK = "maintenance.sweep"  # cpu queue (tasks/maintenance.py)
 BOOK_PARSE_TASK = "book.parse"  # cpu queue, tasks/books.py: read and plan a submitted book (bounded child)
 BOOK_PLAN_TASK = "book.plan"  # cpu queue, tasks/books.py: start or resume a book
 BOOK_TOKENIZE_TASK = "book.tokenize"
-BOOK_CHAPTER_TASK = "book.chapter"
-BOOK_CHAPTER_ERROR_TASK = "book.chapter_error"
+BOOK_CHAPTER_TASK = "book.chapter"  # cpu queue: a chapter recorded ready (app.db.queries.chapters)
 BOOK_ASSEMBLE_TASK = "book.assemble"
 
 MAX_PRIORITY = 9  # job priority 0..9, larger goes first
@@ -100,3 +99,9 @@ def one_connection(sender: TaskSender) -> Iterator[TaskSender]:
         return
     with acquire() as producer:
         yield _OnProducer(sender, producer)
+
+
+def send_chapter(sender: TaskSender, settings: Settings, book_id: str, index: int) -> None:
+    """Ring a chapter's `book.chapter` on a CPU worker: its segments have all settled (a doorbell: the
+    task reads the database, so a lost or doubled one is harmless; the sweep rings a lost one again)."""
+    sender.send_task(BOOK_CHAPTER_TASK, args=[book_id, index], queue=settings.queue_cpu)

@@ -39,6 +39,7 @@ from app.errors import EngineFailure
 from app.jobs import job_tokens
 from app.keys import COUNTER_PREP_PATH
 from app.voices import reclaim_abandoned_voice
+from app.wire import send_chapter
 from gpu_worker.runtime import Runtime, dummy_weights_note
 from gpu_worker.streams import (
     Aborted,
@@ -298,8 +299,15 @@ class JobRun:
 
     def _finish(self, status: JobStatus, *, output_path: str | None = None, error: str | None = None) -> bool:
         with session_scope(self.rt.sessions) as session:
-            return lifecycle.finish(session=session, job_id=self.job_id, status=status,
-                                    output_path=output_path, error=error)
+            settled = lifecycle.settle(session=session, job_id=self.job_id, status=status,
+                                       output_path=output_path, error=error)
+        for book_id, index in settled.chapters_ready:  # after the commit; the sweep rings a lost one again
+            try:
+                send_chapter(self.task.app, self.rt.settings, book_id, index)
+            except (*TRANSIENT, ConnectionError, OSError) as exc:
+                log.warning("synth %s: book %s chapter %d is ready; book.chapter not sent (%s)",
+                            self.job_id, book_id, index, exc)
+        return settled.finished
 
     def _finish_decoded(self, relpath: str) -> bool:
         """Record success, waiting out a short database outage; False if the job was no longer live."""

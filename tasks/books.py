@@ -4,26 +4,26 @@ the book.
     book.parse(book_id)            read and plan a submitted book in a bounded child process
                                    (`app.books.intake.read_book`): queued and book.plan sent, or failed
                                    with the reason
-    book.plan(book_id)             the segments without finished audio -> one chord per chapter:
-                                     group(segment members) | book.chapter(book_id, index)
-                                   a member is `synth` (a segment whose token source is ready at planning:
+    book.plan(book_id)             the segments without finished audio of the first chapters, each sent on
+                                   its own: `synth` (a segment whose token source is ready at planning:
                                    its job is made here) or book.tokenize | synth (the others)
     book.tokenize(book_id, key)    the segment's token source (`app.books.tokens`: text through the guide
                                    voice, or source speech) -> a queued job; returns its id, which the
                                    chained `synth` (GPU worker) renders
-    book.chapter(book_id, index)   once every segment of the chapter has audio: the chapter file; when
-                                   the last chapter is done, sends book.assemble. Checks the database, not
-                                   the chord's results, so an early, late or repeated call is harmless;
-                                   while segments are still rendering it retries itself (polling)
-    book.chapter_error(task_id, book_id, index)   the chord's errback: the same check
+    book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.db.queries.chapters`: the
+                                   transaction that settles its last segment records it and the settling
+                                   code sends this after its commit; the sweep sends it again until it
+                                   has run): the chapter file, then the next chapters of the window, or,
+                                   after the last chapter, book.assemble. It checks the database, so an
+                                   early, late or repeated call is harmless; one that finds a segment
+                                   rendering again just returns ('waiting'): that segment rings it again
     book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
 overtakes every queued segment); `synth` is sent by name to the queue `app.routing` chooses for the
 book's voice (one GPU worker's own, or the shared gpu queue), so this module never imports the GPU worker.
-Flower shows every task by name; `book.chapter` sends `task-progress` events with the book's progress
-while it waits. The work itself (plans, token sources, chapter files, progress) is
-`app.books`'s; this module schedules it.
+Nothing waits on a segment: no chord, no polling. The work itself (plans, token sources, chapter files,
+progress) is `app.books`'s; this module schedules it.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Task, chain, chord, group
+from celery import Task, chain
 from celery.canvas import Signature
 from sqlalchemy.orm import Session
 
 from app import routing, wire
-from app.books import files, intake, render, service, status
+from app.books import files, intake, render, service
 from app.books.plan import BookPlan, PlanSegment
 from app.books.tokens import BookContext, source_for
 from app.db import queries
@@ -55,7 +55,6 @@ class BookStopped(WavefarmError):
     """The book was cancelled or failed meanwhile: the rest of a chain is not run."""
 
 
-POLL_S = 1.0  # how often a chapter waiting on its segments looks again
 # Chapters are sent in order while fewer segments than this wait to render: the gpu queue holds a
 # window of the book, not all of it, so a job at the book's own priority waits behind at most this
 # many segments (plus the chapter that crosses the line).
@@ -84,7 +83,7 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment, 
     if state.done and res.artifacts.path(state.output_path or "").is_file():
         return None
     if state.live:
-        return None  # queued or rendering from an earlier submission: book.chapter waits for it
+        return None  # queued or rendering from an earlier submission: its settling counts this chapter too
     gpu: dict[str, Any] = {"queue": route.queue, "priority": wire.broker_priority(book.priority)}
     source = source_for(segment)
     if source.ready_at_plan:  # the segment's own tokens: its job is made now
@@ -97,7 +96,7 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment, 
                                   route=route.reason)
         session.commit()
         return _sig(wire.SYNTH_TASK, job_id, task_id=job_id, **gpu) if created else None
-    if state.job_id is not None or state.error is not None:  # failed or cancelled before: start afresh
+    if state.job_id is not None or state.error is not None:  # done but its audio is gone: start afresh
         queries.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
         queries.fail_segment(session=session, key=segment.key, error=None)
         session.commit()
@@ -107,8 +106,10 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment, 
 
 
 def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, seen: set[str]) -> int:
-    """One chapter's chord: its segments without audio (already rendering, or sent for an earlier
-    chapter in `seen`: left alone), then book.chapter. Returns how many segments were sent."""
+    """Send the chapter's segments without audio (already rendering, or sent for an earlier chapter in
+    `seen`: left alone), each on its own: nothing waits on them, their jobs settling count the chapter
+    (`app.db.queries.chapters`). A chapter whose segments had all settled already is recorded ready
+    here and its book.chapter sent. Returns how many segments were sent."""
     members = []
     with session_scope(res.sessions) as session:
         routes: dict[str, routing.Route] = {}
@@ -124,13 +125,12 @@ def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, s
             member = _member(res, session, book, segment, voice, state, routes[voice])
             if member is not None:
                 members.append(member)
-    callback = _sig(wire.BOOK_CHAPTER_TASK, book.id, index, queue=res.settings.queue_cpu)
-    callback.link_error(_sig(wire.BOOK_CHAPTER_ERROR_TASK, book.id, index, queue=res.settings.queue_cpu,
-                             immutable=False))
-    if members:
-        chord(group(members), callback).apply_async()
-    else:
-        callback.apply_async()
+    for member in members:
+        member.apply_async()
+    with session_scope(res.sessions) as session:
+        ready = queries.record_ready(session=session, book_id=book.id, index=index)
+    if ready:
+        wire.send_chapter(celery_app, res.settings, book.id, index)
     return len(members)
 
 
@@ -148,6 +148,8 @@ def schedule(book_id: str, res: Resources, seen: set[str] | None = None) -> int:
             if queries.count_rendering_segments(session=session, book_id=book_id) >= LOOKAHEAD_SEGMENTS:
                 return sent
             index = queries.claim_next_chapter(session=session, book_id=book_id)
+            if index is not None:  # in the claim's transaction: no failure of before counts it settled
+                queries.reopen_failed_segments(session=session, book_id=book_id, index=index)
         if index is None:
             return sent
         sent += _send_chapter(res, book, book_plan, index, seen)
@@ -166,7 +168,11 @@ def plan(book_id: str, res: Resources) -> int:
                    if c.scheduled_at is not None and c.assembled_at is None]
     book_plan = files.load_plan(res.artifacts, book_id)
     seen: set[str] = set()
-    sent = sum(_send_chapter(res, book, book_plan, index, seen) for index in pending)  # redelivered
+    sent = 0
+    for index in pending:  # redelivered, or sent again by the sweep: their failures render again too
+        with session_scope(res.sessions) as session:
+            queries.reopen_failed_segments(session=session, book_id=book_id, index=index)
+        sent += _send_chapter(res, book, book_plan, index, seen)
     sent += schedule(book_id, res, seen)
     log.info("book.plan %s: %d segments sent to render, %d distinct in the book", book_id, sent,
              len(book_plan.unique_keys()))
@@ -210,13 +216,6 @@ def tokenize(book_id: str, key: str, res: Resources, routed_to: str | None = Non
 
 
 # book.chapter ------------------------------------------------------------------------------------
-
-def _progress(res: Resources, book_id: str) -> dict[str, Any]:
-    with session_scope(res.sessions) as session:
-        view = status.book_status(session=session, artifacts=res.artifacts, book_id=book_id)
-    return {"book_id": book_id, "segments_done": view.segments_done, "segments_total": view.segments_total,
-            "audio_seconds": round(view.audio_seconds, 2), "eta_s": view.eta_s}
-
 
 def check_chapter(book_id: str, index: int, res: Resources) -> str:
     """'waiting' (segments still rendering), 'failed', 'stopped' (book not live) or 'assembled'; after the
@@ -286,22 +285,11 @@ def tokenize_task(self: Task, book_id: str, key: str, routed_to: str | None = No
     return str(_run(self, book_id, lambda res: tokenize(book_id, key, res, routed_to, route)))
 
 
-@celery_app.task(name=wire.BOOK_CHAPTER_TASK, bind=True, max_retries=None)
+@celery_app.task(name=wire.BOOK_CHAPTER_TASK, bind=True, max_retries=MAX_RETRIES)
 def chapter_task(self: Task, book_id: str, index: int) -> str:
-    outcome = str(_run(self, book_id, lambda res: check_chapter(book_id, index, res)))
-    if outcome == "waiting":
-        self.send_event("task-progress", chapter=index, **_progress(resources(), book_id))
-        raise self.retry(countdown=POLL_S, max_retries=None)
-    return outcome
-
-
-@celery_app.task(name=wire.BOOK_CHAPTER_ERROR_TASK, bind=True)
-def chapter_error_task(self: Task, task_id: str, book_id: str, index: int) -> str:
-    """Errback of a chapter's chord (a segment task failed): look at the chapter as it stands."""
-    log.warning("book %s chapter %d: a segment task failed (%s); checking the chapter", book_id, index,
-                task_id)
-    chapter_task.apply_async(args=[book_id, index], queue=resources().settings.queue_cpu)
-    return book_id
+    """Rung when the chapter is recorded ready; 'waiting' (a segment became live again): nothing to do,
+    the segment's own settling rings it again."""
+    return str(_run(self, book_id, lambda res: check_chapter(book_id, index, res)))
 
 
 @celery_app.task(name=wire.BOOK_ASSEMBLE_TASK, bind=True, max_retries=MAX_RETRIES)

@@ -250,10 +250,11 @@ def list_books(ctx: Ctx, response: Response, after: Annotated[str | None, Query(
     """Newest first, a page at a time: the X-Next-Cursor header is the next page's `after`."""
     with ctx.session() as s:
         rows, cursor = queries.page_books(session=s, after=after, limit=limit)
-        ids = [b.id for b in rows]
+        out = [BookOut.of(view) for view in status.book_statuses(session=s, artifacts=ctx.artifacts,
+                                                                 books=rows)]
     if cursor is not None:
         response.headers["X-Next-Cursor"] = cursor
-    return [_book_out(ctx, book_id) for book_id in ids]
+    return out
 
 
 @router.get("/{book_id}", response_model=BookOut, responses={404: {"model": Problem}})

@@ -4,7 +4,10 @@
     settle_chapter(...) -> (outcome, last)  'waiting' while segments render, 'failed' (the book fails with
                                             the segment's reason), 'stopped' (the book is no longer live)
                                             or 'assembled' (the chapter file is written); `last`: it was
-                                            the book's last chapter and the book is now assembling
+                                            the book's last chapter and the book is now assembling.
+                                            'failed' and 'assembled' mark the chapter's ready record
+                                            checked (`app.db.queries.chapters`): the sweep stops
+                                            sending book.chapter for it
     assemble(...)       -> the book's status: every chapter file (reused), the M4B, the index and, for an
                            epub3 book, the read-along EPUB, then succeeded
 
@@ -35,12 +38,14 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
         book = queries.require_book(session=session, book_id=book_id)
         if book.status not in LIVE_BOOK_STATUSES:
             return "stopped", False
+        ready_at = queries.chapter_ready_at(session=session, book_id=book_id, index=index)
         states = queries.book_segment_states(session=session, book_id=book_id, chapter=index)
         failed = [s for s in states if not s.done and not s.live and (s.job_id or s.error)]
         if failed:
             bad = failed[0]
             reason = f"chapter {index + 1}: segment {bad.key[:12]} failed: {bad.error or bad.job_status}"
             queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=reason)
+            queries.mark_chapter_checked(session=session, book_id=book_id, index=index, ready_at=ready_at)
             log.error("book %s: %s", book_id, reason)
             return "failed", False
         if not all(s.done for s in states):
@@ -55,6 +60,7 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
     with session_scope(sessions) as session:
         queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration,
                                        **_loudness_columns(done))
+        queries.mark_chapter_checked(session=session, book_id=book_id, index=index, ready_at=ready_at)
         chapters = queries.list_chapters(session=session, book_id=book_id)
         last = all(c.assembled_at is not None for c in chapters) and queries.set_book_status(
             session=session, book_id=book_id, status=BookStatus.ASSEMBLING, only_from=(BookStatus.RENDERING,))

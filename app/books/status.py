@@ -1,12 +1,16 @@
 """A book's progress, from the database (the only record of it): segments done and in total, audio
-seconds rendered, an ETA from the rate so far, per book and per chapter, and its finished files.
+seconds rendered, an ETA from the rate so far, per book and per chapter, and its finished files. The
+figures are the chapters' counters, kept as segments settle (`app.db.queries.chapters`): reading them
+costs O(chapters), however many segments the book has.
 
     book_status(session=, artifacts=, book_id=) -> BookStatusView     (NotFound for an unknown id)
+    book_statuses(session=, artifacts=, books=) -> [BookStatusView]   a page of the list, in one query
     output_file(session=, artifacts=, book_id=, name=) -> Path         a finished output, by name
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -73,17 +77,26 @@ def _rate(book: Book, audio_seconds: float, now: datetime) -> float | None:
 
 def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> BookStatusView:
     book = require_book(session=session, book_id=book_id)
-    progress = {p.index: p for p in queries.book_progress(session=session, book_id=book_id)}
-    rows = queries.list_chapters(session=session, book_id=book_id)
-    done_s = sum(p.tokens_done for p in progress.values()) / TOKEN_RATE
+    return _view(book, queries.list_chapters_of(session=session, book_ids=[book.id])[book.id], artifacts)
+
+
+def book_statuses(*, session: Session, artifacts: ArtifactStore,
+                  books: Sequence[Book]) -> list[BookStatusView]:
+    """The status of each of these books (a page of the list), their chapters read in one query."""
+    chapters = queries.list_chapters_of(session=session, book_ids=[b.id for b in books])
+    return [_view(book, chapters[book.id], artifacts) for book in books]
+
+
+def _view(book: Book, rows: Sequence[queries.ChapterRow], artifacts: ArtifactStore) -> BookStatusView:
+    """From the chapters' counters (`app.db.queries.chapters`): O(chapters), whatever the segments."""
+    done_s = sum(row.tokens_done for row in rows) / TOKEN_RATE
     rate = _rate(book, done_s, utcnow())
     live = book.status in LIVE_BOOK_STATUSES
-    out = output_dir(artifacts, book_id)
+    out = output_dir(artifacts, book.id)
     chapters = []
     for row in rows:
-        p = progress.get(row.index)
-        total, done = (p.segments_total, p.segments_done) if p else (0, 0)
-        audio_s = (p.tokens_done if p else 0) / TOKEN_RATE
+        total, done = row.keys_total, row.keys_done
+        audio_s = row.tokens_done / TOKEN_RATE
         left = max(row.est_seconds - audio_s, 0.0) if done < total else 0.0
         file = chapter_file_name(row.index, book.output_format)
         chapters.append(ChapterStatus(
@@ -97,8 +110,8 @@ def book_status(*, session: Session, artifacts: ArtifactStore, book_id: str) -> 
                           segments_total=sum(c.segments_total for c in chapters),
                           segments_done=sum(c.segments_done for c in chapters), audio_seconds=done_s,
                           eta_s=round(left / rate, 1) if live and rate else (0.0 if not live else None),
-                          files=list_outputs(artifacts, book_id), notes=list(book.notes or []),
-                          seconds=_length(chapters), **_tags(artifacts, book_id))
+                          files=list_outputs(artifacts, book.id), notes=list(book.notes or []),
+                          seconds=_length(chapters), **_tags(artifacts, book.id))
 
 
 def _length(chapters: list[ChapterStatus]) -> float | None:

@@ -55,7 +55,8 @@ def add_commands(sub: Any) -> None:
     db_sub.add_parser("upgrade", help="apply the Alembic migrations (idempotent)").set_defaults(
         handler=cmd_db_upgrade)
     maint = sub.add_parser("maintenance", help="one sweep: orphan files, jobs without a broker message, "
-                           "abandoned voices, stalled chapters (what the maintenance.sweep task does)")
+                           "abandoned voices, lost book.chapter messages (what the maintenance.sweep task "
+                           "does)")
     maint.add_argument("--grace-s", type=float, help="remove orphan files older than this "
                        "(default: WAVEFARM_ORPHAN_GRACE_S)")
     maint.set_defaults(handler=cmd_maintenance)

@@ -319,6 +319,17 @@ class BookChapter(Base):
     true_peak_dbtp: Mapped[float | None]
     scheduled_at: Mapped[datetime | None]  # its segments were sent to render (book.plan's window)
     assembled_at: Mapped[datetime | None]
+    # Progress, kept by the transactions that settle its segments (`queries.chapters`), in distinct
+    # segment keys: a sentence repeated in the chapter renders once and counts once.
+    keys_total: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    keys_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # job succeeded
+    keys_failed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # failed, cancelled
+    tokens_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # of done keys
+    # The outbox of its `book.chapter`: recorded by the transaction that settled its last segment, sent
+    # after that commit, sent again by the sweep (rung_at) until book.chapter has checked it.
+    ready_at: Mapped[datetime | None]
+    rung_at: Mapped[datetime | None]
+    checked_at: Mapped[datetime | None]
 
 
 class Segment(Base):
@@ -328,7 +339,10 @@ class Segment(Base):
     of `job_id` once that job succeeded. A failed or cancelled job is replaced by a new one."""
 
     __tablename__ = "segments"
-    __table_args__ = (CheckConstraint(one_of("kind", SegmentKind), name="kind"),)
+    __table_args__ = (
+        CheckConstraint(one_of("kind", SegmentKind), name="kind"),
+        Index("ix_segments_job_id", "job_id"),  # a finishing job finds its segment (queries.chapters)
+    )
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"))

@@ -54,6 +54,33 @@ def test_a_prepared_ahead_job_streams_into_its_output_file(make_runtime, session
     assert not list((rt.artifacts.root / "outputs").glob("*.part"))
 
 
+def test_the_job_that_settles_a_chapters_last_segment_sends_its_book_chapter_after_the_commit(
+        make_runtime, sessions) -> None:
+    rt = make_runtime()
+    voice_id = prepare_ahead(rt, VOICE_A)
+    jobs = [submit(rt, sessions, VOICE_A, n_tokens=n) for n in (30, 31)]
+    book_id, keys = str(uuid.uuid4()), [("k" * 64)[:63] + str(i) for i in range(2)]
+    with sessions() as session:  # one chapter of two segments, one of which is each job
+        queries.create_book(session=session, book_id=book_id, voice_id=voice_id, title="t", author="",
+                            language="en", output_format="wav", m4b=False, target_lufs=None, seed=7,
+                            priority=0)
+        queries.add_book_plan(session=session, book_id=book_id, title="t", author="", language="en",
+                              plan_key="p", chapters=[queries.PlannedChapter(
+                                  "one", [(k, "tokens", voice_id) for k in keys], 2.0)])
+        queries.claim_next_chapter(session=session, book_id=book_id)
+        for key, job_id in zip(keys, jobs, strict=True):
+            queries.link_segment_job(session=session, key=key, job_id=job_id, replacing=None, n_tokens=30)
+        session.commit()
+    first, last = RecordingTask(), RecordingTask()
+    assert JobRun(rt, first, jobs[0]).run()["status"] == "succeeded"
+    assert first.app.sent == []  # the chapter still waits for its other segment
+    assert JobRun(rt, last, jobs[1]).run()["status"] == "succeeded"
+    assert last.app.sent == [("book.chapter", [book_id, 0])]
+    with sessions() as session:
+        chapter = queries.list_chapters(session=session, book_id=book_id)[0]
+    assert (chapter.keys_done, chapter.tokens_done, chapter.ready_at is not None) == (2, 61, True)
+
+
 def test_first_audio_is_stamped_even_when_the_job_ends_inside_one_progress_interval(make_runtime,
                                                                                     sessions) -> None:
     rt = make_runtime(progress_interval_s=3600.0, job_lease_s=3 * 3600.0)

@@ -46,6 +46,7 @@ class RecordingTask:
     def __init__(self) -> None:
         self.request = SimpleNamespace(id=None, hostname="gpu-test@host")
         self.events: list[tuple[str, dict[str, Any]]] = []
+        self.app = RecordingSender()  # what the task sends by name (a ready chapter's book.chapter)
 
     def send_event(self, kind: str, **fields: Any) -> None:
         self.events.append((kind, fields))

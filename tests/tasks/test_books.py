@@ -1,5 +1,5 @@
 """Book tasks in process, on both databases: the GPU worker's part is played by finishing the segment jobs
-with audio files; chords go to a real broker on queues nobody consumes."""
+with audio files; messages go to a real broker on queues nobody consumes."""
 
 from __future__ import annotations
 
@@ -451,49 +451,82 @@ def test_a_chapter_whose_sending_died_part_way_is_sent_again_by_the_sweep(res: R
         broker.close()
 
 
-def test_a_chapter_whose_segments_settled_without_its_chord_is_checked_again_by_the_sweep(
+def cpu_messages(broker, res: Resources) -> list[tuple[str, list]]:
+    """(task name, arguments) of the messages waiting on the cpu queue (sent without a priority)."""
+    sent = [json.loads(raw) for raw in broker.lrange(res.settings.queue_cpu, 0, -1)]
+    return sorted((m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0]) for m in sent)
+
+
+def test_segments_are_sent_on_their_own_and_a_chapter_with_nothing_to_render_rings_its_book_chapter(
         res: Resources, celery: Celery) -> None:
-    """A segment job sent again by the sweep (its message was lost with a killed worker) carries no chord:
-    its chapter's book.chapter never fires. The sweep sends it once the chapter has settled for a while."""
+    """No chord and no polling: book.plan sends the segments alone; book.chapter is sent when a chapter is
+    recorded ready, here by book.plan itself for a render whose every segment exists already."""
+    import redis
+
+    data = manifest_book([[30, 40], [25]])
+    broker = redis.Redis.from_url(res.settings.broker_url)
+    try:
+        book_id = submit(res, celery, data)
+        broker.delete(res.settings.queue_cpu)
+        assert books.plan(book_id, res) == 3
+        assert cpu_messages(broker, res) == []  # nothing waits on the segments
+        assert render_live_jobs(res, book_id) == 3
+        with res.sessions() as session:
+            assert [c.ready_at is not None for c in queries.list_chapters(session=session, book_id=book_id)] \
+                == [True, True]
+        assert [books.check_chapter(book_id, i, res) for i in (0, 1)] == ["assembled"] * 2
+
+        again = submit(res, celery, data)
+        broker.delete(res.settings.queue_cpu)
+        assert books.plan(again, res) == 0
+        assert cpu_messages(broker, res) == [("book.chapter", [again, 0]), ("book.chapter", [again, 1])]
+        assert books.plan(again, res) == 0  # redelivered: recorded once, rung once
+        assert len(cpu_messages(broker, res)) == 2
+    finally:
+        broker.delete(res.settings.queue_cpu)
+        broker.close()
+
+
+def test_a_ready_chapter_whose_book_chapter_was_lost_is_sent_again_by_the_sweep_until_it_has_run(
+        res: Resources, celery: Celery) -> None:
+    """The transaction that settles a chapter's last segment records it ready; its book.chapter, sent
+    after the commit, can be lost (a broker away, a process killed, a job settled by a cancel through the
+    API). The sweep sends it again, a period after the record or its last sending, until it has run."""
     from datetime import timedelta
 
     import redis
     from sqlalchemy import update
 
-    from app.db.models import BookChapter, Job, utcnow
-    from app.maintenance import STALLED_CHAPTER_AFTER_S, sweep
+    from app.db.models import BookChapter, utcnow
+    from app.maintenance import UNCHECKED_CHAPTER_AFTER_S, sweep
 
     book_id = submit(res, celery, manifest_book([[30, 40], [25], [50]]))
     assert books.plan(book_id, res) == 4
     broker = redis.Redis.from_url(res.settings.broker_url)
     try:
-        broker.delete(res.settings.queue_cpu)  # the chords' callbacks: lost, as after a re-sent segment
-        assert render_live_jobs(res, book_id) == 4
+        broker.delete(res.settings.queue_cpu)
+        assert render_live_jobs(res, book_id) == 4  # finish_job: no doorbell, the record alone
 
         def run():
             return sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts,
                          store=res.store, sender=celery)
 
-        assert run().chapters_resumed == []  # settled just now: the chords may still fire
-        past = utcnow() - timedelta(seconds=STALLED_CHAPTER_AFTER_S + 5)
-        with res.sessions() as session:  # chapters 0 and 2 settled a while ago; chapter 1 just now
-            session.execute(update(BookChapter).values(scheduled_at=past))
-            session.execute(update(Job).values(finished_at=past))
-            one = queries.book_segment_states(session=session, book_id=book_id, chapter=1)[0]
-            session.execute(update(Job).where(Job.id == one.job_id).values(finished_at=utcnow()))
-            session.commit()
+        def age(*indices: int) -> None:
+            past = utcnow() - timedelta(seconds=UNCHECKED_CHAPTER_AFTER_S + 5)
+            with res.sessions() as session:
+                session.execute(update(BookChapter).where(BookChapter.index.in_(indices))
+                                .values(ready_at=past, rung_at=None))
+                session.commit()
+
+        assert run().chapters_resumed == []  # recorded just now: its doorbell may be on its way
+        age(0, 2)
         report = run()
         assert report.chapters_resumed == [f"{book_id}/0", f"{book_id}/2"] and report.errors == []
-        sent = [json.loads(raw) for raw in broker.lrange(res.settings.queue_cpu, 0, -1)]
-        assert sorted((m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0]) for m in sent) == [
-            ("book.chapter", [book_id, 0]), ("book.chapter", [book_id, 2])]
-        assert run().chapters_resumed == []  # sent: not stalled again until it had time to run
+        assert cpu_messages(broker, res) == [("book.chapter", [book_id, 0]), ("book.chapter", [book_id, 2])]
+        assert run().chapters_resumed == []  # sent again: not before another period
         assert [books.check_chapter(book_id, i, res) for i in (0, 2)] == ["assembled"] * 2
-        with res.sessions() as session:
-            session.execute(update(BookChapter).values(scheduled_at=past))
-            session.execute(update(Job).values(finished_at=past))
-            session.commit()
-        assert run().chapters_resumed == [f"{book_id}/1"]  # the assembled ones are done
+        age(0, 1, 2)
+        assert run().chapters_resumed == [f"{book_id}/1"]  # 0 and 2 were checked
     finally:
         broker.delete(res.settings.queue_cpu)
         broker.close()

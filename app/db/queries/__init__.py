@@ -12,7 +12,8 @@ DO NOTHING (SQLite and PostgreSQL both have it).
     workers      GPU worker incarnations and heartbeats;
                  the routing reads (live workers, backlogs, voice holders) and job routes
     maintenance  the reconciler's reads: leases that passed, doorbells due, abandoned ready voices
-    books        books, chapters, segments and their jobs, per-chapter progress
+    books        books, chapters, segments and their jobs
+    chapters     chapter counters kept as segments settle; the outbox of `book.chapter`
     stats        books by status and the chapters of live books, for the API's metrics
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
 
@@ -23,11 +24,9 @@ from __future__ import annotations
 
 from app.db.queries._common import ERROR_MAX_CHARS
 from app.db.queries.books import (
-    ChapterProgress,
     PlannedChapter,
     SegmentState,
     add_book_plan,
-    book_progress,
     book_segment_states,
     claim_next_chapter,
     count_live_books_with_segment,
@@ -40,10 +39,10 @@ from app.db.queries.books import (
     link_segment_job,
     list_books,
     list_chapters,
-    list_stalled_chapters,
     list_unsent_chapters,
     mark_chapter_assembled,
     page_books,
+    reopen_failed_segments,
     require_book,
     segment_renders,
     segment_state,
@@ -51,6 +50,15 @@ from app.db.queries.books import (
     start_book_parse,
     touch_chapter,
     unlink_segment_job,
+)
+from app.db.queries.chapters import (
+    ChapterRow,
+    chapter_ready_at,
+    list_chapters_of,
+    list_unchecked_chapters,
+    mark_chapter_checked,
+    mark_chapter_rung,
+    record_ready,
 )
 from app.db.queries.installs import (
     clear_worker_voices,
@@ -205,9 +213,9 @@ __all__ = [
     "claim_next_chapter",
     "count_rendering_segments",
     "mark_chapter_assembled",
-    "list_stalled_chapters",
     "list_unsent_chapters",
     "touch_chapter",
+    "reopen_failed_segments",
     "SegmentState",
     "book_segment_states",
     "gather_book_notes",
@@ -216,8 +224,14 @@ __all__ = [
     "get_segment",
     "link_segment_job",
     "fail_segment",
-    "ChapterProgress",
-    "book_progress",
     "segment_renders",
+    # chapter counters and the outbox of book.chapter
+    "ChapterRow",
+    "list_chapters_of",
+    "chapter_ready_at",
+    "record_ready",
+    "mark_chapter_checked",
+    "list_unchecked_chapters",
+    "mark_chapter_rung",
     "count_live_books_with_segment",
 ]

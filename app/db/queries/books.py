@@ -1,4 +1,5 @@
-"""Books and segments: plans, chapters, statuses, segment jobs and per-chapter progress."""
+"""Books and segments: plans, chapters, statuses, segment jobs (each change of a segment's outcome counted
+against its chapters: `chapters`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import (
@@ -21,8 +22,10 @@ from app.db.models import (
     Segment,
     utcnow,
 )
+from app.db.queries import chapters as chapter_counts
 from app.db.queries import paging
 from app.db.queries._common import _clip, _insert, _rowcount
+from app.db.queries.chapters import OPEN
 from app.errors import NotFound
 
 
@@ -90,6 +93,8 @@ def add_book_plan(*, session: Session, book_id: str, title: str, author: str, la
               for index, c in enumerate(chapters) for pos, (key, _, _) in enumerate(c.keys)]
     for chunk in _chunks(placed):
         session.execute(insert(BookSegment), chunk)
+    chapter_counts.lock_segments(session=session, keys=list(kinds))
+    chapter_counts.recount_chapters(session=session, book_id=book_id)  # segments other renders settled
     session.flush()
     return True
 
@@ -177,29 +182,6 @@ def count_rendering_segments(*, session: Session, book_id: str) -> int:
     return int(session.execute(stmt).scalar_one())
 
 
-def list_stalled_chapters(*, session: Session, settled_before: Any) -> list[tuple[str, int]]:
-    """(book id, index) of the scheduled, unassembled chapters of rendering books whose every segment has
-    settled before `settled_before`: each has a job that is no longer live and finished by then, or an
-    error. Their `book.chapter` should have run already; its trigger (the chord of the chapter's
-    segments) is lost when a segment's message was sent again without it."""
-    unsettled = (
-        select(BookSegment.key)
-        .join(Segment, Segment.key == BookSegment.key)
-        .outerjoin(Job, Job.id == Segment.job_id)
-        .where(BookSegment.book_id == BookChapter.book_id, BookSegment.chapter == BookChapter.index,
-               (Job.status.in_(LIVE_JOB_STATUSES)) | (Job.finished_at >= settled_before)
-               | (Segment.job_id.is_(None) & Segment.error.is_(None)))
-    )
-    stmt = (
-        select(BookChapter.book_id, BookChapter.index)
-        .join(Book, Book.id == BookChapter.book_id)
-        .where(Book.status == BookStatus.RENDERING, BookChapter.scheduled_at < settled_before,
-               BookChapter.assembled_at.is_(None), ~unsettled.exists())
-        .order_by(BookChapter.book_id, BookChapter.index)
-    )
-    return [(str(book_id), int(index)) for book_id, index in session.execute(stmt)]
-
-
 def list_unsent_chapters(*, session: Session, scheduled_before: Any) -> list[tuple[str, int]]:
     """(book id, index) of the chapters of rendering books scheduled before `scheduled_before`, not
     assembled, with a segment that has neither a job nor an error: the `book.plan` or `book.chapter`
@@ -222,8 +204,8 @@ def list_unsent_chapters(*, session: Session, scheduled_before: Any) -> list[tup
 
 
 def touch_chapter(*, session: Session, book_id: str, index: int) -> None:
-    """Stamp a chapter's scheduled_at again: its `book.chapter` was just sent anew, so it is not stalled
-    until it has had time to run (`list_stalled_chapters`)."""
+    """Stamp a chapter's scheduled_at again: its `book.plan` was just sent anew, so it is not listed
+    unsent again until it has had time to run (`list_unsent_chapters`)."""
     session.execute(update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
                     .values(scheduled_at=utcnow()))
 
@@ -295,11 +277,16 @@ def segment_state(*, session: Session, key: str) -> SegmentState | None:
 
 
 def unlink_segment_job(*, session: Session, key: str, job_id: str) -> bool:
-    """Forget a segment's failed or cancelled job (and its error) before rendering it again."""
+    """Forget a segment's failed or cancelled job (and its error) before rendering it again (counted:
+    its chapters no longer count it settled)."""
+    before = chapter_counts.lock_outcome(session=session, key=key)
     result = session.execute(
         update(Segment).where(Segment.key == key, Segment.job_id == job_id)
         .values(job_id=None, error=None, updated_at=utcnow()))
-    return _rowcount(result) == 1
+    if _rowcount(result) != 1:
+        return False
+    chapter_counts.count_outcome(session=session, key=key, before=before, after=chapter_counts.Outcome(OPEN))
+    return True
 
 
 def get_segment(*, session: Session, key: str) -> Segment | None:
@@ -310,51 +297,54 @@ def link_segment_job(*, session: Session, key: str, job_id: str, replacing: str 
                      n_tokens: int) -> bool:
     """Point a segment at a new job, if it still points at `replacing` (None: no job yet).
 
-    False when another render linked its own job first: use that one instead."""
+    False when another render linked its own job first: use that one instead. The new job is live:
+    the segment's chapters count it open again (a failed or vanished render replaced)."""
+    before = chapter_counts.lock_outcome(session=session, key=key)
     cond = Segment.job_id.is_(None) if replacing is None else Segment.job_id == replacing
     result = session.execute(
         update(Segment).where(Segment.key == key, cond)
         .values(job_id=job_id, n_tokens=n_tokens, error=None, jobs_created=Segment.jobs_created + 1,
                 updated_at=utcnow()))
-    return _rowcount(result) == 1
+    if _rowcount(result) != 1:
+        return False
+    chapter_counts.count_outcome(session=session, key=key, before=before, after=chapter_counts.Outcome(OPEN))
+    return True
 
 
 def fail_segment(*, session: Session, key: str, error: str | None) -> None:
     """A segment that could not even become a job (its text or audio could not be tokenized); None
-    clears the error."""
+    clears the error. Counted: a segment without a job and with an error has failed."""
+    before = chapter_counts.lock_outcome(session=session, key=key)
     session.execute(update(Segment).where(Segment.key == key)
                     .values(error=None if error is None else _clip(error), updated_at=utcnow()))
+    chapter_counts.count_outcome(session=session, key=key, before=before,
+                                 after=chapter_counts.read_outcome(session=session, key=key))
 
 
-@dataclass(frozen=True)
-class ChapterProgress:
-    index: int
-    segments_total: int  # distinct segments
-    segments_done: int
-    tokens_done: int  # speech tokens rendered (25 per second)
-    tokens_total: int  # rendered + tokenized-but-not-rendered; untokenized segments are not in it
-
-
-def book_progress(*, session: Session, book_id: str) -> list[ChapterProgress]:
-    """Per chapter, from the segments' jobs: the database is the only record of progress."""
-    done = Job.status == JobStatus.SUCCEEDED
-    per_key = (
-        select(BookSegment.chapter.label("chapter"), Segment.key.label("key"),
-               case((done, 1), else_=0).label("done"),
-               case((done, Job.n_tokens), else_=0).label("tokens_done"),
-               func.coalesce(Job.n_tokens, Segment.n_tokens, 0).label("tokens"))
-        .join(Segment, Segment.key == BookSegment.key)
-        .outerjoin(Job, Job.id == Segment.job_id)
-        .where(BookSegment.book_id == book_id)
-        .distinct()
-        .subquery()
-    )
-    rows = session.execute(
-        select(per_key.c.chapter, func.count(), func.sum(per_key.c.done), func.sum(per_key.c.tokens_done),
-               func.sum(per_key.c.tokens))
-        .group_by(per_key.c.chapter).order_by(per_key.c.chapter))
-    return [ChapterProgress(int(c), int(n), int(d or 0), int(t or 0), int(tt or 0))
-            for c, n, d, t, tt in rows]
+def reopen_failed_segments(*, session: Session, book_id: str, index: int) -> int:
+    """Forget the failed or cancelled jobs (and tokenize errors) of a chapter's segments, so that its
+    members render them again and its counters do not count them settled meanwhile: called in the
+    transaction that schedules the chapter, before any of its segments is sent. Returns how many."""
+    failed_job = Job.status.in_([JobStatus.FAILED, JobStatus.CANCELLED])
+    stmt = (select(Segment.key).distinct().join(BookSegment, BookSegment.key == Segment.key)
+            .outerjoin(Job, Job.id == Segment.job_id)
+            .where(BookSegment.book_id == book_id, BookSegment.chapter == index,
+                   (Segment.job_id.is_not(None) & failed_job)
+                   | (Segment.job_id.is_(None) & Segment.error.is_not(None))))
+    # every segment locked before any chapter is counted, in key order: a render of another book
+    # holding one of them never waits on a chapter this holds
+    locked = {key: chapter_counts.lock_outcome(session=session, key=key)
+              for key in sorted(session.scalars(stmt))}
+    reopened = 0
+    for key, before in locked.items():
+        if before.state != chapter_counts.FAILED:
+            continue  # replaced meanwhile
+        session.execute(update(Segment).where(Segment.key == key)
+                        .values(job_id=None, error=None, updated_at=utcnow()))
+        chapter_counts.count_outcome(session=session, key=key, before=before,
+                                     after=chapter_counts.Outcome(OPEN))
+        reopened += 1
+    return reopened
 
 
 def segment_renders(*, session: Session, book_id: str) -> dict[str, tuple[int, int]]:

@@ -4,6 +4,7 @@ concurrent starts upgrade once; rows survive rebuilt tables; the CHECK constrain
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from app import lifecycle
 from app.db import downgrade, upgrade
+from app.db import queries as q
 from app.db.models import Base, Job, JobStatus, PrepPath, Voice, VoiceStatus, utcnow
 from app.db.session import make_engine
 from tests.app.db.helpers import new_job, vid
@@ -110,3 +112,81 @@ def test_every_enum_value_the_code_knows_is_allowed_by_the_migrated_schema(sessi
         session.execute(update(Job).where(Job.id == job_id).values(status=status))
         session.flush()
     session.commit()
+
+
+def test_0018_fills_the_chapter_counters_and_records_a_settled_chapter_in_flight_ready(empty_db: str):
+    upgrade(empty_db, "0015_worker_weights")
+    engine = make_engine(empty_db)
+    now, book = utcnow(), str(uuid.uuid4())
+    jobs = {status: str(uuid.uuid4()) for status in ("succeeded", "failed", "queued")}
+    keys = {name: (name * 64)[:64] for name in "abcd"}
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO voices (id, status, prepare_attempts, uses, created_at, updated_at) "
+                          "VALUES (:v, 'ready', 0, 1, :t, :t)"), {"v": vid(), "t": now})
+        for status, job_id in jobs.items():
+            conn.execute(text(
+                "INSERT INTO jobs (id, voice_id, status, kind, n_tokens, seed, output_format, priority, "
+                "frames_done, frames_total, submitted_at, attempts, updated_at) VALUES "
+                "(:j, :v, :s, 'tokens', 4, 0, 'wav', 0, 0, 8, :t, 0, :t)"),
+                {"j": job_id, "v": vid(), "s": status, "t": now})
+        for name, job_id, error in (("a", jobs["succeeded"], None), ("b", jobs["failed"], None),
+                                    ("c", jobs["queued"], None), ("d", None, "tokenize: no file")):
+            conn.execute(text("INSERT INTO segments (key, voice_id, kind, job_id, jobs_created, error, "
+                              "created_at, updated_at) VALUES (:k, :v, 'tokens', :j, 1, :e, :t, :t)"),
+                         {"k": keys[name], "v": vid(), "j": job_id, "e": error, "t": now})
+        conn.execute(text(
+            "INSERT INTO books (id, voice_id, status, title, author, language, plan_key, output_format, m4b, "
+            "seed, priority, segments_total, est_seconds, submitted_at, updated_at) VALUES "
+            "(:b, :v, 'rendering', 't', '', 'en', 'p', 'wav', false, 0, 0, 6, 6.0, :t, :t)"),
+            {"b": book, "v": vid(), "t": now})
+        layout = {0: ("aba", now), 1: ("cd", now), 2: ("a", None)}  # chapter 2 is not scheduled yet
+        for index, (names, scheduled) in layout.items():
+            conn.execute(text('INSERT INTO book_chapters (book_id, "index", title, segments_total, '
+                              "est_seconds, scheduled_at) VALUES (:b, :i, 't', :n, 1.0, :s)"),
+                         {"b": book, "i": index, "n": len(names), "s": scheduled})
+            for position, name in enumerate(names):
+                conn.execute(text("INSERT INTO book_segments (book_id, chapter, position, key) "
+                                  "VALUES (:b, :i, :p, :k)"), {"b": book, "i": index, "p": position,
+                                                                "k": keys[name]})
+    def unchecked(session: Session) -> list[tuple[str, int]]:
+        return q.list_unchecked_chapters(session=session, rung_before=utcnow() + timedelta(seconds=1))
+
+    for _ in range(2):  # and again after a downgrade
+        upgrade(empty_db)
+        with Session(engine) as session:
+            rows = q.list_chapters(session=session, book_id=book)
+            assert [(c.keys_total, c.keys_done, c.keys_failed, c.tokens_done) for c in rows] == [
+                (2, 1, 1, 4), (2, 0, 1, 0), (1, 1, 0, 4)]
+            assert [c.ready_at is not None for c in rows] == [True, False, False]
+            # the sweep sends its book.chapter; the time it was recorded reads back as it is compared
+            assert unchecked(session) == [(book, 0)]
+            q.mark_chapter_checked(session=session, book_id=book, index=0, ready_at=rows[0].ready_at)
+            session.commit()
+            assert unchecked(session) == []
+        downgrade(empty_db, "0015_worker_weights")
+    engine.dispose()
+
+
+def test_0017_leases_the_jobs_claimed_when_it_runs_and_leaves_queued_ones_to_the_reconciler(empty_db: str):
+    """A database upgraded with jobs in flight: a claimed job gets a lease from the upgrade (its worker of
+    this version renews it; one of the previous version lets it pass), a queued one none."""
+    upgrade(empty_db, "0016_routing_index")
+    engine = make_engine(empty_db)
+    now, jobs = utcnow(), {status: str(uuid.uuid4()) for status in ("queued", "running", "succeeded")}
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO voices (id, status, prepare_attempts, uses, created_at, updated_at) "
+                          "VALUES (:v, 'ready', 0, 1, :t, :t)"), {"v": vid(), "t": now})
+        for status, job_id in jobs.items():
+            conn.execute(text(
+                "INSERT INTO jobs (id, voice_id, status, kind, n_tokens, seed, output_format, priority, "
+                "frames_done, frames_total, submitted_at, attempts, updated_at, worker) VALUES "
+                "(:j, :v, :s, 'tokens', 4, 0, 'wav', 0, 0, 8, :t, 1, :t, 'gpu@old')"),
+                {"j": job_id, "v": vid(), "s": status, "t": now})
+    upgrade(empty_db)
+    with Session(engine) as session:
+        rows = {status: session.get_one(Job, job_id) for status, job_id in jobs.items()}
+        assert rows["running"].lease_until is not None and rows["running"].lease_until > utcnow()
+        assert rows["queued"].lease_until is None and rows["succeeded"].lease_until is None
+        assert {r.rings for r in rows.values()} == {0}
+    downgrade(empty_db, "0016_routing_index")
+    engine.dispose()
