@@ -238,11 +238,15 @@ def build_runtime(settings: Settings, worker_id: str, engine_factory: EngineFact
         queries.clear_worker_voices(session=session, worker_id=worker_id)
     presence = Presence(sessions, worker_id, settings.worker_slots,
                         dummy_weights=settings.model_dir is None)  # before any claim of this process
-    book = Bookkeeper()
-    installs = InstallRecords(book, sessions, worker_id)
-    metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry(), engine.snapshot)
-    loop = EngineLoop(engine, installs.on_voice_event, metrics)
-    loop.start()
+    try:
+        book = Bookkeeper()
+        installs = InstallRecords(book, sessions, worker_id)
+        metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry(), engine.snapshot)
+        loop = EngineLoop(engine, installs.on_voice_event, metrics)
+        loop.start()
+    except BaseException:  # no runtime: its heartbeat must not outlive it (the next build registers anew)
+        presence.stop()
+        raise
     log.info("GPU worker %s ready: device %s, preset %s, %d slots, micro-batch %d", worker_id,
              settings.device, settings.model_preset, settings.worker_slots, settings.micro_batch_size)
     return Runtime(settings=settings, worker_id=worker_id, sessions=sessions, store=store,

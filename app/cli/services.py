@@ -115,6 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if made is not None:  # a folder of our own: its counts mean nothing to the next start
             shutil.rmtree(made, ignore_errors=True)
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # nor to an app built later in this process
     return 0
 
 

@@ -122,3 +122,26 @@ def test_a_worker_records_its_slots_as_it_registers_for_the_router(make_runtime)
     rt = make_runtime(model_preset="tiny", worker_slots=3, micro_batch_size=3)
     with rt.sessions() as session:
         assert queries.worker_slots(session=session, workers=[rt.worker_id]) == {rt.worker_id: 3}
+
+
+def test_a_runtime_that_fails_to_build_leaves_no_heartbeat_behind(sqlite_url, artifacts, store,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each synth task asks for the runtime again while none exists: a build that failed after its
+    registration must not leave its heartbeat thread beating under the name the next build takes (it
+    logged "another process registered under this name" ever more often, and the worker took no job)."""
+    from gpu_worker import runtime as worker_runtime
+    from tests.support.runtime import settings_for
+
+    def broken(*_: object, **__: object) -> None:
+        raise OSError("no such folder for the metrics")
+
+    monkeypatch.setattr(worker_runtime, "WorkerMetrics", broken)
+    beating = {t.ident for t in threading.enumerate() if t.name == "wavefarm-heartbeat"}
+    with pytest.raises(OSError):
+        worker_runtime.build_runtime(settings_for(sqlite_url, artifacts), "gpu-broken@test")
+    with worker_runtime.make_sessionmaker(worker_runtime.make_engine(sqlite_url))() as session:
+        assert queries.get_worker(session=session, name="gpu-broken@test").heartbeat_at is None  # stopped
+    stopped = [t for t in threading.enumerate() if t.name == "wavefarm-heartbeat" and t.ident not in beating]
+    for thread in stopped:
+        thread.join(timeout=5)
+    assert not any(t.is_alive() for t in stopped)

@@ -110,6 +110,7 @@ def test_serve_runs_several_processes_on_postgresql_with_their_metrics_in_one_fo
     (started,) = runs
     assert started["workers"] == 3 and started["factory"] is True and started["empty_dir"]
     assert not started["folder"].exists()  # a folder serve made is removed when it stops
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ  # and no later app in this process looks for it
 
 
 def test_serve_refuses_several_processes_on_sqlite_and_says_why(
