@@ -6,10 +6,11 @@ package imports the other; the task names and priorities are `app.wire`'s. JSON 
 acknowledged after it finishes and redelivered if its worker dies.
 
 Two brokers: kombu's Redis transport (`redis://`, the embedded default) and RabbitMQ (`amqp://`).
-On Redis, redelivery of a dead worker's messages rests on the visibility timeout and its restore scan;
-priorities are kombu's lists (0 first). On RabbitMQ, queues are durable with `x-max-priority`, publishes
-are confirmed by the broker, a dead consumer's messages are requeued as soon as its connection closes,
-and the broker priorities are turned into RabbitMQ's order as they are published (`app.wire`).
+On Redis, a dead worker's messages come back after the visibility timeout, as duplicates: what brings
+its jobs back is their lease (`app.lifecycle`); priorities are kombu's lists (0 first). On RabbitMQ,
+queues are durable with `x-max-priority`, publishes are confirmed by the broker, a dead consumer's
+messages are requeued as soon as its connection closes, and the broker priorities are turned into
+RabbitMQ's order as they are published (`app.wire`).
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def redis_options(settings: Settings) -> dict[str, Any]:
     return {
         # Longer than the longest job, or a running job is handed to a second worker.
         "visibility_timeout": settings.visibility_timeout_s,
-        # A dead worker's unacknowledged messages are restored by the scan of a live one: scan every
-        # few seconds (kombu's default is about every 100 s), and let the scan's lock expire soon
-        # (a worker SIGKILLed while holding it would block redelivery for kombu's 300 s).
+        # kombu's own options (wavefarm reads none of its keys): a dead worker's unacknowledged messages,
+        # duplicates by then (the lease brought their jobs back), are restored by the scan of a live one
+        # every few seconds (kombu: about every 100 s) under a lock that expires soon (kombu: 300 s).
         "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 2)),
         "unacked_restore_throttle": 1,
         "unacked_mutex_expire": 30,
