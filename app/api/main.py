@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from app import routing
 from app.api.deps import ApiContext
@@ -165,6 +166,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         response = _respond(503, "Busy", "every database connection is in use; retry shortly")
         response.headers["Retry-After"] = "1"
         return response
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, _: ClientDisconnect) -> JSONResponse:
+        # The client left while its body was being read: nobody to answer, and no bug (an overloaded
+        # server's slow reads make it common). 499 is what the access log and the metrics count.
+        log.info("%s %s: the client disconnected before its request was read", request.method,
+                 request.url.path)
+        return _respond(499, "ClientClosedRequest", "the client disconnected")
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:

@@ -113,6 +113,25 @@ def test_server_side_failures_are_5xx_without_details(settings: Settings, refere
         assert client.get("/v1/jobs").json() == []  # the job was withdrawn: the client may retry
 
 
+def test_a_client_that_disconnects_mid_upload_is_no_unhandled_error(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """Starlette raises ClientDisconnect where a route reads the body of a client that left (seen under
+    load on `POST /v1/jobs`): logged as a departure and counted as 499, not an unhandled error (500)."""
+    from starlette.requests import ClientDisconnect
+
+    app = create_app(settings)
+
+    async def leaves() -> None:
+        raise ClientDisconnect()
+
+    app.add_api_route("/test/leaves", leaves, methods=["POST"])
+    with TestClient(app, raise_server_exceptions=False) as client, caplog.at_level("INFO"):
+        response = client.post("/test/leaves", content=b"x")
+        assert response.status_code == 499 and response.json()["error"] == "ClientClosedRequest"
+        assert "unhandled error" not in caplog.text and "disconnected before" in caplog.text
+        assert 'status="499"' in client.get("/metrics").text
+
+
 def test_requests_beyond_the_database_pool_are_told_to_retry_not_a_500(settings: Settings) -> None:
     """Every pooled connection held (as 64 concurrent book listings held them for 30 s in the benchmark):
     a request answers 503 Busy with Retry-After, and is served again once a connection is free."""
