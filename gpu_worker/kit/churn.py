@@ -31,6 +31,7 @@ from gpu_worker.voices import VoiceCache
 
 SHARED, DISTINCT, CACHE_VOICES, WARMUP = 2, 6, 3, 5
 INSTALL_DELAY_S = 0.02
+PREP_WAIT_MS, CPU_PREP_WAIT_MS = 30, 2000  # how long a voice's features are waited for (see Churn)
 SLEEP_CYCLES = 20_000_000  # torch.cuda._sleep: about 10 ms at 2 GHz
 
 
@@ -67,7 +68,11 @@ class Churn:
         self.ctx, self.setup = ctx, setup
         by_id = {setup.voice(v).voice_id: v for v in range(SHARED + DISTINCT)}
         cache = VoiceCache(slow_installer(ctx, setup), device=setup.device, max_voices=CACHE_VOICES)
-        config = EngineConfig(micro_batch_size=setup.decoder.micro_batch_size, prep_wait_ms=30,
+        # The late voices' features come on the fourth ask, one a step: within 30 ms on a GPU; a CPU
+        # rehearsal's steps on a loaded machine can each take longer than that, which made those voices
+        # inline rather than late (the CI run that failed on it), so it waits longer for them.
+        wait_ms = PREP_WAIT_MS if ctx.cuda else CPU_PREP_WAIT_MS
+        config = EngineConfig(micro_batch_size=setup.decoder.micro_batch_size, prep_wait_ms=wait_ms,
                               admission_window_ms=0)
         self.engine = Engine(setup.decoder, cache, features=LateFeatures(setup, by_id),
                              preparer=PcmPreparer(setup, by_id), config=config)
