@@ -5,6 +5,7 @@ import subprocess
 import sys
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -114,6 +115,18 @@ def test_every_enum_value_the_code_knows_is_allowed_by_the_migrated_schema(sessi
     session.commit()
 
 
+def _raw_voice_and_jobs(conn: Any, jobs: dict[str, str], now: Any, worker: str | None = None) -> None:
+    """The voice `vid()` and a job of it per {status: id}, as rows of an older schema (plain SQL)."""
+    conn.execute(text("INSERT INTO voices (id, status, prepare_attempts, uses, created_at, updated_at) "
+                      "VALUES (:v, 'ready', 0, 1, :t, :t)"), {"v": vid(), "t": now})
+    for status, job_id in jobs.items():
+        conn.execute(text(
+            "INSERT INTO jobs (id, voice_id, status, kind, n_tokens, seed, output_format, priority, "
+            "frames_done, frames_total, submitted_at, attempts, updated_at, worker) VALUES "
+            "(:j, :v, :s, 'tokens', 4, 0, 'wav', 0, 0, 8, :t, :a, :t, :w)"),
+            {"j": job_id, "v": vid(), "s": status, "t": now, "a": 0 if worker is None else 1, "w": worker})
+
+
 def test_0018_fills_the_chapter_counters_and_records_a_settled_chapter_in_flight_ready(empty_db: str):
     upgrade(empty_db, "0015_worker_weights")
     engine = make_engine(empty_db)
@@ -121,14 +134,7 @@ def test_0018_fills_the_chapter_counters_and_records_a_settled_chapter_in_flight
     jobs = {status: str(uuid.uuid4()) for status in ("succeeded", "failed", "queued")}
     keys = {name: (name * 64)[:64] for name in "abcd"}
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO voices (id, status, prepare_attempts, uses, created_at, updated_at) "
-                          "VALUES (:v, 'ready', 0, 1, :t, :t)"), {"v": vid(), "t": now})
-        for status, job_id in jobs.items():
-            conn.execute(text(
-                "INSERT INTO jobs (id, voice_id, status, kind, n_tokens, seed, output_format, priority, "
-                "frames_done, frames_total, submitted_at, attempts, updated_at) VALUES "
-                "(:j, :v, :s, 'tokens', 4, 0, 'wav', 0, 0, 8, :t, 0, :t)"),
-                {"j": job_id, "v": vid(), "s": status, "t": now})
+        _raw_voice_and_jobs(conn, jobs, now)
         for name, job_id, error in (("a", jobs["succeeded"], None), ("b", jobs["failed"], None),
                                     ("c", jobs["queued"], None), ("d", None, "tokenize: no file")):
             conn.execute(text("INSERT INTO segments (key, voice_id, kind, job_id, jobs_created, error, "
@@ -174,14 +180,7 @@ def test_0017_leases_the_jobs_claimed_when_it_runs_and_leaves_queued_ones_to_the
     engine = make_engine(empty_db)
     now, jobs = utcnow(), {status: str(uuid.uuid4()) for status in ("queued", "running", "succeeded")}
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO voices (id, status, prepare_attempts, uses, created_at, updated_at) "
-                          "VALUES (:v, 'ready', 0, 1, :t, :t)"), {"v": vid(), "t": now})
-        for status, job_id in jobs.items():
-            conn.execute(text(
-                "INSERT INTO jobs (id, voice_id, status, kind, n_tokens, seed, output_format, priority, "
-                "frames_done, frames_total, submitted_at, attempts, updated_at, worker) VALUES "
-                "(:j, :v, :s, 'tokens', 4, 0, 'wav', 0, 0, 8, :t, 1, :t, 'gpu@old')"),
-                {"j": job_id, "v": vid(), "s": status, "t": now})
+        _raw_voice_and_jobs(conn, jobs, now, worker="gpu@old")
     upgrade(empty_db)
     with Session(engine) as session:
         rows = {status: session.get_one(Job, job_id) for status, job_id in jobs.items()}
