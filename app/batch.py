@@ -22,7 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -32,7 +32,9 @@ from app.db import queries
 from app.db.models import JobKind, JobStatus, Voice
 from app.errors import BadInput, Conflict, WavefarmError
 from app.settings import Settings
-from app.store import FeatureStore
+
+if TYPE_CHECKING:
+    from app.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +63,16 @@ class _Item:
     first: int | None = None  # the earlier item of this batch with the same idempotency key
 
 
-def submit_batch(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-                 artifacts: ArtifactStore, items: Sequence[dict[str, Any] | WavefarmError]) -> list[Outcome]:
+def submit_batch(*, ctx: Context, session: Session,
+                 items: Sequence[dict[str, Any] | WavefarmError]) -> list[Outcome]:
     """One outcome per item, in order (module docstring). Commits `session`."""
+    settings, artifacts = ctx.settings, ctx.artifacts
     if not 0 < len(items) <= BATCH_MAX:
         raise BadInput(f"a batch holds 1 to {BATCH_MAX} jobs; this one has {len(items)}")
     outcomes = [Outcome(error=item if isinstance(item, WavefarmError) else None) for item in items]
     checked = [c for i, item in enumerate(items) if not isinstance(item, WavefarmError)
                if (c := _check(settings, i, item, outcomes)) is not None]
-    found = _voices(settings, session, artifacts, {c.voice_ref for c in checked})
+    found = _voices(ctx, session, {c.voice_ref for c in checked})
     for c in checked:
         voice = found[c.voice_ref]
         if isinstance(voice, Voice):
@@ -84,10 +87,10 @@ def submit_batch(*, settings: Settings, session: Session, sender: wire.TaskSende
     prepare = []
     for voice_id, n in Counter(c.voice_id for c in created).items():
         queries.add_voice_use(session=session, voice_id=voice_id, delta=n)
-        if voices.needs_prepare(session=session, store=store, voice=by_id[voice_id]):
+        if voices.needs_prepare(session=session, store=ctx.store, voice=by_id[voice_id]):
             prepare.append((voice_id, max(c.request.priority for c in created if c.voice_id == voice_id)))
     session.commit()  # the workers find the rows (and the routes) before any message
-    _publish(settings, session, sender, store, artifacts, _Round(created, prepare, routes), outcomes)
+    _publish(ctx, session, _Round(created, prepare, routes), outcomes)
     _share_keys(checked, outcomes)
     return outcomes
 
@@ -106,14 +109,12 @@ def _check(settings: Settings, index: int, fields: dict[str, Any], outcomes: lis
                  key=fields.get("idempotency_key"))
 
 
-def _voices(settings: Settings, session: Session, artifacts: ArtifactStore,
-            refs: set[str]) -> dict[str, Voice | WavefarmError]:
+def _voices(ctx: Context, session: Session, refs: set[str]) -> dict[str, Voice | WavefarmError]:
     """Each distinct voice a batch names (id, name or id prefix), looked up once; or why not."""
     found: dict[str, Voice | WavefarmError] = {}
     for ref in refs:
         try:
-            found[ref] = voices.resolve_voice(settings=settings, session=session, artifacts=artifacts,
-                                              reference_bytes=None, voice_id=ref)
+            found[ref] = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=None, voice_id=ref)
         except WavefarmError as exc:
             found[ref] = exc
     return found
@@ -214,12 +215,12 @@ class _Round:
     routes: dict[str, routing.Route]
 
 
-def _publish(settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-             artifacts: ArtifactStore, send: _Round, outcomes: list[Outcome]) -> None:
+def _publish(ctx: Context, session: Session, send: _Round, outcomes: list[Outcome]) -> None:
     """Send the round over one connection; on the first refusal, take back what was not sent."""
+    settings = ctx.settings
     prepared = sent = 0
     try:
-        with wire.one_connection(sender) as one:
+        with wire.one_connection(ctx.sender) as one:
             for voice_id, priority in send.prepare:
                 wire.send_prepare(one, settings, voice_id, priority)
                 prepared += 1
@@ -235,8 +236,8 @@ def _publish(settings: Settings, session: Session, sender: wire.TaskSender, stor
         log.exception("batch: the broker refused a message; withdrawing %d of %d new jobs",
                       len(send.created) - sent, len(send.created))
         for voice_id, _ in send.prepare[prepared:]:
-            store.release_prepare(voice_id)
-        _withdraw(session, artifacts, send.created[sent:], exc, outcomes)
+            ctx.store.release_prepare(voice_id)
+        _withdraw(session, ctx.artifacts, send.created[sent:], exc, outcomes)
 
 
 def _withdraw(session: Session, artifacts: ArtifactStore, items: list[_Item], exc: Exception,

@@ -1,17 +1,29 @@
-"""The clients a producer process holds: database sessions, the feature store, the artifact root, the
-broker and the Celery sender that queues tasks. The API builds one per app, the CLI's `--local` commands
-one per command; none of the clients connects before its first use.
+"""The one bundle of clients every wavefarm process holds, handed to the services as `ctx`.
+
+    settings   the deployment's settings (`app.settings`)
+    engine, sessions   the database (one short session per unit of work: `ctx.session()`)
+    store      the feature store (Redis): features, cancel flags, counters
+    artifacts  the artifact root (uploads, tokens, outputs)
+    sender     what queues tasks (`app.wire.TaskSender`: a Celery app)
+    broker     health and queue depths (Redis or RabbitMQ); tasks go through `sender`
+
+The API builds one per app (`app.api.deps.ApiContext` adds its metrics registry), the CLI's `--local`
+commands one per command, a CPU worker one per process (`tasks.voice.resources`, with the tasks' Celery
+app as its sender) and a GPU worker one per process (`gpu_worker.runtime.Runtime` adds the engine loop,
+its bookkeeping and its heartbeat). Services take `ctx=` and the session they work in; lower layers
+(`app.lifecycle`, `app.routing`, `app.db.queries`) take only the clients they use. None of the clients
+connects before its first use.
 
 Celery is imported only when no sender is given, and then by `app.celery_config`, so a process that
-passes its own sender (a test, a script) never builds a Celery app.
+passes its own sender (a test, a script, a worker) never builds a second Celery app.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Self
+from dataclasses import dataclass, fields
+from typing import Any, Self
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -24,29 +36,34 @@ from app.store import FeatureStore
 from app.wire import TaskSender
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Context:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
-    broker: Broker  # for health and queue depths (Redis or RabbitMQ); tasks go through `sender`
     store: FeatureStore
     artifacts: ArtifactStore
     sender: TaskSender
+    broker: Broker
     owns_sender: bool = False  # built here (a Celery app with its own connection pool): closed here
 
     @classmethod
-    def build(cls, settings: Settings, sender: TaskSender | None = None) -> Self:
+    def build(cls, settings: Settings, sender: TaskSender | None = None, **extra: Any) -> Self:
+        """Every client from `settings`; `extra` fills a subclass's own fields."""
         owns_sender = sender is None
         if sender is None:
             from app.celery_config import make_celery  # the producer side only: same queues and options
 
             sender = make_celery(settings)
         engine = make_engine(settings.database_url)
-        broker = open_broker(settings.broker_url, timeout_s=5)
-        return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine), broker=broker,
+        return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine),
                    store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),
-                   artifacts=ArtifactStore(settings.artifact_root), sender=sender, owns_sender=owns_sender)
+                   artifacts=ArtifactStore(settings.artifact_root), sender=sender,
+                   broker=open_broker(settings.broker_url, timeout_s=5), owns_sender=owns_sender, **extra)
+
+    def clients(self) -> dict[str, Any]:
+        """This context's own fields, to build a subclass around clients already open."""
+        return {f.name: getattr(self, f.name) for f in fields(Context)}
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from sqlalchemy.orm import Session
@@ -30,8 +31,10 @@ from app.errors import BadInput, BadTokens, Conflict, Gone
 from app.keys import check_job_id, check_voice_id, known_id
 from app.settings import Settings
 from app.speech import MAX_SEED, OutputFormat, check_tokens
-from app.store import FeatureStore
 from app.text.tokens import check_text
+
+if TYPE_CHECKING:  # the services' bundle of clients; importing it would pull the broker client in
+    from app.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -95,21 +98,18 @@ def store_tokens(*, session: Session, artifacts: ArtifactStore, job_id: str, tok
     return stored
 
 
-def submit_job(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-               artifacts: ArtifactStore, tokens: Iterable[int] | None = None,
+def submit_job(*, ctx: Context, session: Session, tokens: Iterable[int] | None = None,
                reference_bytes: bytes | None = None,
                voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
                priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
                language: str | None = None) -> str:
     """`submit`, for its job's id."""
-    return submit(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
-                  tokens=tokens, reference_bytes=reference_bytes, voice_id=voice_id, seed=seed,
-                  output_format=output_format, priority=priority, idempotency_key=idempotency_key, text=text,
-                  language=language).id
+    return submit(ctx=ctx, session=session, tokens=tokens, reference_bytes=reference_bytes, voice_id=voice_id,
+                  seed=seed, output_format=output_format, priority=priority, idempotency_key=idempotency_key,
+                  text=text, language=language).id
 
 
-def submit(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-           artifacts: ArtifactStore, tokens: Iterable[int] | None = None,
+def submit(*, ctx: Context, session: Session, tokens: Iterable[int] | None = None,
            reference_bytes: bytes | None = None,
            voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
            priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
@@ -124,6 +124,7 @@ def submit(*, settings: Settings, session: Session, sender: wire.TaskSender, sto
 
     Commits `session` (workers must see the rows before the tasks arrive). Raises BadTokens, BadAudio,
     BadInput or NotFound before anything is stored."""
+    settings, artifacts = ctx.settings, ctx.artifacts
     request, chosen_seed = check_request(settings=settings, tokens=tokens, text=text, language=language,
                                          seed=seed, output_format=output_format, priority=priority,
                                          idempotency_key=idempotency_key)
@@ -134,8 +135,7 @@ def submit(*, settings: Settings, session: Session, sender: wire.TaskSender, sto
         if existing is not None:  # a retry: the same request, or a Conflict
             replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
             return existing
-    voice = voices.resolve_voice(settings=settings, session=session, artifacts=artifacts,
-                                 reference_bytes=reference_bytes, voice_id=voice_id)
+    voice = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
     # Routed before the insert, so the route is written with the row: one commit before any message.
     route = None if text is not None else routing.route_voice(session=session, settings=settings,
                                                               voice_id=voice.id)
@@ -148,12 +148,11 @@ def submit(*, settings: Settings, session: Session, sender: wire.TaskSender, sto
         return job
     queries.add_voice_use(session=session, voice_id=voice.id)
     try:
-        voices.queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice,
-                                 priority=priority)  # commits the rows first
+        voices.queue_preparation(ctx=ctx, session=session, voice=voice, priority=priority)  # commits first
         if route is not None:
-            wire.send_synth(sender, settings, job.id, priority, queue=route.queue)
+            wire.send_synth(ctx.sender, settings, job.id, priority, queue=route.queue)
         else:
-            wire.send_tokenize(sender, settings, job.id, priority)
+            wire.send_tokenize(ctx.sender, settings, job.id, priority)
     except Exception:
         log.exception("job %s: could not enqueue; withdrawing it", job.id)
         _withdraw(session=session, artifacts=artifacts, job=job)
@@ -259,7 +258,7 @@ def list_jobs(*, session: Session, status: str | None = None, voice_id: str | No
     return queries.list_jobs(session=session, status=status, voice_id=voice_id, limit=limit)
 
 
-def cancel_job(*, settings: Settings, session: Session, store: FeatureStore, job_id: str) -> Job:
+def cancel_job(*, ctx: Context, session: Session, job_id: str) -> Job:
     """Cancel a queued or running job (idempotent); commits. Conflict if it had already finished.
 
     The database is the record: once the cancel is committed the answer is the cancelled job, whatever
@@ -275,9 +274,9 @@ def cancel_job(*, settings: Settings, session: Session, store: FeatureStore, job
         raise Conflict(f"job {job.id} already {job.status}")
     try:
         if cancelled_now:
-            voices.reclaim_abandoned_voice(session=session, store=store, voice_id=job.voice_id)
+            voices.reclaim_abandoned_voice(session=session, store=ctx.store, voice_id=job.voice_id)
             session.commit()
-        store.request_cancel(job.id, ttl_s=settings.visibility_timeout_s)
+        ctx.store.request_cancel(job.id, ttl_s=ctx.settings.visibility_timeout_s)
     except redis.RedisError as exc:
         session.rollback()
         log.warning("job %s: cancelled, but Redis did not answer (%s): the cancel flag is not set and the "

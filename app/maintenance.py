@@ -54,9 +54,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import keys, lifecycle
 from app.artifacts import ArtifactStore
 from app.books import upkeep
+from app.context import Context
 from app.db import queries
 from app.db.models import utcnow
-from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.db.session import session_scope
 from app.settings import Settings
 from app.store import FeatureStore
 from app.voices import reclaim_abandoned_voice
@@ -91,58 +92,54 @@ class SweepReport:
         return asdict(self)
 
 
-def reconcile_jobs(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
-                   artifacts: ArtifactStore, report: SweepReport) -> None:
+def reconcile_jobs(*, ctx: Context, report: SweepReport) -> None:
     """Rules 2 and 3 (module docstring): the jobs of dead and gone workers, queued and rung again; and
     the partial outputs the dead ones left of jobs that ended."""
-    expire_leases(settings=settings, sessions=sessions, sender=sender, report=report)
-    reroute_gone(settings=settings, sessions=sessions, sender=sender, report=report)
-    drop_settled_partials(settings=settings, sessions=sessions, artifacts=artifacts, report=report)
+    expire_leases(ctx=ctx, report=report)
+    reroute_gone(ctx=ctx, report=report)
+    drop_settled_partials(ctx=ctx, report=report)
 
 
-def expire_leases(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
-                  report: SweepReport) -> None:
+def expire_leases(*, ctx: Context, report: SweepReport) -> None:
     """Rule 2 (module docstring): claimed jobs whose lease passed go back to the queue, rung."""
     now = utcnow()
-    with session_scope(sessions) as session:
+    with session_scope(ctx.sessions) as session:
         expired = [(job.id, job.attempts, job.worker) for job in queries.list_expired_leases(
             session=session, now=now)]
     for job_id, attempts, worker in expired:
-        with session_scope(sessions) as session:
+        with session_scope(ctx.sessions) as session:
             if not lifecycle.release(session=session, job_id=job_id, attempts=attempts, expired_by=now):
                 continue  # renewed, claimed again, finished or cancelled meanwhile
-            lifecycle.ring(session=session, sender=sender, settings=settings, job_id=job_id)
+            lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
         log.warning("maintenance: job %s: the lease of worker %s passed; queued again", job_id, worker)
         report.jobs_resumed.append(job_id)
 
 
-def release_previous(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
-                     worker: str, started_at: datetime) -> list[str]:
+def release_previous(*, ctx: Context, worker: str, started_at: datetime) -> list[str]:
     """Rule 2 for a GPU worker starting under `worker`: the claims its previous process made (before
     `started_at`) are released and rung now, without waiting for their leases. -> their ids."""
-    with session_scope(sessions) as session:
+    with session_scope(ctx.sessions) as session:
         held = [(job.id, job.attempts) for job in queries.list_claims_before(
             session=session, worker=worker, claimed_before=started_at)]
     resumed = []
     for job_id, attempts in held:
-        with session_scope(sessions) as session:
+        with session_scope(ctx.sessions) as session:
             if lifecycle.release(session=session, job_id=job_id, attempts=attempts, worker=worker,
                                  claimed_before=started_at):
-                lifecycle.ring(session=session, sender=sender, settings=settings, job_id=job_id)
+                lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
                 resumed.append(job_id)
     return resumed
 
 
-def reroute_gone(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
-                 report: SweepReport) -> None:
+def reroute_gone(*, ctx: Context, report: SweepReport) -> None:
     """Rule 3 (module docstring): queued jobs whose bell rang on a gone worker's own queue, rung again."""
     silent_before = utcnow() - timedelta(seconds=WORKER_GONE_S)
-    with session_scope(sessions) as session:
+    with session_scope(ctx.sessions) as session:
         stranded = [(job.id, job.routed_to) for job in queries.list_queued_on_gone_workers(
             session=session, silent_before=silent_before)]
     for job_id, worker in stranded:
-        with session_scope(sessions) as session:
-            if lifecycle.ring(session=session, sender=sender, settings=settings, job_id=job_id,
+        with session_scope(ctx.sessions) as session:
+            if lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id,
                               route_note="shared_worker_gone") is None:
                 continue
         log.warning("maintenance: job %s waited on the queue of GPU worker %s, which is gone; rung again",
@@ -150,21 +147,20 @@ def reroute_gone(*, settings: Settings, sessions: sessionmaker[Session], sender:
         report.jobs_rerouted.append(job_id)
 
 
-def drop_settled_partials(*, settings: Settings, sessions: sessionmaker[Session], artifacts: ArtifactStore,
-                          report: SweepReport) -> None:
+def drop_settled_partials(*, ctx: Context, report: SweepReport) -> None:
     """Rule 1's quick half (module docstring): the partial outputs of jobs that ended more than a lease
     ago. A live attempt removes its own at its next report; one left by a killed worker of a job that was
     cancelled meanwhile would otherwise wait for `orphan_grace_s` (nothing claims that job again)."""
-    partials = artifacts.partial_outputs()
+    partials = ctx.artifacts.partial_outputs()
     if not partials:
         return
-    with session_scope(sessions) as session:
-        ended = queries.list_ended_jobs(session=session, job_ids=sorted(partials),
-                                        finished_before=utcnow() - timedelta(seconds=settings.job_lease_s))
+    with session_scope(ctx.sessions) as session:
+        ended = queries.list_ended_jobs(session=session, job_ids=sorted(partials), finished_before=utcnow()
+                                        - timedelta(seconds=ctx.settings.job_lease_s))
     for job_id in ended:
         for path in partials[job_id]:
             path.unlink(missing_ok=True)
-            report.orphans_removed.append(str(path.relative_to(artifacts.root)))
+            report.orphans_removed.append(str(path.relative_to(ctx.artifacts.root)))
 
 
 def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float,
@@ -181,75 +177,68 @@ def remove_orphans(*, session: Session, artifacts: ArtifactStore, grace_s: float
         report.orphans_removed.append(str(path.relative_to(artifacts.root)))
 
 
-def ring_due(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
-             report: SweepReport) -> None:
+def ring_due(*, ctx: Context, report: SweepReport) -> None:
     """Rule 4 (module docstring): queued jobs not claimed within their ring's wait, rung again."""
     now = utcnow()
-    with session_scope(sessions) as session:
+    with session_scope(ctx.sessions) as session:
         due = [job.id for job in queries.list_due_rings(
-            session=session, now=now, quiet_before=now - timedelta(seconds=settings.stuck_job_after_s))]
+            session=session, now=now, quiet_before=now - timedelta(seconds=ctx.settings.stuck_job_after_s))]
     for job_id in due:
-        with session_scope(sessions) as session:
-            sent = lifecycle.ring(session=session, sender=sender, settings=settings, job_id=job_id)
+        with session_scope(ctx.sessions) as session:
+            sent = lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
         if sent is not None:
             log.warning("maintenance: job %s was not claimed in time; its %s sent again", job_id, sent)
             report.jobs_requeued.append(job_id)
 
 
-def reclaim_voices(*, sessions: sessionmaker[Session], store: FeatureStore, report: SweepReport) -> None:
-    with session_scope(sessions) as session:
+def reclaim_voices(*, ctx: Context, report: SweepReport) -> None:
+    with session_scope(ctx.sessions) as session:
         for voice_id in queries.list_abandoned_ready_voices(session=session):
-            if reclaim_abandoned_voice(session=session, store=store, voice_id=voice_id):
+            if reclaim_abandoned_voice(session=session, store=ctx.store, voice_id=voice_id):
                 report.voices_reclaimed.append(voice_id)
 
 
-def resume_chapters(*, settings: Settings, sessions: sessionmaker[Session], sender: TaskSender,
-                    report: SweepReport) -> None:
+def resume_chapters(*, ctx: Context, report: SweepReport) -> None:
     """Part 6 (module docstring): ready chapters' lost doorbells, and chapters whose sending died."""
     now = utcnow()
-    with session_scope(sessions) as session:
+    with session_scope(ctx.sessions) as session:
         unchecked = queries.list_unchecked_chapters(
             session=session, rung_before=now - timedelta(seconds=UNCHECKED_CHAPTER_AFTER_S))
         for book_id, index in unchecked:  # stamped before sending: a send that fails waits a period
             queries.mark_chapter_rung(session=session, book_id=book_id, index=index)
         unsent = queries.list_unsent_chapters(
-            session=session, scheduled_before=now - timedelta(seconds=settings.stuck_job_after_s))
+            session=session, scheduled_before=now - timedelta(seconds=ctx.settings.stuck_job_after_s))
         for book_id, index in unsent:
             queries.touch_chapter(session=session, book_id=book_id, index=index)
     for book_id, index in unchecked:
-        send_chapter(sender, settings, book_id, index)
+        send_chapter(ctx.sender, ctx.settings, book_id, index)
         log.warning("maintenance: book %s chapter %d was ready and not checked; book.chapter sent again",
                     book_id, index)
         report.chapters_resumed.append(f"{book_id}/{index}")
     for book_id in dict.fromkeys(book for book, _ in unsent):
-        sender.send_task(BOOK_PLAN_TASK, args=[book_id], queue=settings.queue_cpu)
+        ctx.sender.send_task(BOOK_PLAN_TASK, args=[book_id], queue=ctx.settings.queue_cpu)
         chapters = [index for book, index in unsent if book == book_id]
         log.warning("maintenance: book %s chapters %s were scheduled but some segments never sent; "
                     "book.plan sent again", book_id, [i + 1 for i in chapters])
         report.chapters_resumed += [f"{book_id}/{i}" for i in chapters]
 
 
-def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: ArtifactStore,
-          store: FeatureStore, sender: TaskSender, grace_s: float | None = None) -> SweepReport:
+def sweep(*, ctx: Context, grace_s: float | None = None) -> SweepReport:
     """One maintenance pass (see the module docstring); each part runs even if another failed."""
     report = SweepReport()
-    grace = settings.orphan_grace_s if grace_s is None else grace_s
+    grace = ctx.settings.orphan_grace_s if grace_s is None else grace_s
     parts = (
-        ("orphans", lambda: _in_session(sessions, lambda s: remove_orphans(
-            session=s, artifacts=artifacts, grace_s=grace, report=report))),
-        ("partials", lambda: drop_settled_partials(settings=settings, sessions=sessions, artifacts=artifacts,
-                                                   report=report)),
-        ("leases", lambda: expire_leases(settings=settings, sessions=sessions, sender=sender, report=report)),
-        ("gone workers", lambda: reroute_gone(settings=settings, sessions=sessions, sender=sender,
-                                              report=report)),
-        ("bells due", lambda: ring_due(settings=settings, sessions=sessions, sender=sender, report=report)),
-        ("abandoned voices", lambda: reclaim_voices(sessions=sessions, store=store, report=report)),
-        ("ready chapters", lambda: resume_chapters(settings=settings, sessions=sessions, sender=sender,
-                                                     report=report)),
+        ("orphans", lambda: _in_session(ctx.sessions, lambda s: remove_orphans(
+            session=s, artifacts=ctx.artifacts, grace_s=grace, report=report))),
+        ("partials", lambda: drop_settled_partials(ctx=ctx, report=report)),
+        ("leases", lambda: expire_leases(ctx=ctx, report=report)),
+        ("gone workers", lambda: reroute_gone(ctx=ctx, report=report)),
+        ("bells due", lambda: ring_due(ctx=ctx, report=report)),
+        ("abandoned voices", lambda: reclaim_voices(ctx=ctx, report=report)),
+        ("ready chapters", lambda: resume_chapters(ctx=ctx, report=report)),
         ("book folders", lambda: report.books_removed.extend(upkeep.remove_orphan_books(
-            sessions=sessions, artifacts=artifacts, grace_s=grace))),
-        ("books parsing", lambda: report.books_reparsed.extend(upkeep.resume_parsing(
-            settings=settings, sessions=sessions, sender=sender))),
+            sessions=ctx.sessions, artifacts=ctx.artifacts, grace_s=grace))),
+        ("books parsing", lambda: report.books_reparsed.extend(upkeep.resume_parsing(ctx=ctx))),
     )
     for name, part in parts:
         try:
@@ -264,7 +253,7 @@ def sweep(*, settings: Settings, sessions: sessionmaker[Session], artifacts: Art
              len(report.jobs_requeued), len(report.voices_reclaimed),
              len(report.chapters_resumed), len(report.books_removed), len(report.books_reparsed),
              len(report.errors))
-    count_findings(store, report)
+    count_findings(ctx.store, report)
     return report
 
 
@@ -284,14 +273,12 @@ def _in_session(sessions: sessionmaker[Session], work: Any) -> None:
         work(session)
 
 
-def run_sweep(settings: Settings, sender: TaskSender, grace_s: float | None = None) -> SweepReport:
-    """Build the clients from `settings`, sweep once, close them."""
-    engine = make_engine(settings.database_url)
-    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
+def run_sweep(settings: Settings, sender: TaskSender | None = None,
+              grace_s: float | None = None) -> SweepReport:
+    """Build the clients from `settings` (a producer Celery app unless `sender` is given), sweep once,
+    close them."""
+    ctx = Context.build(settings, sender)
     try:
-        return sweep(settings=settings, sessions=make_sessionmaker(engine),
-                     artifacts=ArtifactStore(settings.artifact_root), store=store, sender=sender,
-                     grace_s=grace_s)
+        return sweep(ctx=ctx, grace_s=grace_s)
     finally:
-        store.close()
-        engine.dispose()
+        ctx.close()

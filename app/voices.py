@@ -10,6 +10,8 @@ queue one `voice.prepare`. Not in here: the preparation itself (`app.preparation
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy.orm import Session
 
 from app import audio, voice_names, wire
@@ -20,6 +22,9 @@ from app.errors import BadInput
 from app.keys import check_voice_id, known_id
 from app.settings import Settings
 from app.store import FeatureStore
+
+if TYPE_CHECKING:
+    from app.context import Context
 
 PREPARE_CLAIM_TTL_S = 600  # N submissions of one voice within this window queue one preparation
 
@@ -64,13 +69,13 @@ def _looks_like_id(value: str) -> bool:
     return True
 
 
-def resolve_voice(*, settings: Settings, session: Session, artifacts: ArtifactStore,
-                  reference_bytes: bytes | None, voice_id: str | None) -> Voice:
+def resolve_voice(*, ctx: Context, session: Session, reference_bytes: bytes | None,
+                  voice_id: str | None) -> Voice:
     """The voice of a request that names one (an id) or uploads one (reference bytes), not both."""
     if (reference_bytes is None) == (voice_id is None):
         raise BadInput("give exactly one of reference audio or a voice id")
     if reference_bytes is not None:
-        return store_reference(settings=settings, session=session, artifacts=artifacts,
+        return store_reference(settings=ctx.settings, session=session, artifacts=ctx.artifacts,
                                reference_bytes=reference_bytes)[0]
     voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
     try:
@@ -92,30 +97,28 @@ def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> boo
     return store.claim_prepare(voice.id, PREPARE_CLAIM_TTL_S)
 
 
-def queue_preparation(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-                      voice: Voice, priority: int = 0) -> bool:
+def queue_preparation(*, ctx: Context, session: Session, voice: Voice, priority: int = 0) -> bool:
     """Commit `session` (the worker must find the rows), then queue the voice's preparation if it needs
     one; returns whether it was queued. If the broker refuses, the claim is released, so the next upload
     or job queues it again, and the error is raised."""
-    prepare = needs_prepare(session=session, store=store, voice=voice)
+    prepare = needs_prepare(session=session, store=ctx.store, voice=voice)
     voice_id = voice.id
     session.commit()
     if prepare:
         try:
-            wire.send_prepare(sender, settings, voice_id, priority)
+            wire.send_prepare(ctx.sender, ctx.settings, voice_id, priority)
         except Exception:
-            store.release_prepare(voice_id)
+            ctx.store.release_prepare(voice_id)
             raise
     return prepare
 
 
-def register_voice(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-                   artifacts: ArtifactStore, reference_bytes: bytes) -> tuple[str, bool]:
+def register_voice(*, ctx: Context, session: Session, reference_bytes: bytes) -> tuple[str, bool]:
     """Store a reference voice on its own and queue its preparation; returns (voice id, created).
     Commits `session`. The voice is stored, deduplicated and prepared exactly as one sent with a job."""
-    voice, created = store_reference(settings=settings, session=session, artifacts=artifacts,
+    voice, created = store_reference(settings=ctx.settings, session=session, artifacts=ctx.artifacts,
                                      reference_bytes=reference_bytes)
-    queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice)
+    queue_preparation(ctx=ctx, session=session, voice=voice)
     return voice.id, created
 
 

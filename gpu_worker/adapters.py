@@ -15,15 +15,12 @@ import logging
 import time
 
 import redis
-from sqlalchemy.orm import Session, sessionmaker
 
 from app import preparation
-from app.artifacts import ArtifactStore
+from app.context import Context
 from app.db import queries
-from app.db.session import session_scope
 from app.errors import FeaturesMissing
 from app.features import PromptHostFeatures
-from app.settings import Settings
 from app.store import FeatureStore
 from gpu_worker.streams import EngineJob
 
@@ -47,20 +44,20 @@ class StoreFeatures:
 class ReferencePreparer:
     """InlinePreparer: read the voice's stored reference and run the host half in this process."""
 
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session], artifacts: ArtifactStore,
-                 store: FeatureStore) -> None:
-        self.settings, self.sessions, self.artifacts, self.store = settings, sessions, artifacts, store
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
 
     def prepare(self, job: EngineJob) -> PromptHostFeatures:
-        with session_scope(self.sessions) as session:
+        ctx = self.ctx
+        with ctx.session() as session:
             reference = queries.require_voice(session=session, voice_id=job.voice_id).reference_path
         if reference is None:
             raise FeaturesMissing(f"voice {job.voice_id} has no stored reference audio")
         start = time.perf_counter()
-        host = preparation.compute(settings=self.settings, artifacts=self.artifacts, voice_id=job.voice_id,
+        host = preparation.compute(settings=ctx.settings, artifacts=ctx.artifacts, voice_id=job.voice_id,
                                    reference_path=reference)
         try:  # for later jobs and other workers, as `voice.prepare` would; reclaimed if nobody wants it
-            preparation.publish(sessions=self.sessions, store=self.store, host=host,
+            preparation.publish(sessions=ctx.sessions, store=ctx.store, host=host,
                                 prepare_ms=1000 * (time.perf_counter() - start))
         except redis.RedisError as exc:
             log.warning("voice %s: could not store inline-prepared features: %s", host.voice_id, exc)

@@ -303,7 +303,7 @@ class JobRun:
                                        output_path=output_path, error=error)
         for book_id, index in settled.chapters_ready:  # after the commit; the sweep rings a lost one again
             try:
-                send_chapter(self.task.app, self.rt.settings, book_id, index)
+                send_chapter(self.rt.sender, self.rt.settings, book_id, index)
             except (*TRANSIENT, ConnectionError, OSError) as exc:
                 log.warning("synth %s: book %s chapter %d is ready; book.chapter not sent (%s)",
                             self.job_id, book_id, index, exc)

@@ -9,7 +9,7 @@ and the long-lived runtime around them.
     build_runtime(settings, worker_id)         -> Runtime: connections, this worker's install records, the
                                                   engine thread (`loop`) and its metrics (`metrics`), its
                                                   row in `workers` and the heartbeat (`presence`)
-    runtime(worker_id)                         the process's runtime, built on first use
+    runtime(worker_id, sender)                 the process's runtime, built on first use
 
 The `synth` tasks (`gpu_worker.job`, `gpu_worker.worker`) are thin adapters over the runtime. Nothing
 else builds a model for the service; the benchmarks and tests build theirs here too.
@@ -30,13 +30,13 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
-from app.broker import open_broker
+from app.broker import Broker
+from app.context import Context
 from app.db import queries
-from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.db.session import session_scope
 from app.settings import Settings, get_settings
 from app.speech import PROMPT_FRAMES
-from app.store import FeatureStore
+from app.wire import TaskSender
 from gpu_worker import fallbacks
 from gpu_worker.accel.flow_graphs import graph_flow
 from gpu_worker.accel.graphs import graph_hift
@@ -172,9 +172,10 @@ class CpuBacklog:
 
     TTL_S = 1.0
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: Settings, broker: Broker,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.clock = settings, clock
-        self._broker = open_broker(settings.broker_url)
+        self._broker = broker  # the runtime's: closed with it
         self._depth, self._asked = 0, float("-inf")
         self._lock = threading.Lock()
 
@@ -193,17 +194,14 @@ class CpuBacklog:
         bound = self.settings.prep_queue_full
         return bound > 0 and self.depth() > bound
 
-    def close(self) -> None:
-        self._broker.close()
 
+@dataclass(kw_only=True)
+class Runtime(Context):
+    """A GPU worker process's clients (`app.context.Context`: its sender is the worker's Celery app, for
+    the doorbells its reconciler rings) and what it adds: the engine loop, the bookkeeping of settling
+    jobs and installs, metrics, the heartbeat."""
 
-@dataclass
-class Runtime:
-    settings: Settings
     worker_id: str
-    sessions: sessionmaker[Session]
-    store: FeatureStore
-    artifacts: ArtifactStore
     loop: EngineLoop
     book: Bookkeeper
     installs: InstallRecords
@@ -220,47 +218,47 @@ class Runtime:
                 queries.clear_worker_voices(session=session, worker_id=self.worker_id)
         except OperationalError as exc:
             log.warning("worker %s: installs not cleared: %s", self.worker_id, exc)
-        self.cpu_backlog.close()
-        self.store.close()
+        super().close()
 
 
 def build_runtime(settings: Settings, worker_id: str, engine_factory: EngineFactory = build_engine,
-                  registry: CollectorRegistry | None = None) -> Runtime:
+                  registry: CollectorRegistry | None = None, sender: TaskSender | None = None) -> Runtime:
     """Everything one GPU worker process holds. Its metrics go to `registry` (a fresh one by default: a
-    process may build several runtimes, as the tests do; the worker's own is the default registry)."""
-    sessions = make_sessionmaker(make_engine(settings.database_url))
-    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
-    artifacts = ArtifactStore(settings.artifact_root)
-    artifacts.ensure_layout()
-    preparer = ReferencePreparer(settings, sessions, artifacts, store)
-    engine = engine_factory(settings, StoreFeatures(store), preparer)
-    with session_scope(sessions) as session:  # a restarted worker's device memory is empty
-        queries.clear_worker_voices(session=session, worker_id=worker_id)
-    presence = Presence(sessions, worker_id, settings.worker_slots,
-                        dummy_weights=settings.model_dir is None)  # before any claim of this process
+    process may build several runtimes, as the tests do; the worker's own is the default registry); its
+    doorbells go through `sender` (the worker's Celery app; by default a producer app of its own)."""
+    ctx = Context.build(settings, sender)
+    presence = None
     try:
+        ctx.artifacts.ensure_layout()
+        engine = engine_factory(settings, StoreFeatures(ctx.store), ReferencePreparer(ctx))
+        with ctx.session() as session:  # a restarted worker's device memory is empty
+            queries.clear_worker_voices(session=session, worker_id=worker_id)
+        presence = Presence(ctx.sessions, worker_id, settings.worker_slots,
+                            dummy_weights=settings.model_dir is None)  # before any claim of this process
         book = Bookkeeper()
-        installs = InstallRecords(book, sessions, worker_id)
+        installs = InstallRecords(book, ctx.sessions, worker_id)
         metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry(), engine.snapshot)
         loop = EngineLoop(engine, installs.on_voice_event, metrics)
         loop.start()
     except BaseException:  # no runtime: its heartbeat must not outlive it (the next build registers anew)
-        presence.stop()
+        if presence is not None:
+            presence.stop()
+        ctx.close()
         raise
     log.info("GPU worker %s ready: device %s, preset %s, %d slots, micro-batch %d", worker_id,
              settings.device, settings.model_preset, settings.worker_slots, settings.micro_batch_size)
-    return Runtime(settings=settings, worker_id=worker_id, sessions=sessions, store=store,
-                   artifacts=artifacts, loop=loop, book=book, installs=installs, metrics=metrics,
-                   presence=presence, cpu_backlog=CpuBacklog(settings))
+    return Runtime(**ctx.clients(), worker_id=worker_id, loop=loop, book=book, installs=installs,
+                   metrics=metrics, presence=presence, cpu_backlog=CpuBacklog(settings, ctx.broker))
 
 
-def runtime(worker_id: str) -> Runtime:
-    """The process's runtime, built on first use (the `worker_ready` signal builds it eagerly); its metrics
-    are in the default registry, which `wavefarm gpu-worker --metrics-port` serves."""
+def runtime(worker_id: str, sender: TaskSender) -> Runtime:
+    """The process's runtime, built on first use (the `worker_ready` signal builds it eagerly) around the
+    worker's Celery app (`sender`); its metrics are in the default registry, which `wavefarm gpu-worker
+    --metrics-port` serves."""
     global _runtime
     with _runtime_lock:
         if _runtime is None:
-            _runtime = build_runtime(get_settings(), worker_id, registry=REGISTRY)
+            _runtime = build_runtime(get_settings(), worker_id, registry=REGISTRY, sender=sender)
         return _runtime
 
 

@@ -41,7 +41,7 @@ from app.db.session import session_scope
 from app.maintenance import SweepReport, reconcile_jobs, release_previous
 from app.routing import worker_queue
 from app.settings import Settings, get_settings
-from app.wire import SYNTH_TASK, TaskSender
+from app.wire import SYNTH_TASK
 from gpu_worker.job import TRANSIENT, JobRun
 from gpu_worker.runtime import HEARTBEAT_S, Runtime, current_runtime, runtime
 from gpu_worker.watchdog import Watchdog
@@ -63,7 +63,7 @@ celery = make_gpu_celery(get_settings())
 
 @celery.task(name=SYNTH_TASK, bind=True)
 def synth(self: Task, job_id: str) -> dict[str, Any]:
-    rt = runtime(self.request.hostname or "gpu-worker")
+    rt = runtime(self.request.hostname or "gpu-worker", celery)
     try:
         return JobRun(rt, self, job_id).run()
     except Reject:
@@ -81,12 +81,11 @@ def release(rt: Runtime, job_id: str) -> None:
         log.warning("synth %s: claim not released: %s", job_id, exc)
 
 
-def recover_peers(rt: Runtime, sender: TaskSender) -> SweepReport:
+def recover_peers(rt: Runtime) -> SweepReport:
     """The reconciler's job rules, once (module docstring): leases that passed, bells on gone workers."""
     report = SweepReport()
     try:
-        reconcile_jobs(settings=rt.settings, sessions=rt.sessions, sender=sender, artifacts=rt.artifacts,
-                       report=report)
+        reconcile_jobs(ctx=rt, report=report)
     except TRANSIENT as exc:  # the next beat tries again
         log.warning("worker %s: gone peers not looked after: %s", rt.worker_id, exc)
     if report.jobs_rerouted or report.jobs_resumed:
@@ -98,26 +97,25 @@ def recover_peers(rt: Runtime, sender: TaskSender) -> SweepReport:
 class PeerWatch(threading.Thread):
     """`recover_peers` every heartbeat, on its own thread, until the worker stops."""
 
-    def __init__(self, rt: Runtime, sender: TaskSender, every_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, rt: Runtime, every_s: float = HEARTBEAT_S) -> None:
         super().__init__(name="wavefarm-peer-watch", daemon=True)
-        self.rt, self.sender, self.every_s = rt, sender, every_s
+        self.rt, self.every_s = rt, every_s
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(self.every_s):
             try:
-                recover_peers(self.rt, self.sender)
+                recover_peers(self.rt)
             except Exception:  # never stop looking: the next beat may succeed
                 log.exception("worker %s: looking after gone peers failed", self.rt.worker_id)
 
 
-def resume_previous(rt: Runtime, sender: TaskSender) -> list[str]:
+def resume_previous(rt: Runtime) -> list[str]:
     """Release and ring the jobs this node name's previous process claimed before it died (before this
     process registered); the reconciler does the same for workers that never come back, once their leases
     pass."""
     try:
-        resumed = release_previous(settings=rt.settings, sessions=rt.sessions, sender=sender,
-                                   worker=rt.worker_id, started_at=rt.presence.started_at)
+        resumed = release_previous(ctx=rt, worker=rt.worker_id, started_at=rt.presence.started_at)
     except TRANSIENT as exc:  # their leases pass and the reconciler finds them
         log.warning("worker %s: the jobs of its previous process not resumed: %s", rt.worker_id, exc)
         return []
@@ -135,10 +133,10 @@ def _consume_own_queue(sender: str, instance: Any, **_: Any) -> None:
 
 @signals.worker_ready.connect
 def _build_on_start(sender: Any = None, **_: Any) -> None:
-    rt = runtime(getattr(sender, "hostname", None) or "gpu-worker")
+    rt = runtime(getattr(sender, "hostname", None) or "gpu-worker", celery)
     Watchdog(rt.loop, rt.settings.step_deadline_s).start()
-    resume_previous(rt, celery)
-    PeerWatch(rt, celery).start()
+    resume_previous(rt)
+    PeerWatch(rt).start()
 
 
 @signals.worker_shutdown.connect

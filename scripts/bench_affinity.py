@@ -35,6 +35,7 @@ from service_stack import bench_settings, flush_redis  # noqa: E402
 
 from app.artifacts import ArtifactStore  # noqa: E402
 from app.celery_config import make_celery  # noqa: E402
+from app.context import Context  # noqa: E402
 from app.db import queries, upgrade  # noqa: E402
 from app.db.models import DONE_JOB_STATUSES, utcnow  # noqa: E402
 from app.db.session import make_engine, make_sessionmaker  # noqa: E402
@@ -78,6 +79,7 @@ def run_once(mode: str, jobs: list[tuple[int, list[int], int]], gap_s: float, wo
     cluster = Cluster(settings, work / "logs")
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
     app = make_celery(settings)
+    ctx = Context.build(settings, sender=app)
     try:
         for name, kind in (("g1", "gpu"), ("g2", "gpu"), ("c1", "cpu")):
             cluster.start(kind, name)
@@ -97,8 +99,7 @@ def run_once(mode: str, jobs: list[tuple[int, list[int], int]], gap_s: float, wo
             time.sleep(max(0.0, last + gap_s - time.monotonic()) if ids else 0.0)
             last = time.monotonic()
             with sessions() as session:
-                ids.append(submit_job(settings=settings, session=session, sender=app, store=store,
-                                      artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
+                ids.append(submit_job(ctx=ctx, session=session, tokens=tokens,
                                       reference_bytes=reference(voice), seed=seed))
         while True:
             with sessions() as session:
@@ -123,6 +124,7 @@ def run_once(mode: str, jobs: list[tuple[int, list[int], int]], gap_s: float, wo
             "wall_s": round(time.monotonic() - started, 1),
         }
     finally:
+        ctx.close()
         app.close()
         store.close()
         cluster.stop_all()

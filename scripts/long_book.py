@@ -39,6 +39,7 @@ from app.books.service import BookOptions, submit_book  # noqa: E402
 from app.books.source import BookLimits  # noqa: E402
 from app.books.status import book_status  # noqa: E402
 from app.celery_config import make_celery  # noqa: E402
+from app.context import Context  # noqa: E402
 from app.db import upgrade  # noqa: E402
 from app.db.session import make_engine, make_sessionmaker  # noqa: E402
 from app.speech import VOCAB_SIZE  # noqa: E402
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     cluster = Cluster(settings, work / "logs")
     store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
     app = make_celery(settings)
+    ctx = Context.build(settings, sender=app)
     phases: dict[str, float] = {}
     try:
         for name, kind in (("g1", "gpu"), ("c1", "cpu")):
@@ -155,8 +157,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         data = manifest(args.chapters, args.segments, args.tokens)
         t0 = time.monotonic()
         with sessions() as session:
-            book_id = submit_book(settings=settings, session=session, sender=app, store=store,
-                                  artifacts=artifacts, data=data, filename="long.json",
+            book_id = submit_book(ctx=ctx, session=session, data=data, filename="long.json",
                                   reference_bytes=reference(0), options=BookOptions(),
                                   limits=BookLimits())
         phases["submit_and_plan_s"] = time.monotonic() - t0
@@ -201,6 +202,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "chapter_files": len(list(out.glob("chapter-*.flac"))),
         }
     finally:
+        ctx.close()
         app.close()
         store.close()
         cluster.stop_all()

@@ -59,7 +59,7 @@ for _path in (REPO, REPO / "scripts"):
 from cluster import Cluster, reference  # noqa: E402
 
 from app.artifacts import ArtifactStore  # noqa: E402
-from app.celery_config import make_celery  # noqa: E402
+from app.context import Context  # noqa: E402
 from app.db import queries, upgrade  # noqa: E402
 from app.db.models import DONE_JOB_STATUSES, Job, JobStatus, WorkerVoice, utcnow  # noqa: E402
 from app.db.session import make_engine, make_sessionmaker  # noqa: E402
@@ -180,17 +180,16 @@ class Soak:
         return round(time.monotonic() - self.t0, 1)
 
     # -- driving ----------------------------------------------------------------------------------------
-    def submit_all(self, store: FeatureStore) -> None:
+    def submit_all(self) -> None:
         refs = [reference(i) for i in range(self.args.voices)]
         order = [i % self.args.voices for i in range(self.args.jobs)]
         self.rng.shuffle(order)
-        sender = make_celery(self.settings)
+        ctx = Context.build(self.settings)
         try:
             for i, voice in enumerate(order):
                 n = self.rng.randint(self.args.min_tokens, self.args.max_tokens)
-                with self.sessions() as session:
-                    job_id = submit_job(settings=self.settings, session=session, sender=sender, store=store,
-                                        artifacts=self.artifacts, reference_bytes=refs[voice], seed=i,
+                with ctx.session() as session:
+                    job_id = submit_job(ctx=ctx, session=session, reference_bytes=refs[voice], seed=i,
                                         tokens=[self.rng.randrange(VOCAB_SIZE) for _ in range(n)])
                 if self.rng.random() < self.args.cancel_fraction:
                     self.cancel_plan[job_id] = (STAGES[self.planned % len(STAGES)], self.rng.uniform(0, 5))
@@ -198,9 +197,16 @@ class Soak:
                 self.jobs.append(job_id)
                 time.sleep(self.args.submit_interval_s)
         finally:
-            sender.close()
+            ctx.close()
 
-    def canceller(self, store: FeatureStore, stop: threading.Event) -> None:
+    def canceller(self, stop: threading.Event) -> None:
+        ctx = Context.build(self.settings)
+        try:
+            self._cancel_as_planned(ctx, stop)
+        finally:
+            ctx.close()
+
+    def _cancel_as_planned(self, ctx: Context, stop: threading.Event) -> None:
         seen: dict[str, float] = {}
         while not stop.is_set():
             plan = dict(self.cancel_plan)
@@ -220,7 +226,7 @@ class Soak:
                 if due:
                     with self.sessions() as session:
                         try:
-                            cancel_job(settings=self.settings, session=session, store=store, job_id=job_id)
+                            cancel_job(ctx=ctx, session=session, job_id=job_id)
                             self.cancelled_at[stage] += 1
                         except Conflict:
                             pass  # it ended in between
@@ -384,8 +390,8 @@ class Soak:
             self.cluster.wait_ready()
             self.wait_live_gpu_workers()
             self.t0 = time.monotonic()
-            threads = [threading.Thread(target=self.canceller, args=(store, stop), daemon=True),
-                       threading.Thread(target=self.submit_all, args=(store,), daemon=True)]
+            threads = [threading.Thread(target=self.canceller, args=(stop,), daemon=True),
+                       threading.Thread(target=self.submit_all, daemon=True)]
             for thread in threads:
                 thread.start()
             deadline = time.monotonic() + self.args.timeout_s

@@ -39,6 +39,7 @@ from app import routing, wire
 from app.books import files, intake, render, service
 from app.books.plan import BookPlan, PlanSegment
 from app.books.tokens import BookContext, source_for
+from app.context import Context as Resources  # renamed after the merge of the book-sending work
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
 from app.db.session import session_scope
@@ -46,7 +47,7 @@ from app.errors import WavefarmError
 from app.keys import check_job_id
 from app.text.tokens import STAND_IN_NOTE
 from tasks.celery_app import celery_app
-from tasks.voice import TRANSIENT_ERRORS, Resources, resources
+from tasks.voice import TRANSIENT_ERRORS, resources
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,7 @@ def _sig(name: str, *args: Any, immutable: bool = True, **options: Any) -> Signa
 # book.parse --------------------------------------------------------------------------------------
 
 def parse(book_id: str, res: Resources) -> str:
-    svc = intake.Services(settings=res.settings, sessions=res.sessions, store=res.store,
-                          artifacts=res.artifacts, sender=celery_app)
-    return intake.read_book(book_id, svc)
+    return intake.read_book(book_id, res)
 
 
 # book.plan ---------------------------------------------------------------------------------------

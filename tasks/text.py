@@ -18,6 +18,7 @@ import logging
 from celery import Task
 
 from app import jobs, lifecycle, routing, wire
+from app.context import Context
 from app.db import queries
 from app.db.models import JobStatus
 from app.db.session import session_scope
@@ -25,17 +26,17 @@ from app.errors import WavefarmError
 from app.keys import check_job_id
 from app.text.tokens import STAND_IN_NOTE, text_tokens
 from tasks.celery_app import celery_app
-from tasks.voice import TRANSIENT_ERRORS, Resources, resources
+from tasks.voice import TRANSIENT_ERRORS, resources
 
 log = logging.getLogger(__name__)
 
 MAX_RETRIES = 3
 
 
-def tokenize_job(job_id: str, res: Resources) -> str:
+def tokenize_job(job_id: str, ctx: Context) -> str:
     """'sent' (the job's synth is queued), 'stopped' (not queued any more) or 'failed' (its text could not
     be tokenized: the job failed with the reason)."""
-    with session_scope(res.sessions) as session:
+    with session_scope(ctx.sessions) as session:
         job = queries.get_job(session=session, job_id=job_id)
         if job is None or job.status != JobStatus.QUEUED:
             log.info("job.tokenize %s: %s; nothing to do", job_id,
@@ -47,22 +48,22 @@ def tokenize_job(job_id: str, res: Resources) -> str:
         if text is None:
             raise WavefarmError(f"job {job_id} has neither tokens nor text")
         try:
-            tokens = text_tokens(text, language or "en", res.settings.model_dir,
-                                 max_tokens=res.settings.max_tokens)
+            tokens = text_tokens(text, language or "en", ctx.settings.model_dir,
+                                 max_tokens=ctx.settings.max_tokens)
         except (WavefarmError, OSError, RuntimeError) as exc:
-            with session_scope(res.sessions) as session:
+            with session_scope(ctx.sessions) as session:
                 lifecycle.finish(session=session, job_id=job_id, status=JobStatus.FAILED,
                                    error=f"tokenize: {exc}")
             log.warning("job.tokenize %s: %s: %s", job_id, type(exc).__name__, exc)
             return "failed"
-        with session_scope(res.sessions) as session:
-            if not jobs.store_tokens(session=session, artifacts=res.artifacts, job_id=job_id, tokens=tokens):
+        with session_scope(ctx.sessions) as session:
+            if not jobs.store_tokens(session=session, artifacts=ctx.artifacts, job_id=job_id, tokens=tokens):
                 return "stopped"  # cancelled while it was being tokenized
-            if res.settings.model_dir is None:
+            if ctx.settings.model_dir is None:
                 queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
         log.info("job.tokenize %s: %d tokens from %d characters", job_id, len(tokens), len(text))
-    with session_scope(res.sessions) as session:
-        routing.send_routed(session=session, sender=celery_app, settings=res.settings, job_id=job_id,
+    with session_scope(ctx.sessions) as session:
+        routing.send_routed(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id,
                             voice_id=voice_id, priority=priority)
     return "sent"
 
@@ -75,12 +76,12 @@ def tokenize(self: Task, job_id: str) -> str:
     except ValueError:
         log.error("job.tokenize: refusing malformed job id %r", job_id)
         return "stopped"
-    res = resources()
+    ctx = resources()
     try:
-        return tokenize_job(job_id, res)
+        return tokenize_job(job_id, ctx)
     except TRANSIENT_ERRORS as exc:
         if self.request.retries >= MAX_RETRIES:
-            with session_scope(res.sessions) as session:
+            with session_scope(ctx.sessions) as session:
                 lifecycle.finish(session=session, job_id=job_id, status=JobStatus.FAILED,
                                    error=f"tokenize: infrastructure error after {MAX_RETRIES} retries: {exc}")
             raise

@@ -15,23 +15,21 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from functools import cache
 
 import redis
 from celery import Task
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from app import preparation, wire
-from app.artifacts import ArtifactStore
+from app.context import Context
 from app.db import queries
 from app.db.models import VoiceStatus
-from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.db.session import session_scope
 from app.errors import WavefarmError
 from app.keys import COUNTER_PREPARE, check_voice_id
-from app.settings import Settings, get_settings
-from app.store import FeatureStore
+from app.settings import get_settings
 from app.voices import reclaim_abandoned_voice
 from tasks.celery_app import celery_app
 
@@ -41,110 +39,95 @@ TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError)
 MAX_RETRIES = 3
 
 
-@dataclass(frozen=True)
-class Resources:
-    """What the task needs, built once per worker process."""
-
-    settings: Settings
-    sessions: sessionmaker[Session]
-    store: FeatureStore
-    artifacts: ArtifactStore
-
-
 @cache
-def resources() -> Resources:
-    settings = get_settings()
-    return Resources(
-        settings=settings,
-        sessions=make_sessionmaker(make_engine(settings.database_url)),
-        store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),
-        artifacts=ArtifactStore(settings.artifact_root),
-    )
+def resources() -> Context:
+    """This worker process's clients, built once; tasks are sent with the tasks' own Celery app."""
+    return Context.build(get_settings(), sender=celery_app)
 
 
-def _start(voice_id: str, res: Resources) -> tuple[str | None, str]:
+def _start(voice_id: str, ctx: Context) -> tuple[str | None, str]:
     """Record the start of an attempt: (reference path to prepare, "") or (None, outcome) to stop."""
-    with session_scope(res.sessions) as session:
+    with session_scope(ctx.sessions) as session:
         voice = queries.get_voice(session=session, voice_id=voice_id)
         if voice is None:
             log.error("voice.prepare %s: no such voice", voice_id)
-            _count(res, "failed")
+            _count(ctx, "failed")
             return None, "failed"
-        if voice.status == VoiceStatus.READY and res.store.exists(voice_id):
-            _count(res, "noop")
+        if voice.status == VoiceStatus.READY and ctx.store.exists(voice_id):
+            _count(ctx, "noop")
             return None, "noop"
-        if reclaim_abandoned_voice(session=session, store=res.store, voice_id=voice_id):
-            _count(res, "abandoned")  # its only jobs were cancelled before we started
+        if reclaim_abandoned_voice(session=session, store=ctx.store, voice_id=voice_id):
+            _count(ctx, "abandoned")  # its only jobs were cancelled before we started
             return None, "abandoned"
         if voice.reference_path is None:
-            _fail(session, res, voice_id, "voice has no stored reference audio")
+            _fail(session, ctx, voice_id, "voice has no stored reference audio")
             return None, "failed"
         attempt = queries.mark_voice_preparing(session=session, voice_id=voice_id)
-        if attempt > res.settings.job_max_attempts:
+        if attempt > ctx.settings.job_max_attempts:
             # Earlier attempts never finished (worker killed, or Redis/database errors): stop here.
-            _fail(session, res, voice_id, f"gave up after {attempt - 1} unfinished attempts")
+            _fail(session, ctx, voice_id, f"gave up after {attempt - 1} unfinished attempts")
             return None, "failed"
         return voice.reference_path, ""
 
 
-def _fail(session: Session, res: Resources, voice_id: str, error: str) -> None:
+def _fail(session: Session, ctx: Context, voice_id: str, error: str) -> None:
     log.error("voice.prepare %s failed: %s", voice_id, error)
     queries.mark_voice_failed(session=session, voice_id=voice_id, error=error)
-    _count(res, "failed")
-    _release(res, voice_id)
+    _count(ctx, "failed")
+    _release(ctx, voice_id)
 
 
-def _count(res: Resources, outcome: str) -> None:
+def _count(ctx: Context, outcome: str) -> None:
     """Best effort: a counter that cannot be written must not undo or retry the work it counts."""
     try:
-        res.store.incr(COUNTER_PREPARE, outcome)
+        ctx.store.incr(COUNTER_PREPARE, outcome)
     except redis.RedisError as exc:
         log.warning("voice.prepare: could not count %s: %s", outcome, exc)
 
 
-def _release(res: Resources, voice_id: str) -> None:
+def _release(ctx: Context, voice_id: str) -> None:
     """Best effort: an unreleased claim only expires later (app.voices.PREPARE_CLAIM_TTL_S)."""
     try:
-        res.store.release_prepare(voice_id)
+        ctx.store.release_prepare(voice_id)
     except redis.RedisError as exc:
         log.warning("voice.prepare %s: could not release the claim: %s", voice_id, exc)
 
 
-def prepare_voice(voice_id: str, res: Resources) -> str:
+def prepare_voice(voice_id: str, ctx: Context) -> str:
     """Prepare one voice; returns the outcome: prepared, noop, failed, abandoned or reclaimed."""
-    reference_path, outcome = _start(voice_id, res)
+    reference_path, outcome = _start(voice_id, ctx)
     if reference_path is None:
-        _release(res, voice_id)  # whatever the outcome, no preparation is queued for the voice any more
+        _release(ctx, voice_id)  # whatever the outcome, no preparation is queued for the voice any more
         return outcome
     started = time.perf_counter()
     try:
-        host = preparation.compute(settings=res.settings, artifacts=res.artifacts, voice_id=voice_id,
+        host = preparation.compute(settings=ctx.settings, artifacts=ctx.artifacts, voice_id=voice_id,
                                    reference_path=reference_path)
     except TRANSIENT_ERRORS:
         raise
     except Exception as exc:  # boundary: any failure of the host half fails the voice, not the worker
         if not isinstance(exc, WavefarmError | OSError):
             log.exception("voice.prepare %s: unexpected error", voice_id)
-        with session_scope(res.sessions) as session:
-            _fail(session, res, voice_id, f"{type(exc).__name__}: {exc}")
+        with session_scope(ctx.sessions) as session:
+            _fail(session, ctx, voice_id, f"{type(exc).__name__}: {exc}")
         return "failed"
     prepare_ms = (time.perf_counter() - started) * 1000.0
-    published = preparation.publish(sessions=res.sessions, store=res.store, host=host, prepare_ms=prepare_ms,
-                                    ttl_s=res.settings.feature_ttl_s)
-    _release(res, voice_id)
-    _count(res, "prepared")
+    published = preparation.publish(sessions=ctx.sessions, store=ctx.store, host=host, prepare_ms=prepare_ms,
+                                    ttl_s=ctx.settings.feature_ttl_s)
+    _release(ctx, voice_id)
+    _count(ctx, "prepared")
     log.info("voice.prepare %s: %d bytes in %.0f ms", voice_id, published.nbytes, prepare_ms)
     if published.reclaimed:
-        _count(res, "reclaimed")
+        _count(ctx, "reclaimed")
         return "reclaimed"
     return "prepared"
 
 
-def _give_up(voice_id: str, res: Resources, exc: Exception) -> None:
+def _give_up(voice_id: str, ctx: Context, exc: Exception) -> None:
     """Retries spent on an infrastructure error: record the failure if we still can."""
     try:
-        with session_scope(res.sessions) as session:
-            _fail(session, res, voice_id, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
+        with session_scope(ctx.sessions) as session:
+            _fail(session, ctx, voice_id, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
     except TRANSIENT_ERRORS:
         log.exception("voice.prepare %s: could not record the failure", voice_id)
 
@@ -157,12 +140,12 @@ def prepare(self: Task, voice_id: str) -> str:
     except ValueError:
         log.error("voice.prepare: refusing malformed voice id %r", voice_id)
         return voice_id
-    res = resources()
+    ctx = resources()
     try:
-        prepare_voice(voice_id, res)
+        prepare_voice(voice_id, ctx)
     except TRANSIENT_ERRORS as exc:
         if self.request.retries >= MAX_RETRIES:
-            _give_up(voice_id, res, exc)
+            _give_up(voice_id, ctx, exc)
             return voice_id
         log.warning("voice.prepare %s: %s; retrying", voice_id, exc)
         raise self.retry(exc=exc, countdown=2**self.request.retries) from exc

@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
 from app.broker import open_broker
+from app.context import Context
 from app.db import upgrade
 from app.db.session import make_engine, make_sessionmaker
 from app.settings import Settings
@@ -264,6 +265,17 @@ def celery(settings: Settings) -> Iterator[Celery]:
     app = make_celery(settings, include=())
     yield app
     app.close()
+
+
+@pytest.fixture
+def ctx(settings: Settings, sessions: sessionmaker[Session], store: FeatureStore, artifacts: ArtifactStore,
+        celery: Celery) -> Iterator[Context]:
+    """The services' clients (`app.context.Context`) on this test's settings, database, store and artifact
+    root; tasks go through the test's `celery` producer."""
+    broker = open_broker(settings.broker_url)
+    yield Context(settings=settings, engine=sessions.kw["bind"], sessions=sessions, store=store,
+                  artifacts=artifacts, sender=celery, broker=broker)
+    broker.close()
 
 
 @pytest.fixture

@@ -37,8 +37,8 @@ class LocalClient:
         ctx = self.ctx
         with ctx.session() as s:
             job_id = submit_job(
-                settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store, artifacts=ctx.artifacts,
-                tokens=None if tokens is None else list(tokens), text=text, language=language,
+                ctx=ctx, session=s, tokens=None if tokens is None else list(tokens), text=text,
+                language=language,
                 voice_id=None if isinstance(voice, bytes) else voice,
                 reference_bytes=voice if isinstance(voice, bytes) else None, seed=seed,
                 output_format=output_format, priority=priority, idempotency_key=idempotency_key)
@@ -47,8 +47,7 @@ class LocalClient:
     def submit_batch(self, items: list[Any]) -> dict[str, Any]:
         ctx = self.ctx
         with ctx.session() as s:
-            outcomes = submit_batch(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                    artifacts=ctx.artifacts, items=[request_fields(item) for item in items])
+            outcomes = submit_batch(ctx=ctx, session=s, items=[request_fields(item) for item in items])
         return batch_out(outcomes).model_dump(mode="json")
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -69,7 +68,7 @@ class LocalClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         ctx = self.ctx
         with ctx.session() as s:
-            return _job_out(cancel_job(settings=ctx.settings, session=s, store=ctx.store, job_id=job_id))
+            return _job_out(cancel_job(ctx=ctx, session=s, job_id=job_id))
 
     def audio(self, job_id: str) -> bytes:
         with self.ctx.session() as s:
@@ -82,8 +81,7 @@ class LocalClient:
     def add_voice(self, data: bytes) -> dict[str, Any]:
         ctx = self.ctx
         with ctx.session() as s:
-            voice_id, created = register_voice(settings=ctx.settings, session=s, sender=ctx.sender,
-                                               store=ctx.store, artifacts=ctx.artifacts, reference_bytes=data)
+            voice_id, created = register_voice(ctx=ctx, session=s, reference_bytes=data)
             return {**VoiceOut.of(get_voice(session=s, voice_id=voice_id)).model_dump(mode="json"),
                     "created": created}
 
@@ -107,8 +105,7 @@ class LocalClient:
                               target_lufs=target_lufs_field(form.get("target_lufs")),
                               seed=int(form["seed"]), priority=int(form["priority"]))
         with ctx.session() as s:
-            book_id = submit_book(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                  artifacts=ctx.artifacts, data=data, filename=filename, options=options,
+            book_id = submit_book(ctx=ctx, session=s, data=data, filename=filename, options=options,
                                   base_dir=base_dir, voice_id=voice if isinstance(voice, str) else None,
                                   reference_bytes=voice if isinstance(voice, bytes) else None,
                                   title=form.get("title"), author=form.get("author"),
@@ -126,7 +123,7 @@ class LocalClient:
 
     def cancel_book(self, book_id: str) -> dict[str, Any]:
         with self.ctx.session() as s:
-            cancel(settings=self.ctx.settings, session=s, store=self.ctx.store, book_id=book_id)
+            cancel(ctx=self.ctx, session=s, book_id=book_id)
         return self.book(book_id)
 
     def book_file(self, book_id: str, name: str, dest: Path) -> None:

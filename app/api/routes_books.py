@@ -118,8 +118,7 @@ def _book_out(ctx: ApiContext, book_id: str) -> BookOut:
 
 def _submit(ctx: ApiContext, fields: dict[str, Any]) -> BookOut:
     with ctx.session() as s:
-        book_id = intake.accept_book(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                     artifacts=ctx.artifacts, **fields)
+        book_id = intake.accept_book(ctx=ctx, session=s, **fields)
     return _book_out(ctx, book_id)
 
 
@@ -267,7 +266,7 @@ def get_book(book_id: str, ctx: Ctx) -> BookOut:
 def cancel(book_id: str, ctx: Ctx) -> BookOut:
     """Cancel a live book (idempotent); its finished segments are kept for a later render."""
     with ctx.session() as s:
-        service.cancel(settings=ctx.settings, session=s, store=ctx.store, book_id=book_id)
+        service.cancel(ctx=ctx, session=s, book_id=book_id)
     return _book_out(ctx, book_id)
 
 

@@ -104,8 +104,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
 
 def _submit(ctx: ApiContext, fields: dict[str, Any]) -> JobOut:
     with ctx.session() as s:
-        return JobOut.of(jobs.submit(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                                     artifacts=ctx.artifacts, **fields))  # as submitted: no re-read
+        return JobOut.of(jobs.submit(ctx=ctx, session=s, **fields))  # as submitted: no re-read
 
 
 @router.post("", status_code=202, response_model=JobOut, openapi_extra=SUBMIT_BODY,
@@ -139,8 +138,7 @@ BATCH_BODY = {"requestBody": {"required": True, "content": {
 
 def _submit_batch(ctx: ApiContext, items: list[Any]) -> BatchOut:
     with ctx.session() as s:
-        return batch_out(batch.submit_batch(settings=ctx.settings, session=s, sender=ctx.sender,
-                                            store=ctx.store, artifacts=ctx.artifacts, items=items))
+        return batch_out(batch.submit_batch(ctx=ctx, session=s, items=items))
 
 
 @router.post("/batch", response_model=BatchOut, openapi_extra=BATCH_BODY,
@@ -199,4 +197,4 @@ def get_audio(job_id: str, ctx: Ctx) -> FileResponse:
 def cancel_job(job_id: str, ctx: Ctx) -> JobOut:
     """Cancel a queued or running job (idempotent). A finished job cannot be cancelled: 409."""
     with ctx.session() as s:
-        return JobOut.of(jobs.cancel_job(settings=ctx.settings, session=s, store=ctx.store, job_id=job_id))
+        return JobOut.of(jobs.cancel_job(ctx=ctx, session=s, job_id=job_id))

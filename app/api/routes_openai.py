@@ -72,8 +72,7 @@ def _check(req: SpeechRequest) -> None:
 def _submit(ctx: ApiContext, req: SpeechRequest, priority: int, key: str | None) -> str:
     voice = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
     with ctx.session() as s:
-        return jobs.submit_job(settings=ctx.settings, session=s, sender=ctx.sender, store=ctx.store,
-                               artifacts=ctx.artifacts, text=req.input, language=req.language,
+        return jobs.submit_job(ctx=ctx, session=s, text=req.input, language=req.language,
                                voice_id=voice, output_format="wav", priority=priority,
                                idempotency_key=key)
 

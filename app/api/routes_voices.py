@@ -23,9 +23,7 @@ router = APIRouter(prefix="/v1/voices", tags=["voices"], dependencies=[Depends(a
 
 def _register(ctx: ApiContext, data: bytes) -> tuple[VoiceOut, bool]:
     with ctx.session() as s:
-        voice_id, created = voices.register_voice(settings=ctx.settings, session=s, sender=ctx.sender,
-                                                  store=ctx.store, artifacts=ctx.artifacts,
-                                                  reference_bytes=data)
+        voice_id, created = voices.register_voice(ctx=ctx, session=s, reference_bytes=data)
         return VoiceOut.of(voices.get_voice(session=s, voice_id=voice_id)), created
 
 

@@ -119,7 +119,7 @@ def cancel_unfinished(ctx: ApiContext, job_id: str, why: str = "its speech clien
     """Cancel the job its listener left, unless it has ended."""
     with ctx.session() as s:
         try:
-            jobs.cancel_job(settings=ctx.settings, session=s, store=ctx.store, job_id=job_id)
+            jobs.cancel_job(ctx=ctx, session=s, job_id=job_id)
             log.info("job %s: %s; cancelled", job_id, why)
         except Conflict:
             pass  # ended meanwhile

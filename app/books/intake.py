@@ -19,14 +19,12 @@ import json
 import logging
 import shutil
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from app import voices, wire
-from app.artifacts import ArtifactStore
 from app.books import cast as cast_files
 from app.books import lexicon as lexicon_files
 from app.books.bounded import ChildExit, run_child
@@ -39,7 +37,9 @@ from app.db.models import BookStatus
 from app.db.session import session_scope
 from app.errors import BadInput
 from app.settings import Settings
-from app.store import FeatureStore
+
+if TYPE_CHECKING:
+    from app.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,7 @@ JOB_FILE, LOG_FILE = "parse-job.json", "parse.log"
 
 # The API's half ----------------------------------------------------------------------------------
 
-def accept_book(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-                artifacts: ArtifactStore, source: BinaryIO, submission: Submission,
+def accept_book(*, ctx: Context, session: Session, source: BinaryIO, submission: Submission,
                 reference_bytes: bytes | None = None, voice_id: str | None = None,
                 lexicon: bytes | None = None, cast: bytes | None = None,
                 limits: BookLimits = DEFAULT_LIMITS) -> str:
@@ -59,11 +58,10 @@ def accept_book(*, settings: Settings, session: Session, sender: wire.TaskSender
     submission.check(limits)
     _check_size("lexicon", lexicon, lexicon_files.MAX_BYTES)
     _check_size("cast", cast, cast_files.MAX_BYTES)
-    voice = voices.resolve_voice(settings=settings, session=session, artifacts=artifacts,
-                                 reference_bytes=reference_bytes, voice_id=voice_id)
-    voices.queue_preparation(settings=settings, session=session, sender=sender, store=store, voice=voice)
+    voice = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
+    voices.queue_preparation(ctx=ctx, session=session, voice=voice)
     book_id = str(uuid.uuid4())
-    files = SubmittedFiles(book_dir(artifacts, book_id))
+    files = SubmittedFiles(book_dir(ctx.artifacts, book_id))
     try:
         files.folder.mkdir(parents=True)
         store_upload(source, files.source, limits.max_epub_bytes)
@@ -85,7 +83,7 @@ def accept_book(*, settings: Settings, session: Session, sender: wire.TaskSender
         session.rollback()
         shutil.rmtree(files.folder, ignore_errors=True)
         raise
-    _send(sender, settings, wire.BOOK_PARSE_TASK, book_id, options.priority, session, files)
+    _send(ctx.sender, ctx.settings, wire.BOOK_PARSE_TASK, book_id, options.priority, session, files)
     log.info("book %s accepted (%s, %d bytes); reading it on a CPU worker", book_id,
              submission.filename or submission.book_format or "?", files.source.stat().st_size)
     return book_id
@@ -137,38 +135,27 @@ def _send(sender: wire.TaskSender, settings: Settings, task: str, book_id: str, 
 
 # The worker's half -------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Services:
-    """What `read_book` talks to (a CPU worker builds these once)."""
-
-    settings: Settings
-    sessions: sessionmaker[Session]
-    store: FeatureStore
-    artifacts: ArtifactStore
-    sender: wire.TaskSender
-
-
-def read_book(book_id: str, svc: Services) -> str:
+def read_book(book_id: str, ctx: Context) -> str:
     """Read a `parsing` book in a bounded child and plan it: 'planned', 'failed', 'stopped' (cancelled
     while it was read) or 'skipped' (not parsing: a duplicate message)."""
-    settings = svc.settings
-    with session_scope(svc.sessions) as session:
+    settings = ctx.settings
+    with session_scope(ctx.sessions) as session:
         attempts = queries.start_book_parse(session=session, book_id=book_id)
         book = queries.get_book(session=session, book_id=book_id)
         if attempts is None or book is None:
             return "skipped"
         voice_id, seed, priority = book.voice_id, book.seed, book.priority
-    files = SubmittedFiles(book_dir(svc.artifacts, book_id))
+    files = SubmittedFiles(book_dir(ctx.artifacts, book_id))
     if attempts > settings.job_max_attempts:
-        return _fail(svc, book_id, files, f"gave up reading the book after {attempts - 1} attempts")
+        return _fail(ctx, book_id, files, f"gave up reading the book after {attempts - 1} attempts")
     if not files.source.is_file():
-        return _fail(svc, book_id, files, "the uploaded book is missing from the artifact root")
+        return _fail(ctx, book_id, files, "the uploaded book is missing from the artifact root")
     job = parse_job(settings, files.folder, voice_id, seed)
     (files.folder / OUTCOME).unlink(missing_ok=True)
     (files.folder / JOB_FILE).write_text(job.to_json(), encoding="utf-8")
     ended = run_child("app.books.planner", [str(files.folder / JOB_FILE)],
                       wall_s=settings.book_parse_timeout_s, stderr=files.folder / LOG_FILE,
-                      stopped=lambda: not _parsing(svc, book_id))
+                      stopped=lambda: not _parsing(ctx, book_id))
     how = "stopped" if ended.stopped else f"exit {ended.returncode}, signal {ended.signal}"
     log.info("book %s read in %.1f s (%.1f s CPU, peak %.0f MB): %s", book_id, ended.wall_s, ended.cpu_s,
              ended.max_rss_mb, how)
@@ -178,8 +165,8 @@ def read_book(book_id: str, svc: Services) -> str:
     outcome = _outcome(files.folder)
     if outcome is None or not outcome.get("ok"):
         reason = outcome["error"] if outcome else death_reason(ended, job.limits, settings)
-        return _fail(svc, book_id, files, str(reason))
-    return _settle(svc, book_id, files, outcome, priority)
+        return _fail(ctx, book_id, files, str(reason))
+    return _settle(ctx, book_id, files, outcome, priority)
 
 
 def parse_job(settings: Settings, folder: Path, voice_id: str, seed: int) -> ParseJob:
@@ -217,19 +204,19 @@ def _outcome(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-def _parsing(svc: Services, book_id: str) -> bool:
+def _parsing(ctx: Context, book_id: str) -> bool:
     """Whether the book is still wanted (the child is stopped once it is not); a database that does not
     answer is not a reason to stop."""
     try:
-        with session_scope(svc.sessions) as session:
+        with session_scope(ctx.sessions) as session:
             book = queries.get_book(session=session, book_id=book_id)
             return book is not None and book.status == BookStatus.PARSING
     except Exception:  # asked every half second: the next ask decides
         return True
 
 
-def _fail(svc: Services, book_id: str, files: SubmittedFiles, reason: str) -> str:
-    with session_scope(svc.sessions) as session:
+def _fail(ctx: Context, book_id: str, files: SubmittedFiles, reason: str) -> str:
+    with session_scope(ctx.sessions) as session:
         queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=reason,
                                 only_from=(BookStatus.PARSING,))
     shutil.rmtree(files.folder, ignore_errors=True)
@@ -237,17 +224,17 @@ def _fail(svc: Services, book_id: str, files: SubmittedFiles, reason: str) -> st
     return "failed"
 
 
-def _settle(svc: Services, book_id: str, files: SubmittedFiles, outcome: dict[str, Any],
+def _settle(ctx: Context, book_id: str, files: SubmittedFiles, outcome: dict[str, Any],
             priority: int) -> str:
     """The read book's rows, its cast's voices prepared, `queued`, and `book.plan` sent."""
     chapters = [queries.PlannedChapter(title, [(k[0], k[1], k[2]) for k in keys], est)
                 for title, est, keys in outcome["chapters"]]
     book = outcome["book"]
-    with session_scope(svc.sessions) as session:
+    with session_scope(ctx.sessions) as session:
         missing = [v for v in outcome["voices"] if queries.get_voice(session=session, voice_id=v) is None]
     if missing:
-        return _fail(svc, book_id, files, f"the cast names voices that are not stored: {', '.join(missing)}")
-    with session_scope(svc.sessions) as session:
+        return _fail(ctx, book_id, files, f"the cast names voices that are not stored: {', '.join(missing)}")
+    with session_scope(ctx.sessions) as session:
         if not queries.add_book_plan(session=session, book_id=book_id, title=book["title"],
                                      author=book["author"], language=book["language"],
                                      plan_key=book["plan_key"], chapters=chapters,
@@ -258,12 +245,11 @@ def _settle(svc: Services, book_id: str, files: SubmittedFiles, outcome: dict[st
         session.commit()
         for voice_id in outcome["voices"]:  # each cast voice prepared once for all its lines
             voice = queries.require_voice(session=session, voice_id=voice_id)
-            voices.queue_preparation(settings=svc.settings, session=session, sender=svc.sender,
-                                     store=svc.store, voice=voice)
+            voices.queue_preparation(ctx=ctx, session=session, voice=voice)
         files.remove_inputs()
         for name in (JOB_FILE, OUTCOME):
             (files.folder / name).unlink(missing_ok=True)
-        _send(svc.sender, svc.settings, wire.BOOK_PLAN_TASK, book_id, priority, session)
+        _send(ctx.sender, ctx.settings, wire.BOOK_PLAN_TASK, book_id, priority, session)
     log.info("book %s planned: %d chapters, %d segments", book_id, len(chapters),
              sum(len(c.keys) for c in chapters))
     return "planned"

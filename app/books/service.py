@@ -21,11 +21,11 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from app import jobs, lifecycle, wire
+from app import jobs, lifecycle
 from app.artifacts import ArtifactStore
 from app.books.intake import accept_book
 from app.books.source import BookLimits
@@ -34,9 +34,11 @@ from app.books.submission import DEFAULT_SEED, BookOptions, Submission, target_l
 from app.db import queries
 from app.db.models import Book, BookStatus
 from app.errors import Conflict, NotFound
-from app.settings import Settings
 from app.speech import check_tokens
 from app.store import FeatureStore
+
+if TYPE_CHECKING:
+    from app.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,7 @@ __all__ = ["DEFAULT_SEED", "BookOptions", "cancel", "cancel_book", "make_segment
            "target_lufs_field"]
 
 
-def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender, store: FeatureStore,
-                artifacts: ArtifactStore, data: bytes, filename: str | None = None,
+def submit_book(*, ctx: Context, session: Session, data: bytes, filename: str | None = None,
                 book_format: str | None = None, reference_bytes: bytes | None = None,
                 voice_id: str | None = None, options: BookOptions | None = None, title: str | None = None,
                 author: str | None = None, language: str | None = None,
@@ -66,10 +67,9 @@ def submit_book(*, settings: Settings, session: Session, sender: wire.TaskSender
                             title=title, author=author, language=language, narrator=narrator,
                             description=description, chapters=chapters, **dict(publication or {}),
                             base_dir=str(base_dir.resolve()) if base_dir is not None else None)
-    return accept_book(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
-                       source=io.BytesIO(data), submission=submission, reference_bytes=reference_bytes,
-                       voice_id=voice_id, lexicon=_as_bytes(lexicon), cast=_as_bytes(cast),
-                       **({"limits": limits} if limits is not None else {}))
+    return accept_book(ctx=ctx, session=session, source=io.BytesIO(data), submission=submission,
+                       reference_bytes=reference_bytes, voice_id=voice_id, lexicon=_as_bytes(lexicon),
+                       cast=_as_bytes(cast), **({"limits": limits} if limits is not None else {}))
 
 
 def _as_bytes(data: bytes | Mapping[str, Any] | None) -> bytes | None:
@@ -128,11 +128,12 @@ def cancel_book(*, session: Session, store: FeatureStore, book_id: str, cancel_t
     return True
 
 
-def cancel(*, settings: Settings, session: Session, store: FeatureStore, book_id: str) -> Book:
+def cancel(*, ctx: Context, session: Session, book_id: str) -> Book:
     """Cancel a book as a client asks it (idempotent: a cancelled book stays cancelled); commits.
     Conflict if it had finished otherwise."""
     require_book(session=session, book_id=book_id)
-    cancel_book(session=session, store=store, book_id=book_id, cancel_ttl_s=settings.visibility_timeout_s)
+    cancel_book(session=session, store=ctx.store, book_id=book_id,
+                cancel_ttl_s=ctx.settings.visibility_timeout_s)
     book = queries.require_book(session=session, book_id=book_id)
     if book.status != BookStatus.CANCELLED:
         raise Conflict(f"book {book_id} already {book.status}")

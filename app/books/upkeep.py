@@ -15,6 +15,7 @@ import shutil
 import time
 import uuid
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -24,7 +25,9 @@ from app.artifacts import ArtifactStore
 from app.books.files import BOOKS_DIR
 from app.db.models import Book, BookStatus, utcnow
 from app.db.session import session_scope
-from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +61,17 @@ def remove_orphan_books(*, sessions: sessionmaker[Session], artifacts: ArtifactS
     return removed
 
 
-def resume_parsing(*, settings: Settings, sessions: sessionmaker[Session],
-                   sender: wire.TaskSender) -> list[str]:
+def resume_parsing(*, ctx: Context) -> list[str]:
     """`parsing` books whose reader died; -> their ids, `book.parse` sent again."""
+    settings = ctx.settings
     quiet = utcnow() - timedelta(seconds=settings.book_parse_timeout_s + settings.stuck_job_after_s)
-    with session_scope(sessions) as session:
+    with session_scope(ctx.sessions) as session:
         stale = list(session.execute(select(Book.id, Book.priority).where(
             Book.status == BookStatus.PARSING, Book.updated_at < quiet)))
         for book_id, _ in stale:  # touched, so the next sweep waits a whole period again
             session.get(Book, book_id).updated_at = utcnow()  # type: ignore[union-attr]
     for book_id, priority in stale:
-        sender.send_task(wire.BOOK_PARSE_TASK, args=[book_id], queue=settings.queue_cpu,
-                         priority=wire.broker_priority(priority))
+        ctx.sender.send_task(wire.BOOK_PARSE_TASK, args=[book_id], queue=settings.queue_cpu,
+                             priority=wire.broker_priority(priority))
         log.warning("maintenance: book %s has been parsing without a reader; book.parse sent again", book_id)
     return [book_id for book_id, _ in stale]

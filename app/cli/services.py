@@ -193,14 +193,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_maintenance(args: argparse.Namespace) -> int:
-    from app.celery_config import make_celery
     from app.maintenance import run_sweep
 
-    sender = make_celery(settings(), include=())
-    try:
-        report = run_sweep(settings(), sender, grace_s=args.grace_s)
-    finally:
-        sender.close()
+    report = run_sweep(settings(), grace_s=args.grace_s)
     print_json(report.as_dict())
     return 1 if report.errors else 0
 

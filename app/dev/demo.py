@@ -203,33 +203,24 @@ def _cancel_unfinished(settings: Any, job_ids: list[str]) -> None:
 def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str],
                     interrupted: Callable[[], None]) -> dict[str, dict[str, int]]:
     """Submit the sample jobs, appending their ids to `job_ids` as they are accepted."""
-    from app.artifacts import ArtifactStore
-    from app.celery_config import make_celery
-    from app.db.session import make_engine, make_sessionmaker, session_scope
+    from app.context import Context
     from app.jobs import submit_job
-    from app.store import FeatureStore
 
-    sender = make_celery(settings)
-    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s)
-    artifacts = ArtifactStore(settings.artifact_root)
-    artifacts.ensure_layout()
-    before = {group: store.counters(group) for group in (COUNTER_PREP_PATH, COUNTER_PREPARE)}
-    engine = make_engine(settings.database_url)
+    ctx = Context.build(settings)
+    ctx.artifacts.ensure_layout()
+    before = {group: ctx.store.counters(group) for group in (COUNTER_PREP_PATH, COUNTER_PREPARE)}
     try:
         for reference_name, tokens_name in SAMPLE_JOBS:
             reference = (SAMPLES / reference_name).read_bytes()
             tokens = json.loads((SAMPLES / tokens_name).read_text())
             for i in range(jobs_per_voice):
                 interrupted()
-                with session_scope(make_sessionmaker(engine)) as session:
-                    job_ids.append(submit_job(settings=settings, session=session, sender=sender, store=store,
-                                              artifacts=artifacts, tokens=tokens, reference_bytes=reference,
-                                              seed=i))
+                with ctx.session() as session:
+                    job_ids.append(submit_job(ctx=ctx, session=session, tokens=tokens,
+                                              reference_bytes=reference, seed=i))
         say(f"submitted {len(job_ids)} jobs: {jobs_per_voice} per voice, {len(SAMPLE_JOBS)} voices")
     finally:
-        engine.dispose()
-        store.close()
-        sender.close()
+        ctx.close()
     return before
 
 

@@ -22,14 +22,14 @@ from tests.support.audio import wav_bytes
 
 @pytest.fixture
 def submit(
-    settings: Settings, session: Session, celery: Celery, store: FeatureStore, artifacts: ArtifactStore
+    ctx, settings: Settings, session: Session, celery: Celery, store: FeatureStore, artifacts: ArtifactStore
 ):
     def _submit(**kwargs: Any) -> str:
         kwargs.setdefault("tokens", [1, 2, 3])
         if "voice_id" not in kwargs:
             kwargs.setdefault("reference_bytes", wav_bytes())
         return submit_job(
-            settings=settings, session=session, sender=celery, store=store, artifacts=artifacts, **kwargs
+            ctx=ctx, session=session, **kwargs
         )
 
     return _submit

@@ -1,6 +1,7 @@
 """`app.jobs`: submission (rows, the stored reference, both tasks queued after the commit), idempotency,
 refusals before anything is stored, long token lists, a broker that refuses."""
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -141,15 +142,11 @@ class BrokenBroker:
 
 
 def test_a_job_the_broker_refused_is_withdrawn(
-    settings: Settings, session: Session, store: FeatureStore, artifacts: ArtifactStore
+    ctx, settings: Settings, session: Session, store: FeatureStore, artifacts: ArtifactStore
 ):
     with pytest.raises(ConnectionError):
         submit_job(
-            settings=settings,
-            session=session,
-            sender=BrokenBroker(),
-            store=store,
-            artifacts=artifacts,
+            ctx=replace(ctx, sender=BrokenBroker()), session=session,
             tokens=[1],
             reference_bytes=wav_bytes(),
             idempotency_key="retry-me",
@@ -161,7 +158,7 @@ def test_a_job_the_broker_refused_is_withdrawn(
 
 @pytest.mark.parametrize("shared", [True, False], ids=["voice-shared", "voice-abandoned"])
 def test_a_cancel_committed_while_redis_is_away_answers_the_cancelled_job(
-    submit, session: Session, settings: Settings, store: FeatureStore, caplog: pytest.LogCaptureFixture,
+    ctx, submit, session: Session, settings: Settings, store: FeatureStore, caplog: pytest.LogCaptureFixture,
     shared: bool
 ):
     """The database is the record; the cancel flag is a hint the GPU worker also reads from the job's row.
@@ -170,9 +167,9 @@ def test_a_cancel_committed_while_redis_is_away_answers_the_cancelled_job(
     if shared:
         submit(tokens=[4, 5])
     away = FeatureStore.from_url("redis://127.0.0.1:1/0", ttl_s=60)  # nothing listens there
-    job = cancel_job(settings=settings, session=session, store=away, job_id=job_id)
+    job = cancel_job(ctx=replace(ctx, store=away), session=session, job_id=job_id)
     assert job.id == job_id and job.status == "cancelled"
     assert q.require_job(session=session, job_id=job_id).status == "cancelled"
     assert "cancelled, but Redis did not answer" in caplog.text
-    assert cancel_job(settings=settings, session=session, store=store, job_id=job_id).status == "cancelled"
+    assert cancel_job(ctx=ctx, session=session, job_id=job_id).status == "cancelled"
     assert store.is_cancelled(job_id)  # with Redis back, a repeated cancel sets the flag

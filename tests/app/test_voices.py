@@ -49,7 +49,7 @@ def test_a_ready_voice_with_stored_features_skips_preparation_and_an_evicted_one
 
 
 def test_a_voice_registered_alone_is_stored_once_and_prepared_once(
-    settings: Settings,
+    ctx, settings: Settings,
     session: Session,
     celery: Celery,
     store: FeatureStore,
@@ -58,11 +58,7 @@ def test_a_voice_registered_alone_is_stored_once_and_prepared_once(
 ):
     def register() -> tuple[str, bool]:
         return register_voice(
-            settings=settings,
-            session=session,
-            sender=celery,
-            store=store,
-            artifacts=artifacts,
+            ctx=ctx, session=session,
             reference_bytes=wav_bytes(),
         )
 

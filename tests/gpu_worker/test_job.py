@@ -73,9 +73,9 @@ def test_the_job_that_settles_a_chapters_last_segment_sends_its_book_chapter_aft
         session.commit()
     first, last = RecordingTask(), RecordingTask()
     assert JobRun(rt, first, jobs[0]).run()["status"] == "succeeded"
-    assert first.app.sent == []  # the chapter still waits for its other segment
+    assert rt.sender.sent == []  # the chapter still waits for its other segment
     assert JobRun(rt, last, jobs[1]).run()["status"] == "succeeded"
-    assert last.app.sent == [("book.chapter", [book_id, 0])]
+    assert rt.sender.sent == [("book.chapter", [book_id, 0])]
     with sessions() as session:
         chapter = queries.list_chapters(session=session, book_id=book_id)[0]
     assert (chapter.keys_done, chapter.tokens_done, chapter.ready_at is not None) == (2, 61, True)

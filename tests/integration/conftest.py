@@ -48,6 +48,7 @@ from tests.conftest import (
     service_missing,
     settings_env,
 )
+from tests.support.context import context_for
 
 RABBITMQ = ("127.0.0.1", 5672)
 
@@ -195,9 +196,8 @@ def send_job(settings: Settings, sessions: sessionmaker[Session], store: Feature
     app = make_celery(settings)
     try:
         with sessions() as session:
-            return submit_job(settings=settings, session=session, sender=app, store=store,
-                              artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
-                              reference_bytes=reference, seed=seed)
+            return submit_job(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
+                              tokens=tokens, reference_bytes=reference, seed=seed)
     finally:
         app.close()
 

@@ -21,6 +21,7 @@ from app.settings import Settings
 from app.store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
+from tests.support.context import context_for
 from tests.support.hostile import timed_subtitles
 
 
@@ -42,8 +43,8 @@ def _submit(settings: Settings, sessions: sessionmaker[Session], producer: Any, 
             **kw: Any) -> str:
     app, store = producer
     with sessions() as session:
-        return submit_book(settings=settings, session=session, sender=app, store=store,
-                           artifacts=ArtifactStore(settings.artifact_root), data=data,
+        return submit_book(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
+                           data=data,
                            reference_bytes=wav_bytes(), **kw)
 
 
@@ -53,7 +54,8 @@ def _cancel_and_settle(settings: Settings, sessions: sessionmaker[Session], prod
     task of it writes rows while the tables are emptied after the test."""
     app, store = producer
     with sessions() as session:
-        cancel(settings=settings, session=session, store=store, book_id=book_id)
+        cancel(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
+               book_id=book_id)
     deadline, idle = time.monotonic() + timeout, 0
     while idle < 2:  # twice in a row: a task may start between two looks
         active = app.control.inspect(destination=[nodename], timeout=10).active() or {}

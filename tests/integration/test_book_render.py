@@ -43,6 +43,7 @@ from app.store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK, make_epub, tiny_png
 from tests.conftest import REPO, SESSION_TAG, settings_env
 from tests.integration.conftest import WorkerProcess, start_gpu_worker
+from tests.support.context import context_for
 
 REFERENCE = (SAMPLES / "voice_a.wav").read_bytes()
 SLOTS = 4
@@ -88,8 +89,8 @@ def env(gpu_settings: Settings, worker_sessions) -> Iterator[tuple[Settings, Cel
 def submit(env, sessions, data: bytes, **kw) -> str:
     settings, app, store = env
     with sessions() as session:
-        return submit_book(settings=settings, session=session, sender=app, store=store,
-                           artifacts=ArtifactStore(settings.artifact_root), data=data,
+        return submit_book(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
+                           data=data,
                            reference_bytes=REFERENCE, **kw)
 
 
@@ -118,8 +119,8 @@ def run_interactive(env, sessions, tokens: list[int], seed: int, priority: int):
     """An ordinary job submitted beside the book and waited for -> its row."""
     settings, app, store = env
     with sessions() as session:
-        job_id = submit_job(settings=settings, session=session, sender=app, store=store,
-                            artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
+        job_id = submit_job(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
+                            tokens=tokens,
                             reference_bytes=REFERENCE, seed=seed, priority=priority)
     app.AsyncResult(job_id).get(timeout=300)
     with sessions() as session:
@@ -209,8 +210,8 @@ def test_a_book_in_two_voices_prepares_each_once_and_decodes_their_lines_togethe
     with worker_sessions() as session:
         from app.voices import register_voice
 
-        mara, _ = register_voice(settings=settings, session=session, sender=app, store=store,
-                                 artifacts=ArtifactStore(settings.artifact_root),
+        mara, _ = register_voice(ctx=context_for(settings, app, sessions=worker_sessions, store=store),
+                                 session=session,
                                  reference_bytes=mara_reference)
     book = submit(env, worker_sessions, VOICED_BOOK.encode(), filename="voices.md", cast={"Mara": mara})
     view = wait_book(settings, worker_sessions, book)

@@ -19,16 +19,19 @@ import pytest
 import app.features
 import gpu_worker.job
 from app import lifecycle
+from app.context import Context
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
 from app.keys import COUNTER_PREP_PATH
 from app.voices import reclaim_abandoned_voice
 from gpu_worker.job import JobRun
 from gpu_worker.runtime import Runtime
-from tasks.voice import Resources, prepare_voice
+from tasks.voice import prepare_voice
+from tests.support.context import context_for
 from tests.support.runtime import (
     VOICE_A,
     VOICE_B,
+    RecordingSender,
     RecordingTask,
     job_row,
     prepare_ahead,
@@ -82,8 +85,10 @@ class Gate:
         return self.fn(*args, **kwargs)
 
 
-def resources(rt: Runtime, sqlite_sessions) -> Resources:
-    return Resources(settings=rt.settings, sessions=sqlite_sessions, store=rt.store, artifacts=rt.artifacts)
+def resources(rt: Runtime, sqlite_sessions) -> Context:
+    """A CPU worker's clients on the runtime's database, store and files."""
+    return context_for(rt.settings, RecordingSender(), sessions=sqlite_sessions, store=rt.store,
+                       artifacts=rt.artifacts)
 
 
 def assert_nothing_leaked(rt: Runtime, sqlite_sessions, *, keep_voice: str | None = None) -> None:

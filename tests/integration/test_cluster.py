@@ -39,7 +39,8 @@ from app.store import FeatureStore
 from gpu_worker.job import JobRun
 from tests.conftest import REPO, make_test_settings
 from tests.integration.conftest import sessions_of, store_of
-from tests.support.runtime import RecordingSender, RecordingTask
+from tests.support.context import context_for
+from tests.support.runtime import RecordingTask, producer_of
 
 sys.path.insert(0, str(REPO / "scripts"))
 from cluster import Cluster, reference  # noqa: E402
@@ -98,8 +99,8 @@ def submit_all(settings: Settings, db, store: FeatureStore, jobs) -> list[str]:
     app = make_celery(settings)
     try:
         with db() as session:
-            return [submit_job(settings=settings, session=session, sender=app, store=store,
-                               artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
+            return [submit_job(ctx=context_for(settings, app, sessions=db, store=store), session=session,
+                               tokens=tokens,
                                reference_bytes=reference(voice), seed=seed) for voice, tokens, seed in jobs]
     finally:
         app.close()
@@ -121,8 +122,9 @@ def render_alone(make_runtime, jobs) -> list[np.ndarray]:
     """The same jobs on one in-process GPU worker (its own database and files), four at a time."""
     rt = make_runtime(model_preset="tiny", voice_cache_capacity=VOICES)
     with rt.sessions() as session:
-        ids = [submit_job(settings=rt.settings, session=session, sender=RecordingSender(), store=rt.store,
-                          artifacts=rt.artifacts, tokens=tokens, reference_bytes=reference(voice), seed=seed)
+        ids = [submit_job(ctx=producer_of(rt), session=session, tokens=tokens,
+                          reference_bytes=reference(voice),
+                          seed=seed)
                for voice, tokens, seed in jobs]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda j: JobRun(rt, RecordingTask(), j).run(), ids))

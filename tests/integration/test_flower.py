@@ -23,7 +23,6 @@ import httpx
 import pytest
 import torch
 
-from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import JobStatus
 from app.dev import SAMPLES, services
@@ -35,6 +34,7 @@ from app.wire import SYNTH_TASK
 from gpu_worker.worker import make_gpu_celery
 from tests.conftest import REPO, SESSION_TAG, settings_env
 from tests.integration.conftest import WorkerProcess, running_gpu_worker
+from tests.support.context import context_for
 from tests.support.net import free_port
 
 USER, PASSWORD = "flower-test", f"pw-{uuid.uuid4().hex[:12]}"
@@ -150,9 +150,9 @@ def test_flower_shows_a_finished_synthesis_job_by_its_id_and_refuses_anonymous_c
     tokens = torch.randint(0, VOCAB_SIZE, (50,), generator=torch.Generator().manual_seed(50)).tolist()
     try:
         with worker_sessions() as session:
-            job_id = submit_job(settings=settings, session=session, sender=app, store=store,
-                                artifacts=ArtifactStore(settings.artifact_root), tokens=tokens,
-                                reference_bytes=REFERENCE, seed=5, output_format="wav")
+            job_id = submit_job(ctx=context_for(settings, app, sessions=worker_sessions, store=store),
+                                session=session,
+                                tokens=tokens, reference_bytes=REFERENCE, seed=5, output_format="wav")
         result = app.AsyncResult(job_id).get(timeout=240)
     finally:
         app.close()

@@ -18,6 +18,7 @@ from app.speech import VOCAB_SIZE
 from app.store import FeatureStore
 from gpu_worker.worker import make_gpu_celery
 from tests.integration.conftest import running_gpu_worker
+from tests.support.context import context_for
 from tests.support.runtime import (
     VOICE_A,
     VOICE_B,
@@ -49,8 +50,9 @@ def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sqlite_s
     for reference, n in ((VOICE_A, 40), (VOICE_B, 30), (VOICE_A, 55), (VOICE_B, 20)):
         tokens = torch.randint(0, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(n)).tolist()
         with sqlite_sessions() as session:
-            job_id = submit_job(settings=settings, session=session, sender=app, store=store,
-                                artifacts=artifacts, tokens=tokens, reference_bytes=reference, seed=n)
+            job_id = submit_job(ctx=context_for(settings, app, sessions=sqlite_sessions, store=store,
+                                                artifacts=artifacts),
+                                session=session, tokens=tokens, reference_bytes=reference, seed=n)
         jobs.append((job_id, n))
     try:
         results = {job_id: app.AsyncResult(job_id).get(timeout=240) for job_id, _ in jobs}

@@ -36,6 +36,7 @@ from gpu_worker.runtime import DUMMY_SEED
 from gpu_worker.worker import make_gpu_celery
 from tests.conftest import SESSION_TAG
 from tests.integration.conftest import running_gpu_worker, start_worker
+from tests.support.context import context_for
 
 # 8 jobs over 3 voices: (voice index, tokens, seed)
 JOBS = [(0, 60, 1), (1, 45, 2), (2, 30, 3), (0, 25, 4), (1, 80, 5), (2, 51, 6), (0, 38, 7), (1, 27, 8)]
@@ -114,8 +115,9 @@ def test_eight_jobs_three_voices_prepared_once_each_equal_to_decoding_alone(
     try:
         for voice, n, seed in JOBS:
             with worker_sessions() as session:
-                job_id = submit_job(settings=settings, session=session, sender=app, store=store,
-                                    artifacts=artifacts, tokens=job_tokens(n, seed),
+                job_id = submit_job(ctx=context_for(settings, app, sessions=worker_sessions, store=store,
+                                                    artifacts=artifacts),
+                                    session=session, tokens=job_tokens(n, seed),
                                     reference_bytes=REFERENCES[voice], seed=seed, output_format="wav")
             submitted.append((job_id, voice, n, seed))
         results = {job_id: app.AsyncResult(job_id).get(timeout=480) for job_id, *_ in submitted}

@@ -22,6 +22,7 @@ from tasks.celery_app import make_celery
 from tasks.schedule import SWEEP_TASK, PeriodicSweep, tick
 from tests.integration.conftest import start_worker
 from tests.support.audio import wav_bytes
+from tests.support.context import context_for
 
 
 class Sender:
@@ -71,8 +72,8 @@ def test_a_cpu_worker_sends_a_job_whose_message_was_lost_again_on_its_own(
     worker = None
     try:
         with sessions() as session:
-            job_id = submit_job(settings=settings, session=session, sender=producer, store=store,
-                                artifacts=artifacts, tokens=[1] * 30, reference_bytes=wav_bytes())
+            job_id = submit_job(ctx=context_for(settings, producer, sessions=sessions, store=store),
+                                session=session, tokens=[1] * 30, reference_bytes=wav_bytes())
         assert broker.purge(settings.queue_gpu) == 1  # the message is gone, the job is still queued
         with sessions() as session:
             quiet = utcnow() - timedelta(hours=1)

@@ -15,6 +15,7 @@ from app.settings import Settings
 from app.store import FeatureStore
 from tasks.celery_app import make_celery
 from tests.support.audio import wav_bytes
+from tests.support.context import context_for
 
 
 def wait_for(predicate, timeout: float = 60.0, every: float = 0.2):
@@ -36,11 +37,9 @@ def test_a_real_cpu_worker_prepares_a_submitted_voice(
     try:
         with worker_sessions() as session:
             job_id = submit_job(
-                settings=worker_settings,
+                ctx=context_for(worker_settings, celery, sessions=worker_sessions, store=store,
+                                artifacts=artifacts),
                 session=session,
-                sender=celery,
-                store=store,
-                artifacts=artifacts,
                 tokens=[1, 2, 3],
                 reference_bytes=wav_bytes(freq=440.0),
             )

@@ -3,21 +3,20 @@ would (the child process that reads it is the real one): for tests that want a b
 without a Celery worker.
 
     RecordingSender                 records what would be sent to the broker
-    read_now(...)                   `app.books.intake.read_book` on the test's settings
+    read_now(...)                   `app.books.intake.read_book` on the test's context
     submit_and_read(...)            `app.books.service.submit_book`, then `read_now`
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from app.artifacts import ArtifactStore
 from app.books import intake
 from app.books.service import submit_book
-from app.settings import Settings
-from app.store import FeatureStore
+from app.context import Context
 
 
 class RecordingSender:
@@ -31,40 +30,27 @@ class RecordingSender:
         return [name for name, _, _ in self.sent]
 
 
-def sessions_of(session: Session) -> sessionmaker[Session]:
-    """A session factory on the engine `session` uses (`read_book` opens sessions of its own)."""
-    from app.db.session import make_sessionmaker
-
-    return make_sessionmaker(session.get_bind().engine)  # type: ignore[union-attr]
-
-
-def read_now(*, settings: Settings, session: Session, store: FeatureStore, artifacts: ArtifactStore,
-             book_id: str, sender: Any = None) -> str:
-    """Read a `parsing` book as `book.parse` would; 'planned', 'failed', 'stopped' or 'skipped'."""
+def read_now(*, ctx: Context, session: Session, book_id: str, sender: Any = None) -> str:
+    """Read a `parsing` book as `book.parse` would, sending through `sender` (a RecordingSender by
+    default); 'planned', 'failed', 'stopped' or 'skipped'."""
     session.commit()  # whatever the test wrote is seen by the reader's own sessions
-    svc = intake.Services(settings=settings, sessions=sessions_of(session), store=store, artifacts=artifacts,
-                          sender=sender or RecordingSender())
-    outcome = intake.read_book(book_id, svc)
+    outcome = intake.read_book(book_id, replace(ctx, sender=sender or RecordingSender()))
     session.expire_all()
     return outcome
 
 
-def submit_and_read(*, settings: Settings, session: Session, store: FeatureStore, artifacts: ArtifactStore,
-                    data: bytes, sender: Any = None, **kw: Any) -> tuple[str, str]:
+def submit_and_read(*, ctx: Context, session: Session, data: bytes, sender: Any = None,
+                    **kw: Any) -> tuple[str, str]:
     """(book id, what reading it gave)."""
-    sender = sender or RecordingSender()
-    book_id = submit_book(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
-                          data=data, **kw)
-    return book_id, read_now(settings=settings, session=session, store=store, artifacts=artifacts,
-                             book_id=book_id, sender=sender)
+    ctx = replace(ctx, sender=sender or RecordingSender())
+    book_id = submit_book(ctx=ctx, session=session, data=data, **kw)
+    return book_id, read_now(ctx=ctx, session=session, book_id=book_id, sender=ctx.sender)
 
 
-def read_in(ctx: Any, book_id: str) -> str:
+def read_in(ctx: Context, book_id: str) -> str:
     """Read a `parsing` book with an app's context (`app.state.ctx` of a TestClient's app), as a CPU
     worker's `book.parse` would."""
-    svc = intake.Services(settings=ctx.settings, sessions=ctx.sessions, store=ctx.store,
-                          artifacts=ctx.artifacts, sender=ctx.sender)
-    return intake.read_book(book_id, svc)
+    return intake.read_book(book_id, ctx)
 
 
 def post_and_read(client: Any, **request: Any) -> Any:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.artifacts import ArtifactStore
 from app.audio import load_reference
+from app.context import Context
 from app.db import queries
 from app.db.session import make_engine, make_sessionmaker
 from app.dev import SAMPLES
@@ -46,7 +47,6 @@ class RecordingTask:
     def __init__(self) -> None:
         self.request = SimpleNamespace(id=None, hostname="gpu-test@host")
         self.events: list[tuple[str, dict[str, Any]]] = []
-        self.app = RecordingSender()  # what the task sends by name (a ready chapter's book.chapter)
 
     def send_event(self, kind: str, **fields: Any) -> None:
         self.events.append((kind, fields))
@@ -71,7 +71,8 @@ def make_runtime(sqlite_url, artifacts, store) -> Iterator:
     built: list[Runtime] = []
 
     def make(**extra: Any) -> Runtime:
-        rt = build_runtime(settings_for(sqlite_url, artifacts, **extra), f"gpu-{len(built)}@test")
+        rt = build_runtime(settings_for(sqlite_url, artifacts, **extra), f"gpu-{len(built)}@test",
+                           sender=RecordingSender())  # what the worker rings (a ready chapter's book.chapter)
         built.append(rt)
         return rt
 
@@ -85,8 +86,13 @@ def submit(rt: Runtime, sessions, reference: bytes, n_tokens: int, seed: int = 7
     generator = torch.Generator().manual_seed(n_tokens)
     tokens = torch.randint(0, VOCAB_SIZE, (n_tokens,), generator=generator).tolist()
     with sessions() as session:
-        return submit_job(settings=rt.settings, session=session, sender=RecordingSender(), store=rt.store,
-                          artifacts=rt.artifacts, tokens=tokens, reference_bytes=reference, seed=seed)
+        return submit_job(ctx=producer_of(rt), session=session, tokens=tokens, reference_bytes=reference,
+                          seed=seed)
+
+
+def producer_of(rt: Runtime) -> Context:
+    """The runtime's clients as a producer's, its messages recorded apart from what the worker sends."""
+    return Context(**{**rt.clients(), "sender": RecordingSender()})
 
 
 def prepare_ahead(rt: Runtime, reference: bytes) -> str:

@@ -1,17 +1,13 @@
-"""What the task tests share: the tasks' `Resources` on the test's settings, database, store and artifacts."""
+"""What the task tests share: `res`, the tasks' clients (`app.context.Context`, as `tasks.voice.resources`
+builds them in a worker) on the test's settings, database, store, artifacts and Celery producer."""
 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
-from app.settings import Settings
-from app.store import FeatureStore
-from tasks.voice import Resources
+from app.context import Context
 
 
 @pytest.fixture
-def res(settings: Settings, sessions: sessionmaker[Session], store: FeatureStore,
-        artifacts: ArtifactStore) -> Resources:
-    return Resources(settings=settings, sessions=sessions, store=store, artifacts=artifacts)
+def res(ctx: Context) -> Context:
+    return ctx

@@ -20,13 +20,13 @@ from app import lifecycle
 from app.books.files import output_dir
 from app.books.service import BookOptions, submit_book
 from app.books.status import book_status
+from app.context import Context as Resources  # named so until the merge of the book-sending work
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
 from app.errors import BadInput
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
 from tasks.celery_app import make_celery
-from tasks.voice import Resources
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
 
@@ -50,8 +50,7 @@ def submit(res: Resources, celery: Celery, data: bytes, **kw) -> str:
     """Submit a book and run its `book.parse` here (the reading child process is the real one); a book
     that reading refuses raises BadInput with the book's reason, as the API's status would show it."""
     with res.sessions() as session:
-        book_id = submit_book(settings=res.settings, session=session, sender=celery, store=res.store,
-                              artifacts=res.artifacts, data=data, reference_bytes=wav_bytes(), **kw)
+        book_id = submit_book(ctx=res, session=session, data=data, reference_bytes=wav_bytes(), **kw)
     if books.parse(book_id, res) == "failed":
         with res.sessions() as session:
             raise BadInput(queries.require_book(session=session, book_id=book_id).error or "")
@@ -208,10 +207,8 @@ def test_a_cast_members_lines_render_in_their_voice_and_recasting_renders_only_t
     from app.voices import register_voice
 
     with res.sessions() as session:
-        alice, _ = register_voice(settings=res.settings, session=session, sender=celery, store=res.store,
-                                  artifacts=res.artifacts, reference_bytes=wav_bytes(freq=330.0))
-        other, _ = register_voice(settings=res.settings, session=session, sender=celery, store=res.store,
-                                  artifacts=res.artifacts, reference_bytes=wav_bytes(freq=440.0))
+        alice, _ = register_voice(ctx=res, session=session, reference_bytes=wav_bytes(freq=330.0))
+        other, _ = register_voice(ctx=res, session=session, reference_bytes=wav_bytes(freq=440.0))
     book_id = submit(res, celery, VOICED_BOOK, filename="b.md", cast=f"Alice: {alice}".encode())
     assert books.plan(book_id, res) == 5  # title, narration, Alice's quotation, "she said", her passage
     plan = output_plan(res, book_id)
@@ -432,8 +429,7 @@ def test_a_chapter_whose_sending_died_part_way_is_sent_again_by_the_sweep(res: R
     broker = redis.Redis.from_url(res.settings.broker_url)
 
     def run():
-        return sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
-                     sender=celery)
+        return sweep(ctx=res)
 
     try:
         assert run().chapters_resumed == []  # scheduled just now: book.plan may still be sending
@@ -508,8 +504,7 @@ def test_a_ready_chapter_whose_book_chapter_was_lost_is_sent_again_by_the_sweep_
         assert render_live_jobs(res, book_id) == 4  # finish_job: no doorbell, the record alone
 
         def run():
-            return sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts,
-                         store=res.store, sender=celery)
+            return sweep(ctx=res)
 
         def age(*indices: int) -> None:
             past = utcnow() - timedelta(seconds=UNCHECKED_CHAPTER_AFTER_S + 5)

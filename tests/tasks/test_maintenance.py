@@ -17,6 +17,7 @@ from app import cli, lifecycle
 from app.artifacts import ArtifactStore
 from app.books.service import submit_book
 from app.broker import open_broker
+from app.context import Context
 from app.db import queries
 from app.db.models import Book, Job, JobStatus, VoiceStatus, Worker, utcnow
 from app.features import host_half
@@ -29,15 +30,14 @@ from tests.conftest import settings_env
 from tests.support.audio import wav_bytes
 
 
-def run(settings, sessions, artifacts, store, broker, celery, **kw):
-    return sweep(settings=settings, sessions=sessions, artifacts=artifacts, store=store, sender=celery, **kw)
+def run(ctx: Context, **kw):
+    return sweep(ctx=ctx, **kw)
 
 
-def submit(settings: Settings, sessions, store, artifacts, celery, reference: bytes | None = None,
-           n_tokens: int = 3) -> str:
-    with sessions() as session:
-        return submit_job(settings=settings, session=session, sender=celery, store=store, artifacts=artifacts,
-                          tokens=[1] * n_tokens, reference_bytes=reference or wav_bytes())
+def submit(ctx: Context, reference: bytes | None = None, n_tokens: int = 3) -> str:
+    with ctx.session() as session:
+        return submit_job(ctx=ctx, session=session, tokens=[1] * n_tokens,
+                          reference_bytes=reference or wav_bytes())
 
 
 def age(path, seconds: float) -> None:
@@ -46,8 +46,8 @@ def age(path, seconds: float) -> None:
 
 
 def test_old_orphan_files_are_removed_and_referenced_or_young_ones_kept(
-        settings, sessions, artifacts: ArtifactStore, store, broker, celery) -> None:
-    job_id = submit(settings, sessions, store, artifacts, celery)
+        ctx, settings, sessions, artifacts: ArtifactStore, store, broker, celery) -> None:
+    job_id = submit(ctx)
     with sessions() as session:
         reference = queries.require_voice(
             session=session, voice_id=queries.require_job(session=session, job_id=job_id).voice_id
@@ -61,7 +61,7 @@ def test_old_orphan_files_are_removed_and_referenced_or_young_ones_kept(
     young.write_bytes(b"x")
     for path in (partial, stray_tmp, artifacts.path(orphan_ref), artifacts.path(reference)):
         age(path, 7200)
-    report = run(settings, sessions, artifacts, store, broker, celery, grace_s=3600)
+    report = run(ctx, grace_s=3600)
     assert sorted(report.orphans_removed) == sorted(
         [f"outputs/{partial.name}", f"tmp/{stray_tmp.name}", orphan_ref])
     assert artifacts.path(reference).exists() and young.exists() and not partial.exists()
@@ -69,16 +69,14 @@ def test_old_orphan_files_are_removed_and_referenced_or_young_ones_kept(
 
 
 def test_a_book_folder_without_a_row_is_removed_and_a_book_whose_reader_died_is_read_again(
-        settings, sessions, artifacts: ArtifactStore, store, broker, celery) -> None:
+        ctx, settings, sessions, artifacts: ArtifactStore, store, broker, celery) -> None:
     stray = artifacts.root / "books" / str(uuid.uuid4())  # the API died between the upload and its row
     stray.mkdir(parents=True)
     (stray / "source").write_bytes(b"a book")
     with sessions() as session:
-        kept = submit_book(settings=settings, session=session, sender=celery, store=store,
-                           artifacts=artifacts, data=b"Title\n\nSome text.", filename="b.txt",
+        kept = submit_book(ctx=ctx, session=session, data=b"Title\n\nSome text.", filename="b.txt",
                            reference_bytes=wav_bytes())
-        dying = submit_book(settings=settings, session=session, sender=celery, store=store,
-                            artifacts=artifacts, data=b"Title\n\nMore text.", filename="c.txt",
+        dying = submit_book(ctx=ctx, session=session, data=b"Title\n\nMore text.", filename="c.txt",
                             voice_id=queries.require_book(session=session, book_id=kept).voice_id)
         assert queries.start_book_parse(session=session, book_id=dying) == 1  # a reader started, then died
         session.execute(update(Book).where(Book.id == dying).values(
@@ -89,11 +87,11 @@ def test_a_book_folder_without_a_row_is_removed_and_a_book_whose_reader_died_is_
         age(folder, 7200)
     for key in broker.keys(f"{settings.queue_cpu}*"):
         broker.delete(key)
-    report = run(settings, sessions, artifacts, store, broker, celery, grace_s=3600)
+    report = run(ctx, grace_s=3600)
     assert (report.books_removed, report.books_reparsed, report.errors) == ([stray.name], [dying], [])
     assert not stray.exists() and (stray.parent / kept / "source").exists()
     assert [(m["task"], m["args"]) for m in queued(broker, settings.queue_cpu)] == [("book.parse", [dying])]
-    assert run(settings, sessions, artifacts, store, broker, celery, grace_s=3600).books_reparsed == []
+    assert run(ctx, grace_s=3600).books_reparsed == []
 
 
 def depth(settings: Settings) -> int:
@@ -106,26 +104,26 @@ def lose_messages(settings: Settings) -> None:
 
 
 def test_a_queued_job_not_claimed_in_time_is_rung_again_with_growing_waits(
-        settings, sessions, artifacts, store, broker, celery) -> None:
-    lost = submit(settings, sessions, store, artifacts, celery)
-    submit(settings, sessions, store, artifacts, celery)  # recent: left alone
+        ctx, settings, sessions, artifacts, store, broker, celery) -> None:
+    lost = submit(ctx)
+    submit(ctx)  # recent: left alone
     lose_messages(settings)
     with sessions() as session:  # `lost` went quiet long ago; the other was just submitted
         session.execute(update(Job).where(Job.id == lost).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
     grace = timedelta(seconds=settings.stuck_job_after_s)
     before = utcnow()
-    report = run(settings, sessions, artifacts, store, broker, celery)
+    report = run(ctx)
     after = utcnow()
     assert report.jobs_requeued == [lost] and depth(settings) == 1
-    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == []  # not due yet
+    assert run(ctx).jobs_requeued == []  # not due yet
     with sessions() as session:  # due one grace after the ring (stamped between `before` and `after`)
         due = queries.require_job(session=session, job_id=lost).ring_due_at
         assert before + grace <= due <= after + grace
         session.execute(update(Job).where(Job.id == lost).values(ring_due_at=utcnow() - timedelta(seconds=1)))
         session.commit()
     before = utcnow()
-    assert run(settings, sessions, artifacts, store, broker, celery).jobs_requeued == [lost]  # due again
+    assert run(ctx).jobs_requeued == [lost]  # due again
     after = utcnow()
     with sessions() as session:
         job = queries.require_job(session=session, job_id=lost)
@@ -135,27 +133,27 @@ def test_a_queued_job_not_claimed_in_time_is_rung_again_with_growing_waits(
 
 
 def test_a_claimed_job_whose_lease_passed_is_queued_and_rung_again_and_a_leased_one_is_left_alone(
-        settings, sessions, artifacts, store, broker, celery) -> None:
-    dead = submit(settings, sessions, store, artifacts, celery)
-    alive = submit(settings, sessions, store, artifacts, celery)
+        ctx, settings, sessions, artifacts, store, broker, celery) -> None:
+    dead = submit(ctx)
+    alive = submit(ctx)
     lose_messages(settings)
     with sessions() as session:
         assert lifecycle.claim(session=session, job_id=dead, worker="gpu@dead", max_attempts=3, lease_s=0)
         assert lifecycle.claim(session=session, job_id=alive, worker="gpu@alive", max_attempts=3, lease_s=60)
         session.commit()
-    report = run(settings, sessions, artifacts, store, broker, celery)
+    report = run(ctx)
     assert report.jobs_resumed == [dead] and depth(settings) == 1
     with sessions() as session:
         resumed = queries.require_job(session=session, job_id=dead)
         assert (resumed.status, resumed.attempts, resumed.lease_until) == (JobStatus.QUEUED, 1, None)
         assert queries.require_job(session=session, job_id=alive).status == JobStatus.PREPARING
         assert not lifecycle.renew(session=session, job_id=dead, frames_done=5, attempt=1, lease_s=30)
-    assert run(settings, sessions, artifacts, store, broker, celery).jobs_resumed == []  # once
+    assert run(ctx).jobs_resumed == []  # once
 
 
 def test_a_gpu_worker_started_again_releases_the_claims_of_its_previous_process_at_once(
-        settings, sessions, artifacts, store, broker, celery) -> None:
-    held = submit(settings, sessions, store, artifacts, celery)
+        ctx, settings, sessions, artifacts, store, broker, celery) -> None:
+    held = submit(ctx)
     lose_messages(settings)
     with sessions() as session:
         assert lifecycle.claim(session=session, job_id=held, worker="gpu@a", max_attempts=3, lease_s=600)
@@ -163,50 +161,49 @@ def test_a_gpu_worker_started_again_releases_the_claims_of_its_previous_process_
     with sessions() as session:
         started = queries.register_worker(session=session, name="gpu@a").started_at
         session.commit()
-    assert release_previous(settings=settings, sessions=sessions, sender=celery, worker="gpu@b",
-                            started_at=started) == []  # another name's claims are not its own
-    assert release_previous(settings=settings, sessions=sessions, sender=celery, worker="gpu@a",
-                            started_at=started) == [held]
+    # another name's claims are not its own
+    assert release_previous(ctx=ctx, worker="gpu@b", started_at=started) == []
+    assert release_previous(ctx=ctx, worker="gpu@a", started_at=started) == [held]
     assert depth(settings) == 1
     with sessions() as session:
         assert queries.require_job(session=session, job_id=held).status == JobStatus.QUEUED
 
 
 def test_a_queued_job_rung_on_a_gone_workers_own_queue_is_rung_again_on_the_shared_queue(
-        settings, sessions, artifacts, store, broker, celery) -> None:
-    job_id = submit(settings, sessions, store, artifacts, celery)
+        ctx, settings, sessions, artifacts, store, broker, celery) -> None:
+    job_id = submit(ctx)
     lose_messages(settings)
     with sessions() as session:
         queries.register_worker(session=session, name="gpu@gone")
         queries.set_job_route(session=session, job_ids=[job_id], routed_to="gpu@gone", route="holder")
         session.commit()
-    assert run(settings, sessions, artifacts, store, broker, celery).jobs_rerouted == []  # it beat just now
+    assert run(ctx).jobs_rerouted == []  # it beat just now
     with sessions() as session:
         session.execute(update(Worker).values(heartbeat_at=utcnow() - timedelta(seconds=WORKER_GONE_S + 5)))
         session.commit()
-    assert run(settings, sessions, artifacts, store, broker, celery).jobs_rerouted == [job_id]
+    assert run(ctx).jobs_rerouted == [job_id]
     assert depth(settings) == 1
     with sessions() as session:
         job = queries.require_job(session=session, job_id=job_id)
         assert (job.routed_to, job.route) == (None, "shared_worker_gone")
 
 
-def test_finished_and_recent_jobs_are_left_alone(settings, sessions, artifacts, store, broker,
+def test_finished_and_recent_jobs_are_left_alone(ctx, settings, sessions, artifacts, store, broker,
                                                  celery) -> None:
-    done = submit(settings, sessions, store, artifacts, celery)
-    recent = submit(settings, sessions, store, artifacts, celery)
+    done = submit(ctx)
+    recent = submit(ctx)
     lose_messages(settings)
     with sessions() as session:
         lifecycle.finish(session=session, job_id=done, status=JobStatus.FAILED, error="x")
         session.execute(update(Job).where(Job.id == done).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
-    report = run(settings, sessions, artifacts, store, broker, celery)
+    report = run(ctx)
     assert report.jobs_requeued == [] and recent not in report.jobs_requeued
 
 
 def test_features_left_for_a_voice_whose_jobs_were_all_cancelled_are_reclaimed(
-        settings, sessions, artifacts, store: FeatureStore, broker, celery) -> None:
-    job_id = submit(settings, sessions, store, artifacts, celery)
+        ctx, settings, sessions, artifacts, store: FeatureStore, broker, celery) -> None:
+    job_id = submit(ctx)
     with sessions() as session:
         voice_id = queries.require_job(session=session, job_id=job_id).voice_id
         lifecycle.cancel(session=session, job_id=job_id)
@@ -216,7 +213,7 @@ def test_features_left_for_a_voice_whose_jobs_were_all_cancelled_are_reclaimed(
     with sessions() as session:
         queries.mark_voice_ready(session=session, voice_id=voice_id, prepare_ms=1.0, feature_nbytes=1)
         session.commit()
-    report = run(settings, sessions, artifacts, store, broker, celery)
+    report = run(ctx)
     assert report.voices_reclaimed == [voice_id] and not store.exists(voice_id)
     with sessions() as session:
         assert queries.require_voice(session=session, voice_id=voice_id).status == VoiceStatus.PENDING
@@ -248,8 +245,8 @@ def test_the_task_is_registered_on_the_cpu_app() -> None:
 
 
 def test_the_partial_output_a_killed_worker_left_of_a_job_cancelled_since_goes_once_a_lease_has_passed(
-        settings, sessions, artifacts: ArtifactStore, store, broker, celery) -> None:
-    cancelled, recent, live = (submit(settings, sessions, store, artifacts, celery) for _ in range(3))
+        ctx, settings, sessions, artifacts: ArtifactStore, store, broker, celery) -> None:
+    cancelled, recent, live = (submit(ctx) for _ in range(3))
     partials = {job_id: artifacts.root / "outputs" / f".{job_id}.wav.k1ll3d.part"
                 for job_id in (cancelled, recent, live)}
     for path in partials.values():
@@ -260,6 +257,6 @@ def test_the_partial_output_a_killed_worker_left_of_a_job_cancelled_since_goes_o
         long_ago = utcnow() - timedelta(seconds=settings.job_lease_s + 5)
         session.execute(update(Job).where(Job.id == cancelled).values(finished_at=long_ago))
         session.commit()
-    report = run(settings, sessions, artifacts, store, broker, celery)  # orphan grace: the default hour
+    report = run(ctx)  # orphan grace: the default hour
     assert report.orphans_removed == [f"outputs/.{cancelled}.wav.k1ll3d.part"]
     assert not partials[cancelled].exists() and partials[recent].exists() and partials[live].exists()

@@ -13,6 +13,7 @@ from sqlalchemy import update
 
 import tasks.text as text_task
 from app.broker import open_broker
+from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus, Voice, utcnow
 from app.errors import BadInput, BadTokens, Conflict
@@ -21,7 +22,6 @@ from app.maintenance import sweep
 from app.speech import MEL_PER_TOKEN
 from app.text.normalise import estimate_tokens
 from app.text.tokens import STAND_IN_NOTE
-from tasks.voice import Resources
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
 
@@ -35,14 +35,13 @@ def task_celery(celery: Celery, monkeypatch: pytest.MonkeyPatch) -> Celery:
     return celery
 
 
-def submit(res: Resources, celery: Celery, **kw) -> str:
+def submit(res: Context, celery: Celery, **kw) -> str:
     kw.setdefault("text", TEXT)
     with res.sessions() as session:
-        return submit_job(settings=res.settings, session=session, sender=celery, store=res.store,
-                          artifacts=res.artifacts, reference_bytes=wav_bytes(), **kw)
+        return submit_job(ctx=res, session=session, reference_bytes=wav_bytes(), **kw)
 
 
-def job(res: Resources, job_id: str) -> Job:
+def job(res: Context, job_id: str) -> Job:
     with res.sessions() as session:
         row = queries.require_job(session=session, job_id=job_id)
         session.expunge(row)
@@ -50,7 +49,7 @@ def job(res: Resources, job_id: str) -> Job:
 
 
 def test_a_text_job_is_queued_without_tokens_and_tokenized_before_it_is_rendered(
-        res: Resources, celery: Celery, broker) -> None:
+        res: Context, celery: Celery, broker) -> None:
     job_id = submit(res, celery, language="en-GB", priority=4)
     row = job(res, job_id)
     assert (row.kind, row.text, row.language, row.tokens, row.n_tokens, row.status) == (
@@ -62,7 +61,7 @@ def test_a_text_job_is_queued_without_tokens_and_tokenized_before_it_is_rendered
     assert queued(broker, res.settings.queue_gpu) == []  # synth waits for the tokens
 
 
-def test_the_language_defaults_to_english(res: Resources, celery: Celery) -> None:
+def test_the_language_defaults_to_english(res: Context, celery: Celery) -> None:
     assert job(res, submit(res, celery)).language == "en"
 
 
@@ -76,7 +75,7 @@ def test_the_language_defaults_to_english(res: Resources, celery: Celery) -> Non
     ({"text": None, "tokens": []}, BadTokens, "empty"),
 ])
 def test_bad_text_requests_are_refused_before_anything_is_stored(
-        res: Resources, celery: Celery, broker, kwargs: dict, error: type, says: str) -> None:
+        res: Context, celery: Celery, broker, kwargs: dict, error: type, says: str) -> None:
     with pytest.raises(error, match=says):
         submit(res, celery, **kwargs)
     with res.sessions() as session:
@@ -84,7 +83,7 @@ def test_bad_text_requests_are_refused_before_anything_is_stored(
     assert queued(broker, res.settings.queue_cpu) == [] and queued(broker, res.settings.queue_gpu) == []
 
 
-def test_the_length_limit_is_the_estimate_the_books_use(res: Resources, celery: Celery) -> None:
+def test_the_length_limit_is_the_estimate_the_books_use(res: Context, celery: Celery) -> None:
     """15 characters a second, 25 tokens a second: the limit of 90,000 tokens is about 54,000 characters."""
     limit = res.settings.max_tokens
     under, over = "word " * (limit * 15 // 25 // 5 * 9 // 10), "word " * (limit * 15 // 25 // 5 * 11 // 10)
@@ -94,7 +93,7 @@ def test_the_length_limit_is_the_estimate_the_books_use(res: Resources, celery: 
         submit(res, celery, text=over)
 
 
-def test_an_idempotency_key_names_the_text_and_its_language(res: Resources, celery: Celery) -> None:
+def test_an_idempotency_key_names_the_text_and_its_language(res: Context, celery: Celery) -> None:
     first = submit(res, celery, idempotency_key="text-1", seed=3)
     assert submit(res, celery, idempotency_key="text-1", seed=3) == first
     with pytest.raises(Conflict, match="which has another text; "):
@@ -106,7 +105,7 @@ def test_an_idempotency_key_names_the_text_and_its_language(res: Resources, cele
 
 
 def test_tokenize_stores_the_tokens_notes_the_stand_in_and_sends_synth(
-        res: Resources, celery: Celery, task_celery: Celery, broker) -> None:
+        res: Context, celery: Celery, task_celery: Celery, broker) -> None:
     job_id = submit(res, celery, priority=2)
     assert text_task.tokenize_job(job_id, res) == "sent"
     row = job(res, job_id)
@@ -123,17 +122,17 @@ def test_tokenize_stores_the_tokens_notes_the_stand_in_and_sends_synth(
     assert len(queued(broker, res.settings.queue_gpu)) == 2  # the GPU worker claims the job once
 
 
-def test_a_cancelled_text_job_is_not_tokenized(res: Resources, celery: Celery, task_celery: Celery,
+def test_a_cancelled_text_job_is_not_tokenized(res: Context, celery: Celery, task_celery: Celery,
                                                broker) -> None:
     job_id = submit(res, celery)
     with res.sessions() as session:
-        cancel_job(settings=res.settings, session=session, store=res.store, job_id=job_id)
+        cancel_job(ctx=res, session=session, job_id=job_id)
     assert text_task.tokenize_job(job_id, res) == "stopped"
     assert job(res, job_id).n_tokens == 0 and queued(broker, res.settings.queue_gpu) == []
 
 
 def test_a_language_without_a_guide_voice_fails_the_job_with_the_reason(
-        res: Resources, celery: Celery, task_celery: Celery, broker) -> None:
+        res: Context, celery: Celery, task_celery: Celery, broker) -> None:
     with pytest.raises(BadInput, match="no guide voice speaks language 'xq'"):
         submit(res, celery, language="xq")  # refused at submission now
     job_id = submit(res, celery, language="en")  # a worker whose espeak-ng lacks the job's voice:
@@ -147,22 +146,20 @@ def test_a_language_without_a_guide_voice_fails_the_job_with_the_reason(
 
 
 def test_the_sweep_sends_a_lost_tokenize_again_and_never_a_synth_without_tokens(
-        res: Resources, celery: Celery, broker) -> None:
+        res: Context, celery: Celery, broker) -> None:
     job_id = submit(res, celery)
     open_broker(res.settings.broker_url).purge(res.settings.queue_cpu)  # the broker lost the job's message
     with res.sessions() as session:
         session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
-    report = sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
-                   sender=celery)
+    report = sweep(ctx=res)
     assert (report.jobs_requeued, report.errors) == ([job_id], [])
     assert [m["task"] for m in queued(broker, res.settings.queue_cpu)] == ["job.tokenize"]
     assert queued(broker, res.settings.queue_gpu) == []
     with res.sessions() as session:  # quiet again, but rung just now: not due before stuck_job_after_s
         session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
-    again = sweep(settings=res.settings, sessions=res.sessions, artifacts=res.artifacts, store=res.store,
-                  sender=celery)
+    again = sweep(ctx=res)
     assert again.jobs_requeued == [] and len(queued(broker, res.settings.queue_cpu)) == 1
 
 

@@ -3,11 +3,13 @@ the features and the voice row, no-ops and failures counted, cancelled jobs leav
 store that cannot be reached."""
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from celery import Celery
 
 from app import lifecycle
+from app.context import Context
 from app.db import queries as q
 from app.db.models import VoiceStatus
 from app.features import PromptHostFeatures
@@ -16,7 +18,7 @@ from app.keys import COUNTER_PREPARE
 from app.settings import Settings
 from app.store import FeatureStore
 from tasks.celery_app import make_celery
-from tasks.voice import Resources, prepare_voice
+from tasks.voice import prepare_voice
 from tests.support.audio import wav_bytes
 
 
@@ -27,16 +29,16 @@ def celery(settings: Settings) -> Iterator[Celery]:
     app.close()
 
 
-def submitted_voice(res: Resources, celery: Celery, reference: bytes | None = None) -> str:
+def submitted_voice(res: Context, celery: Celery, reference: bytes | None = None) -> str:
     return submitted_job(res, celery, reference)[1]
 
 
-def voice_row(res: Resources, voice_id: str):
+def voice_row(res: Context, voice_id: str):
     with res.sessions() as session:
         return q.require_voice(session=session, voice_id=voice_id)
 
 
-def test_prepare_puts_features_in_the_store_and_marks_the_voice_ready(res: Resources, celery: Celery):
+def test_prepare_puts_features_in_the_store_and_marks_the_voice_ready(res: Context, celery: Celery):
     voice_id = submitted_voice(res, celery)
     assert prepare_voice(voice_id, res) == "prepared"
     blob = res.store.get(voice_id)
@@ -49,7 +51,7 @@ def test_prepare_puts_features_in_the_store_and_marks_the_voice_ready(res: Resou
     assert res.store.claim_prepare(voice_id, 10)  # the submission's claim was released
 
 
-def test_preparing_a_ready_voice_again_is_a_counted_no_op(res: Resources, celery: Celery):
+def test_preparing_a_ready_voice_again_is_a_counted_no_op(res: Context, celery: Celery):
     voice_id = submitted_voice(res, celery)
     prepare_voice(voice_id, res)
     before = voice_row(res, voice_id).prepared_at
@@ -64,7 +66,7 @@ def test_preparing_a_ready_voice_again_is_a_counted_no_op(res: Resources, celery
     assert prepare_voice(voice_id, res) == "prepared" and res.store.exists(voice_id)
 
 
-def test_a_reference_that_cannot_be_prepared_fails_the_voice_without_raising(res: Resources, celery: Celery):
+def test_a_reference_that_cannot_be_prepared_fails_the_voice_without_raising(res: Context, celery: Celery):
     voice_id = submitted_voice(res, celery)
     path = res.artifacts.path(voice_row(res, voice_id).reference_path or "")
     path.write_bytes(wav_bytes(freq=330.0))  # a different voice under this one's name
@@ -77,12 +79,12 @@ def test_a_reference_that_cannot_be_prepared_fails_the_voice_without_raising(res
     assert not res.store.exists(voice_id) and res.store.counters(COUNTER_PREPARE) == {"failed": 2}
 
 
-def test_an_unknown_voice_is_a_counted_failure(res: Resources):
+def test_an_unknown_voice_is_a_counted_failure(res: Context):
     assert prepare_voice("0" * 64, res) == "failed"
     assert res.store.count(COUNTER_PREPARE, "failed") == 1
 
 
-def test_a_voice_whose_attempts_keep_dying_is_given_up(res: Resources, celery: Celery):
+def test_a_voice_whose_attempts_keep_dying_is_given_up(res: Context, celery: Celery):
     voice_id = submitted_voice(res, celery)
     with res.sessions() as session:  # deliveries that started and never finished (worker killed)
         for _ in range(res.settings.job_max_attempts):
@@ -93,28 +95,24 @@ def test_a_voice_whose_attempts_keep_dying_is_given_up(res: Resources, celery: C
     assert voice.status == VoiceStatus.FAILED and "unfinished attempts" in (voice.error or "")
 
 
-def submitted_job(res: Resources, celery: Celery, reference: bytes | None = None) -> tuple[str, str]:
+def submitted_job(res: Context, celery: Celery, reference: bytes | None = None) -> tuple[str, str]:
     with res.sessions() as session:
         job_id = submit_job(
-            settings=res.settings,
-            session=session,
-            sender=celery,
-            store=res.store,
-            artifacts=res.artifacts,
+            ctx=res, session=session,
             tokens=[1, 2, 3],
             reference_bytes=reference or wav_bytes(),
         )
         return job_id, q.require_job(session=session, job_id=job_id).voice_id
 
 
-def cancel(res: Resources, job_id: str) -> None:
+def cancel(res: Context, job_id: str) -> None:
     with res.sessions() as session:
         assert lifecycle.cancel(session=session, job_id=job_id)
         session.commit()
 
 
 def test_a_voice_whose_only_job_was_cancelled_before_preparation_is_not_prepared(
-    res: Resources, celery: Celery
+    res: Context, celery: Celery
 ):
     job_id, voice_id = submitted_job(res, celery)
     cancel(res, job_id)
@@ -124,7 +122,7 @@ def test_a_voice_whose_only_job_was_cancelled_before_preparation_is_not_prepared
 
 
 def test_a_job_cancelled_while_its_voice_prepares_leaves_no_features(
-    res: Resources, celery: Celery, monkeypatch: pytest.MonkeyPatch
+    res: Context, celery: Celery, monkeypatch: pytest.MonkeyPatch
 ):
     import tasks.voice
 
@@ -142,7 +140,7 @@ def test_a_job_cancelled_while_its_voice_prepares_leaves_no_features(
 
 
 def test_a_voice_shared_with_a_live_job_is_kept_when_one_job_is_cancelled(
-    res: Resources, celery: Celery, monkeypatch: pytest.MonkeyPatch
+    res: Context, celery: Celery, monkeypatch: pytest.MonkeyPatch
 ):
     import tasks.voice
 
@@ -159,7 +157,7 @@ def test_a_voice_shared_with_a_live_job_is_kept_when_one_job_is_cancelled(
     assert res.store.exists(voice_id) and voice_row(res, voice_id).status == VoiceStatus.READY
 
 
-def test_a_failed_preparation_of_a_cancelled_job_leaves_nothing_behind(res: Resources, celery: Celery):
+def test_a_failed_preparation_of_a_cancelled_job_leaves_nothing_behind(res: Context, celery: Celery):
     job_id, voice_id = submitted_job(res, celery)
     res.artifacts.path(voice_row(res, voice_id).reference_path or "").unlink()
     assert prepare_voice(voice_id, res) == "failed"
@@ -168,15 +166,13 @@ def test_a_failed_preparation_of_a_cancelled_job_leaves_nothing_behind(res: Reso
 
 
 def test_an_unreachable_store_is_retried_a_bounded_number_of_times_then_fails_the_voice(
-    res: Resources, celery: Celery, monkeypatch: pytest.MonkeyPatch
+    res: Context, celery: Celery, monkeypatch: pytest.MonkeyPatch
 ):
     import tasks.voice
 
     voice_id = submitted_voice(res, celery)
     down = FeatureStore.from_url("redis://127.0.0.1:1/0", ttl_s=60)  # nothing listens on port 1
-    monkeypatch.setattr(
-        tasks.voice, "resources", lambda: Resources(res.settings, res.sessions, down, res.artifacts)
-    )
+    monkeypatch.setattr(tasks.voice, "resources", lambda: replace(res, store=down))
     monkeypatch.setattr(tasks.voice.time, "sleep", lambda _s: None)
     result = tasks.voice.prepare.apply(args=[voice_id])
     assert result.get() == voice_id  # the task ends; it does not retry forever
@@ -184,7 +180,7 @@ def test_an_unreachable_store_is_retried_a_bounded_number_of_times_then_fails_th
     assert voice.status == VoiceStatus.FAILED and "unfinished attempts" in (voice.error or "")
 
 
-def test_a_reference_peaking_at_1e18_prepares_a_ready_voice_with_finite_features(res: Resources,
+def test_a_reference_peaking_at_1e18_prepares_a_ready_voice_with_finite_features(res: Context,
                                                                                  celery: Celery):
     """It used to be `ready` with NaN features, and its jobs `succeeded` with a constant -1.0."""
     import io
@@ -203,7 +199,7 @@ def test_a_reference_peaking_at_1e18_prepares_a_ready_voice_with_finite_features
     assert voice_row(res, voice_id).status == VoiceStatus.READY
 
 
-def test_features_that_are_not_finite_fail_the_voice_with_the_reason(res: Resources, celery: Celery,
+def test_features_that_are_not_finite_fail_the_voice_with_the_reason(res: Context, celery: Celery,
                                                                     monkeypatch: pytest.MonkeyPatch):
     from app import features
 

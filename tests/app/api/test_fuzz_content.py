@@ -28,12 +28,11 @@ from app import cli
 from app.api.main import create_app
 from app.api.routes_books import JSON_BODY_MAX
 from app.books.source import DEFAULT_LIMITS
-from app.db.session import make_engine, make_sessionmaker
+from app.context import Context
 from app.dev import SAMPLES
 from app.features import PromptHostFeatures
 from app.settings import Settings
-from app.store import FeatureStore
-from tasks.voice import Resources, prepare_voice
+from tasks.voice import prepare_voice
 from tests.conftest import make_test_settings, settings_env
 from tests.support.content import audio_files, entity_epub, epubs, loud_float_wav, markdown_books
 from tests.support.net import serving
@@ -63,15 +62,11 @@ def api(content_settings: Settings) -> Iterator[TestClient]:
 
 
 @pytest.fixture
-def res(content_settings: Settings) -> Iterator[Resources]:
-    engine = make_engine(content_settings.database_url)
-    store = FeatureStore.from_url(content_settings.feature_store_url, ttl_s=600)
-    from app.artifacts import ArtifactStore
-
-    yield Resources(settings=content_settings, sessions=make_sessionmaker(engine), store=store,
-                    artifacts=ArtifactStore(content_settings.artifact_root))
-    store.close()
-    engine.dispose()
+def res(content_settings: Settings) -> Iterator[Context]:
+    """A CPU worker's clients on this module's settings (what `voice.prepare` runs with)."""
+    ctx = Context.build(content_settings, sender=RecordingSender())
+    yield ctx
+    ctx.close()
 
 
 def refused_with_a_reason(response: Any, *accepted: int) -> None:
@@ -90,7 +85,7 @@ def a_voice_id(client: TestClient) -> str:
 @example(audio=loud_float_wav(3e38), as_job=True)
 @examples(40)
 def test_real_audio_is_refused_with_a_reason_or_prepares_a_voice_with_finite_features(
-        api: TestClient, res: Resources, audio: bytes, as_job: bool) -> None:
+        api: TestClient, res: Context, audio: bytes, as_job: bool) -> None:
     if as_job:
         response = api.post("/v1/jobs", files={"reference": ("r.wav", audio, "audio/wav"),
                                                "tokens": ("t.json", b"[1, 2, 3]", "application/json")})

@@ -18,12 +18,12 @@ import soundfile as sf
 
 from app import jobs, lifecycle
 from app.artifacts import ArtifactStore
+from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.dev import SAMPLES
 from app.settings import Settings
-from app.store import FeatureStore
 from tests.conftest import make_test_settings
 from tests.support.net import serving
 from tests.support.runtime import RecordingSender
@@ -60,20 +60,17 @@ def _job_in_state(settings: Settings, voice: str, status: JobStatus,
                   error: str | None = None) -> tuple[str, str]:
     """A text job the speech request `_speech(api, voice, key)` joins, left in `status`; (key, job id)."""
     key = f"speech-{uuid.uuid4().hex}"
-    engine = make_engine(settings.database_url)
-    store = FeatureStore.from_url(settings.feature_store_url, ttl_s=60)
+    ctx = Context.build(settings, sender=RecordingSender())
     try:
-        with session_scope(make_sessionmaker(engine)) as s:
-            job_id = jobs.submit_job(settings=settings, session=s, sender=RecordingSender(), store=store,
-                                     artifacts=ArtifactStore(settings.artifact_root), text=TEXT,
-                                     voice_id=voice, output_format="wav", idempotency_key=key)
+        with ctx.session() as s:
+            job_id = jobs.submit_job(ctx=ctx, session=s, text=TEXT, voice_id=voice, output_format="wav",
+                                     idempotency_key=key)
             if status in (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.SUCCEEDED):
                 assert lifecycle.finish(session=s, job_id=job_id, status=status, error=error)
             elif status != JobStatus.QUEUED:
                 s.get_one(Job, job_id).status = status
     finally:
-        store.close()
-        engine.dispose()
+        ctx.close()
     return key, job_id
 
 

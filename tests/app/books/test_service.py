@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,6 +17,7 @@ from app.artifacts import ArtifactStore
 from app.books.files import load_plan
 from app.books.service import BookOptions, cancel_book, make_segment_job, submit_book
 from app.books.status import book_status
+from app.context import Context
 from app.db import queries
 from app.db.models import Book, BookStatus, JobStatus, Segment
 from app.errors import BadInput
@@ -26,14 +28,12 @@ from tests.support.audio import wav_bytes
 from tests.support.books import RecordingSender, post_and_read, read_in, read_now
 
 
-def submit(settings, session, store, artifacts, data: bytes, sender=None, **kw) -> str:
+def submit(ctx: Context, session, data: bytes, sender=None, **kw) -> str:
     """Submit a book and read it; a book that reading refuses raises BadInput with the book's reason."""
     kw.setdefault("reference_bytes", wav_bytes())
     sender = sender or RecordingSender()
-    book_id = submit_book(settings=settings, session=session, sender=sender, store=store,
-                          artifacts=artifacts, data=data, **kw)
-    if read_now(settings=settings, session=session, store=store, artifacts=artifacts, book_id=book_id,
-                sender=sender) == "failed":
+    book_id = submit_book(ctx=replace(ctx, sender=sender), session=session, data=data, **kw)
+    if read_now(ctx=ctx, session=session, book_id=book_id, sender=sender) == "failed":
         raise BadInput(queries.require_book(session=session, book_id=book_id).error or "")
     return book_id
 
@@ -45,9 +45,9 @@ def manifest(*chapters: list[list[int]]) -> bytes:
 
 
 def test_submit_plans_the_book_stores_it_and_queues_the_voice_and_the_plan_once(
-        settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore) -> None:
+        ctx, settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore) -> None:
     sender = RecordingSender()
-    book_id = submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(), sender=sender,
+    book_id = submit(ctx, session, MARKDOWN_BOOK.encode(), sender=sender,
                      filename="b.md", options=BookOptions(priority=2))
     assert [(name, opts["queue"]) for name, _, opts in sender.sent] == [
         ("voice.prepare", settings.queue_cpu), ("book.parse", settings.queue_cpu),
@@ -64,37 +64,37 @@ def test_submit_plans_the_book_stores_it_and_queues_the_voice_and_the_plan_once(
     assert (view.segments_done, view.audio_seconds, view.files) == (0, 0.0, [])
     assert view.segments_total == len(plan.unique_keys())
 
-    again = submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(), sender=sender,
+    again = submit(ctx, session, MARKDOWN_BOOK.encode(), sender=sender,
                    filename="b.md")
     assert again != book_id  # a second render of the same book shares every segment row
     assert session.scalar(select(func.count()).select_from(Segment)) == len(plan.unique_keys())
 
 
 def test_a_cast_voice_is_prepared_once_for_the_book_and_an_unknown_one_is_refused(
-        settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore) -> None:
+        ctx, settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore) -> None:
     from app.voices import register_voice
 
     sender = RecordingSender()
-    alice, _ = register_voice(settings=settings, session=session, sender=sender, store=store,
-                              artifacts=artifacts, reference_bytes=wav_bytes(freq=330.0))
+    alice, _ = register_voice(ctx=replace(ctx, sender=sender), session=session,
+                              reference_bytes=wav_bytes(freq=330.0))
     book = b"# B\n\n## One\n\n{Alice}\"Hello.\" {voice: alice} Again. {Alice}\"And again.\""
     for _ in range(2):  # two renders of the book: still one preparation per voice
-        submit(settings, session, store, artifacts, book, sender=sender, filename="b.md",
+        submit(ctx, session, book, sender=sender, filename="b.md",
                cast=f"Alice: {alice}".encode())
     prepared = [args[0] for name, args, _ in sender.sent if name == "voice.prepare"]
     assert sorted(prepared) == sorted(set(prepared)) and alice in prepared and len(prepared) == 2
     with pytest.raises(BadInput, match=f"the cast names voices that are not stored: {'f' * 64}"):
-        submit(settings, session, store, artifacts, book, filename="b.md", cast={"Alice": "f" * 64})
+        submit(ctx, session, book, filename="b.md", cast={"Alice": "f" * 64})
 
 
 def test_the_books_lexicon_over_the_services_default_changes_what_its_segments_say(
-        settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore, tmp_path) -> None:
+        ctx, settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore, tmp_path) -> None:
     default = tmp_path / "lexicon.yaml"
     default.write_text("words:\n  Watson: Wotson\n  Smith: Smythe\n")
     with_default = settings.model_copy(update={"lexicon": default})
-    plain = load_plan(artifacts, submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(),
+    plain = load_plan(artifacts, submit(ctx, session, MARKDOWN_BOOK.encode(),
                                         filename="b.md"))
-    book_id = submit(with_default, session, store, artifacts, MARKDOWN_BOOK.encode(), filename="b.md",
+    book_id = submit(replace(ctx, settings=with_default), session, MARKDOWN_BOOK.encode(), filename="b.md",
                      lexicon=b'{"words": {"Watson": "Whatsun"}}')
     said = {s.text: s.spoken for _, s in load_plan(artifacts, book_id).segments()}
     assert any("Whatsun" in v for v in said.values()) and not any("Wotson" in v for v in said.values())
@@ -103,7 +103,7 @@ def test_the_books_lexicon_over_the_services_default_changes_what_its_segments_s
                                                 strict=True) if s.key != p.key]
     assert len(changed) == 2 and all("Watson" in t or "Smith" in t for t in changed)
     with pytest.raises(BadInput, match="the lexicon must be an object"):
-        submit(settings, session, store, artifacts, MARKDOWN_BOOK.encode(), filename="b.md", lexicon=b"[1]")
+        submit(ctx, session, MARKDOWN_BOOK.encode(), filename="b.md", lexicon=b"[1]")
 
 
 @pytest.mark.parametrize(("data", "kw", "reason"), [
@@ -114,11 +114,11 @@ def test_the_books_lexicon_over_the_services_default_changes_what_its_segments_s
     (b"Title\n\nSome text.", {"chapters": "3-1"}, "runs backwards"),
 ])
 def test_what_needs_no_reading_is_refused_at_submission_before_anything_is_stored(
-        settings, session, store, artifacts, data: bytes, kw: dict, reason: str) -> None:
+        ctx, settings, session, store, artifacts, data: bytes, kw: dict, reason: str) -> None:
     sender = RecordingSender()
     with pytest.raises(BadInput, match=reason):
-        submit_book(settings=settings, session=session, sender=sender, store=store, artifacts=artifacts,
-                    data=data, reference_bytes=wav_bytes(), **kw)
+        submit_book(ctx=replace(ctx, sender=sender), session=session, data=data, reference_bytes=wav_bytes(),
+                    **kw)
     assert session.scalar(select(func.count()).select_from(Book)) == 0
     assert not [name for name, _, _ in sender.sent if name.startswith("book.")]
     assert not any((artifacts.root / "books").glob("*"))
@@ -131,10 +131,10 @@ def test_what_needs_no_reading_is_refused_at_submission_before_anything_is_store
     (b"Title\n\nSome text.", {"language": "xx-yy"}, "no guide voice"),
 ])
 def test_a_book_refused_once_read_fails_with_the_reason_and_nothing_is_planned(
-        settings, session, store, artifacts, data: bytes, kw: dict, reason: str) -> None:
+        ctx, settings, session, store, artifacts, data: bytes, kw: dict, reason: str) -> None:
     sender = RecordingSender()
     with pytest.raises(BadInput, match=reason):
-        submit(settings, session, store, artifacts, data, sender=sender, **kw)
+        submit(ctx, session, data, sender=sender, **kw)
     book = session.scalars(select(Book)).one()
     assert book.status == BookStatus.FAILED and reason in (book.error or "") and book.segments_total == 0
     assert not [name for name, _, _ in sender.sent if name == "book.plan"]
@@ -142,10 +142,10 @@ def test_a_book_refused_once_read_fails_with_the_reason_and_nothing_is_planned(
 
 
 def test_cancel_stops_the_books_live_segment_jobs_but_not_one_another_live_book_needs(
-        settings, session, store, artifacts) -> None:
+        ctx, settings, session, store, artifacts) -> None:
     data = manifest([[5] * 30, [6] * 40])
-    first = submit(settings, session, store, artifacts, data)
-    second = submit(settings, session, store, artifacts, manifest([[5] * 30]))
+    first = submit(ctx, session, data)
+    second = submit(ctx, session, manifest([[5] * 30]))
     book = queries.require_book(session=session, book_id=first)
     jobs = {}
     for key in load_plan(artifacts, first).unique_keys():
