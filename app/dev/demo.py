@@ -110,6 +110,8 @@ def run_demo(*, var: Path, jobs_per_voice: int = 2, timeout_s: float = 270.0) ->
     with ExitStack() as stack:
         try:
             env.update(_start_redis(stack, env, var.resolve()))
+            saved = dict(os.environ)  # given back at the end: a caller in process keeps its own settings
+            stack.callback(lambda: (os.environ.clear(), os.environ.update(saved)))
             os.environ.update(env)  # this process is an entry point: its Settings come from here too
             from app.settings import Settings
 

@@ -138,14 +138,19 @@ def test_the_demo_hands_the_databases_it_chose_to_every_process_it_starts(
         return services.start_process([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
                                       log_path=log_path)
 
-    def no_jobs(*_: Any) -> Any:
+    submitting: list[Any] = []
+
+    def no_jobs(settings: Any, *_: Any) -> Any:
+        submitting.append(settings)
         raise services.ServiceError("stopped by the test before the sample jobs")
 
     monkeypatch.setattr(services, "start_cli", start_cli)
     monkeypatch.setattr(demo, "_submit_samples", no_jobs)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    environ = dict(os.environ)
     try:
         assert demo.run_demo(var=tmp_path / "var") == 1
+        assert dict(os.environ) == environ  # given back: later code in this process keeps its settings
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -156,4 +161,4 @@ def test_the_demo_hands_the_databases_it_chose_to_every_process_it_starts(
         assert [services.db_of(env[name]) for name in services.REDIS_VARS] == [3, 4, 5]
     with _db(private_redis[0], 0) as client:
         assert client.smembers("_kombu.binding.cpu")  # the other stack's data untouched
-    assert services.db_of(os.environ["WAVEFARM_BROKER_URL"]) == 3  # the demo's own submissions' too
+    assert services.db_of(submitting[0].broker_url) == 3  # the demo's own submissions' too
