@@ -92,7 +92,7 @@ def _start(res: Resources, session: Session, book: Book, segment: PlanSegment, v
         job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
                                                    key=segment.key, tokens=tokens, replacing=state.job_id,
                                                    voice_id=voice_id)
-        session.commit()  # the job exists before its doorbell (ring commits again with the route)
+        session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
         if not created:
             return False  # another render linked its job first, and rings it
         lifecycle.ring(session=session, sender=celery_app, settings=res.settings, job_id=job_id)
@@ -205,7 +205,7 @@ def tokenize(book_id: str, key: str, res: Resources) -> str:
                                              voice_id=book_plan.voice_of(segment))
         if context.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
             queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
-        session.commit()  # the job exists before its doorbell
+        session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
         lifecycle.ring(session=session, sender=celery_app, settings=res.settings, job_id=job_id)
     return job_id
 
