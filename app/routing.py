@@ -25,12 +25,20 @@ one of `ROUTES`, recorded on the job (`jobs.route`, exported by the API as `wave
   shared_single     `auto` and at most one live GPU worker: nothing to choose
   shared_no_worker  `on` and no live GPU worker (their queues would wait for nobody)
   shared_saturated  the chosen worker has `affinity_max_backlog` live jobs or more
-  shared_worker_gone  re-sent by the maintenance sweep: the worker it was sent to is gone
+  shared_worker_gone  rung again by the reconciler because the worker it was sent to is gone, and routing
+                    now chose the shared queue (a worker chosen instead records its own reason)
 A worker is live when it beat within `LIVE_BEAT_S` (it beats every 10 s). A worker that dies with jobs
-on its own queue does not strand them: the maintenance sweep moves every message of a gone worker's
-queue to the shared queue (`app.maintenance`, part 2), and RabbitMQ or the sweep put back the ones it
-had taken. The shared queue stays the path that always works: every worker takes from it, so an idle
-worker still takes the jobs nobody was chosen for.
+on its own queue does not strand them: the reconciler (`app.maintenance`, rule 3, `reroute_gone`) rings
+again, where routing says now, every queued job whose doorbell went to a gone worker's queue, and rule 2
+queues and rings the jobs it had claimed once their leases pass; the messages left in its queue are
+duplicates (the database is the truth, `app.lifecycle`), never moved. The shared queue stays the path
+that always works: every worker takes from it, so an idle worker still takes the jobs nobody was chosen
+for.
+
+Who routes: a submission (`app.jobs`; `app.batch`, one decision per voice of a batch) as it inserts the
+job; `tasks.text` once a text job has its tokens; `lifecycle.ring` for every other doorbell (a book's
+segment jobs, job by job, and the reconciler's rings). Each job's route is on its row before its message
+is sent (`send_routed` commits first), so the next decision counts it.
 """
 
 from __future__ import annotations

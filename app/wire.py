@@ -28,9 +28,9 @@ JOB_TOKENIZE_TASK = "job.tokenize"  # cpu queue, tasks/text.py: a text job's tok
 SWEEP_TASK = "maintenance.sweep"  # cpu queue (tasks/maintenance.py)
 BOOK_PARSE_TASK = "book.parse"  # cpu queue, tasks/books.py: read and plan a submitted book (bounded child)
 BOOK_PLAN_TASK = "book.plan"  # cpu queue, tasks/books.py: start or resume a book
-BOOK_TOKENIZE_TASK = "book.tokenize"
+BOOK_TOKENIZE_TASK = "book.tokenize"  # cpu queue, tasks/books.py: a segment's tokens -> its job, rung
 BOOK_CHAPTER_TASK = "book.chapter"  # cpu queue: a chapter recorded ready (app.db.queries.chapters)
-BOOK_ASSEMBLE_TASK = "book.assemble"
+BOOK_ASSEMBLE_TASK = "book.assemble"  # cpu queue, tasks/books.py: chapter files, M4B -> book succeeded
 
 MAX_PRIORITY = 9  # job priority 0..9, larger goes first
 
@@ -105,3 +105,16 @@ def send_chapter(sender: TaskSender, settings: Settings, book_id: str, index: in
     """Ring a chapter's `book.chapter` on a CPU worker: its segments have all settled (a doorbell: the
     task reads the database, so a lost or doubled one is harmless; the sweep rings a lost one again)."""
     sender.send_task(BOOK_CHAPTER_TASK, args=[book_id, index], queue=settings.queue_cpu)
+
+
+def send_book_tokenize(sender: TaskSender, settings: Settings, book_id: str, key: str, priority: int) -> None:
+    """Queue a book segment's token source on a CPU worker (at the book's `priority`); the task makes the
+    segment's job and rings it (`app.lifecycle.ring`)."""
+    sender.send_task(BOOK_TOKENIZE_TASK, args=[book_id, key], queue=settings.queue_cpu,
+                     priority=broker_priority(priority))
+
+
+def send_assemble(sender: TaskSender, settings: Settings, book_id: str) -> None:
+    """Queue a book's assembly on a CPU worker, once its last chapter is checked (the task reads the
+    book's status: one that comes after the book was assembled finds it succeeded and does nothing)."""
+    sender.send_task(BOOK_ASSEMBLE_TASK, args=[book_id], queue=settings.queue_cpu)

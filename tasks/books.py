@@ -4,12 +4,13 @@ the book.
     book.parse(book_id)            read and plan a submitted book in a bounded child process
                                    (`app.books.intake.read_book`): queued and book.plan sent, or failed
                                    with the reason
-    book.plan(book_id)             the segments without finished audio of the first chapters, each sent on
-                                   its own: `synth` (a segment whose token source is ready at planning:
-                                   its job is made here) or book.tokenize | synth (the others)
+    book.plan(book_id)             the segments without finished audio of the first chapters, each started
+                                   on its own: a segment whose token source is ready at planning gets its
+                                   job here, rung (`lifecycle.ring`); the others get a book.tokenize
     book.tokenize(book_id, key)    the segment's token source (`app.books.tokens`: text through the guide
-                                   voice, or source speech) -> a queued job; returns its id, which the
-                                   chained `synth` (GPU worker) renders
+                                   voice, or source speech) -> a queued job, rung (`lifecycle.ring`);
+                                   returns its id. Redelivered, it makes no second job: it rings a queued
+                                   one again and leaves a claimed or finished one alone
     book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.db.queries.chapters`: the
                                    transaction that settles its last segment records it and the settling
                                    code sends this after its commit; the sweep sends it again until it
@@ -20,10 +21,12 @@ the book.
     book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
-overtakes every queued segment); `synth` is sent by name to the queue `app.routing` chooses for the
-book's voice (one GPU worker's own, or the shared gpu queue), so this module never imports the GPU worker.
-Nothing waits on a segment: no chord, no polling. The work itself (plans, token sources, chapter files,
-progress) is `app.books`'s; this module schedules it.
+overtakes every queued segment), and their doorbells are the lifecycle's: `lifecycle.ring` routes each
+job (`app.routing`: the voice's holder's own queue, or the shared gpu queue), records the route and when
+the bell is due again, commits and sends `synth`; the reconciler (`app.maintenance`) rings a job that is
+still queued then. Every message is sent by name through `app.wire`, so this module imports neither the
+GPU worker nor Celery's canvas. Nothing waits on a segment: no chain, no chord, no polling. The work
+itself (plans, token sources, chapter files, progress) is `app.books`'s; this module schedules it.
 """
 
 from __future__ import annotations
@@ -31,11 +34,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Task, chain
-from celery.canvas import Signature
+from celery import Task
 from sqlalchemy.orm import Session
 
-from app import routing, wire
+from app import lifecycle, wire
 from app.books import files, intake, render, service
 from app.books.plan import BookPlan, PlanSegment
 from app.books.tokens import BookContext, source_for
@@ -53,7 +55,8 @@ log = logging.getLogger(__name__)
 
 
 class BookStopped(WavefarmError):
-    """The book was cancelled or failed meanwhile: the rest of a chain is not run."""
+    """The book was cancelled or failed meanwhile: the task stops without failing the book again (and a
+    message of the old format does not send its chained `synth`)."""
 
 
 # Chapters are sent in order while fewer segments than this wait to render: the gpu queue holds a
@@ -61,10 +64,6 @@ class BookStopped(WavefarmError):
 # many segments (plus the chapter that crosses the line).
 LOOKAHEAD_SEGMENTS = 32
 MAX_RETRIES = 3  # infrastructure errors (Redis, database) before a task gives up
-
-
-def _sig(name: str, *args: Any, immutable: bool = True, **options: Any) -> Signature:
-    return celery_app.signature(name, args=args, immutable=immutable, **options)
 
 
 # book.parse --------------------------------------------------------------------------------------
@@ -75,33 +74,34 @@ def parse(book_id: str, res: Resources) -> str:
 
 # book.plan ---------------------------------------------------------------------------------------
 
-def _member(res: Resources, session: Session, book: Book, segment: PlanSegment, voice_id: str,
-            state: queries.SegmentState, route: routing.Route) -> Signature | None:
-    """What renders one segment, or None when nothing needs sending (done, or already rendering). Its
-    `synth` goes where `route` says (one route per voice and chapter)."""
+def _start(res: Resources, session: Session, book: Book, segment: PlanSegment, voice_id: str,
+           state: queries.SegmentState) -> bool:
+    """Send what renders one segment; False when nothing needs sending (done, or already rendering). A
+    segment whose token source is ready at planning gets its job now, rung through `lifecycle.ring`
+    (routed job by job: the chapter's next line of the voice finds this one queued on its worker, so a
+    voice's lines keep to its holder until its slots are full); the others get a `book.tokenize`, which
+    makes the job and rings it."""
     if state.done and res.artifacts.path(state.output_path or "").is_file():
-        return None
+        return False
     if state.live:
-        return None  # queued or rendering from an earlier submission: its settling counts this chapter too
-    gpu: dict[str, Any] = {"queue": route.queue, "priority": wire.broker_priority(book.priority)}
+        return False  # queued or rendering from an earlier submission: its settling counts this chapter too
     source = source_for(segment)
     if source.ready_at_plan:  # the segment's own tokens: its job is made now
         tokens = source.tokens(segment, BookContext())
         job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
                                                    key=segment.key, tokens=tokens, replacing=state.job_id,
                                                    voice_id=voice_id)
-        if created:
-            queries.set_job_route(session=session, job_ids=[job_id], routed_to=route.worker,
-                                  route=route.reason)
-        session.commit()
-        return _sig(wire.SYNTH_TASK, job_id, task_id=job_id, **gpu) if created else None
+        session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
+        if not created:
+            return False  # another render linked its job first, and rings it
+        lifecycle.ring(session=session, sender=celery_app, settings=res.settings, job_id=job_id)
+        return True
     if state.job_id is not None or state.error is not None:  # done but its audio is gone: start afresh
         queries.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
         queries.fail_segment(session=session, key=segment.key, error=None)
         session.commit()
-    tokenize = _sig(wire.BOOK_TOKENIZE_TASK, book.id, segment.key, route.worker, route.reason,
-                    queue=res.settings.queue_cpu, priority=wire.broker_priority(book.priority))
-    return chain(tokenize, celery_app.signature(wire.SYNTH_TASK, **gpu))
+    wire.send_book_tokenize(celery_app, res.settings, book.id, segment.key, book.priority)
+    return True
 
 
 def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, seen: set[str]) -> int:
@@ -109,28 +109,20 @@ def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, s
     `seen`: left alone), each on its own: nothing waits on them, their jobs settling count the chapter
     (`app.db.queries.chapters`). A chapter whose segments had all settled already is recorded ready
     here and its book.chapter sent. Returns how many segments were sent."""
-    members = []
+    sent = 0
     with session_scope(res.sessions) as session:
-        routes: dict[str, routing.Route] = {}
         for segment in book_plan.chapters[index].segments:
             if segment.key in seen:
                 continue  # a sentence repeated in the book renders once
             seen.add(segment.key)
             state = queries.segment_state(session=session, key=segment.key)
             assert state is not None  # create_book inserted every key
-            voice = book_plan.voice_of(segment)
-            if voice not in routes:  # one route per voice and chapter: a voice's lines keep to one worker
-                routes[voice] = routing.route_voice(session=session, settings=res.settings, voice_id=voice)
-            member = _member(res, session, book, segment, voice, state, routes[voice])
-            if member is not None:
-                members.append(member)
-    for member in members:
-        member.apply_async()
+            sent += _start(res, session, book, segment, book_plan.voice_of(segment), state)
     with session_scope(res.sessions) as session:
         ready = queries.record_ready(session=session, book_id=book.id, index=index)
     if ready:
         wire.send_chapter(celery_app, res.settings, book.id, index)
-    return len(members)
+    return sent
 
 
 def schedule(book_id: str, res: Resources, seen: set[str] | None = None) -> int:
@@ -180,16 +172,19 @@ def plan(book_id: str, res: Resources) -> int:
 
 # book.tokenize -----------------------------------------------------------------------------------
 
-def tokenize(book_id: str, key: str, res: Resources, routed_to: str | None = None,
-             route: str | None = None) -> str:
-    """Tokens for one segment -> its queued job (reusing one another render made meanwhile); the route
-    its chained `synth` was given (`app.routing`) is recorded on a job made here."""
+def tokenize(book_id: str, key: str, res: Resources) -> str:
+    """Tokens for one segment -> its queued job (reusing one another render made meanwhile), rung through
+    `lifecycle.ring`; returns the job id. Redelivered: the segment's job is not made twice; a queued one
+    is rung again (a duplicate doorbell costs one claim that finds it taken), a claimed or finished one
+    is left alone (`ring` sends nothing for a job that is not queued)."""
     with session_scope(res.sessions) as session:
         if queries.require_book(session=session, book_id=book_id).status not in LIVE_BOOK_STATUSES:
             raise BookStopped(f"book {book_id} was cancelled or failed; segment {key[:12]} is not rendered")
         state = queries.segment_state(session=session, key=key)
         if state is None:
             raise WavefarmError(f"segment {key[:12]} is not in book {book_id}")
+        if state.job_id and state.live:
+            lifecycle.ring(session=session, sender=celery_app, settings=res.settings, job_id=state.job_id)
         if state.job_id and (state.live or state.done):
             return state.job_id
     book_plan = files.load_plan(res.artifacts, book_id)
@@ -204,13 +199,13 @@ def tokenize(book_id: str, key: str, res: Resources, routed_to: str | None = Non
         raise
     with session_scope(res.sessions) as session:
         book = queries.require_book(session=session, book_id=book_id)
-        job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
-                                                   key=key, tokens=tokens, replacing=state.job_id,
-                                                   voice_id=book_plan.voice_of(segment))
-        if created and route is not None:
-            queries.set_job_route(session=session, job_ids=[job_id], routed_to=routed_to, route=route)
+        job_id, _ = service.make_segment_job(session=session, artifacts=res.artifacts, book=book, key=key,
+                                             tokens=tokens, replacing=state.job_id,
+                                             voice_id=book_plan.voice_of(segment))
         if context.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
             queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
+        session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
+        lifecycle.ring(session=session, sender=celery_app, settings=res.settings, job_id=job_id)
     return job_id
 
 
@@ -222,7 +217,7 @@ def check_chapter(book_id: str, index: int, res: Resources) -> str:
     outcome, last = render.settle_chapter(sessions=res.sessions, artifacts=res.artifacts, book_id=book_id,
                                           index=index)
     if last:
-        _sig(wire.BOOK_ASSEMBLE_TASK, book_id, queue=res.settings.queue_cpu).apply_async()
+        wire.send_assemble(celery_app, res.settings, book_id)
     elif outcome == "assembled":
         schedule(book_id, res)
     return outcome
@@ -281,7 +276,10 @@ def plan_task(self: Task, book_id: str) -> int:
 @celery_app.task(name=wire.BOOK_TOKENIZE_TASK, bind=True, max_retries=MAX_RETRIES)
 def tokenize_task(self: Task, book_id: str, key: str, routed_to: str | None = None,
                   route: str | None = None) -> str:
-    return str(_run(self, book_id, lambda res: tokenize(book_id, key, res, routed_to, route)))
+    """-> the segment's job id. `routed_to` and `route` are ignored: a message sent before the job was rung
+    here (`book.tokenize | synth`, the route chosen at planning) still runs after an upgrade; its chained
+    `synth` gets the job id returned here, a duplicate doorbell."""
+    return str(_run(self, book_id, lambda res: tokenize(book_id, key, res)))
 
 
 @celery_app.task(name=wire.BOOK_CHAPTER_TASK, bind=True, max_retries=MAX_RETRIES)
