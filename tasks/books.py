@@ -41,7 +41,7 @@ from app import lifecycle, wire
 from app.books import files, intake, render, service
 from app.books.plan import BookPlan, PlanSegment
 from app.books.tokens import BookContext, source_for
-from app.context import Context as Resources  # renamed after the merge of the book-sending work
+from app.context import Context
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
 from app.db.session import session_scope
@@ -68,71 +68,71 @@ MAX_RETRIES = 3  # infrastructure errors (Redis, database) before a task gives u
 
 # book.parse --------------------------------------------------------------------------------------
 
-def parse(book_id: str, res: Resources) -> str:
-    return intake.read_book(book_id, res)
+def parse(book_id: str, ctx: Context) -> str:
+    return intake.read_book(book_id, ctx)
 
 
 # book.plan ---------------------------------------------------------------------------------------
 
-def _start(res: Resources, session: Session, book: Book, segment: PlanSegment, voice_id: str,
+def _start(ctx: Context, session: Session, book: Book, segment: PlanSegment, voice_id: str,
            state: queries.SegmentState) -> bool:
     """Send what renders one segment; False when nothing needs sending (done, or already rendering). A
     segment whose token source is ready at planning gets its job now, rung through `lifecycle.ring`
     (routed job by job: the chapter's next line of the voice finds this one queued on its worker, so a
     voice's lines keep to its holder until its slots are full); the others get a `book.tokenize`, which
     makes the job and rings it."""
-    if state.done and res.artifacts.path(state.output_path or "").is_file():
+    if state.done and ctx.artifacts.path(state.output_path or "").is_file():
         return False
     if state.live:
         return False  # queued or rendering from an earlier submission: its settling counts this chapter too
     source = source_for(segment)
     if source.ready_at_plan:  # the segment's own tokens: its job is made now
         tokens = source.tokens(segment, BookContext())
-        job_id, created = service.make_segment_job(session=session, artifacts=res.artifacts, book=book,
+        job_id, created = service.make_segment_job(session=session, artifacts=ctx.artifacts, book=book,
                                                    key=segment.key, tokens=tokens, replacing=state.job_id,
                                                    voice_id=voice_id)
         session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
         if not created:
             return False  # another render linked its job first, and rings it
-        lifecycle.ring(session=session, sender=celery_app, settings=res.settings, job_id=job_id)
+        lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
         return True
     if state.job_id is not None or state.error is not None:  # done but its audio is gone: start afresh
         queries.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
         queries.fail_segment(session=session, key=segment.key, error=None)
         session.commit()
-    wire.send_book_tokenize(celery_app, res.settings, book.id, segment.key, book.priority)
+    wire.send_book_tokenize(ctx.sender, ctx.settings, book.id, segment.key, book.priority)
     return True
 
 
-def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, seen: set[str]) -> int:
+def _send_chapter(ctx: Context, book: Book, book_plan: BookPlan, index: int, seen: set[str]) -> int:
     """Send the chapter's segments without audio (already rendering, or sent for an earlier chapter in
     `seen`: left alone), each on its own: nothing waits on them, their jobs settling count the chapter
     (`app.db.queries.chapters`). A chapter whose segments had all settled already is recorded ready
     here and its book.chapter sent. Returns how many segments were sent."""
     sent = 0
-    with session_scope(res.sessions) as session:
+    with session_scope(ctx.sessions) as session:
         for segment in book_plan.chapters[index].segments:
             if segment.key in seen:
                 continue  # a sentence repeated in the book renders once
             seen.add(segment.key)
             state = queries.segment_state(session=session, key=segment.key)
             assert state is not None  # create_book inserted every key
-            sent += _start(res, session, book, segment, book_plan.voice_of(segment), state)
-    with session_scope(res.sessions) as session:
+            sent += _start(ctx, session, book, segment, book_plan.voice_of(segment), state)
+    with session_scope(ctx.sessions) as session:
         ready = queries.record_ready(session=session, book_id=book.id, index=index)
     if ready:
-        wire.send_chapter(celery_app, res.settings, book.id, index)
+        wire.send_chapter(ctx.sender, ctx.settings, book.id, index)
     return sent
 
 
-def schedule(book_id: str, res: Resources, seen: set[str] | None = None) -> int:
+def schedule(book_id: str, ctx: Context, seen: set[str] | None = None) -> int:
     """Send chapters, in order, while fewer than LOOKAHEAD_SEGMENTS of the book's segments are waiting
     to render: a long book never floods the gpu queue ahead of other jobs. Returns segments sent."""
-    book_plan = files.load_plan(res.artifacts, book_id)
+    book_plan = files.load_plan(ctx.artifacts, book_id)
     seen = set() if seen is None else seen
     sent = 0
     while True:
-        with session_scope(res.sessions) as session:
+        with session_scope(ctx.sessions) as session:
             book = queries.require_book(session=session, book_id=book_id)
             if book.status != BookStatus.RENDERING:
                 return sent
@@ -143,13 +143,13 @@ def schedule(book_id: str, res: Resources, seen: set[str] | None = None) -> int:
                 queries.reopen_failed_segments(session=session, book_id=book_id, index=index)
         if index is None:
             return sent
-        sent += _send_chapter(res, book, book_plan, index, seen)
+        sent += _send_chapter(ctx, book, book_plan, index, seen)
 
 
-def plan(book_id: str, res: Resources) -> int:
+def plan(book_id: str, ctx: Context) -> int:
     """Start (or, redelivered after a crash, resume) a book: send its first chapters; returns how many
     segments were sent to render."""
-    with session_scope(res.sessions) as session:
+    with session_scope(ctx.sessions) as session:
         if not queries.set_book_status(session=session, book_id=book_id, status=BookStatus.RENDERING,
                                        only_from=(BookStatus.QUEUED, BookStatus.RENDERING)):
             log.info("book.plan %s: not live; nothing to do", book_id)
@@ -157,14 +157,14 @@ def plan(book_id: str, res: Resources) -> int:
         book = queries.require_book(session=session, book_id=book_id)
         pending = [c.index for c in queries.list_chapters(session=session, book_id=book_id)
                    if c.scheduled_at is not None and c.assembled_at is None]
-    book_plan = files.load_plan(res.artifacts, book_id)
+    book_plan = files.load_plan(ctx.artifacts, book_id)
     seen: set[str] = set()
     sent = 0
     for index in pending:  # redelivered, or sent again by the sweep: their failures render again too
-        with session_scope(res.sessions) as session:
+        with session_scope(ctx.sessions) as session:
             queries.reopen_failed_segments(session=session, book_id=book_id, index=index)
-        sent += _send_chapter(res, book, book_plan, index, seen)
-    sent += schedule(book_id, res, seen)
+        sent += _send_chapter(ctx, book, book_plan, index, seen)
+    sent += schedule(book_id, ctx, seen)
     log.info("book.plan %s: %d segments sent to render, %d distinct in the book", book_id, sent,
              len(book_plan.unique_keys()))
     return sent
@@ -172,66 +172,66 @@ def plan(book_id: str, res: Resources) -> int:
 
 # book.tokenize -----------------------------------------------------------------------------------
 
-def tokenize(book_id: str, key: str, res: Resources) -> str:
+def tokenize(book_id: str, key: str, ctx: Context) -> str:
     """Tokens for one segment -> its queued job (reusing one another render made meanwhile), rung through
     `lifecycle.ring`; returns the job id. Redelivered: the segment's job is not made twice; a queued one
     is rung again (a duplicate doorbell costs one claim that finds it taken), a claimed or finished one
     is left alone (`ring` sends nothing for a job that is not queued)."""
-    with session_scope(res.sessions) as session:
+    with session_scope(ctx.sessions) as session:
         if queries.require_book(session=session, book_id=book_id).status not in LIVE_BOOK_STATUSES:
             raise BookStopped(f"book {book_id} was cancelled or failed; segment {key[:12]} is not rendered")
         state = queries.segment_state(session=session, key=key)
         if state is None:
             raise WavefarmError(f"segment {key[:12]} is not in book {book_id}")
         if state.job_id and state.live:
-            lifecycle.ring(session=session, sender=celery_app, settings=res.settings, job_id=state.job_id)
+            lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=state.job_id)
         if state.job_id and (state.live or state.done):
             return state.job_id
-    book_plan = files.load_plan(res.artifacts, book_id)
+    book_plan = files.load_plan(ctx.artifacts, book_id)
     segment = next(s for _, s in book_plan.segments() if s.key == key)
-    context = BookContext(language=book_plan.language, base_dir=files.base_dir_of(res.artifacts, book_id),
-                          model_dir=res.settings.model_dir)
+    context = BookContext(language=book_plan.language, base_dir=files.base_dir_of(ctx.artifacts, book_id),
+                          model_dir=ctx.settings.model_dir)
     try:
         tokens = source_for(segment).tokens(segment, context)
     except (WavefarmError, OSError, RuntimeError) as exc:
-        with session_scope(res.sessions) as session:
+        with session_scope(ctx.sessions) as session:
             queries.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
         raise
-    with session_scope(res.sessions) as session:
+    with session_scope(ctx.sessions) as session:
         book = queries.require_book(session=session, book_id=book_id)
-        job_id, _ = service.make_segment_job(session=session, artifacts=res.artifacts, book=book, key=key,
+        job_id, _ = service.make_segment_job(session=session, artifacts=ctx.artifacts, book=book, key=key,
                                              tokens=tokens, replacing=state.job_id,
                                              voice_id=book_plan.voice_of(segment))
         if context.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
             queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
         session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
-        lifecycle.ring(session=session, sender=celery_app, settings=res.settings, job_id=job_id)
+        lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
     return job_id
 
 
 # book.chapter ------------------------------------------------------------------------------------
 
-def check_chapter(book_id: str, index: int, res: Resources) -> str:
+def check_chapter(book_id: str, index: int, ctx: Context) -> str:
     """'waiting' (segments still rendering), 'failed', 'stopped' (book not live) or 'assembled'; after the
     book's last chapter, book.assemble is sent, else the window of chapters moves on."""
-    outcome, last = render.settle_chapter(sessions=res.sessions, artifacts=res.artifacts, book_id=book_id,
+    outcome, last = render.settle_chapter(sessions=ctx.sessions, artifacts=ctx.artifacts, book_id=book_id,
                                           index=index)
     if last:
-        wire.send_assemble(celery_app, res.settings, book_id)
+        wire.send_assemble(ctx.sender, ctx.settings, book_id)
     elif outcome == "assembled":
-        schedule(book_id, res)
+        schedule(book_id, ctx)
     return outcome
 
 
 # book.assemble -----------------------------------------------------------------------------------
 
-def assemble(book_id: str, res: Resources) -> str:
-    return render.assemble(sessions=res.sessions, artifacts=res.artifacts, book_id=book_id)
+def assemble(book_id: str, ctx: Context) -> str:
+    return render.assemble(sessions=ctx.sessions, artifacts=ctx.artifacts, book_id=book_id)
 
 
-def _fail_book(book_id: str, res: Resources, error: str) -> None:
+def _fail_book(book_id: str, ctx: Context, error: str) -> None:
     try:
-        with session_scope(res.sessions) as session:
+        with session_scope(ctx.sessions) as session:
             queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=error)
     except TRANSIENT_ERRORS:
         log.exception("book %s: could not record the failure", book_id)
@@ -242,35 +242,35 @@ def _fail_book(book_id: str, res: Resources, error: str) -> None:
 def _run(task: Task, book_id: str, body: Any) -> Any:
     """Retry infrastructure errors a few times; anything else fails the book with its reason."""
     check_job_id(book_id)
-    res = resources()
+    ctx = resources()
     try:
-        return body(res)
+        return body(ctx)
     except TRANSIENT_ERRORS as exc:
         if task.request.retries >= MAX_RETRIES:
-            _fail_book(book_id, res, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
+            _fail_book(book_id, ctx, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
             raise
         raise task.retry(exc=exc, countdown=2**task.request.retries) from exc
     except BookStopped:
         raise
     except MemoryError:  # Celery treats it as fatal to the worker: here it fails the book, the worker goes on
         log.exception("%s %s: out of memory", task.name, book_id)
-        _fail_book(book_id, res, f"{task.name}: ran out of memory on the CPU worker")
+        _fail_book(book_id, ctx, f"{task.name}: ran out of memory on the CPU worker")
         raise BookStopped(f"book {book_id}: out of memory") from None
     except Exception as exc:  # boundary: one book fails with the reason, the worker goes on
         if not isinstance(exc, WavefarmError | OSError):
             log.exception("%s %s: unexpected error", task.name, book_id)
-        _fail_book(book_id, res, f"{task.name}: {type(exc).__name__}: {exc}")
+        _fail_book(book_id, ctx, f"{task.name}: {type(exc).__name__}: {exc}")
         raise
 
 
 @celery_app.task(name=wire.BOOK_PARSE_TASK, bind=True, max_retries=MAX_RETRIES)
 def parse_task(self: Task, book_id: str) -> str:
-    return str(_run(self, book_id, lambda res: parse(book_id, res)))
+    return str(_run(self, book_id, lambda ctx: parse(book_id, ctx)))
 
 
 @celery_app.task(name=wire.BOOK_PLAN_TASK, bind=True, max_retries=MAX_RETRIES)
 def plan_task(self: Task, book_id: str) -> int:
-    return int(_run(self, book_id, lambda res: plan(book_id, res)))
+    return int(_run(self, book_id, lambda ctx: plan(book_id, ctx)))
 
 
 @celery_app.task(name=wire.BOOK_TOKENIZE_TASK, bind=True, max_retries=MAX_RETRIES)
@@ -279,16 +279,16 @@ def tokenize_task(self: Task, book_id: str, key: str, routed_to: str | None = No
     """-> the segment's job id. `routed_to` and `route` are ignored: a message sent before the job was rung
     here (`book.tokenize | synth`, the route chosen at planning) still runs after an upgrade; its chained
     `synth` gets the job id returned here, a duplicate doorbell."""
-    return str(_run(self, book_id, lambda res: tokenize(book_id, key, res)))
+    return str(_run(self, book_id, lambda ctx: tokenize(book_id, key, ctx)))
 
 
 @celery_app.task(name=wire.BOOK_CHAPTER_TASK, bind=True, max_retries=MAX_RETRIES)
 def chapter_task(self: Task, book_id: str, index: int) -> str:
     """Rung when the chapter is recorded ready; 'waiting' (a segment became live again): nothing to do,
     the segment's own settling rings it again."""
-    return str(_run(self, book_id, lambda res: check_chapter(book_id, index, res)))
+    return str(_run(self, book_id, lambda ctx: check_chapter(book_id, index, ctx)))
 
 
 @celery_app.task(name=wire.BOOK_ASSEMBLE_TASK, bind=True, max_retries=MAX_RETRIES)
 def assemble_task(self: Task, book_id: str) -> str:
-    return str(_run(self, book_id, lambda res: assemble(book_id, res)))
+    return str(_run(self, book_id, lambda ctx: assemble(book_id, ctx)))

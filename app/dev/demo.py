@@ -110,8 +110,7 @@ def run_demo(*, var: Path, jobs_per_voice: int = 2, timeout_s: float = 270.0) ->
     with ExitStack() as stack:
         try:
             env.update(_start_redis(stack, env, var.resolve()))
-            saved = dict(os.environ)  # given back at the end: a caller in process keeps its own settings
-            stack.callback(lambda: (os.environ.clear(), os.environ.update(saved)))
+            stack.callback(_give_back_environment, dict(os.environ))  # a caller in process keeps its own
             os.environ.update(env)  # this process is an entry point: its Settings come from here too
             from app.settings import Settings
 
@@ -200,6 +199,11 @@ def _cancel_unfinished(settings: Any, job_ids: list[str]) -> None:
             say(f"cancelled {cancelled} unfinished sample jobs")
     finally:
         engine.dispose()
+
+
+def _give_back_environment(saved: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str],

@@ -16,11 +16,11 @@ from celery import Celery
 import tasks.books as books
 from app import lifecycle, routing
 from app.broker import open_broker
+from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus, utcnow
 from app.settings import Settings
 from tasks.celery_app import make_celery
-from tasks.voice import Resources
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.app.helpers import queued
 from tests.tasks.test_books import manifest_book, render_live_jobs, submit
@@ -30,30 +30,30 @@ BOOK_PRIORITY = 9  # a book at the default priority 0: served last (`wire.broker
 
 
 @pytest.fixture
-def celery(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
-    """The tasks' Celery app on this test's broker and queues (nobody consumes them)."""
+def celery(settings: Settings) -> Iterator[Celery]:
+    """The tasks' Celery app on this test's broker and queues (nobody consumes them): the sender of the
+    tasks' context (`ctx`)."""
     app = make_celery(settings, include=())
-    monkeypatch.setattr(books, "celery_app", app)
     yield app
     app.close()
 
 
 @pytest.fixture
-def workers(res: Resources, broker: redis.Redis) -> Iterator[list[str]]:
+def workers(ctx: Context, broker: redis.Redis) -> Iterator[list[str]]:
     """Two live GPU workers with two slots each (routing chooses between their own queues), whose
     queues are emptied afterwards."""
-    with res.sessions() as session:
+    with ctx.sessions() as session:
         for name in (A, B):
             queries.register_worker(session=session, name=name, slots=2)
         session.commit()
     yield [A, B]
     for name in (A, B):
-        open_broker(res.settings.broker_url).purge(routing.worker_queue(res.settings, name))
+        open_broker(ctx.settings.broker_url).purge(routing.worker_queue(ctx.settings, name))
 
 
-def jobs_of(res: Resources, book_id: str) -> list[Job]:
+def jobs_of(ctx: Context, book_id: str) -> list[Job]:
     """The book's segment jobs, in reading order."""
-    with res.sessions() as session:
+    with ctx.sessions() as session:
         states = queries.book_segment_states(session=session, book_id=book_id)
         rows = [queries.require_job(session=session, job_id=s.job_id) for s in states if s.job_id]
         session.expunge_all()
@@ -66,74 +66,74 @@ def synths(broker: redis.Redis, queue: str) -> list[tuple[str, str, int]]:
 
 
 def test_a_planned_segments_synth_goes_where_routing_chose_with_its_route_and_ring_recorded(
-        res: Resources, celery: Celery, broker: redis.Redis, workers: list[str]) -> None:
+        ctx: Context, celery: Celery, broker: redis.Redis, workers: list[str]) -> None:
     """Routed job by job: the chapter's next lines find the first queued on its worker (affinity) until
     that worker's two slots are full; then one spills to the free worker, which holds the voice too."""
-    book_id = submit(res, celery, manifest_book([[30, 40, 41, 42]]))
+    book_id = submit(ctx, celery, manifest_book([[30, 40, 41, 42]]))
     before = utcnow()
-    assert books.plan(book_id, res) == 4
+    assert books.plan(book_id, ctx) == 4
     after = utcnow()
-    jobs = jobs_of(res, book_id)
+    jobs = jobs_of(ctx, book_id)
     assert [(j.routed_to, j.route) for j in jobs] == [(A, "placed"), (A, "affinity"), (B, "spilled"),
                                                       (B, "affinity")]
-    grace = timedelta(seconds=res.settings.stuck_job_after_s)
+    grace = timedelta(seconds=ctx.settings.stuck_job_after_s)
     for job in jobs:  # rung once, due again one grace after the ring
         assert job.status == JobStatus.QUEUED and job.rings == 1
         assert before + grace <= job.ring_due_at <= after + grace
     for worker in (A, B):
-        assert synths(broker, routing.worker_queue(res.settings, worker)) == [
+        assert synths(broker, routing.worker_queue(ctx.settings, worker)) == [
             (j.id, j.id, BOOK_PRIORITY) for j in jobs if j.routed_to == worker]
-    assert synths(broker, res.settings.queue_gpu) == []
+    assert synths(broker, ctx.settings.queue_gpu) == []
 
 
 def test_book_tokenize_makes_the_segments_job_and_rings_it_and_a_redelivery_makes_no_second_job(
-        res: Resources, celery: Celery, broker: redis.Redis) -> None:
-    book_id = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md")
-    open_broker(res.settings.broker_url).purge(res.settings.queue_cpu)
-    books.plan(book_id, res)
-    with res.sessions() as session:
+        ctx: Context, celery: Celery, broker: redis.Redis) -> None:
+    book_id = submit(ctx, celery, MARKDOWN_BOOK.encode(), filename="book.md")
+    open_broker(ctx.settings.broker_url).purge(ctx.settings.queue_cpu)
+    books.plan(book_id, ctx)
+    with ctx.sessions() as session:
         key = queries.book_segment_states(session=session, book_id=book_id)[0].key
-    tokenize = [m for m in queued(broker, res.settings.queue_cpu) if m["task"] == "book.tokenize"]
+    tokenize = [m for m in queued(broker, ctx.settings.queue_cpu) if m["task"] == "book.tokenize"]
     assert tokenize[0]["args"] == [book_id, key] and tokenize[0]["priority"] == BOOK_PRIORITY
-    assert synths(broker, res.settings.queue_gpu) == []  # no job yet: nothing to render
+    assert synths(broker, ctx.settings.queue_gpu) == []  # no job yet: nothing to render
 
-    job_id = books.tokenize(book_id, key, res)
-    (job,) = jobs_of(res, book_id)
+    job_id = books.tokenize(book_id, key, ctx)
+    (job,) = jobs_of(ctx, book_id)
     assert (job.id, job.status, job.rings, job.routed_to, job.route) == (
         job_id, JobStatus.QUEUED, 1, None, "shared_single")  # no live GPU worker: nothing to choose
-    assert synths(broker, res.settings.queue_gpu) == [(job_id, job_id, BOOK_PRIORITY)]
+    assert synths(broker, ctx.settings.queue_gpu) == [(job_id, job_id, BOOK_PRIORITY)]
 
-    assert books.tokenize(book_id, key, res) == job_id  # redelivered, queued: rung again
-    with res.sessions() as session:
+    assert books.tokenize(book_id, key, ctx) == job_id  # redelivered, queued: rung again
+    with ctx.sessions() as session:
         assert queries.get_segment(session=session, key=key).jobs_created == 1
         assert queries.require_job(session=session, job_id=job_id).rings == 2
-    assert len(synths(broker, res.settings.queue_gpu)) == 2  # a duplicate doorbell: one skipped claim
+    assert len(synths(broker, ctx.settings.queue_gpu)) == 2  # a duplicate doorbell: one skipped claim
 
-    with res.sessions() as session:
+    with ctx.sessions() as session:
         assert lifecycle.claim(session=session, job_id=job_id, worker=A, max_attempts=3, lease_s=30)
         session.commit()
-    assert books.tokenize(book_id, key, res) == job_id  # redelivered, claimed: nothing sent
-    assert render_live_jobs(res, book_id) == 1
-    assert books.tokenize(book_id, key, res) == job_id  # redelivered, done: nothing sent
-    assert len(synths(broker, res.settings.queue_gpu)) == 2
-    with res.sessions() as session:
+    assert books.tokenize(book_id, key, ctx) == job_id  # redelivered, claimed: nothing sent
+    assert render_live_jobs(ctx, book_id) == 1
+    assert books.tokenize(book_id, key, ctx) == job_id  # redelivered, done: nothing sent
+    assert len(synths(broker, ctx.settings.queue_gpu)) == 2
+    with ctx.sessions() as session:
         assert queries.get_segment(session=session, key=key).jobs_created == 1
 
 
 def test_an_old_format_book_tokenize_with_the_planned_route_still_renders_its_segment(
-        res: Resources, celery: Celery, broker: redis.Redis, workers: list[str],
+        ctx: Context, celery: Celery, broker: redis.Redis, workers: list[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Sent before an upgrade as `book.tokenize(book_id, key, routed_to, route) | synth`: the two extra
     arguments are ignored, the job is routed now, and the id returned is what the chained `synth` of
     such a message gets (a duplicate doorbell)."""
-    book_id = submit(res, celery, MARKDOWN_BOOK.encode(), filename="book.md")
-    books.plan(book_id, res)
-    with res.sessions() as session:
+    book_id = submit(ctx, celery, MARKDOWN_BOOK.encode(), filename="book.md")
+    books.plan(book_id, ctx)
+    with ctx.sessions() as session:
         key = queries.book_segment_states(session=session, book_id=book_id)[0].key
-    monkeypatch.setattr(books, "resources", lambda: res)  # the test's database, not the environment's
+    monkeypatch.setattr(books, "resources", lambda: ctx)  # the test's database, not the environment's
     outcome = books.tokenize_task.apply(args=[book_id, key, B, "affinity"])
     assert outcome.successful()
-    (job,) = jobs_of(res, book_id)
+    (job,) = jobs_of(ctx, book_id)
     assert outcome.result == job.id
     assert (job.status, job.rings, job.routed_to, job.route) == (JobStatus.QUEUED, 1, A, "placed")
-    assert synths(broker, routing.worker_queue(res.settings, A)) == [(job.id, job.id, BOOK_PRIORITY)]
+    assert synths(broker, routing.worker_queue(ctx.settings, A)) == [(job.id, job.id, BOOK_PRIORITY)]

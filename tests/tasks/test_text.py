@@ -35,34 +35,34 @@ def task_celery(celery: Celery, monkeypatch: pytest.MonkeyPatch) -> Celery:
     return celery
 
 
-def submit(res: Context, celery: Celery, **kw) -> str:
+def submit(ctx: Context, celery: Celery, **kw) -> str:
     kw.setdefault("text", TEXT)
-    with res.sessions() as session:
-        return submit_job(ctx=res, session=session, reference_bytes=wav_bytes(), **kw)
+    with ctx.sessions() as session:
+        return submit_job(ctx=ctx, session=session, reference_bytes=wav_bytes(), **kw)
 
 
-def job(res: Context, job_id: str) -> Job:
-    with res.sessions() as session:
+def job(ctx: Context, job_id: str) -> Job:
+    with ctx.sessions() as session:
         row = queries.require_job(session=session, job_id=job_id)
         session.expunge(row)
         return row
 
 
 def test_a_text_job_is_queued_without_tokens_and_tokenized_before_it_is_rendered(
-        res: Context, celery: Celery, broker) -> None:
-    job_id = submit(res, celery, language="en-GB", priority=4)
-    row = job(res, job_id)
+        ctx: Context, celery: Celery, broker) -> None:
+    job_id = submit(ctx, celery, language="en-GB", priority=4)
+    row = job(ctx, job_id)
     assert (row.kind, row.text, row.language, row.tokens, row.n_tokens, row.status) == (
         JobKind.TEXT, TEXT, "en-GB", None, 0, JobStatus.QUEUED)
-    cpu = queued(broker, res.settings.queue_cpu)
+    cpu = queued(broker, ctx.settings.queue_cpu)
     assert [(m["task"], m["args"]) for m in cpu] == [("voice.prepare", [row.voice_id]),
                                                      ("job.tokenize", [job_id])]
     assert cpu[1]["id"] == f"tokenize-{job_id}" and cpu[1]["priority"] == 5  # job priority 4 of 9
-    assert queued(broker, res.settings.queue_gpu) == []  # synth waits for the tokens
+    assert queued(broker, ctx.settings.queue_gpu) == []  # synth waits for the tokens
 
 
-def test_the_language_defaults_to_english(res: Context, celery: Celery) -> None:
-    assert job(res, submit(res, celery)).language == "en"
+def test_the_language_defaults_to_english(ctx: Context, celery: Celery) -> None:
+    assert job(ctx, submit(ctx, celery)).language == "en"
 
 
 @pytest.mark.parametrize(("kwargs", "error", "says"), [
@@ -75,92 +75,92 @@ def test_the_language_defaults_to_english(res: Context, celery: Celery) -> None:
     ({"text": None, "tokens": []}, BadTokens, "empty"),
 ])
 def test_bad_text_requests_are_refused_before_anything_is_stored(
-        res: Context, celery: Celery, broker, kwargs: dict, error: type, says: str) -> None:
+        ctx: Context, celery: Celery, broker, kwargs: dict, error: type, says: str) -> None:
     with pytest.raises(error, match=says):
-        submit(res, celery, **kwargs)
-    with res.sessions() as session:
+        submit(ctx, celery, **kwargs)
+    with ctx.sessions() as session:
         assert count(session, Job) == 0 and count(session, Voice) == 0
-    assert queued(broker, res.settings.queue_cpu) == [] and queued(broker, res.settings.queue_gpu) == []
+    assert queued(broker, ctx.settings.queue_cpu) == [] and queued(broker, ctx.settings.queue_gpu) == []
 
 
-def test_the_length_limit_is_the_estimate_the_books_use(res: Context, celery: Celery) -> None:
+def test_the_length_limit_is_the_estimate_the_books_use(ctx: Context, celery: Celery) -> None:
     """15 characters a second, 25 tokens a second: the limit of 90,000 tokens is about 54,000 characters."""
-    limit = res.settings.max_tokens
+    limit = ctx.settings.max_tokens
     under, over = "word " * (limit * 15 // 25 // 5 * 9 // 10), "word " * (limit * 15 // 25 // 5 * 11 // 10)
     assert estimate_tokens(under.strip()) < limit < estimate_tokens(over.strip())
-    submit(res, celery, text=under)
+    submit(ctx, celery, text=under)
     with pytest.raises(BadInput, match=f"over the job limit of {limit}; render it as a book"):
-        submit(res, celery, text=over)
+        submit(ctx, celery, text=over)
 
 
-def test_an_idempotency_key_names_the_text_and_its_language(res: Context, celery: Celery) -> None:
-    first = submit(res, celery, idempotency_key="text-1", seed=3)
-    assert submit(res, celery, idempotency_key="text-1", seed=3) == first
+def test_an_idempotency_key_names_the_text_and_its_language(ctx: Context, celery: Celery) -> None:
+    first = submit(ctx, celery, idempotency_key="text-1", seed=3)
+    assert submit(ctx, celery, idempotency_key="text-1", seed=3) == first
     with pytest.raises(Conflict, match="which has another text; "):
-        submit(res, celery, idempotency_key="text-1", seed=3, text="Something else.")
+        submit(ctx, celery, idempotency_key="text-1", seed=3, text="Something else.")
     with pytest.raises(Conflict, match="which has another text; "):
-        submit(res, celery, idempotency_key="text-1", seed=3, language="de")
+        submit(ctx, celery, idempotency_key="text-1", seed=3, language="de")
     with pytest.raises(Conflict, match="which has another tokens; "):
-        submit(res, celery, idempotency_key="text-1", seed=3, text=None, tokens=[1, 2])
+        submit(ctx, celery, idempotency_key="text-1", seed=3, text=None, tokens=[1, 2])
 
 
 def test_tokenize_stores_the_tokens_notes_the_stand_in_and_sends_synth(
-        res: Context, celery: Celery, task_celery: Celery, broker) -> None:
-    job_id = submit(res, celery, priority=2)
-    assert text_task.tokenize_job(job_id, res) == "sent"
-    row = job(res, job_id)
-    tokens = job_tokens(job=row, artifacts=res.artifacts)
+        ctx: Context, celery: Celery, task_celery: Celery, broker) -> None:
+    job_id = submit(ctx, celery, priority=2)
+    assert text_task.tokenize_job(job_id, ctx) == "sent"
+    row = job(ctx, job_id)
+    tokens = job_tokens(job=row, artifacts=ctx.artifacts)
     # Two paragraphs, about 5 s of guide speech with pauses: 25 tokens per second of it.
     assert 60 < row.n_tokens == len(tokens) < 400 and row.frames_total == MEL_PER_TOKEN * row.n_tokens
     assert row.notes == [STAND_IN_NOTE] and row.status == JobStatus.QUEUED
-    gpu = queued(broker, res.settings.queue_gpu)
+    gpu = queued(broker, ctx.settings.queue_gpu)
     assert [(m["task"], m["args"], m["id"], m["priority"]) for m in gpu] == [("synth", [job_id], job_id, 7)]
     # A redelivery (the worker died after storing the tokens) sends synth again and keeps the tokens.
-    assert text_task.tokenize_job(job_id, res) == "sent"
-    again = job(res, job_id)
-    assert job_tokens(job=again, artifacts=res.artifacts) == tokens and again.notes == [STAND_IN_NOTE]
-    assert len(queued(broker, res.settings.queue_gpu)) == 2  # the GPU worker claims the job once
+    assert text_task.tokenize_job(job_id, ctx) == "sent"
+    again = job(ctx, job_id)
+    assert job_tokens(job=again, artifacts=ctx.artifacts) == tokens and again.notes == [STAND_IN_NOTE]
+    assert len(queued(broker, ctx.settings.queue_gpu)) == 2  # the GPU worker claims the job once
 
 
-def test_a_cancelled_text_job_is_not_tokenized(res: Context, celery: Celery, task_celery: Celery,
+def test_a_cancelled_text_job_is_not_tokenized(ctx: Context, celery: Celery, task_celery: Celery,
                                                broker) -> None:
-    job_id = submit(res, celery)
-    with res.sessions() as session:
-        cancel_job(ctx=res, session=session, job_id=job_id)
-    assert text_task.tokenize_job(job_id, res) == "stopped"
-    assert job(res, job_id).n_tokens == 0 and queued(broker, res.settings.queue_gpu) == []
+    job_id = submit(ctx, celery)
+    with ctx.sessions() as session:
+        cancel_job(ctx=ctx, session=session, job_id=job_id)
+    assert text_task.tokenize_job(job_id, ctx) == "stopped"
+    assert job(ctx, job_id).n_tokens == 0 and queued(broker, ctx.settings.queue_gpu) == []
 
 
 def test_a_language_without_a_guide_voice_fails_the_job_with_the_reason(
-        res: Context, celery: Celery, task_celery: Celery, broker) -> None:
+        ctx: Context, celery: Celery, task_celery: Celery, broker) -> None:
     with pytest.raises(BadInput, match="no guide voice speaks language 'xq'"):
-        submit(res, celery, language="xq")  # refused at submission now
-    job_id = submit(res, celery, language="en")  # a worker whose espeak-ng lacks the job's voice:
-    with res.sessions() as session:
+        submit(ctx, celery, language="xq")  # refused at submission now
+    job_id = submit(ctx, celery, language="en")  # a worker whose espeak-ng lacks the job's voice:
+    with ctx.sessions() as session:
         session.execute(update(Job).where(Job.id == job_id).values(language="xq"))
         session.commit()
-    assert text_task.tokenize_job(job_id, res) == "failed"
-    row = job(res, job_id)
+    assert text_task.tokenize_job(job_id, ctx) == "failed"
+    row = job(ctx, job_id)
     assert row.status == JobStatus.FAILED and "no guide voice speaks language 'xq'" in (row.error or "")
-    assert queued(broker, res.settings.queue_gpu) == []
+    assert queued(broker, ctx.settings.queue_gpu) == []
 
 
 def test_the_sweep_sends_a_lost_tokenize_again_and_never_a_synth_without_tokens(
-        res: Context, celery: Celery, broker) -> None:
-    job_id = submit(res, celery)
-    open_broker(res.settings.broker_url).purge(res.settings.queue_cpu)  # the broker lost the job's message
-    with res.sessions() as session:
+        ctx: Context, celery: Celery, broker) -> None:
+    job_id = submit(ctx, celery)
+    open_broker(ctx.settings.broker_url).purge(ctx.settings.queue_cpu)  # the broker lost the job's message
+    with ctx.sessions() as session:
         session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
-    report = sweep(ctx=res)
+    report = sweep(ctx=ctx)
     assert (report.jobs_requeued, report.errors) == ([job_id], [])
-    assert [m["task"] for m in queued(broker, res.settings.queue_cpu)] == ["job.tokenize"]
-    assert queued(broker, res.settings.queue_gpu) == []
-    with res.sessions() as session:  # quiet again, but rung just now: not due before stuck_job_after_s
+    assert [m["task"] for m in queued(broker, ctx.settings.queue_cpu)] == ["job.tokenize"]
+    assert queued(broker, ctx.settings.queue_gpu) == []
+    with ctx.sessions() as session:  # quiet again, but rung just now: not due before stuck_job_after_s
         session.execute(update(Job).values(updated_at=utcnow() - timedelta(hours=2)))
         session.commit()
-    again = sweep(ctx=res)
-    assert again.jobs_requeued == [] and len(queued(broker, res.settings.queue_cpu)) == 1
+    again = sweep(ctx=ctx)
+    assert again.jobs_requeued == [] and len(queued(broker, ctx.settings.queue_cpu)) == 1
 
 
 def test_the_task_is_registered_on_the_cpu_app() -> None:
