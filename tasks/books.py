@@ -35,7 +35,7 @@ from celery import Task, chain
 from celery.canvas import Signature
 from sqlalchemy.orm import Session
 
-from app import routing, wire
+from app import lifecycle, routing, wire
 from app.books import files, intake, render, service
 from app.books.plan import BookPlan, PlanSegment
 from app.books.tokens import BookContext, source_for
@@ -96,8 +96,8 @@ def _member(res: Resources, session: Session, book: Book, segment: PlanSegment, 
         session.commit()
         return _sig(wire.SYNTH_TASK, job_id, task_id=job_id, **gpu) if created else None
     if state.job_id is not None or state.error is not None:  # done but its audio is gone: start afresh
-        queries.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
-        queries.fail_segment(session=session, key=segment.key, error=None)
+        lifecycle.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
+        lifecycle.fail_segment(session=session, key=segment.key, error=None)
         session.commit()
     tokenize = _sig(wire.BOOK_TOKENIZE_TASK, book.id, segment.key, route.worker, route.reason,
                     queue=res.settings.queue_cpu, priority=wire.broker_priority(book.priority))
@@ -127,7 +127,7 @@ def _send_chapter(res: Resources, book: Book, book_plan: BookPlan, index: int, s
     for member in members:
         member.apply_async()
     with session_scope(res.sessions) as session:
-        ready = queries.record_ready(session=session, book_id=book.id, index=index)
+        ready = lifecycle.record_ready(session=session, book_id=book.id, index=index)
     if ready:
         wire.send_chapter(celery_app, res.settings, book.id, index)
     return len(members)
@@ -146,9 +146,9 @@ def schedule(book_id: str, res: Resources, seen: set[str] | None = None) -> int:
                 return sent
             if queries.count_rendering_segments(session=session, book_id=book_id) >= LOOKAHEAD_SEGMENTS:
                 return sent
-            index = queries.claim_next_chapter(session=session, book_id=book_id)
+            index = lifecycle.claim_next_chapter(session=session, book_id=book_id)
             if index is not None:  # in the claim's transaction: no failure of before counts it settled
-                queries.reopen_failed_segments(session=session, book_id=book_id, index=index)
+                lifecycle.reopen_failed_segments(session=session, book_id=book_id, index=index)
         if index is None:
             return sent
         sent += _send_chapter(res, book, book_plan, index, seen)
@@ -158,8 +158,8 @@ def plan(book_id: str, res: Resources) -> int:
     """Start (or, redelivered after a crash, resume) a book: send its first chapters; returns how many
     segments were sent to render."""
     with session_scope(res.sessions) as session:
-        if not queries.set_book_status(session=session, book_id=book_id, status=BookStatus.RENDERING,
-                                       only_from=(BookStatus.QUEUED, BookStatus.RENDERING)):
+        if not lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.RENDERING,
+                                         only_from=(BookStatus.QUEUED, BookStatus.RENDERING)):
             log.info("book.plan %s: not live; nothing to do", book_id)
             return 0
         book = queries.require_book(session=session, book_id=book_id)
@@ -170,7 +170,7 @@ def plan(book_id: str, res: Resources) -> int:
     sent = 0
     for index in pending:  # redelivered, or sent again by the sweep: their failures render again too
         with session_scope(res.sessions) as session:
-            queries.reopen_failed_segments(session=session, book_id=book_id, index=index)
+            lifecycle.reopen_failed_segments(session=session, book_id=book_id, index=index)
         sent += _send_chapter(res, book, book_plan, index, seen)
     sent += schedule(book_id, res, seen)
     log.info("book.plan %s: %d segments sent to render, %d distinct in the book", book_id, sent,
@@ -200,7 +200,7 @@ def tokenize(book_id: str, key: str, res: Resources, routed_to: str | None = Non
         tokens = source_for(segment).tokens(segment, context)
     except (WavefarmError, OSError, RuntimeError) as exc:
         with session_scope(res.sessions) as session:
-            queries.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
+            lifecycle.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
         raise
     with session_scope(res.sessions) as session:
         book = queries.require_book(session=session, book_id=book_id)
@@ -237,7 +237,7 @@ def assemble(book_id: str, res: Resources) -> str:
 def _fail_book(book_id: str, res: Resources, error: str) -> None:
     try:
         with session_scope(res.sessions) as session:
-            queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=error)
+            lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=error)
     except TRANSIENT_ERRORS:
         log.exception("book %s: could not record the failure", book_id)
 
