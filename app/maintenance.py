@@ -205,11 +205,11 @@ def resume_chapters(*, ctx: Context, report: SweepReport) -> None:
         unchecked = queries.list_unchecked_chapters(
             session=session, rung_before=now - timedelta(seconds=UNCHECKED_CHAPTER_AFTER_S))
         for book_id, index in unchecked:  # stamped before sending: a send that fails waits a period
-            queries.mark_chapter_rung(session=session, book_id=book_id, index=index)
+            lifecycle.mark_chapter_rung(session=session, book_id=book_id, index=index)
         unsent = queries.list_unsent_chapters(
             session=session, scheduled_before=now - timedelta(seconds=ctx.settings.stuck_job_after_s))
         for book_id, index in unsent:
-            queries.touch_chapter(session=session, book_id=book_id, index=index)
+            lifecycle.touch_chapter(session=session, book_id=book_id, index=index)
     for book_id, index in unchecked:
         send_chapter(ctx.sender, ctx.settings, book_id, index)
         log.warning("maintenance: book %s chapter %d was ready and not checked; book.chapter sent again",

@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from app import lifecycle  # noqa: E402
 from app.dev import SAMPLES, services  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from scripts.bench_api_processes import metrics_check, processes_refusal, serve_processes  # noqa: E402
@@ -223,8 +224,8 @@ def seed_books(settings: Settings, voice_id: str, big: int, small: int) -> str:
             q.create_book(session=s, book_id=book_id, voice_id=voice_id, title="bench", author="bench",
                           language="en", output_format="wav", m4b=False, target_lufs=None, seed=0, priority=5)
         with session_of.begin() as s:
-            q.add_book_plan(session=s, book_id=book_id, title="bench", author="bench", language="en",
-                            plan_key=f"books/{book_id}/plan.json", chapters=chapters)
+            lifecycle.add_book_plan(session=s, book_id=book_id, title="bench", author="bench", language="en",
+                                    plan_key=f"books/{book_id}/plan.json", chapters=chapters)
         return book_id
 
     big_id = one(big, 1000)

@@ -97,8 +97,8 @@ def _start(ctx: Context, session: Session, book: Book, segment: PlanSegment, voi
         lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
         return True
     if state.job_id is not None or state.error is not None:  # done but its audio is gone: start afresh
-        queries.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
-        queries.fail_segment(session=session, key=segment.key, error=None)
+        lifecycle.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
+        lifecycle.fail_segment(session=session, key=segment.key, error=None)
         session.commit()
     wire.send_book_tokenize(ctx.sender, ctx.settings, book.id, segment.key, book.priority)
     return True
@@ -119,7 +119,7 @@ def _send_chapter(ctx: Context, book: Book, book_plan: BookPlan, index: int, see
             assert state is not None  # create_book inserted every key
             sent += _start(ctx, session, book, segment, book_plan.voice_of(segment), state)
     with session_scope(ctx.sessions) as session:
-        ready = queries.record_ready(session=session, book_id=book.id, index=index)
+        ready = lifecycle.record_ready(session=session, book_id=book.id, index=index)
     if ready:
         wire.send_chapter(ctx.sender, ctx.settings, book.id, index)
     return sent
@@ -138,9 +138,9 @@ def schedule(book_id: str, ctx: Context, seen: set[str] | None = None) -> int:
                 return sent
             if queries.count_rendering_segments(session=session, book_id=book_id) >= LOOKAHEAD_SEGMENTS:
                 return sent
-            index = queries.claim_next_chapter(session=session, book_id=book_id)
+            index = lifecycle.claim_next_chapter(session=session, book_id=book_id)
             if index is not None:  # in the claim's transaction: no failure of before counts it settled
-                queries.reopen_failed_segments(session=session, book_id=book_id, index=index)
+                lifecycle.reopen_failed_segments(session=session, book_id=book_id, index=index)
         if index is None:
             return sent
         sent += _send_chapter(ctx, book, book_plan, index, seen)
@@ -150,8 +150,8 @@ def plan(book_id: str, ctx: Context) -> int:
     """Start (or, redelivered after a crash, resume) a book: send its first chapters; returns how many
     segments were sent to render."""
     with session_scope(ctx.sessions) as session:
-        if not queries.set_book_status(session=session, book_id=book_id, status=BookStatus.RENDERING,
-                                       only_from=(BookStatus.QUEUED, BookStatus.RENDERING)):
+        if not lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.RENDERING,
+                                         only_from=(BookStatus.QUEUED, BookStatus.RENDERING)):
             log.info("book.plan %s: not live; nothing to do", book_id)
             return 0
         book = queries.require_book(session=session, book_id=book_id)
@@ -162,7 +162,7 @@ def plan(book_id: str, ctx: Context) -> int:
     sent = 0
     for index in pending:  # redelivered, or sent again by the sweep: their failures render again too
         with session_scope(ctx.sessions) as session:
-            queries.reopen_failed_segments(session=session, book_id=book_id, index=index)
+            lifecycle.reopen_failed_segments(session=session, book_id=book_id, index=index)
         sent += _send_chapter(ctx, book, book_plan, index, seen)
     sent += schedule(book_id, ctx, seen)
     log.info("book.plan %s: %d segments sent to render, %d distinct in the book", book_id, sent,
@@ -195,7 +195,7 @@ def tokenize(book_id: str, key: str, ctx: Context) -> str:
         tokens = source_for(segment).tokens(segment, context)
     except (WavefarmError, OSError, RuntimeError) as exc:
         with session_scope(ctx.sessions) as session:
-            queries.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
+            lifecycle.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
         raise
     with session_scope(ctx.sessions) as session:
         book = queries.require_book(session=session, book_id=book_id)
@@ -232,7 +232,7 @@ def assemble(book_id: str, ctx: Context) -> str:
 def _fail_book(book_id: str, ctx: Context, error: str) -> None:
     try:
         with session_scope(ctx.sessions) as session:
-            queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=error)
+            lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=error)
     except TRANSIENT_ERRORS:
         log.exception("book %s: could not record the failure", book_id)
 

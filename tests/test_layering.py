@@ -80,57 +80,70 @@ def _imported_modules(path: Path) -> set[str]:
     return found
 
 
-# A job's state after its insert (`queries.create_job`, queued) changes only in app/lifecycle.py.
-JOB_STATE_COLUMNS = {"status", "attempts", "worker", "lease_until", "ring_due_at", "rings", "started_at",
-                     "finished_at", "output_path", "error", "frames_done", "first_audio_at", "prep_path"}
-JOB_STATE_OWNER = "app/lifecycle.py"
+# The state of a job, a book, a chapter and a segment after its insert changes only in app/lifecycle/:
+# the columns below, per model (counters such as a chapter's keys_done are the lifecycle's too, but an
+# upgrade's backfill may set them; they are not listed).
+STATE_COLUMNS = {
+    "Job": {"status", "attempts", "worker", "lease_until", "ring_due_at", "rings", "started_at",
+            "finished_at", "output_path", "error", "frames_done", "first_audio_at", "prep_path"},
+    "Book": {"status", "error", "started_at", "finished_at", "parse_attempts"},
+    "BookChapter": {"scheduled_at", "ready_at", "rung_at", "checked_at", "assembled_at"},
+    "Segment": {"job_id", "error"},
+}
+STATE_OWNER = "app/lifecycle"
 
 
-def _is_update_of_jobs(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "update"
-            and bool(node.args) and isinstance(node.args[0], ast.Name) and node.args[0].id == "Job")
+def _updated_model(node: ast.AST) -> str | None:
+    """The model an `update(Model)` call updates, if it is one of STATE_COLUMNS'."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "update"
+            and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in STATE_COLUMNS):
+        return node.args[0].id
+    return None
 
 
-def _updates_of_jobs(tree: ast.AST) -> list[tuple[int, set[str]]]:
-    """Each function that builds an `update(Job)`: its line and the columns its `.values(...)` calls name
-    (`**` names all), wherever the statement is kept meanwhile (`stmt = update(Job)...; stmt.values(...)`)."""
+def _state_updates(tree: ast.AST) -> list[tuple[int, str, set[str]]]:
+    """Each function that builds an `update(Model)` of a stateful model: its line, the model and the
+    state columns its `.values(...)` calls name (`**` names all), wherever the statement is kept
+    meanwhile (`stmt = update(Job)...; stmt.values(...)`)."""
     found = []
     for func in ast.walk(tree):
         if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        if not any(_is_update_of_jobs(node) for node in ast.walk(func)):
-            continue
-        names: set[str] = set()
-        for node in ast.walk(func):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "values"):
-                names |= {k.arg for k in node.keywords if k.arg is not None}
-                if any(k.arg is None for k in node.keywords):
-                    names |= JOB_STATE_COLUMNS  # **values: could be any of them
-        found.append((func.lineno, names))
+        for model in {m for node in ast.walk(func) if (m := _updated_model(node))}:
+            names: set[str] = set()
+            for node in ast.walk(func):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "values"):
+                    names |= {k.arg for k in node.keywords if k.arg is not None}
+                    if any(k.arg is None for k in node.keywords):
+                        names |= STATE_COLUMNS[model]  # **values: could be any of them
+            found.append((func.lineno, model, names & STATE_COLUMNS[model]))
     return found
 
 
-def test_only_the_lifecycle_module_changes_a_jobs_state() -> None:
-    """docs/ARCHITECTURE.md: routes, tasks and the GPU worker call `app.lifecycle`; nothing else writes
-    a job's state columns."""
+def test_only_the_lifecycle_package_changes_the_state_of_jobs_books_chapters_and_segments() -> None:
+    """docs/ARCHITECTURE.md: routes, tasks, the GPU worker and the reconciler call `app.lifecycle`;
+    nothing else writes those state columns."""
     offenders = {}
     for package in ("app", "tasks", "gpu_worker"):
         for path in (REPO / package).rglob("*.py"):
             rel = str(path.relative_to(REPO))
-            if rel == JOB_STATE_OWNER:
+            if rel.startswith(STATE_OWNER + "/"):
                 continue
             tree = ast.parse(path.read_text(), filename=rel)
-            for line, names in _updates_of_jobs(tree):
-                if names & JOB_STATE_COLUMNS:
-                    offenders[f"{rel}:{line}"] = sorted(names & JOB_STATE_COLUMNS)
+            for line, model, names in _state_updates(tree):
+                if names:
+                    offenders[f"{rel}:{line}"] = (model, sorted(names))
     assert offenders == {}
 
 
-def test_the_job_state_check_sees_an_update_outside_the_lifecycle() -> None:
-    """The check above would catch a writer: it finds the lifecycle's own updates."""
-    tree = ast.parse((REPO / JOB_STATE_OWNER).read_text())
-    assert any("status" in names for _, names in _updates_of_jobs(tree))
+@pytest.mark.parametrize("model", sorted(STATE_COLUMNS))
+def test_the_state_check_sees_the_lifecycles_own_updates_of_each_model(model: str) -> None:
+    """The check above would catch a writer: it finds the lifecycle's own updates of every model."""
+    found = set()
+    for path in (REPO / STATE_OWNER).glob("*.py"):
+        found |= {m for _, m, names in _state_updates(ast.parse(path.read_text())) if names}
+    assert model in found
 
 
 def _app_imports(module: str) -> set[str]:

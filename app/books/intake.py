@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sqlalchemy.orm import Session
 
-from app import voices, wire
+from app import lifecycle, voices, wire
 from app.books import cast as cast_files
 from app.books import lexicon as lexicon_files
 from app.books.bounded import ChildExit, run_child
@@ -125,8 +125,8 @@ def _send(sender: wire.TaskSender, settings: Settings, task: str, book_id: str, 
                          priority=wire.broker_priority(priority))
     except Exception:
         log.exception("book %s: could not enqueue %s; marking it failed", book_id, task)
-        queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED,
-                                error="could not be queued")
+        lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED,
+                                  error="could not be queued")
         session.commit()
         if files is not None:
             shutil.rmtree(files.folder, ignore_errors=True)
@@ -140,7 +140,7 @@ def read_book(book_id: str, ctx: Context) -> str:
     while it was read) or 'skipped' (not parsing: a duplicate message)."""
     settings = ctx.settings
     with session_scope(ctx.sessions) as session:
-        attempts = queries.start_book_parse(session=session, book_id=book_id)
+        attempts = lifecycle.start_book_parse(session=session, book_id=book_id)
         book = queries.get_book(session=session, book_id=book_id)
         if attempts is None or book is None:
             return "skipped"
@@ -217,8 +217,8 @@ def _parsing(ctx: Context, book_id: str) -> bool:
 
 def _fail(ctx: Context, book_id: str, files: SubmittedFiles, reason: str) -> str:
     with session_scope(ctx.sessions) as session:
-        queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=reason,
-                                only_from=(BookStatus.PARSING,))
+        lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=reason,
+                                  only_from=(BookStatus.PARSING,))
     shutil.rmtree(files.folder, ignore_errors=True)
     log.info("book %s refused: %s", book_id, reason)
     return "failed"
@@ -235,10 +235,10 @@ def _settle(ctx: Context, book_id: str, files: SubmittedFiles, outcome: dict[str
     if missing:
         return _fail(ctx, book_id, files, f"the cast names voices that are not stored: {', '.join(missing)}")
     with session_scope(ctx.sessions) as session:
-        if not queries.add_book_plan(session=session, book_id=book_id, title=book["title"],
-                                     author=book["author"], language=book["language"],
-                                     plan_key=book["plan_key"], chapters=chapters,
-                                     chapters_selected=book["chapters_selected"]):
+        if not lifecycle.add_book_plan(session=session, book_id=book_id, title=book["title"],
+                                       author=book["author"], language=book["language"],
+                                       plan_key=book["plan_key"], chapters=chapters,
+                                       chapters_selected=book["chapters_selected"]):
             session.rollback()
             shutil.rmtree(files.folder, ignore_errors=True)
             return "stopped"

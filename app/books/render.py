@@ -20,6 +20,7 @@ import logging
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import lifecycle
 from app.artifacts import ArtifactStore
 from app.books import files
 from app.books.assemble import ChapterAudio
@@ -44,8 +45,9 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
         if failed:
             bad = failed[0]
             reason = f"chapter {index + 1}: segment {bad.key[:12]} failed: {bad.error or bad.job_status}"
-            queries.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED, error=reason)
-            queries.mark_chapter_checked(session=session, book_id=book_id, index=index, ready_at=ready_at)
+            lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.FAILED,
+                                      error=reason)
+            lifecycle.mark_chapter_checked(session=session, book_id=book_id, index=index, ready_at=ready_at)
             log.error("book %s: %s", book_id, reason)
             return "failed", False
         if not all(s.done for s in states):
@@ -58,11 +60,11 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
     done = render_chapter(chapter, audio, files.output_dir(artifacts, book_id), fmt=fmt,
                           target_lufs=lufs, timed=timed)  # assemble() reuses the file
     with session_scope(sessions) as session:
-        queries.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration,
-                                       **_loudness_columns(done))
-        queries.mark_chapter_checked(session=session, book_id=book_id, index=index, ready_at=ready_at)
+        lifecycle.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration,
+                                         **_loudness_columns(done))
+        lifecycle.mark_chapter_checked(session=session, book_id=book_id, index=index, ready_at=ready_at)
         chapters = queries.list_chapters(session=session, book_id=book_id)
-        last = all(c.assembled_at is not None for c in chapters) and queries.set_book_status(
+        last = all(c.assembled_at is not None for c in chapters) and lifecycle.set_book_status(
             session=session, book_id=book_id, status=BookStatus.ASSEMBLING, only_from=(BookStatus.RENDERING,))
     return "assembled", last
 
@@ -84,10 +86,10 @@ def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_
                            cover_type=cover_type, readalong=readalong, notes=notes, encoding=encoding)
     with session_scope(sessions) as session:
         for chapter in result.chapters:  # a chapter re-assembled here (its file was gone) is measured anew
-            queries.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,
-                                           seconds=chapter.duration, **_loudness_columns(chapter))
-        queries.set_book_status(session=session, book_id=book_id, status=BookStatus.SUCCEEDED,
-                                only_from=(BookStatus.ASSEMBLING,))
+            lifecycle.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,
+                                             seconds=chapter.duration, **_loudness_columns(chapter))
+        lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.SUCCEEDED,
+                                  only_from=(BookStatus.ASSEMBLING,))
     log.info("book %s assembled: %d chapters, %.1f s", book_id, len(result.chapters),
              sum(c.duration for c in result.chapters))
     return "succeeded"

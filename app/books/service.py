@@ -94,8 +94,8 @@ def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, 
     job, _ = jobs.new_job(session=session, artifacts=artifacts, voice_id=voice_id, tokens=token_list,
                           seed=book.seed, output_format=book.output_format, priority=book.priority)
     job_id, tokens_path = job.id, job.tokens_path
-    if queries.link_segment_job(session=session, key=key, job_id=job_id, replacing=replacing,
-                                n_tokens=len(token_list)):
+    if lifecycle.link_segment_job(session=session, key=key, job_id=job_id, replacing=replacing,
+                                  n_tokens=len(token_list)):
         queries.add_voice_use(session=session, voice_id=voice_id)
         return job_id, True
     session.rollback()
@@ -113,8 +113,8 @@ def cancel_book(*, session: Session, store: FeatureStore, book_id: str, cancel_t
     """Cancel a live book and its live segment jobs that no other live book needs; False if it had
     already finished. Finished segments stay: rendering the book again reuses them."""
     queries.require_book(session=session, book_id=book_id)
-    if not queries.set_book_status(session=session, book_id=book_id, status=BookStatus.CANCELLED,
-                                   error="cancelled"):
+    if not lifecycle.set_book_status(session=session, book_id=book_id, status=BookStatus.CANCELLED,
+                                     error="cancelled"):
         return False
     cancelled = []
     for state in queries.book_segment_states(session=session, book_id=book_id):

@@ -64,12 +64,12 @@ def test_the_job_that_settles_a_chapters_last_segment_sends_its_book_chapter_aft
         queries.create_book(session=session, book_id=book_id, voice_id=voice_id, title="t", author="",
                             language="en", output_format="wav", m4b=False, target_lufs=None, seed=7,
                             priority=0)
-        queries.add_book_plan(session=session, book_id=book_id, title="t", author="", language="en",
-                              plan_key="p", chapters=[queries.PlannedChapter(
+        lifecycle.add_book_plan(session=session, book_id=book_id, title="t", author="", language="en",
+                                plan_key="p", chapters=[queries.PlannedChapter(
                                   "one", [(k, "tokens", voice_id) for k in keys], 2.0)])
-        queries.claim_next_chapter(session=session, book_id=book_id)
+        lifecycle.claim_next_chapter(session=session, book_id=book_id)
         for key, job_id in zip(keys, jobs, strict=True):
-            queries.link_segment_job(session=session, key=key, job_id=job_id, replacing=None, n_tokens=30)
+            lifecycle.link_segment_job(session=session, key=key, job_id=job_id, replacing=None, n_tokens=30)
         session.commit()
     first, last = RecordingTask(), RecordingTask()
     assert JobRun(rt, first, jobs[0]).run()["status"] == "succeeded"

@@ -78,7 +78,7 @@ def test_a_book_folder_without_a_row_is_removed_and_a_book_whose_reader_died_is_
                            reference_bytes=wav_bytes())
         dying = submit_book(ctx=ctx, session=session, data=b"Title\n\nMore text.", filename="c.txt",
                             voice_id=queries.require_book(session=session, book_id=kept).voice_id)
-        assert queries.start_book_parse(session=session, book_id=dying) == 1  # a reader started, then died
+        assert lifecycle.start_book_parse(session=session, book_id=dying) == 1  # a reader started, then died
         session.execute(update(Book).where(Book.id == dying).values(
             updated_at=utcnow() - timedelta(seconds=settings.book_parse_timeout_s + settings.stuck_job_after_s
                                             + 5)))

@@ -12,8 +12,10 @@ DO NOTHING (SQLite and PostgreSQL both have it).
     workers      GPU worker incarnations and heartbeats;
                  the routing reads (live workers, backlogs, voice holders) and job routes
     maintenance  the reconciler's reads: leases that passed, doorbells due, abandoned ready voices
-    books        books, chapters, segments and their jobs
-    chapters     chapter counters kept as segments settle; the outbox of `book.chapter`
+    books        books, chapters, segments and their jobs: creation and reads (their state changes:
+                 `app.lifecycle.books`)
+    chapters     the chapter counters' reads and locks, the outbox's reads (the counting itself:
+                 `app.lifecycle.books`)
     stats        books by status and the chapters of live books, for the API's metrics
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
 
@@ -26,39 +28,26 @@ from app.db.queries._common import ERROR_MAX_CHARS
 from app.db.queries.books import (
     PlannedChapter,
     SegmentState,
-    add_book_plan,
     book_segment_states,
-    claim_next_chapter,
     count_live_books_with_segment,
     count_rendering_segments,
     create_book,
-    fail_segment,
     gather_book_notes,
     get_book,
     get_segment,
-    link_segment_job,
     list_books,
     list_chapters,
     list_unsent_chapters,
-    mark_chapter_assembled,
     page_books,
-    reopen_failed_segments,
     require_book,
     segment_renders,
     segment_state,
-    set_book_status,
-    start_book_parse,
-    touch_chapter,
-    unlink_segment_job,
 )
 from app.db.queries.chapters import (
     ChapterRow,
     chapter_ready_at,
     list_chapters_of,
     list_unchecked_chapters,
-    mark_chapter_checked,
-    mark_chapter_rung,
-    record_ready,
 )
 from app.db.queries.installs import (
     clear_worker_voices,
@@ -201,37 +190,24 @@ __all__ = [
     "list_abandoned_ready_voices",
     # books and segments
     "PlannedChapter",
-    "add_book_plan",
     "create_book",
     "get_book",
     "require_book",
     "list_books",
     "page_books",
     "list_chapters",
-    "set_book_status",
-    "start_book_parse",
-    "claim_next_chapter",
     "count_rendering_segments",
-    "mark_chapter_assembled",
     "list_unsent_chapters",
-    "touch_chapter",
-    "reopen_failed_segments",
     "SegmentState",
     "book_segment_states",
     "gather_book_notes",
     "segment_state",
-    "unlink_segment_job",
     "get_segment",
-    "link_segment_job",
-    "fail_segment",
     "segment_renders",
     # chapter counters and the outbox of book.chapter
     "ChapterRow",
     "list_chapters_of",
     "chapter_ready_at",
-    "record_ready",
-    "mark_chapter_checked",
     "list_unchecked_chapters",
-    "mark_chapter_rung",
     "count_live_books_with_segment",
 ]

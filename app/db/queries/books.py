@@ -3,11 +3,11 @@ against its chapters: `chapters`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import (
@@ -22,11 +22,10 @@ from app.db.models import (
     Segment,
     utcnow,
 )
-from app.db.queries import chapters as chapter_counts
 from app.db.queries import paging
-from app.db.queries._common import _clip, _insert, _rowcount
-from app.db.queries.chapters import OPEN
 from app.errors import NotFound
+
+INSERT_CHUNK = 500  # rows per INSERT: SQLite allows 32,766 bound variables in one statement
 
 
 @dataclass(frozen=True)
@@ -34,9 +33,6 @@ class PlannedChapter:
     title: str
     keys: Sequence[tuple[str, str, str]]  # (segment key, kind, voice id) in reading order, repeats included
     est_seconds: float
-
-
-INSERT_CHUNK = 500  # rows per INSERT: SQLite allows 32,766 bound variables in one statement
 
 
 def create_book(*, session: Session, book_id: str, voice_id: str, title: str, author: str, language: str,
@@ -54,54 +50,6 @@ def create_book(*, session: Session, book_id: str, voice_id: str, title: str, au
     session.add(book)
     session.flush()
     return book
-
-
-def start_book_parse(*, session: Session, book_id: str) -> int | None:
-    """Count one more reading of a `parsing` book; its attempts so far, or None if it is not parsing."""
-    result = session.execute(
-        update(Book).where(Book.id == book_id, Book.status == BookStatus.PARSING)
-        .values(parse_attempts=Book.parse_attempts + 1, updated_at=utcnow()))
-    if _rowcount(result) != 1:
-        return None
-    return int(session.scalar(select(Book.parse_attempts).where(Book.id == book_id)) or 0)
-
-
-def add_book_plan(*, session: Session, book_id: str, title: str, author: str, language: str, plan_key: str,
-                  chapters: Sequence[PlannedChapter], chapters_selected: str | None = None) -> bool:
-    """Record a read book's chapters, where each segment sits and every segment not known yet, and move
-    it from `parsing` to `queued`; False (nothing written) if it is no longer parsing (cancelled).
-    Rows go in chunks of INSERT_CHUNK, so a book of 200,000 segments stays under SQLite's limits."""
-    now = utcnow()
-    result = session.execute(
-        update(Book).where(Book.id == book_id, Book.status == BookStatus.PARSING)
-        .values(status=BookStatus.QUEUED, title=title, author=author, language=language, plan_key=plan_key,
-                segments_total=sum(len(c.keys) for c in chapters),
-                est_seconds=sum(c.est_seconds for c in chapters), chapters_selected=chapters_selected,
-                updated_at=now))
-    if _rowcount(result) != 1:
-        return False
-    kinds = {key: (kind, voice) for c in chapters for key, kind, voice in c.keys}
-    rows = [{"key": k, "voice_id": voice, "kind": kind, "jobs_created": 0, "created_at": now,
-             "updated_at": now} for k, (kind, voice) in kinds.items()]
-    for chunk in _chunks(rows):
-        session.execute(_insert(session, Segment).values(chunk)
-                        .on_conflict_do_nothing(index_elements=["key"]))
-    session.execute(insert(BookChapter), [
-        {"book_id": book_id, "index": index, "title": c.title, "segments_total": len(c.keys),
-         "est_seconds": c.est_seconds} for index, c in enumerate(chapters)])
-    placed = [{"book_id": book_id, "chapter": index, "position": pos, "key": key}
-              for index, c in enumerate(chapters) for pos, (key, _, _) in enumerate(c.keys)]
-    for chunk in _chunks(placed):
-        session.execute(insert(BookSegment), chunk)
-    chapter_counts.lock_segments(session=session, keys=list(kinds))
-    chapter_counts.recount_chapters(session=session, book_id=book_id)  # segments other renders settled
-    session.flush()
-    return True
-
-
-def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
-    for start in range(0, len(rows), INSERT_CHUNK):
-        yield rows[start:start + INSERT_CHUNK]
 
 
 def get_book(*, session: Session, book_id: str) -> Book | None:
@@ -129,42 +77,6 @@ def page_books(*, session: Session, after: str | None = None,
 def list_chapters(*, session: Session, book_id: str) -> list[BookChapter]:
     stmt = select(BookChapter).where(BookChapter.book_id == book_id).order_by(BookChapter.index)
     return list(session.scalars(stmt))
-
-
-def set_book_status(*, session: Session, book_id: str, status: BookStatus,
-                    only_from: Sequence[BookStatus] = LIVE_BOOK_STATUSES, error: str | None = None) -> bool:
-    """Move a book to `status` if it is in one of `only_from` (first mover wins); stamps the times."""
-    now = utcnow()
-    values: dict[str, Any] = {"status": status, "updated_at": now}
-    if status == BookStatus.RENDERING:
-        values["started_at"] = func.coalesce(Book.started_at, now)
-        values["finished_at"] = None
-        values["error"] = None
-    if status in (BookStatus.SUCCEEDED, BookStatus.FAILED, BookStatus.CANCELLED):
-        values["finished_at"] = now
-    if error is not None:
-        values["error"] = _clip(error)
-    result = session.execute(
-        update(Book).where(Book.id == book_id, Book.status.in_(list(only_from))).values(**values))
-    return _rowcount(result) == 1
-
-
-def claim_next_chapter(*, session: Session, book_id: str) -> int | None:
-    """The first chapter of a book not yet scheduled, now marked scheduled; None when none is left.
-    A conditional UPDATE: two schedulers never claim the same chapter."""
-    while True:
-        index = session.scalar(
-            select(func.min(BookChapter.index))
-            .where(BookChapter.book_id == book_id, BookChapter.scheduled_at.is_(None)))
-        if index is None:
-            return None
-        result = session.execute(
-            update(BookChapter)
-            .where(BookChapter.book_id == book_id, BookChapter.index == index,
-                   BookChapter.scheduled_at.is_(None))
-            .values(scheduled_at=utcnow()))
-        if _rowcount(result) == 1:
-            return int(index)
 
 
 def count_rendering_segments(*, session: Session, book_id: str) -> int:
@@ -201,21 +113,6 @@ def list_unsent_chapters(*, session: Session, scheduled_before: Any) -> list[tup
         .order_by(BookChapter.book_id, BookChapter.index)
     )
     return [(str(book_id), int(index)) for book_id, index in session.execute(stmt)]
-
-
-def touch_chapter(*, session: Session, book_id: str, index: int) -> None:
-    """Stamp a chapter's scheduled_at again: its `book.plan` was just sent anew, so it is not listed
-    unsent again until it has had time to run (`list_unsent_chapters`)."""
-    session.execute(update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
-                    .values(scheduled_at=utcnow()))
-
-
-def mark_chapter_assembled(*, session: Session, book_id: str, index: int, seconds: float,
-                           loudness_lufs: float | None = None, true_peak_dbtp: float | None = None) -> None:
-    session.execute(
-        update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
-        .values(seconds=seconds, loudness_lufs=loudness_lufs, true_peak_dbtp=true_peak_dbtp,
-                assembled_at=utcnow()))
 
 
 @dataclass(frozen=True)
@@ -276,75 +173,8 @@ def segment_state(*, session: Session, key: str) -> SegmentState | None:
     return None if row is None else SegmentState(*row)
 
 
-def unlink_segment_job(*, session: Session, key: str, job_id: str) -> bool:
-    """Forget a segment's failed or cancelled job (and its error) before rendering it again (counted:
-    its chapters no longer count it settled)."""
-    before = chapter_counts.lock_outcome(session=session, key=key)
-    result = session.execute(
-        update(Segment).where(Segment.key == key, Segment.job_id == job_id)
-        .values(job_id=None, error=None, updated_at=utcnow()))
-    if _rowcount(result) != 1:
-        return False
-    chapter_counts.count_outcome(session=session, key=key, before=before, after=chapter_counts.Outcome(OPEN))
-    return True
-
-
 def get_segment(*, session: Session, key: str) -> Segment | None:
     return session.get(Segment, key, populate_existing=True)
-
-
-def link_segment_job(*, session: Session, key: str, job_id: str, replacing: str | None,
-                     n_tokens: int) -> bool:
-    """Point a segment at a new job, if it still points at `replacing` (None: no job yet).
-
-    False when another render linked its own job first: use that one instead. The new job is live:
-    the segment's chapters count it open again (a failed or vanished render replaced)."""
-    before = chapter_counts.lock_outcome(session=session, key=key)
-    cond = Segment.job_id.is_(None) if replacing is None else Segment.job_id == replacing
-    result = session.execute(
-        update(Segment).where(Segment.key == key, cond)
-        .values(job_id=job_id, n_tokens=n_tokens, error=None, jobs_created=Segment.jobs_created + 1,
-                updated_at=utcnow()))
-    if _rowcount(result) != 1:
-        return False
-    chapter_counts.count_outcome(session=session, key=key, before=before, after=chapter_counts.Outcome(OPEN))
-    return True
-
-
-def fail_segment(*, session: Session, key: str, error: str | None) -> None:
-    """A segment that could not even become a job (its text or audio could not be tokenized); None
-    clears the error. Counted: a segment without a job and with an error has failed."""
-    before = chapter_counts.lock_outcome(session=session, key=key)
-    session.execute(update(Segment).where(Segment.key == key)
-                    .values(error=None if error is None else _clip(error), updated_at=utcnow()))
-    chapter_counts.count_outcome(session=session, key=key, before=before,
-                                 after=chapter_counts.read_outcome(session=session, key=key))
-
-
-def reopen_failed_segments(*, session: Session, book_id: str, index: int) -> int:
-    """Forget the failed or cancelled jobs (and tokenize errors) of a chapter's segments, so that its
-    members render them again and its counters do not count them settled meanwhile: called in the
-    transaction that schedules the chapter, before any of its segments is sent. Returns how many."""
-    failed_job = Job.status.in_([JobStatus.FAILED, JobStatus.CANCELLED])
-    stmt = (select(Segment.key).distinct().join(BookSegment, BookSegment.key == Segment.key)
-            .outerjoin(Job, Job.id == Segment.job_id)
-            .where(BookSegment.book_id == book_id, BookSegment.chapter == index,
-                   (Segment.job_id.is_not(None) & failed_job)
-                   | (Segment.job_id.is_(None) & Segment.error.is_not(None))))
-    # every segment locked before any chapter is counted, in key order: a render of another book
-    # holding one of them never waits on a chapter this holds
-    locked = {key: chapter_counts.lock_outcome(session=session, key=key)
-              for key in sorted(session.scalars(stmt))}
-    reopened = 0
-    for key, before in locked.items():
-        if before.state != chapter_counts.FAILED:
-            continue  # replaced meanwhile
-        session.execute(update(Segment).where(Segment.key == key)
-                        .values(job_id=None, error=None, updated_at=utcnow()))
-        chapter_counts.count_outcome(session=session, key=key, before=before,
-                                     after=chapter_counts.Outcome(OPEN))
-        reopened += 1
-    return reopened
 
 
 def segment_renders(*, session: Session, book_id: str) -> dict[str, tuple[int, int]]:

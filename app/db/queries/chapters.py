@@ -29,7 +29,6 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import (
-    LIVE_BOOK_STATUSES,
     Book,
     BookChapter,
     BookSegment,
@@ -37,9 +36,7 @@ from app.db.models import (
     Job,
     JobStatus,
     Segment,
-    utcnow,
 )
-from app.db.queries._common import _rowcount
 
 OPEN, DONE, FAILED = "open", "done", "failed"
 
@@ -79,72 +76,9 @@ def lock_job_segments(*, session: Session, job_id: str) -> list[str]:
     return list(session.scalars(select(Segment.key).where(Segment.job_id == job_id).with_for_update()))
 
 
-def count_outcome(*, session: Session, key: str, before: Outcome, after: Outcome) -> list[tuple[str, int]]:
-    """Move the counters of every chapter of a live book holding `key` from `before` to `after`; returns
-    the (book id, index) of the scheduled chapters this made ready (send their book.chapter after the
-    commit). Chapters are updated in key order, so two settling transactions never wait on each other
-    in a circle."""
-    if before == after:
-        return []
-    d_done = (after.state == DONE) - (before.state == DONE)
-    d_failed = (after.state == FAILED) - (before.state == FAILED)
-    d_tokens = after.tokens - before.tokens
-    stmt = (select(BookSegment.book_id, BookSegment.chapter).distinct()
-            .join(Book, Book.id == BookSegment.book_id)
-            .where(BookSegment.key == key, Book.status.in_(list(LIVE_BOOK_STATUSES)))
-            .order_by(BookSegment.book_id, BookSegment.chapter))
-    ready = []
-    for book_id, index in session.execute(stmt).all():
-        row = session.execute(
-            update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
-            .values(keys_done=BookChapter.keys_done + d_done, keys_failed=BookChapter.keys_failed + d_failed,
-                    tokens_done=BookChapter.tokens_done + d_tokens)
-            .returning(BookChapter.keys_done + BookChapter.keys_failed >= BookChapter.keys_total,
-                       BookChapter.scheduled_at, BookChapter.ready_at)
-            .execution_options(synchronize_session=False)).one()
-        settled, scheduled_at, ready_at = row
-        if settled and ready_at is None and scheduled_at is not None:
-            _set_ready(session, book_id, index, utcnow())
-            ready.append((str(book_id), int(index)))
-        elif not settled and ready_at is not None:
-            _set_ready(session, book_id, index, None)
-    return ready
-
-
-def _set_ready(session: Session, book_id: str, index: int, when: datetime | None) -> None:
-    session.execute(update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
-                    .values(ready_at=when, rung_at=None, checked_at=None)
-                    .execution_options(synchronize_session=False))
-
-
-def record_ready(*, session: Session, book_id: str, index: int) -> bool:
-    """Record a scheduled chapter ready if every segment of it has settled already (one whose segments
-    were all rendered or failed before it was scheduled); True if recorded here (send its book.chapter
-    after the commit)."""
-    result = session.execute(
-        update(BookChapter)
-        .where(BookChapter.book_id == book_id, BookChapter.index == index, BookChapter.ready_at.is_(None),
-               BookChapter.scheduled_at.is_not(None),
-               BookChapter.keys_done + BookChapter.keys_failed >= BookChapter.keys_total)
-        .values(ready_at=utcnow(), rung_at=None, checked_at=None)
-        .execution_options(synchronize_session=False))
-    return _rowcount(result) == 1
-
-
 def chapter_ready_at(*, session: Session, book_id: str, index: int) -> datetime | None:
     return session.scalar(select(BookChapter.ready_at)
                           .where(BookChapter.book_id == book_id, BookChapter.index == index))
-
-
-def mark_chapter_checked(*, session: Session, book_id: str, index: int, ready_at: datetime | None) -> None:
-    """book.chapter acted on the readiness recorded at `ready_at` (the value it read as it began: a newer
-    record, made while it ran, stays unchecked)."""
-    if ready_at is None:
-        return
-    session.execute(update(BookChapter)
-                    .where(BookChapter.book_id == book_id, BookChapter.index == index,
-                           BookChapter.ready_at == ready_at)
-                    .values(checked_at=utcnow()).execution_options(synchronize_session=False))
 
 
 def list_unchecked_chapters(*, session: Session, rung_before: datetime) -> list[tuple[str, int]]:
@@ -156,11 +90,6 @@ def list_unchecked_chapters(*, session: Session, rung_before: datetime) -> list[
                    func.coalesce(BookChapter.rung_at, BookChapter.ready_at) < rung_before)
             .order_by(BookChapter.book_id, BookChapter.index))
     return [(str(book_id), int(index)) for book_id, index in session.execute(stmt)]
-
-
-def mark_chapter_rung(*, session: Session, book_id: str, index: int) -> None:
-    session.execute(update(BookChapter).where(BookChapter.book_id == book_id, BookChapter.index == index)
-                    .values(rung_at=utcnow()).execution_options(synchronize_session=False))
 
 
 @dataclass(frozen=True)

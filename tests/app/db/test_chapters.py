@@ -28,7 +28,7 @@ def plan_book(session: Session, voice: str, *chapters: list[str]) -> str:
                   output_format="wav", m4b=False, target_lufs=None, seed=0, priority=0)
     planned = [q.PlannedChapter(f"c{i}", [(k, "tokens", voice) for k in keys], 1.0)
                for i, keys in enumerate(chapters)]
-    assert q.add_book_plan(session=session, book_id=book_id, title="t", author="", language="en",
+    assert lifecycle.add_book_plan(session=session, book_id=book_id, title="t", author="", language="en",
                            plan_key="p", chapters=planned)
     session.commit()
     return book_id
@@ -37,7 +37,7 @@ def plan_book(session: Session, voice: str, *chapters: list[str]) -> str:
 def render(session: Session, voice: str, segment: str, replacing: str | None = None,
            n_tokens: int = 3) -> str:
     job = new_job(session, voice, tokens=[5] * n_tokens)[0]
-    assert q.link_segment_job(session=session, key=segment, job_id=job.id, replacing=replacing,
+    assert lifecycle.link_segment_job(session=session, key=segment, job_id=job.id, replacing=replacing,
                               n_tokens=n_tokens)
     session.commit()
     return job.id
@@ -68,7 +68,7 @@ def ready(session: Session, book_id: str) -> list[bool]:
 
 
 def schedule_all(session: Session, book_id: str) -> None:
-    while q.claim_next_chapter(session=session, book_id=book_id) is not None:
+    while lifecycle.claim_next_chapter(session=session, book_id=book_id) is not None:
         pass
     session.commit()
 
@@ -117,11 +117,12 @@ def test_a_failed_segment_rendered_again_is_open_until_its_new_job_settles(sessi
     session.commit()
     assert ready(session, one) == [True] and counters(session, two) == [(2, 1, 1, 3)]
 
-    assert q.reopen_failed_segments(session=session, book_id=one, index=0) == 1  # book.plan schedules again
+    assert lifecycle.reopen_failed_segments(session=session, book_id=one,
+                                            index=0) == 1  # book.plan schedules again
     session.commit()
     assert counters(session, one) == [(2, 1, 0, 3)] and ready(session, one) == [False]
     assert counters(session, two) == [(2, 1, 0, 3)] and ready(session, two) == [False]  # it shares B
-    assert q.reopen_failed_segments(session=session, book_id=one, index=0) == 0
+    assert lifecycle.reopen_failed_segments(session=session, book_id=one, index=0) == 0
     replaced = render(session, voice, B)
     assert counters(session, one) == counted_now(session, one) == [(2, 1, 0, 3)]
     settled = lifecycle.settle(session=session, job_id=replaced, status=JobStatus.SUCCEEDED,
@@ -136,11 +137,11 @@ def test_a_tokenize_error_counts_as_a_failure_and_clearing_it_reopens_the_segmen
                                                                                 voice: str) -> None:
     book = plan_book(session, voice, [A])
     schedule_all(session, book)
-    q.fail_segment(session=session, key=A, error="tokenize: no such file")
+    lifecycle.fail_segment(session=session, key=A, error="tokenize: no such file")
     session.commit()
     assert counters(session, book) == counted_now(session, book) == [(1, 0, 1, 0)]
     assert ready(session, book) == [True]
-    q.fail_segment(session=session, key=A, error=None)
+    lifecycle.fail_segment(session=session, key=A, error=None)
     session.commit()
     assert counters(session, book) == [(1, 0, 0, 0)] and ready(session, book) == [False]
 
@@ -169,10 +170,10 @@ def test_a_chapter_with_nothing_left_to_render_is_recorded_ready_when_scheduled(
     lifecycle.settle(session=session, job_id=job, status=JobStatus.SUCCEEDED, output_path="a.wav")
     session.commit()
     again = plan_book(session, voice, [A])
-    assert not q.record_ready(session=session, book_id=again, index=0)  # not scheduled yet
+    assert not lifecycle.record_ready(session=session, book_id=again, index=0)  # not scheduled yet
     schedule_all(session, again)
-    assert q.record_ready(session=session, book_id=again, index=0)
-    assert not q.record_ready(session=session, book_id=again, index=0)  # once
+    assert lifecycle.record_ready(session=session, book_id=again, index=0)
+    assert not lifecycle.record_ready(session=session, book_id=again, index=0)  # once
 
 
 def test_the_sweep_lists_a_ready_chapter_until_book_chapter_has_checked_that_readiness(
@@ -193,18 +194,18 @@ def test_the_sweep_lists_a_ready_chapter_until_book_chapter_has_checked_that_rea
     session.execute(update(BookChapter).values(ready_at=cutoff - timedelta(seconds=60)))
     session.commit()
     assert unchecked() == [(book, 0), (book, 1)]
-    q.mark_chapter_rung(session=session, book_id=book, index=1)
+    lifecycle.mark_chapter_rung(session=session, book_id=book, index=1)
     session.commit()
     assert unchecked() == [(book, 0)]  # sent again just now
     seen = [q.chapter_ready_at(session=session, book_id=book, index=i) for i in (0, 1)]
-    q.mark_chapter_checked(session=session, book_id=book, index=0, ready_at=seen[0])
+    lifecycle.mark_chapter_checked(session=session, book_id=book, index=0, ready_at=seen[0])
     session.commit()
     assert unchecked() == []
 
     # recorded anew while book.chapter ran (a segment rendered again and settled): not what it checked
     session.execute(update(BookChapter).where(BookChapter.index == 1)
                     .values(ready_at=cutoff - timedelta(seconds=30), rung_at=None))
-    q.mark_chapter_checked(session=session, book_id=book, index=1, ready_at=seen[1])
+    lifecycle.mark_chapter_checked(session=session, book_id=book, index=1, ready_at=seen[1])
     session.commit()
     assert unchecked() == [(book, 1)]
     session.execute(update(Book).where(Book.id == book).values(status=BookStatus.FAILED))

@@ -166,7 +166,7 @@ def test_0018_fills_the_chapter_counters_and_records_a_settled_chapter_in_flight
             assert [c.ready_at is not None for c in rows] == [True, False, False]
             # the sweep sends its book.chapter; the time it was recorded reads back as it is compared
             assert unchecked(session) == [(book, 0)]
-            q.mark_chapter_checked(session=session, book_id=book, index=0, ready_at=rows[0].ready_at)
+            lifecycle.mark_chapter_checked(session=session, book_id=book, index=0, ready_at=rows[0].ready_at)
             session.commit()
             assert unchecked(session) == []
         downgrade(empty_db, "0015_worker_weights")

@@ -1,4 +1,5 @@
-"""A job's life, in one place: every change of a job's state is made here.
+"""A job's life: every change of a job's state is made here (a book's, chapter's and segment's:
+`app.lifecycle.books`).
 
     queued --claim--> preparing --running--> running --finish--> succeeded | failed
        ^                 |                      |
@@ -25,10 +26,10 @@ first ring, doubling with each further one (`RING_BACKOFF_MAX`), so a job waitin
 long queue gets a few duplicate messages, not one per period.
 
 Finishing a job counts it, in the same transaction, against the chapters of the live books whose
-segment it renders (`settle`; docs/BOOKS.md). Every function takes `session=` and flushes; the caller
-owns the transaction, except `ring`, which commits before it sends (the route is on the row before the
-message can be delivered). State changes that may race are single conditional UPDATEs: of two
-processes, one wins.
+segment it renders (`settle`, through `app.lifecycle.books.count_outcome`; docs/BOOKS.md). Every
+function takes `session=` and flushes; the caller owns the transaction, except `ring`, which commits
+before it sends (the route is on the row before the message can be delivered). State changes that may
+race are single conditional UPDATEs: of two processes, one wins.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, LIVE_JOB_STATUSES, Job, JobStatus, PrepPath, utcnow
 from app.db.queries import chapters
 from app.db.queries._common import _clip, _rowcount
+from app.lifecycle.books import count_outcome
 from app.routing import send_routed
 from app.settings import Settings
 from app.wire import TaskSender, send_tokenize
@@ -162,7 +164,7 @@ def settle(*, session: Session, job_id: str, status: JobStatus, output_path: str
         return Settled(False)
     ready: list[tuple[str, int]] = []
     for key in chapters.lock_job_segments(session=session, job_id=job_id):
-        ready += chapters.count_outcome(session=session, key=key, before=chapters.Outcome(chapters.OPEN),
+        ready += count_outcome(session=session, key=key, before=chapters.Outcome(chapters.OPEN),
                                         after=chapters.read_outcome(session=session, key=key))
     return Settled(True, ready)
 

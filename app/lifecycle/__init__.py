@@ -1,0 +1,53 @@
+"""Every change of state of a job, a book, a chapter and a segment, in one package: nothing else writes
+those columns (`tests/test_layering.py` checks it); routes, tasks, the GPU worker and the reconciler call
+these functions. docs/RELIABILITY.md draws the state diagrams.
+
+    jobs   claim (a lease), mark_running, renew, release, settle/finish, cancel, ring (a queued job's
+           doorbell)
+    books  a book's reading, plan and status; chapters scheduled, ready (the outbox of `book.chapter`),
+           rung, checked, assembled; segments linked to a job, failed, reopened, and the chapter counters
+           every change of a segment's outcome moves
+
+Callers use this package's names (`lifecycle.claim(...)`, `lifecycle.set_book_status(...)`).
+"""
+
+from __future__ import annotations
+
+from app.lifecycle.books import (
+    add_book_plan,
+    claim_next_chapter,
+    count_outcome,
+    fail_segment,
+    link_segment_job,
+    mark_chapter_assembled,
+    mark_chapter_checked,
+    mark_chapter_rung,
+    record_ready,
+    reopen_failed_segments,
+    set_book_status,
+    start_book_parse,
+    touch_chapter,
+    unlink_segment_job,
+)
+from app.lifecycle.jobs import (
+    CLAIMED,
+    RING_BACKOFF_MAX,
+    Settled,
+    cancel,
+    claim,
+    finish,
+    is_leased,
+    mark_running,
+    release,
+    renew,
+    ring,
+    settle,
+)
+
+__all__ = [
+    "CLAIMED", "RING_BACKOFF_MAX", "Settled", "add_book_plan", "cancel", "claim", "claim_next_chapter",
+    "count_outcome", "fail_segment", "finish", "is_leased", "link_segment_job", "mark_chapter_assembled",
+    "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_ready", "release", "renew",
+    "reopen_failed_segments", "ring", "set_book_status", "settle", "start_book_parse", "touch_chapter",
+    "unlink_segment_job",
+]
