@@ -24,7 +24,7 @@ each heartbeat, `gpu_worker.worker.PeerWatch`, so a killed worker's jobs run aga
    `job.tokenize`;
 5. abandoned voices: features still stored for a voice whose every job was cancelled are reclaimed;
 6. ready chapters: the transaction that settles a chapter's last segment records it ready
-   (`app.db.queries.chapters`, an outbox) and the settling code sends its `book.chapter` after the
+   (`app.lifecycle.books`, an outbox) and the settling code sends its `book.chapter` after the
    commit; a ready chapter of a rendering book that `book.chapter` has not checked
    `UNCHECKED_CHAPTER_AFTER_S` after it was recorded (or last sent again) gets it sent again: the send
    was lost (a broker away, a process killed between commit and send, a job settled by a path that does

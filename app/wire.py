@@ -29,7 +29,7 @@ SWEEP_TASK = "maintenance.sweep"  # cpu queue (tasks/maintenance.py)
 BOOK_PARSE_TASK = "book.parse"  # cpu queue, tasks/books.py: read and plan a submitted book (bounded child)
 BOOK_PLAN_TASK = "book.plan"  # cpu queue, tasks/books.py: start or resume a book
 BOOK_TOKENIZE_TASK = "book.tokenize"  # cpu queue, tasks/books.py: a segment's tokens -> its job, rung
-BOOK_CHAPTER_TASK = "book.chapter"  # cpu queue: a chapter recorded ready (app.db.queries.chapters)
+BOOK_CHAPTER_TASK = "book.chapter"  # cpu queue: a chapter recorded ready (app.lifecycle.books)
 BOOK_ASSEMBLE_TASK = "book.assemble"  # cpu queue, tasks/books.py: chapter files, M4B -> book succeeded
 
 MAX_PRIORITY = 9  # job priority 0..9, larger goes first

@@ -11,7 +11,7 @@ the book.
                                    voice, or source speech) -> a queued job, rung (`lifecycle.ring`);
                                    returns its id. Redelivered, it makes no second job: it rings a queued
                                    one again and leaves a claimed or finished one alone
-    book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.db.queries.chapters`: the
+    book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.lifecycle.books`: the
                                    transaction that settles its last segment records it and the settling
                                    code sends this after its commit; the sweep sends it again until it
                                    has run): the chapter file, then the next chapters of the window, or,
@@ -107,7 +107,7 @@ def _start(ctx: Context, session: Session, book: Book, segment: PlanSegment, voi
 def _send_chapter(ctx: Context, book: Book, book_plan: BookPlan, index: int, seen: set[str]) -> int:
     """Send the chapter's segments without audio (already rendering, or sent for an earlier chapter in
     `seen`: left alone), each on its own: nothing waits on them, their jobs settling count the chapter
-    (`app.db.queries.chapters`). A chapter whose segments had all settled already is recorded ready
+    (`app.lifecycle.books`). A chapter whose segments had all settled already is recorded ready
     here and its book.chapter sent. Returns how many segments were sent."""
     sent = 0
     with session_scope(ctx.sessions) as session:

@@ -6,7 +6,7 @@
                                             or 'assembled' (the chapter file is written); `last`: it was
                                             the book's last chapter and the book is now assembling.
                                             'failed' and 'assembled' mark the chapter's ready record
-                                            checked (`app.db.queries.chapters`): the sweep stops
+                                            checked (`app.lifecycle.books`): the sweep stops
                                             sending book.chapter for it
     assemble(...)       -> the book's status: every chapter file (reused), the M4B, the index and, for an
                            epub3 book, the read-along EPUB, then succeeded

@@ -319,7 +319,7 @@ class BookChapter(Base):
     true_peak_dbtp: Mapped[float | None]
     scheduled_at: Mapped[datetime | None]  # its segments were sent to render (book.plan's window)
     assembled_at: Mapped[datetime | None]
-    # Progress, kept by the transactions that settle its segments (`queries.chapters`), in distinct
+    # Progress, kept by the transactions that settle its segments (`app.lifecycle.books`), in distinct
     # segment keys: a sentence repeated in the chapter renders once and counts once.
     keys_total: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     keys_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # job succeeded

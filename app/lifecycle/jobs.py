@@ -146,7 +146,8 @@ def settle(*, session: Session, job_id: str, status: JobStatus, output_path: str
            error: str | None = None) -> Settled:
     """Move a live job to a final status (first finisher wins; the lease is cleared) and, in the same
     transaction, count it against the chapters of the live books whose segment it renders
-    (`queries.chapters`: the counters a book's status reads, and the chapter's ready record)."""
+    (`app.lifecycle.books.count_outcome`: the counters a book's status reads, and the chapter's ready
+    record)."""
     assert status in DONE_JOB_STATUSES, f"{status} is not a final status"
     now = utcnow()
     values: dict[str, Any] = {"status": status, "finished_at": now, "updated_at": now, "lease_until": None,

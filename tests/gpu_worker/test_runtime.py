@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from app.db import queries
+from app.db.session import make_engine, make_sessionmaker
 from app.dev import SAMPLES
 from app.settings import Settings
 from gpu_worker.accel.onednn import cpu_linear_of
@@ -139,8 +140,10 @@ def test_a_runtime_that_fails_to_build_leaves_no_heartbeat_behind(sqlite_url, ar
     beating = {t.ident for t in threading.enumerate() if t.name == "wavefarm-heartbeat"}
     with pytest.raises(OSError):
         worker_runtime.build_runtime(settings_for(sqlite_url, artifacts), "gpu-broken@test")
-    with worker_runtime.make_sessionmaker(worker_runtime.make_engine(sqlite_url))() as session:
+    engine = make_engine(sqlite_url)
+    with make_sessionmaker(engine)() as session:
         assert queries.get_worker(session=session, name="gpu-broken@test").heartbeat_at is None  # stopped
+    engine.dispose()
     stopped = [t for t in threading.enumerate() if t.name == "wavefarm-heartbeat" and t.ident not in beating]
     for thread in stopped:
         thread.join(timeout=5)

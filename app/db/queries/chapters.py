@@ -1,15 +1,17 @@
-"""Chapter progress kept as segments settle, and the outbox of `book.chapter`.
+"""Reads and locks of chapter progress and of the outbox of `book.chapter`; the writes are the
+lifecycle's (`app.lifecycle.books`: `count_outcome`, `record_ready`, `mark_chapter_rung`, ...).
 
 A segment's outcome is `open` (no job yet, or a live one), `done` (its job succeeded) or `failed` (its job
 failed or was cancelled, or it could not be tokenized: no job and an error). Every change of a segment's
-outcome - a job finishing (`jobs.settle_job`), a segment linked to a new job or unlinked from a failed one,
-a tokenize error - calls `count_outcome` in its own transaction, with the segment's row locked
-(`lock_outcome`): the counters of every chapter of a live book that holds the key move with it, so a
-book's progress is read from its chapters' rows (O(chapters)), never counted over its segments.
+outcome - a job settling, a segment linked to a new job or unlinked from a failed one, a tokenize error -
+counts it in its own transaction, with the segment's row locked (`lock_outcome`, here): the counters of
+every chapter of a live book that holds the key move with it, so a book's progress is read from its
+chapters' rows (O(chapters)), never counted over its segments.
 
 Counters are in distinct keys per chapter (a sentence repeated in a chapter counts once there, and once
 in each other chapter it appears in), as the API has always reported them. A book that is no longer
-live keeps the figures it ended with.
+live keeps the figures it ended with. `recount_chapters` sets them from the segments as they stand (a
+book planned now; the migration's backfill).
 
 The outbox: the transaction that settles a scheduled chapter's last open segment records `ready_at`; the
 settling code sends `book.chapter` after its commit (a doorbell: losing or doubling it is harmless), the
