@@ -34,6 +34,7 @@ from app.store import FeatureStore
 from app.wire import send_synth
 from tests.conftest import make_test_settings
 from tests.integration.conftest import send_job, sessions_of, start_worker, store_of
+from tests.support.context import context_for
 from tests.support.runtime import VOICE_A
 
 
@@ -114,10 +115,10 @@ def test_the_reconciler_rings_again_the_jobs_whose_lease_passed_and_not_those_st
     app = make_celery(settings)
     report = SweepReport()
     try:
-        expire_leases(settings=settings, sessions=db, sender=app, report=report)
+        expire_leases(ctx=context_for(settings, app, sessions=db, store=store), report=report)
         assert report.jobs_resumed == [gone]
         assert take_all(settings, settings.queue_gpu) == [gone]  # its doorbell rang, once
-        expire_leases(settings=settings, sessions=db, sender=app, report=report)
+        expire_leases(ctx=context_for(settings, app, sessions=db, store=store), report=report)
         assert report.jobs_resumed == [gone]  # a second pass finds nothing more to do
     finally:
         app.close()
@@ -182,17 +183,17 @@ def test_jobs_rung_on_a_gone_workers_own_queue_are_rung_again_on_the_shared_queu
             send_synth(app, settings, job_id, priorities[job_id], queue=worker_queue(settings, gone))
         send_synth(app, settings, jobs[3], priorities[jobs[3]])  # already on the shared queue
         send_synth(app, settings, jobs[4], priorities[jobs[4]], queue=worker_queue(settings, live))
-        reroute_gone(settings=settings, sessions=db, sender=app, report=report)
+        reroute_gone(ctx=context_for(settings, app, sessions=db, store=store), report=report)
         assert report.jobs_rerouted == []  # both beat just now: nobody is gone
         long_ago = utcnow() - timedelta(seconds=WORKER_GONE_S + 5)
         with db.begin() as session:
             session.execute(update(Worker).where(Worker.name == gone).values(heartbeat_at=long_ago))
-        reroute_gone(settings=settings, sessions=db, sender=app, report=report)
+        reroute_gone(ctx=context_for(settings, app, sessions=db, store=store), report=report)
         assert sorted(report.jobs_rerouted) == sorted(jobs[:3])
         order = take_all(settings, settings.queue_gpu)
         assert [priorities[j] for j in order] == [9, 5, 2, 0]
         assert take_all(settings, worker_queue(settings, live)) == [jobs[4]]
-        reroute_gone(settings=settings, sessions=db, sender=app, report=report)
+        reroute_gone(ctx=context_for(settings, app, sessions=db, store=store), report=report)
         assert len(report.jobs_rerouted) == 3  # rung on the shared queue now: nothing more to do
     finally:
         app.close()
