@@ -19,23 +19,12 @@ from app.broker import open_broker
 from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus, utcnow
-from app.settings import Settings
-from tasks.celery_app import make_celery
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.app.helpers import queued
 from tests.tasks.test_books import manifest_book, render_live_jobs, submit
 
 A, B = "gpu-a@host", "gpu-b@host"
 BOOK_PRIORITY = 9  # a book at the default priority 0: served last (`wire.broker_priority`)
-
-
-@pytest.fixture
-def celery(settings: Settings) -> Iterator[Celery]:
-    """The tasks' Celery app on this test's broker and queues (nobody consumes them): the sender of the
-    tasks' context (`ctx`)."""
-    app = make_celery(settings, include=())
-    yield app
-    app.close()
 
 
 @pytest.fixture

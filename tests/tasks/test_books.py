@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 
 import av
 import mutagen.id3
@@ -24,20 +23,9 @@ from app.context import Context
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
 from app.errors import BadInput
-from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from tasks.celery_app import make_celery
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
-
-
-@pytest.fixture
-def celery(settings: Settings) -> Iterator[Celery]:
-    """The tasks' Celery app on this test's broker and queues (nobody consumes them): the sender of the
-    tasks' context (`ctx`)."""
-    app = make_celery(settings, include=())
-    yield app
-    app.close()
 
 
 def manifest_book(chapters: list[list[int]]) -> bytes:
