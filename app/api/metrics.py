@@ -17,7 +17,10 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
   wavefarm_feature_store_used_bytes    memory the feature-store Redis uses, and its maxmemory limit in
   wavefarm_feature_store_max_bytes     wavefarm_feature_store_max_bytes (0: unlimited)
   wavefarm_source_up{source}           1 when that source answered this scrape
-plus request counts and latencies of the API itself. The GPU worker exports its engine's metrics from
+plus request counts and latencies of the API itself, labelled only from closed sets (`request_labels`):
+the method when it is one of `METHODS` (any other token a client sends: `other`), the route's template
+(`<unmatched>` for a path no route has), the status code when it is one HTTP defines (else `other`). No
+metric is labelled by anything else a client sends (a model, a format, a voice). The GPU worker exports its engine's metrics from
 its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
 
 Several API processes (`wavefarm serve --processes N`): the state metrics are read from the shared
@@ -66,6 +69,12 @@ SOURCE_UP = "wavefarm_source_up"
 HTTP_REQUESTS = "wavefarm_http_requests"
 HTTP_SECONDS = "wavefarm_http_request_seconds"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
+# The request methods counted under their own name (RFC 9110's, and PATCH): the parser accepts any token,
+# and every label value is a series kept for the life of the process (and a file's worth of rows in
+# multiprocess mode), so whatever else a client sends is counted as one value.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+OTHER = "other"
+UNMATCHED = "<unmatched>"
 
 
 def broker_queue_depth(broker: Broker, queue: str) -> int:
@@ -170,6 +179,15 @@ def prepare_multiprocess_dir(environ: MutableMapping[str, str]) -> Path:
     return folder
 
 
+def request_labels(scope: Scope, status: int) -> tuple[str, str, str]:
+    """(method, route, status) of a request, each from a closed set: the route is a template of the
+    app's own routes, never the raw path."""
+    method = scope["method"] if scope["method"] in METHODS else OTHER
+    route = getattr(scope.get("route"), "path", None)
+    return (method, route if isinstance(route, str) else UNMATCHED,
+            str(status) if 100 <= status <= 599 else OTHER)
+
+
 class HttpMetrics:
     """ASGI middleware: request counts and latencies by route template (never by raw path)."""
 
@@ -192,6 +210,6 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = getattr(scope.get("route"), "path", "<unmatched>")
-            self.requests.labels(scope["method"], route, str(status)).inc()
-            self.seconds.labels(scope["method"], route).observe(time.perf_counter() - start)
+            method, route, code = request_labels(scope, status)
+            self.requests.labels(method, route, code).inc()
+            self.seconds.labels(method, route).observe(time.perf_counter() - start)
