@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.db import queries
 from app.db.models import Voice
 from app.errors import BadInput, Conflict, NotFound
+from app.storable import check_storable
 
 NAME_MAX = 64
 MIN_PREFIX = 4  # hex digits: what short ids print (8) with room; shorter matches too much to be meant
@@ -34,8 +35,8 @@ def check_name(name: str) -> str:
 
 def find_voice_id(*, session: Session, ref: str) -> str:
     """The id of the voice `ref` names (id, name or unique id prefix); NotFound, or BadInput when a
-    prefix is ambiguous (the message lists the candidates)."""
-    ref = ref.strip()
+    prefix is ambiguous (the message lists the candidates) or `ref` is text no database can store."""
+    ref = check_storable(ref, "voice").strip()
     if _ID.fullmatch(ref) and queries.get_voice(session=session, voice_id=ref) is not None:
         return ref
     named = queries.get_voice_by_name(session=session, name=ref) if len(ref) <= NAME_MAX else None

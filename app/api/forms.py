@@ -11,15 +11,17 @@ from typing import Any
 from starlette.datastructures import UploadFile
 
 from app.errors import BadAudio, BadInput
+from app.storable import check_storable
 
 
 def text_field(value: Any, name: str) -> str | None:
-    """A text field's value; None when it is absent or empty."""
+    """A text field's value; None when it is absent or empty. BadInput for an upload, or for text no
+    database can store (NUL, a lone surrogate: `app.storable`)."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
         raise BadInput(f"{name} must be a text field")
-    return value
+    return check_storable(value, name)
 
 
 def number_field(value: Any, name: str, kind: type[int] | type[float] = int) -> Any:

@@ -16,11 +16,11 @@ from fastapi.responses import FileResponse
 from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from app import batch, jobs, wire
+from app import batch, jobs, voice_names, wire
 from app.api.batch import NDJSON_TYPES, BatchOut, batch_out, parse_items
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
-from app.api.schemas import AFTER, JobOut, JobRequest, Problem, parse_tokens
+from app.api.schemas import AFTER, JobOut, JobRequest, Problem, StorableStr, parse_tokens
 from app.db import queries
 from app.db.models import JobStatus
 from app.errors import BadInput, BadTokens
@@ -160,14 +160,21 @@ async def create_jobs(request: Request, ctx: Ctx) -> BatchOut:
     return await run_in_threadpool(_submit_batch, ctx, items)
 
 
-@router.get("", response_model=list[JobOut], responses={422: {"model": Problem}, 200: {"headers": {
-    "X-Next-Cursor": {"description": "the next page's `after` (absent on the last page)",
-                      "schema": {"type": "string"}}}}})
-def list_jobs(ctx: Ctx, response: Response, status: JobStatus | None = None, voice_id: str | None = None,
+VOICE_FILTER = "the jobs of one voice: its id, name or a unique id prefix (404 when it names none)"
+
+
+@router.get("", response_model=list[JobOut], responses={
+    404: {"model": Problem}, 422: {"model": Problem}, 200: {"headers": {
+        "X-Next-Cursor": {"description": "the next page's `after` (absent on the last page)",
+                          "schema": {"type": "string"}}}}})
+def list_jobs(ctx: Ctx, response: Response, status: JobStatus | None = None,
+              voice_id: Annotated[StorableStr | None, Query(max_length=256, description=VOICE_FILTER)] = None,
               after: Annotated[str | None, Query(description=AFTER)] = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[JobOut]:
     """Newest first, a page at a time: the X-Next-Cursor header is the next page's `after`."""
     with ctx.session() as s:
+        if voice_id is not None:  # like every voice field: a name or a prefix finds its voice's id
+            voice_id = voice_names.find_voice_id(session=s, ref=voice_id)
         rows, cursor = queries.page_jobs(session=s, status=status, voice_id=voice_id, after=after,
                                          limit=limit)
         if cursor is not None:

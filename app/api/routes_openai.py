@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app import jobs, wire
 from app.api.deps import ApiContext, Ctx, authorize
-from app.api.schemas import Problem, problem
+from app.api.schemas import Problem, StorableStr, problem
 from app.api.speech_codec import FORMATS, MEDIA_TYPES, Encoder, check_format
 from app.api.speech_stream import JobEnded, NoFirstAudio, PcmTail, first_audio, stream_job
 from app.db import queries
@@ -40,7 +40,7 @@ MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
 class VoiceRef(BaseModel):
-    id: str
+    id: StorableStr
 
 
 class SpeechRequest(BaseModel):
@@ -48,13 +48,13 @@ class SpeechRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: str = Field(description=f"{MODEL} (or an OpenAI name: {', '.join(MODEL_ALIASES)})")
-    input: str = Field(min_length=1, description="the text to speak")
-    voice: str | VoiceRef = Field(description="a stored voice's id, name or unique id prefix")
+    input: StorableStr = Field(min_length=1, description="the text to speak")
+    voice: StorableStr | VoiceRef = Field(description="a stored voice's id, name or unique id prefix")
     response_format: str = Field(default="mp3", description=f"one of {', '.join(FORMATS)}")
     speed: float = Field(default=1.0, ge=0.25, le=4.0, description="only 1.0 (the voice's own pace)")
     instructions: str | None = Field(default=None, description="not supported: a voice is its reference")
     stream_format: Literal["audio", "sse"] = Field(default="audio", description="audio only")
-    language: str | None = Field(default=None, description="the input's language tag (default en)")
+    language: StorableStr | None = Field(default=None, description="the input's language tag (default en)")
 
 
 def _check(req: SpeechRequest) -> None:

@@ -10,11 +10,12 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
 from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.errors import BadTokens
 from app.speech import OutputFormat
+from app.storable import unstorable
 from app.wire import MAX_PRIORITY
 
 if TYPE_CHECKING:  # annotations only: a client command does not load SQLAlchemy and Alembic for them
@@ -26,6 +27,16 @@ AFTER = "a cursor from the previous page's X-Next-Cursor header: the rows older 
 # The output format as a request field, its schema inline (an enum $ref would not resolve inside the
 # request bodies the routes publish by hand for their multipart alternative).
 OutputFormatField = Annotated[OutputFormat, WithJsonSchema({"type": "string", "enum": list(OutputFormat)})]
+
+
+def _storable(value: str) -> str:
+    if (why := unstorable(value)) is not None:
+        raise ValueError(why)  # a validation error whose loc names the field (a batch item's alone)
+    return value
+
+
+# A client string that reaches a row or a query: no NUL, no lone surrogate (`app.storable`).
+StorableStr = Annotated[str, AfterValidator(_storable)]
 
 
 class Problem(BaseModel):
@@ -72,19 +83,20 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    voice_id: str = Field(min_length=1, max_length=64,
+    voice_id: StorableStr = Field(min_length=1, max_length=64,
                           description="a voice from POST /v1/voices: its id, name or a unique id prefix")
     tokens: list[StrictInt] | None = Field(None, min_length=1,
                                            description="speech token ids, 25 per second of audio")
-    text: str | None = Field(None, min_length=1, description="instead of tokens: text to speak; paragraphs "
+    text: StorableStr | None = Field(None, min_length=1,
+                                     description="instead of tokens: text to speak; paragraphs "
                              "separated by a blank line; longer texts are books (POST /v1/books)")
-    language: str | None = Field(None, min_length=2, max_length=32,
-                                 description="the text's language tag (default en), e.g. en-GB, de")
+    language: StorableStr | None = Field(None, min_length=2, max_length=32,
+                                         description="the text's language tag (default en), e.g. en-GB, de")
     seed: StrictInt | None = Field(None, ge=0, le=SEED_MAX, description="random when omitted")
     output_format: OutputFormatField = OutputFormat.WAV
     priority: StrictInt = Field(0, ge=0, le=MAX_PRIORITY, description="0..9, higher runs first")
-    idempotency_key: str | None = Field(None, min_length=1, max_length=128,
-                                        description="resubmitting with the same key returns the same job")
+    idempotency_key: StorableStr | None = Field(
+        None, min_length=1, max_length=128, description="resubmitting with the same key returns the same job")
 
 
 class Progress(BaseModel):
@@ -183,7 +195,8 @@ class BookRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    voice_id: str = Field(min_length=1, max_length=64, description="a voice's id, name or unique id prefix")
+    voice_id: StorableStr = Field(min_length=1, max_length=64,
+                                  description="a voice's id, name or unique id prefix")
     manifest: dict[str, Any] = Field(description='{"title", "chapters": [{"title", "segments": '
                                                  '[{"tokens": [...]}]}]}')
     output_format: OutputFormatField = OutputFormat.FLAC
