@@ -4,6 +4,7 @@ workers' command lines follow the settings, `db upgrade`, and services upgrade t
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,8 @@ def test_services_bring_the_schema_up_to_date_on_start(command: list[str], tmp_p
     import uvicorn
 
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.append("uvicorn"))
+    if command == ["serve"]:  # a port nothing listens on (serve checks it first; 8000 may be a user's)
+        command = [*command, "--host", "127.0.0.1", "--port", str(_free_port())]
     try:
         assert cli.main(command) == 0
     finally:
@@ -87,6 +90,12 @@ def test_services_bring_the_schema_up_to_date_on_start(command: list[str], tmp_p
     engine = make_engine(url)
     assert {"voices", "jobs", "worker_voices"} <= set(inspect(engine).get_table_names())
     engine.dispose()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def test_serve_runs_several_processes_on_postgresql_with_their_metrics_in_one_folder(
