@@ -100,6 +100,7 @@ from app.db.queries.voices import (
     require_voice,
     set_voice_name,
     voice_ids_with_prefix,
+    voice_names,
 )
 from app.db.queries.workers import (
     LiveWorker,
@@ -132,6 +133,7 @@ __all__ = [
     "get_voice_by_name",
     "set_voice_name",
     "voice_ids_with_prefix",
+    "voice_names",
     "list_voices",
     "add_voice_use",
     "mark_voice_pending",

@@ -25,6 +25,12 @@ def get_voice_by_name(*, session: Session, name: str) -> Voice | None:
     return session.scalars(select(Voice).where(Voice.name == name)).one_or_none()
 
 
+def voice_names(*, session: Session) -> list[tuple[str, str]]:
+    """(id, name) of every named voice: a new name is compared with them all (`app.voice_names`)."""
+    rows = session.execute(select(Voice.id, Voice.name).where(Voice.name.is_not(None)))
+    return [(str(voice_id), str(name)) for voice_id, name in rows]
+
+
 def voice_ids_with_prefix(*, session: Session, prefix: str, limit: int = 10) -> list[str]:
     """Ids starting with `prefix` (lowercase hex, checked by the caller), at most `limit`, by id."""
     stmt = select(Voice.id).where(Voice.id.startswith(prefix, autoescape=True)).order_by(Voice.id)

@@ -69,3 +69,47 @@ def test_a_book_takes_the_voices_name(client: TestClient, reference: bytes) -> N
     unknown = client.post("/v1/books", files={"book": ("b.md", MARKDOWN_BOOK.encode())},
                           data={"voice_id": "Bob"})
     assert unknown.status_code == 404 and "no voice 'Bob'" in unknown.json()["reason"]
+
+
+def _voice_rows(settings: Settings, *ids: str) -> None:
+    engine = make_engine(settings.database_url)
+    with session_scope(make_sessionmaker(engine)) as s:  # voice rows (no file needed to name them)
+        for voice_id in ids:
+            queries.get_or_create_voice(session=s, voice_id=voice_id, reference_path="references/x.wav")
+    engine.dispose()
+
+
+def test_a_name_can_never_shadow_another_voices_id_prefix(client: TestClient, settings: Settings) -> None:
+    a, b = "abcdef12" + "3" * 56, "9" * 64
+    _voice_rows(settings, a, b)
+    for spelt in (a[:8], a[:8].upper(), "Dead", "cafe"):  # hex digits only: a prefix, now or later
+        refused = client.patch(f"/v1/voices/{b}", json={"name": spelt})
+        assert refused.status_code == 422 and "prefix" in refused.json()["reason"], spelt
+    assert client.get(f"/v1/voices/{a[:8]}").json()["id"] == a
+    assert client.patch(f"/v1/voices/{b}", json={"name": "abc"}).status_code == 200  # too short to be one
+    assert client.patch(f"/v1/voices/{b}", json={"name": "Deadwood"}).status_code == 200
+
+
+def test_a_stored_name_that_spells_a_prefix_loses_to_the_id(client: TestClient, settings: Settings) -> None:
+    """A hex name stored before the rule (written straight to the row) no longer takes the prefix over."""
+    a, b = "abcdef12" + "3" * 56, "9" * 64
+    _voice_rows(settings, a, b)
+    engine = make_engine(settings.database_url)
+    with session_scope(make_sessionmaker(engine)) as s:
+        queries.set_voice_name(session=s, voice_id=b, name=a[:8])
+    engine.dispose()
+    assert client.get(f"/v1/voices/{a[:8]}").json()["id"] == a
+
+
+def test_names_are_compared_after_nfkc_and_case_folding_and_mixed_scripts_are_refused(
+        client: TestClient, settings: Settings) -> None:
+    a, b = "1" * 64, "2" * 64
+    _voice_rows(settings, a, b)
+    assert client.patch(f"/v1/voices/{a}", json={"name": "Ada"}).status_code == 200
+    for same in ("ada", "ADA", "\uff21\uff44\uff41", "Ada "):  # fullwidth ＡＤＡ is Ada after NFKC
+        taken = client.patch(f"/v1/voices/{b}", json={"name": same})
+        assert taken.status_code == 409 and "Ada" in taken.json()["reason"], same
+    mixed = client.patch(f"/v1/voices/{b}", json={"name": "\u0410da"})  # Cyrillic А, then Latin da
+    assert mixed.status_code == 422 and "Cyrillic" in mixed.json()["reason"]
+    assert client.patch(f"/v1/voices/{b}", json={"name": "\u0410\u043d\u044f"}).status_code == 200  # Аня
+    assert client.patch(f"/v1/voices/{a}", json={"name": "ADA"}).status_code == 200  # its own name, recased
