@@ -20,8 +20,8 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
 plus request counts and latencies of the API itself, labelled only from closed sets (`request_labels`):
 the method when it is one of `METHODS` (any other token a client sends: `other`), the route's template
 (`<unmatched>` for a path no route has), the status code when it is one HTTP defines (else `other`). No
-metric is labelled by anything else a client sends (a model, a format, a voice). The GPU worker exports its engine's metrics from
-its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
+metric is labelled by anything else a client sends (a model, a format, a voice). The GPU worker
+exports its engine's metrics from its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
 
 Several API processes (`wavefarm serve --processes N`): the state metrics are read from the shared
 sources, so any process answers them alike; the request metrics are counted in each process, so they use
