@@ -56,6 +56,16 @@ def prepare_claim_key(voice_id: str) -> str:
     return f"{PREFIX}:prep:queued:{check_voice_id(voice_id)}"
 
 
+def speech_listeners_key(job_id: str) -> str:
+    """The speech requests streaming a job now (a set of request ids, `app.api.speech_listeners`)."""
+    return f"{PREFIX}:speech:listeners:{check_job_id(job_id)}"
+
+
+def speech_owned_key(job_id: str) -> str:
+    """Present when a speech request created the job: only such a job may a speech disconnect cancel."""
+    return f"{PREFIX}:speech:owned:{check_job_id(job_id)}"
+
+
 def cancel_key(job_id: str) -> str:
     """Present when a job has been cancelled; the GPU worker polls it between steps."""
     return f"{PREFIX}:cancel:{check_job_id(job_id)}"

@@ -114,3 +114,25 @@ class FeatureStore:
 
     def clear_cancel(self, job_id: str) -> None:
         self.client.delete(keys.cancel_key(job_id))
+
+    def join_listeners(self, job_id: str, listener: str, *, owned: bool, ttl_s: int) -> None:
+        """Count `listener` among the job's speech listeners (`owned`: it created the job); `ttl_s` at
+        least the longest job (the keys outlive a crashed API process's listeners, never a stream)."""
+        pipe = self.client.pipeline()
+        pipe.sadd(keys.speech_listeners_key(job_id), listener)
+        pipe.expire(keys.speech_listeners_key(job_id), ttl_s)
+        if owned:
+            pipe.set(keys.speech_owned_key(job_id), b"1", ex=ttl_s)
+        else:
+            pipe.expire(keys.speech_owned_key(job_id), ttl_s)
+        pipe.execute()
+
+    def leave_listeners(self, job_id: str, listener: str) -> bool:
+        """Take `listener` out, in one transaction; True when it was the last one of a job that a speech
+        request created (then its leaving may cancel the job)."""
+        pipe = self.client.pipeline()  # MULTI/EXEC: two listeners leaving at once cannot both be "last"
+        pipe.srem(keys.speech_listeners_key(job_id), listener)
+        pipe.scard(keys.speech_listeners_key(job_id))
+        pipe.exists(keys.speech_owned_key(job_id))
+        removed, left, owned = pipe.execute()
+        return bool(removed) and left == 0 and bool(owned)

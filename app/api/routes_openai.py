@@ -5,7 +5,9 @@ GET /v1/audio/voices, as OpenAI's clients call them.
 re-voices them in `voice`: a stored voice's id, name or unique id prefix), so a speech request is a job
 like any other: a row, a priority (header `X-Wavefarm-Priority`), a cancel, metrics, and idempotency
 (header `Idempotency-Key`). The answer streams the audio as the GPU worker writes it (chunked), in
-`response_format`; a client that disconnects cancels its job. The job's id is in `X-Wavefarm-Job-Id`.
+`response_format`; a client that disconnects cancels its job, unless another client holds it
+(`app.api.speech_listeners`: another speech request streaming it, or a job that existed under the
+key). The job's id is in `X-Wavefarm-Job-Id`.
 
 Until the first audio the status can still say what went wrong (`Problem` bodies, as every other error
 of the API): the job failed, 502; cancelled, 409; succeeded with its audio since removed, 410; no audio
@@ -15,6 +17,7 @@ cancelled. Once audio has been sent a failure cuts the stream (`app.api.speech_s
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Request
@@ -26,6 +29,7 @@ from app import jobs, wire
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.schemas import Problem, StorableStr, problem
 from app.api.speech_codec import FORMATS, MEDIA_TYPES, Encoder, check_format
+from app.api.speech_listeners import Listener
 from app.api.speech_stream import JobEnded, NoFirstAudio, PcmTail, first_audio, stream_job
 from app.db import queries
 from app.db.models import JobStatus
@@ -69,12 +73,18 @@ def _check(req: SpeechRequest) -> None:
         raise BadInput("stream_format 'sse' is not supported: the audio itself streams")
 
 
-def _submit(ctx: ApiContext, req: SpeechRequest, priority: int, key: str | None) -> str:
+def _submit(ctx: ApiContext, req: SpeechRequest, priority: int, key: str | None) -> Listener:
+    """The job's listener, joined: whether this request created the job is judged by the key's look-up
+    before the submission (`app.api.speech_listeners`)."""
     voice = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
     with ctx.session() as s:
-        return jobs.submit_job(ctx=ctx, session=s, text=req.input, language=req.language,
-                               voice_id=voice, output_format="wav", priority=priority,
-                               idempotency_key=key)
+        existed = key is not None and queries.get_job_by_idempotency_key(session=s, idempotency_key=key)
+        job_id = jobs.submit_job(ctx=ctx, session=s, text=req.input, language=req.language,
+                                 voice_id=voice, output_format="wav", priority=priority,
+                                 idempotency_key=key)
+    listener = Listener(ctx, job_id, keyed=key is not None, created=not existed)
+    listener.join()
+    return listener
 
 
 @router.post("/audio/speech", response_class=StreamingResponse, responses={
@@ -93,18 +103,19 @@ async def create_speech(
 ) -> Response:
     """Speak `input` in `voice`; the audio streams as it is rendered."""
     _check(req)
-    job_id = await run_in_threadpool(_submit, ctx, req, priority, idempotency_key)
-    tail = PcmTail(ctx.artifacts, job_id)
-    headers = {"X-Wavefarm-Job-Id": job_id}
+    listener = await run_in_threadpool(_submit, ctx, req, priority, idempotency_key)
+    tail = PcmTail(ctx.artifacts, listener.job_id)
+    headers = {"X-Wavefarm-Job-Id": listener.job_id}
     try:
-        first = await first_audio(ctx, tail, job_id, request.is_disconnected)
+        first = await first_audio(ctx, tail, listener, request.is_disconnected)
     except (JobEnded, NoFirstAudio) as exc:
         tail.close()
+        await run_in_threadpool(partial(listener.leave, cancel=False))
         status, error = _no_audio_answer(exc)
         return JSONResponse(status_code=status, content=problem(error, str(exc)), headers=headers)
-    if first is None:  # the client left before the first audio; its job is cancelled
+    if first is None:  # the client left before the first audio; it left its job
         return Response(status_code=499, headers=headers)
-    stream = stream_job(ctx, tail, job_id, Encoder(req.response_format), first)
+    stream = stream_job(ctx, tail, listener, Encoder(req.response_format), first)
     return StreamingResponse(stream, media_type=MEDIA_TYPES[req.response_format], headers=headers)
 
 

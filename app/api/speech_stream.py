@@ -8,7 +8,8 @@ without any raises `JobEnded` and one that writes none within the bound raises `
 cancelled), which the route answers as errors. After it, the status line has gone: a job that fails or
 is cancelled is logged and the stream is cut (the connection closes before the chunked body's end, so a
 client sees an incomplete transfer, never a short file that looks whole). A consumer that goes away (a
-client that disconnects closes the generator) cancels the job, unless it had ended.
+client that disconnects closes the generator) leaves its job, which cancels it when nobody else holds it
+(`app.api.speech_listeners`), unless it had ended.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import logging
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import anyio
 from fastapi.concurrency import run_in_threadpool
@@ -31,6 +33,9 @@ from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, JobStatus
 from app.errors import Conflict, WavefarmError
+
+if TYPE_CHECKING:  # it imports cancel_unfinished from here
+    from app.api.speech_listeners import Listener
 
 log = logging.getLogger(__name__)
 
@@ -115,27 +120,29 @@ def _status(ctx: ApiContext, job_id: str) -> tuple[str, str | None]:
         return job.status, job.error
 
 
-def cancel_unfinished(ctx: ApiContext, job_id: str, why: str = "its speech client went away") -> None:
-    """Cancel the job its listener left, unless it has ended."""
+def cancel_unfinished(ctx: ApiContext, job_id: str, why: str = "its speech client went away") -> bool:
+    """Cancel the job its last listener left, unless it has ended; True when it is cancelled."""
     with ctx.session() as s:
         try:
             jobs.cancel_job(ctx=ctx, session=s, job_id=job_id)
             log.info("job %s: %s; cancelled", job_id, why)
+            return True
         except Conflict:
-            pass  # ended meanwhile
+            return False  # ended meanwhile
 
 
-async def first_audio(ctx: ApiContext, tail: PcmTail, job_id: str,
+async def first_audio(ctx: ApiContext, tail: PcmTail, listener: Listener,
                       gone: Callable[[], Awaitable[bool]]) -> bytes | None:
-    """Waits for the job's first samples, at most `settings.speech_first_audio_timeout_s`; None (the job
-    cancelled) when `gone()` says the client left meanwhile. JobEnded when the job ends without any
-    audio; NoFirstAudio (the job cancelled) when none came within the bound."""
-    bound_s = ctx.settings.speech_first_audio_timeout_s
+    """Waits for the job's first samples, at most `settings.speech_first_audio_timeout_s`; None (the
+    listener left: the job cancelled unless another client holds it) when `gone()` says the client left
+    meanwhile. JobEnded when the job ends without any audio; NoFirstAudio when none came within the
+    bound (the job cancelled unless another client holds it)."""
+    job_id, bound_s = listener.job_id, ctx.settings.speech_first_audio_timeout_s
     deadline = time.monotonic() + bound_s
     while True:
         if await gone():
             tail.close()
-            await run_in_threadpool(cancel_unfinished, ctx, job_id)
+            await run_in_threadpool(listener.leave)
             return None
         status, error = await run_in_threadpool(_status, ctx, job_id)
         chunk = await run_in_threadpool(tail.read)
@@ -148,27 +155,30 @@ async def first_audio(ctx: ApiContext, tail: PcmTail, job_id: str,
             if chunk:
                 return chunk
             raise JobEnded(f"job {job_id} succeeded but its audio is gone", status)
-        if time.monotonic() > deadline and (late := await _give_up(ctx, job_id, status, bound_s)):
+        if time.monotonic() > deadline and (late := await _give_up(ctx, listener, status, bound_s)):
             raise late
         await asyncio.sleep(POLL_S)
 
 
-async def _give_up(ctx: ApiContext, job_id: str, status: str, bound_s: float) -> NoFirstAudio | None:
-    """Cancel a job that wrote no audio within the bound: the error that says why; None when the job
-    ended meanwhile (the next poll answers with what it left)."""
-    await run_in_threadpool(cancel_unfinished, ctx, job_id, "its speech request gave up waiting for audio")
-    if (await run_in_threadpool(_status, ctx, job_id))[0] != JobStatus.CANCELLED:
+async def _give_up(ctx: ApiContext, listener: Listener, status: str, bound_s: float) -> NoFirstAudio | None:
+    """Leave a job that wrote no audio within the bound (cancelled unless another client holds it): the
+    error that says why; None when the job ended meanwhile (the next poll answers with what it left)."""
+    job_id = listener.job_id
+    await run_in_threadpool(listener.leave, "its speech request gave up waiting for audio")
+    now = (await run_in_threadpool(_status, ctx, job_id))[0]
+    if now in DONE_JOB_STATUSES and now != JobStatus.CANCELLED:
         return None
     claimed = status != JobStatus.QUEUED
     why = (f"job {job_id} was taken by a GPU worker ({status}) but wrote no audio within {bound_s:g} s"
            if claimed else f"no GPU worker took job {job_id} within {bound_s:g} s (is one running?)")
-    return NoFirstAudio(f"{why}; the job is cancelled", claimed)
+    what = "the job is cancelled" if now == JobStatus.CANCELLED else "the job goes on for its other clients"
+    return NoFirstAudio(f"{why}; {what}", claimed)
 
 
-async def stream_job(ctx: ApiContext, tail: PcmTail, job_id: str, encoder: Encoder,
+async def stream_job(ctx: ApiContext, tail: PcmTail, listener: Listener, encoder: Encoder,
                      first: bytes) -> AsyncIterator[bytes]:
     """The job's audio in the encoder's format, from `first` (what `first_audio` returned) to its end."""
-    ended = False
+    job_id, ended = listener.job_id, False
     try:
         yield encoder.feed(first)
         while True:
@@ -188,6 +198,6 @@ async def stream_job(ctx: ApiContext, tail: PcmTail, job_id: str, encoder: Encod
             await asyncio.sleep(POLL_S)
     finally:
         tail.close()
-        if not ended:  # the client went away: this runs inside a cancelled scope, so shield the cancel
-            with anyio.CancelScope(shield=True):
-                await run_in_threadpool(cancel_unfinished, ctx, job_id)
+        # The client went away unless it ended: this runs inside a cancelled scope, so shield the leave.
+        with anyio.CancelScope(shield=True):
+            await run_in_threadpool(partial(listener.leave, cancel=not ended))
