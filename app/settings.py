@@ -159,6 +159,16 @@ class Settings(BaseSettings):
                          description="where the client commands (submit, status, voices, book ...) find the "
                          "API; --api overrides it")
 
+    # The quality gate (app.quality; how each default was chosen: docs/QUALITY.md).
+    quality_min_mos: float = Field(default=1.6, ge=1, le=5, description="DNSMOS overall score a clip needs")
+    quality_min_similarity: float = Field(
+        default=0.6, ge=-1, le=1, description="GE2E cosine similarity of a clip to its reference voice")
+    quality_max_wer: float = Field(default=0.6, ge=0, description="word error rate a clip may have")
+    quality_min_words: int = Field(default=5, ge=1, description="shorter texts skip the word check")
+    quality_min_length_ratio: float = Field(default=0.4, gt=0, description="duration / the text's estimate")
+    quality_max_length_ratio: float = Field(default=2.5, gt=0)
+    quality_min_dbfs: float = Field(default=-50.0, le=0, description="a quieter clip is silence")
+
     @model_validator(mode="after")
     def _default_database_url(self) -> Settings:
         if not self.database_url:

@@ -5,6 +5,7 @@
     jobs.py      submit, status, cancel, jobs, voices: HTTP to the API, or with `--local` the services
                  in process (`app.api.client`)
     books.py     book render / status / cancel, the same two ways
+    quality.py   quality check AUDIO: the quality gate on one file (app.quality)
     model.py     model pull (a released token2wav folder from Hugging Face) / model check DIR
 Heavy imports happen inside the commands: building the parser (shell completion, the tests that read
 it) stays cheap, and a client command starts without loading torch.
@@ -17,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from app.cli import books, jobs, model, services
+from app.cli import books, jobs, model, quality, services
 from app.errors import WavefarmError
 
 log = logging.getLogger("wavefarm")
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_commands(sub)
     books.add_commands(sub)
     model.add_commands(sub)
+    quality.add_commands(sub)
     return parser
 
 
