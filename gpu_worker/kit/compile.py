@@ -3,7 +3,8 @@ graphs, at the preset's compile concurrency in mode d, read against part 2's gra
 point. The point's wall time includes compiling each shape it meets (its first call) and capturing it
 (its second), so its frames/s understate the compiled steady state; its step p50 is nearer to it.
 Inductor on CUDA; on a CPU the `eager` backend (dynamo's tracing without code generation: inductor on a
-CPU may fail on the oneDNN linears, docs/PERFORMANCE.md), unless
+CPU may fail on the oneDNN linears, docs/PERFORMANCE.md) over the DiT's plain linears (dynamo's trace of
+the fused oneDNN linear found no primitive on a Zen 3/4 CPU), unless
 WAVEFARM_KIT_COMPILE_BACKEND names another. A compile that fails is recorded, never fatal."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from gpu_worker.accel.onednn import use_cpu_linear
 from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.kit import points
 from gpu_worker.kit.part import PartRun
@@ -29,6 +31,8 @@ def backend(ctx: PartRun) -> str:
 
 def compiled_setup(ctx: PartRun, rows: int) -> tuple[BenchSetup, dict[str, Any]]:
     setup = points.build(ctx, ctx.sizes.dtype, rows, graphs=False)
+    if not ctx.cuda:  # oneDNN's fused linear under dynamo fails on some CPUs (no primitive on a Zen 3/4)
+        use_cpu_linear(setup.model, "blas")
     cfm = setup.model.flow.decoder
     cfm.estimator = torch.compile(cfm.estimator, backend=backend(ctx))  # type: ignore[assignment]
     start = time.monotonic()

@@ -121,7 +121,7 @@ def test_encoder_lanes_equal_the_per_stream_encoder_through_the_trims(tiny_flow,
 @torch.inference_mode()
 def test_padding_lanes_and_frames_never_change_a_real_row_of_the_encoder(tiny_flow, voices):
     """A graph bucket pads the pass with free lanes and frames past the longest chunk: every real row's mu
-    stays within float rounding by shape of the unpadded pass (measured below 1e-6) and of the stream
+    stays within float rounding by shape of the unpadded pass (measured 1.2e-6 at most, by CPU) and of the stream
     encoded alone, and the free lanes stay finite."""
     def run(pad_rows: int, pad_frames: int) -> tuple[list[torch.Tensor], float]:
         lanes = _lanes(tiny_flow)
@@ -138,7 +138,7 @@ def test_padding_lanes_and_frames_never_change_a_real_row_of_the_encoder(tiny_fl
     padded, alone_padded = run(4, MAX_NEW)
     worst = max((a - b).abs().max().item() for a, b in zip(exact, padded, strict=True))
     print(f"encoder, padded to 4 lanes and {MAX_NEW} frames vs unpadded: max |diff| = {worst:.3g}")
-    assert worst < 1e-6 and max(alone, alone_padded) < TOL
+    assert worst < 1e-5 and max(alone, alone_padded) < TOL  # 1e-6 held on Zen 5; 1.2e-6 on Zen 3/4
 
 
 def test_the_encoder_layout_needs_the_references_tiling():
