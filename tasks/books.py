@@ -35,6 +35,7 @@ import logging
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Ignore
 from sqlalchemy.orm import Session
 
 from app import lifecycle, wire
@@ -55,8 +56,9 @@ log = logging.getLogger(__name__)
 
 
 class BookStopped(WavefarmError):
-    """The book was cancelled or failed meanwhile: the task stops without failing the book again (and a
-    message of the old format does not send its chained `synth`)."""
+    """The book was cancelled or failed meanwhile: the task stops without failing the book again, logs
+    one INFO line and is ignored (Celery's `Ignore`: acknowledged, logged at INFO without a traceback, and
+    a message of the old format does not send its chained `synth`)."""
 
 
 # Chapters are sent in order while fewer segments than this wait to render: the gpu queue holds a
@@ -250,8 +252,9 @@ def _run(task: Task, book_id: str, body: Any) -> Any:
             _fail_book(book_id, ctx, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
             raise
         raise task.retry(exc=exc, countdown=2**task.request.retries) from exc
-    except BookStopped:
-        raise
+    except BookStopped as exc:  # a cancelled (or failed) book is not an error: one line, no traceback
+        log.info("%s %s: %s", task.name, book_id, exc)
+        raise Ignore() from None  # acknowledged, no state recorded, no chained task run
     except MemoryError:  # Celery treats it as fatal to the worker: here it fails the book, the worker goes on
         log.exception("%s %s: out of memory", task.name, book_id)
         _fail_book(book_id, ctx, f"{task.name}: ran out of memory on the CPU worker")
