@@ -17,7 +17,9 @@ the book.
                                    has run): the chapter file, then the next chapters of the window, or,
                                    after the last chapter, book.assemble. It checks the database, so an
                                    early, late or repeated call is harmless; one that finds a segment
-                                   rendering again just returns ('waiting'): that segment rings it again
+                                   rendering again just returns ('waiting'): that segment rings it again;
+                                   one that finds the chapter's render lease held returns ('busy'): two
+                                   renders of one chapter never run at once
     book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
@@ -214,8 +216,9 @@ def tokenize(book_id: str, key: str, ctx: Context) -> str:
 # book.chapter ------------------------------------------------------------------------------------
 
 def check_chapter(book_id: str, index: int, ctx: Context) -> str:
-    """'waiting' (segments still rendering), 'failed', 'stopped' (book not live) or 'assembled'; after the
-    book's last chapter, book.assemble is sent, else the window of chapters moves on."""
+    """'waiting' (segments still rendering), 'failed', 'stopped' (book not live), 'busy' (another
+    book.chapter holds the chapter's render lease and renders it) or 'assembled'; after the book's last
+    chapter, book.assemble is sent, else the window of chapters moves on."""
     outcome, last = render.settle_chapter(sessions=ctx.sessions, artifacts=ctx.artifacts, book_id=book_id,
                                           index=index)
     if last:

@@ -7,6 +7,7 @@ these functions. docs/RELIABILITY.md draws the state diagrams.
     books  a book's reading, plan and status; chapters scheduled, ready (the outbox of `book.chapter`),
            rung, checked, assembled; segments linked to a job, failed, reopened, and the chapter counters
            every change of a segment's outcome moves
+    chapters  a chapter's render as a lease: claimed, renewed, released, expired
 
 Callers use this package's names (`lifecycle.claim(...)`, `lifecycle.set_book_status(...)`).
 """
@@ -29,6 +30,13 @@ from app.lifecycle.books import (
     touch_chapter,
     unlink_segment_job,
 )
+from app.lifecycle.chapters import (
+    RENDER_LEASE_S,
+    claim_render,
+    expire_renders,
+    release_render,
+    renew_render,
+)
 from app.lifecycle.jobs import (
     CLAIMED,
     RING_BACKOFF_MAX,
@@ -45,9 +53,10 @@ from app.lifecycle.jobs import (
 )
 
 __all__ = [
-    "CLAIMED", "RING_BACKOFF_MAX", "Settled", "add_book_plan", "cancel", "claim", "claim_next_chapter",
-    "count_outcome", "fail_segment", "finish", "is_leased", "link_segment_job", "mark_chapter_assembled",
-    "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_ready", "release", "renew",
+    "CLAIMED", "RENDER_LEASE_S", "RING_BACKOFF_MAX", "Settled", "add_book_plan", "cancel", "claim",
+    "claim_next_chapter", "claim_render", "count_outcome", "expire_renders", "fail_segment", "finish",
+    "is_leased", "link_segment_job", "mark_chapter_assembled", "mark_chapter_checked", "mark_chapter_rung",
+    "mark_running", "record_ready", "release", "release_render", "renew", "renew_render",
     "reopen_failed_segments", "ring", "set_book_status", "settle", "start_book_parse", "touch_chapter",
     "unlink_segment_job",
 ]
