@@ -8,6 +8,7 @@ these functions. docs/RELIABILITY.md draws the state diagrams.
            rung, checked, assembled; segments linked to a job, failed, reopened, and the chapter counters
            every change of a segment's outcome moves
     chapters  a chapter's render as a lease: claimed, renewed, released, expired
+    readings  a book's reading claimed (an attempt), and moved to the long lane
 
 Callers use this package's names (`lifecycle.claim(...)`, `lifecycle.set_book_status(...)`).
 """
@@ -26,7 +27,6 @@ from app.lifecycle.books import (
     record_ready,
     reopen_failed_segments,
     set_book_status,
-    start_book_parse,
     touch_chapter,
     unlink_segment_job,
 )
@@ -51,12 +51,13 @@ from app.lifecycle.jobs import (
     ring,
     settle,
 )
+from app.lifecycle.readings import LONG, QUICK, claim_reading, demote_reading
 
 __all__ = [
-    "CLAIMED", "RENDER_LEASE_S", "RING_BACKOFF_MAX", "Settled", "add_book_plan", "cancel", "claim",
-    "claim_next_chapter", "claim_render", "count_outcome", "expire_renders", "fail_segment", "finish",
-    "is_leased", "link_segment_job", "mark_chapter_assembled", "mark_chapter_checked", "mark_chapter_rung",
-    "mark_running", "record_ready", "release", "release_render", "renew", "renew_render",
-    "reopen_failed_segments", "ring", "set_book_status", "settle", "start_book_parse", "touch_chapter",
-    "unlink_segment_job",
+    "CLAIMED", "LONG", "QUICK", "RENDER_LEASE_S", "RING_BACKOFF_MAX", "Settled", "add_book_plan", "cancel",
+    "claim", "claim_next_chapter", "claim_reading", "claim_render", "count_outcome", "demote_reading",
+    "expire_renders", "fail_segment", "finish", "is_leased", "link_segment_job", "mark_chapter_assembled",
+    "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_ready", "release",
+    "release_render", "renew", "renew_render", "reopen_failed_segments", "ring", "set_book_status",
+    "settle", "touch_chapter", "unlink_segment_job",
 ]
