@@ -40,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -73,6 +74,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
 # and every label value is a series kept for the life of the process (and a file's worth of rows in
 # multiprocess mode), so whatever else a client sends is counted as one value.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+STATUSES = frozenset(int(code) for code in HTTPStatus)  # the codes HTTP defines (Python's own list)
 OTHER = "other"
 UNMATCHED = "<unmatched>"
 
@@ -185,7 +187,7 @@ def request_labels(scope: Scope, status: int) -> tuple[str, str, str]:
     method = scope["method"] if scope["method"] in METHODS else OTHER
     route = getattr(scope.get("route"), "path", None)
     return (method, route if isinstance(route, str) else UNMATCHED,
-            str(status) if 100 <= status <= 599 else OTHER)
+            str(status) if status in STATUSES else OTHER)
 
 
 class HttpMetrics:
