@@ -2,7 +2,8 @@
 
 `find_voice_id` is what every route and command that takes a voice calls before anything else: an exact
 id, then a prefix of at least `MIN_PREFIX` hex digits of one id (what the CLI and the web page print),
-then a name (as stored, else by its key: `ada` finds `Ada`). A prefix shared by several voices is refused with the candidates.
+then a name (as stored, else by its key: `ada` finds `Ada`). A prefix shared by several voices is
+refused with the candidates.
 
 Ids come first, and a name can never spell one: `check_name` refuses a name of hex digits only (in any
 case) that is long enough to be a prefix, since any voice stored later may begin with it. Two names are
