@@ -16,7 +16,7 @@ FIELDS = ["title", "author", "narrator", "description", "publisher", "series", "
           "language", "chapters"]
 
 
-@pytest.mark.parametrize("bad", ["\x01", "\x0c"])
+@pytest.mark.parametrize("bad", ["\x01", "\x08"])  # not whitespace: \x0c and \x1f in a genre are spaces
 @pytest.mark.parametrize("field", FIELDS)
 def test_a_control_character_in_any_metadata_field_is_a_422_naming_it(client: TestClient, reference: bytes,
                                                                       field: str, bad: str) -> None:
