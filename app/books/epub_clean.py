@@ -7,7 +7,8 @@ that a reader that runs scripts has none to run (issue 42).
                             (`lxml_html_clean.Cleaner`: <script>, on* handlers, javascript: links, forms,
                             iframes, embeds and objects, <base>, comments), then what it leaves to others:
                             scripts and handlers in any namespace (SVG's), script URLs in any attribute
-                            (xlink:href, SVG animations' values), elements whose resource is remote
+                            that holds a URL (xlink:href, SVG animations' values), elements whose
+                            resource is remote
                             (<img>, <link>, <audio>, <video>, <source>, <track>, SVG <image> and <use>)
                             and <meta http-equiv> (a refresh can load anything)
     clean_css(text)         a stylesheet: remote @imports and url()s, expression(), -moz-binding, behavior
@@ -36,6 +37,10 @@ _RESOURCE_ATTRS = {"img": ("src",), "link": ("href",), "audio": ("src",), "video
                    "source": ("src",), "track": ("src",), "image": ("href",), "use": ("href",),
                    "feImage": ("href",)}
 _REQUIRED = {"img", "link", "source", "track", "image", "use", "feImage"}  # nothing without it
+# Attributes whose value a reader may load or follow as a URL (SVG animations' to/from/values/by set one):
+# a script URL is taken out of these, not out of text such as an alt or a title
+_URL_ATTRS = {"href", "src", "action", "formaction", "data", "poster", "cite", "background", "longdesc",
+              "codebase", "code", "usemap", "archive", "content", "to", "from", "values", "by", "srcset"}
 _SCRIPT_ELEMENTS = {"script", "handler", "listener"}  # HTML's and SVG's; XML Events' listener
 _SCRIPT_URL = re.compile(r"(java|vb|live)script:|mocha:|data:(text/html|[^,;]*xml|[^,;]*javascript)")
 _SPACE = re.compile(r"[\x00-\x20\x7f]+")
@@ -76,7 +81,8 @@ def _clean_element(el: etree._Element) -> bool:
     if name in _SCRIPT_ELEMENTS or name == "base" or (name == "meta" and el.get("http-equiv") is not None):
         return False
     for attr, value in list(el.attrib.items()):
-        if etree.QName(attr).localname.lower().startswith("on") or _scripted(value):
+        local = etree.QName(attr).localname.lower()
+        if local.startswith("on") or (local in _URL_ATTRS and _scripted(value)):
             del el.attrib[attr]
     if any(_unsafe_resource(_attr(el, attr), required=i == 0 and name in _REQUIRED)
            for i, attr in enumerate(_RESOURCE_ATTRS.get(name, ()))):
