@@ -29,8 +29,11 @@ each heartbeat, `gpu_worker.worker.PeerWatch`, so a killed worker's jobs run aga
    `UNCHECKED_CHAPTER_AFTER_S` after it was recorded (or last sent again) gets it sent again: the send
    was lost (a broker away, a process killed between commit and send, a job settled by a path that does
    not send: a cancel through the API, a job out of attempts). `book.chapter` is idempotent, so
-   sending it again is always safe. A scheduled chapter with a segment that has no job (and no error)
-   for `stuck_job_after_s` was being sent when its CPU worker died: no SQL row would ever make that
+   sending it again is always safe; a chapter whose file is being rendered holds a render lease
+   (`app.lifecycle.chapters`, renewed while it renders) and is not sent again while the lease lasts,
+   so no chapter renders twice at once; a lease that passed (its renderer died) is cleared and the
+   chapter's `book.chapter` sent again at once. A scheduled chapter with a segment that has no job (and
+   no error) for `stuck_job_after_s` was being sent when its CPU worker died: no SQL row would ever make that
    segment render (a text segment has no job until `book.tokenize` made one), so its book gets its
    `book.plan` again, which sends every scheduled, unassembled chapter's segments that are neither done
    nor rendering (idempotent too: a text segment's tokenize finds a job made meanwhile);
@@ -202,8 +205,10 @@ def resume_chapters(*, ctx: Context, report: SweepReport) -> None:
     """Part 6 (module docstring): ready chapters' lost doorbells, and chapters whose sending died."""
     now = utcnow()
     with session_scope(ctx.sessions) as session:
+        lapsed = lifecycle.expire_renders(session=session, now=now)  # their renderer died or hung
         unchecked = queries.list_unchecked_chapters(
-            session=session, rung_before=now - timedelta(seconds=UNCHECKED_CHAPTER_AFTER_S))
+            session=session, rung_before=now - timedelta(seconds=UNCHECKED_CHAPTER_AFTER_S), now=now)
+        unchecked = sorted({*unchecked, *lapsed})
         for book_id, index in unchecked:  # stamped before sending: a send that fails waits a period
             lifecycle.mark_chapter_rung(session=session, book_id=book_id, index=index)
         unsent = queries.list_unsent_chapters(
@@ -212,8 +217,8 @@ def resume_chapters(*, ctx: Context, report: SweepReport) -> None:
             lifecycle.touch_chapter(session=session, book_id=book_id, index=index)
     for book_id, index in unchecked:
         send_chapter(ctx.sender, ctx.settings, book_id, index)
-        log.warning("maintenance: book %s chapter %d was ready and not checked; book.chapter sent again",
-                    book_id, index)
+        why = "its render lease passed" if (book_id, index) in lapsed else "it was ready and not checked"
+        log.warning("maintenance: book %s chapter %d: %s; book.chapter sent again", book_id, index, why)
         report.chapters_resumed.append(f"{book_id}/{index}")
     for book_id in dict.fromkeys(book for book, _ in unsent):
         ctx.sender.send_task(BOOK_PLAN_TASK, args=[book_id], queue=ctx.settings.queue_cpu)

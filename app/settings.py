@@ -119,6 +119,13 @@ class Settings(BaseSettings):
     book_parse_cpu_s: int = Field(
         default=120, ge=1, description="CPU seconds of that child (RLIMIT_CPU); a 1,000-page PDF took 20 s "
         "(docs/RELIABILITY.md)")
+    book_parse_quick_cpu_s: int = Field(
+        default=15, ge=1, description="a book's first reading is in the quick lane: this many CPU seconds "
+        "(and four times as many wall seconds); a book that needs more is read again in the long lane, "
+        "with the limits above (docs/BOOKS.md, \"Reading lanes\")")
+    book_parse_long_slots: int = Field(
+        default=1, ge=1, description="long-lane readings at once over all CPU workers: the rest of their "
+        "processes keep reading quick books, so worst-case uploads never hold up everyone's")
     book_parse_memory_mb: int = Field(
         default=2048, ge=256, description="address space of that child, MB (RLIMIT_AS)")
     book_parse_output_mb: int = Field(

@@ -2,7 +2,8 @@
 
 `find_voice_id` is what every route and command that takes a voice calls before anything else: an exact
 id, then a prefix of at least `MIN_PREFIX` hex digits of one id (what the CLI and the web page print),
-then an exact name. A prefix shared by several voices is refused with the candidates.
+then a name (as stored, else by its key: `ada` finds `Ada`). A prefix shared by several voices is
+refused with the candidates.
 
 Ids come first, and a name can never spell one: `check_name` refuses a name of hex digits only (in any
 case) that is long enough to be a prefix, since any voice stored later may begin with it. Two names are
@@ -73,6 +74,9 @@ def find_voice_id(*, session: Session, ref: str) -> str:
     named = queries.get_voice_by_name(session=session, name=ref) if len(ref) <= NAME_MAX else None
     if named is not None:
         return named.id
+    holder = _holder(session, ref) if len(ref) <= NAME_MAX else None
+    if holder is not None:  # the same name by its key: `ada` finds `Ada`, as it could not be another's
+        return holder[0]
     raise NotFound(f"no voice {ref[:80]!r} (by id, name or id prefix)")
 
 

@@ -17,7 +17,9 @@ the book.
                                    has run): the chapter file, then the next chapters of the window, or,
                                    after the last chapter, book.assemble. It checks the database, so an
                                    early, late or repeated call is harmless; one that finds a segment
-                                   rendering again just returns ('waiting'): that segment rings it again
+                                   rendering again just returns ('waiting'): that segment rings it again;
+                                   one that finds the chapter's render lease held returns ('busy'): two
+                                   renders of one chapter never run at once
     book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
@@ -35,6 +37,7 @@ import logging
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Ignore
 from sqlalchemy.orm import Session
 
 from app import lifecycle, wire
@@ -55,8 +58,9 @@ log = logging.getLogger(__name__)
 
 
 class BookStopped(WavefarmError):
-    """The book was cancelled or failed meanwhile: the task stops without failing the book again (and a
-    message of the old format does not send its chained `synth`)."""
+    """The book was cancelled or failed meanwhile: the task stops without failing the book again, logs
+    one INFO line and is ignored (Celery's `Ignore`: acknowledged, logged at INFO without a traceback, and
+    a message of the old format does not send its chained `synth`)."""
 
 
 # Chapters are sent in order while fewer segments than this wait to render: the gpu queue holds a
@@ -212,8 +216,9 @@ def tokenize(book_id: str, key: str, ctx: Context) -> str:
 # book.chapter ------------------------------------------------------------------------------------
 
 def check_chapter(book_id: str, index: int, ctx: Context) -> str:
-    """'waiting' (segments still rendering), 'failed', 'stopped' (book not live) or 'assembled'; after the
-    book's last chapter, book.assemble is sent, else the window of chapters moves on."""
+    """'waiting' (segments still rendering), 'failed', 'stopped' (book not live), 'busy' (another
+    book.chapter holds the chapter's render lease and renders it) or 'assembled'; after the book's last
+    chapter, book.assemble is sent, else the window of chapters moves on."""
     outcome, last = render.settle_chapter(sessions=ctx.sessions, artifacts=ctx.artifacts, book_id=book_id,
                                           index=index)
     if last:
@@ -250,8 +255,9 @@ def _run(task: Task, book_id: str, body: Any) -> Any:
             _fail_book(book_id, ctx, f"infrastructure error after {MAX_RETRIES} retries: {exc}")
             raise
         raise task.retry(exc=exc, countdown=2**task.request.retries) from exc
-    except BookStopped:
-        raise
+    except BookStopped as exc:  # a cancelled (or failed) book is not an error: one line, no traceback
+        log.info("%s %s: %s", task.name, book_id, exc)
+        raise Ignore() from None  # acknowledged, no state recorded, no chained task run
     except MemoryError:  # Celery treats it as fatal to the worker: here it fails the book, the worker goes on
         log.exception("%s %s: out of memory", task.name, book_id)
         _fail_book(book_id, ctx, f"{task.name}: ran out of memory on the CPU worker")

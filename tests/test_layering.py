@@ -86,8 +86,10 @@ def _imported_modules(path: Path) -> set[str]:
 STATE_COLUMNS = {
     "Job": {"status", "attempts", "worker", "lease_until", "ring_due_at", "rings", "started_at",
             "finished_at", "output_path", "error", "frames_done", "first_audio_at", "prep_path"},
-    "Book": {"status", "error", "started_at", "finished_at", "parse_attempts"},
-    "BookChapter": {"scheduled_at", "ready_at", "rung_at", "checked_at", "assembled_at"},
+    "Book": {"status", "error", "started_at", "finished_at", "parse_attempts", "parse_started_at",
+             "parse_lane"},
+    "BookChapter": {"scheduled_at", "ready_at", "rung_at", "checked_at", "assembled_at", "render_owner",
+                    "render_until"},
     "Segment": {"job_id", "error"},
 }
 STATE_OWNER = "app/lifecycle"

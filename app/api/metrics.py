@@ -19,8 +19,9 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
   wavefarm_source_up{source}           1 when that source answered this scrape
 plus request counts and latencies of the API itself, labelled only from closed sets (`request_labels`):
 the method when it is one of `METHODS` (any other token a client sends: `other`), the route's template
-(`<unmatched>` for a path no route has), the status code when it is one HTTP defines (else `other`). No
-metric is labelled by anything else a client sends (a model, a format, a voice). The GPU worker
+(`<unmatched>` for a path no route has), the status code when it is one HTTP defines or 499 (a client
+that went away; else `other`). No metric is labelled by anything else a client sends (a model, a
+format, a voice). The GPU worker
 exports its engine's metrics from its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
 
 Several API processes (`wavefarm serve --processes N`): the state metrics are read from the shared
@@ -40,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -73,6 +75,10 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
 # and every label value is a series kept for the life of the process (and a file's worth of rows in
 # multiprocess mode), so whatever else a client sends is counted as one value.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+# The codes HTTP defines (Python's own list), and 499: what this API answers a client that went away
+# (`app.api.main`, the speech route), as nginx counts it.
+CLIENT_CLOSED = 499
+STATUSES = frozenset({*(int(code) for code in HTTPStatus), CLIENT_CLOSED})
 OTHER = "other"
 UNMATCHED = "<unmatched>"
 
@@ -185,7 +191,7 @@ def request_labels(scope: Scope, status: int) -> tuple[str, str, str]:
     method = scope["method"] if scope["method"] in METHODS else OTHER
     route = getattr(scope.get("route"), "path", None)
     return (method, route if isinstance(route, str) else UNMATCHED,
-            str(status) if 100 <= status <= 599 else OTHER)
+            str(status) if status in STATUSES else OTHER)
 
 
 class HttpMetrics:

@@ -287,6 +287,9 @@ class BookOut(BaseModel):
     est_seconds: float
     eta_s: float | None
     submitted_at: datetime
+    parse_lane: str = Field("quick", description="quick (a first reading, within a small budget) or long "
+                            "(read again with the full limits, a few such books at a time)")
+    parse_wait_s: float = Field(0.0, description="seconds it waited for its reading to begin (so far)")
     started_at: datetime | None
     finished_at: datetime | None
     error: str | None
@@ -315,6 +318,7 @@ class BookOut(BaseModel):
                    segments_done=view.segments_done,
                    audio_seconds=round(view.audio_seconds, 2), seconds=view.seconds, notes=view.notes,
                    est_seconds=round(b.est_seconds, 2),
-                   eta_s=view.eta_s, submitted_at=b.submitted_at, started_at=b.started_at,
+                   eta_s=view.eta_s, submitted_at=b.submitted_at, parse_lane=b.parse_lane,
+                   parse_wait_s=view.parse_wait_s, started_at=b.started_at,
                    finished_at=b.finished_at, error=b.error, chapters=chapters,
                    files={name: base + name for name in view.files})

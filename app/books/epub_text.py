@@ -1,6 +1,8 @@
 """An EPUB source's own content documents for its read-along EPUB, made in the reading child
 (`app.books.planner`): each spoken segment's text wrapped in a <span id> inside the book's own paragraphs,
-everything else (styles, images, fonts, front matter, its navigation) kept as it was.
+everything else (styles, images, fonts, front matter, its navigation) kept, without its active content:
+every XHTML and SVG document and stylesheet is cleaned and script files are left out
+(`app.books.epub_clean`).
 
     own_documents(data, source, plan, limits, skeleton) -> description | None
 
@@ -33,6 +35,7 @@ from urllib.parse import unquote
 from lxml import etree
 
 from app.books import epub
+from app.books.epub_clean import PARSER, clean_css, clean_document, dropped, properties
 from app.books.plan import BookPlan, PlanChapter
 from app.books.readalong import planned_sources, split_like
 from app.books.safezip import SafeArchive
@@ -48,7 +51,6 @@ HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
 LOOKAHEAD = 200  # blocks searched for a paragraph before it is taken as not found
 _DROPPED = {"application/smil+xml", "application/x-dtbncx+xml"}
 _HTML_ENTITY_RE = re.compile(rb"&([A-Za-z][A-Za-z0-9]{1,31});")
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
 
 
 @dataclass
@@ -80,18 +82,24 @@ def own_documents(data: bytes, source: SourceBook, plan: BookPlan, limits: BookL
                                                                  if spine_el is not None else [])]
     docs = list(dict.fromkeys(full[i] for i, linear in spine if i in full and "html" in kinds[i]
                               and linear != "no"))
-    trees = [_read(archive, path) for path in docs]
-    if any(t is None for t in trees):
+    parsed = {full[i]: _read(archive, full[i]) for i in full
+              if _is_document(kinds[i]) and archive.has(full[i])}
+    if any(t is None for t in parsed.values()) or any(path not in parsed for path in docs):
         return None
+    for tree in parsed.values():
+        clean_document(tree)  # before anything is matched: no script's text is taken for the book's
+    trees = [parsed[path] for path in docs]
     pairs = planned_sources(source, plan)
     placed = _place(pairs, [t for t in trees if t is not None], plan)
     if placed is None:
         return None
     bodies = [_body_id(t) for t in trees if t is not None]
-    kept = _manifest(archive, items, full, kinds, docs, trees)
-    _write_skeleton(archive, skeleton, {_resolve(base, href) for _, href, _, _ in kept}, docs, trees, base)
+    kept = _manifest(archive, items, full, kinds, parsed)
+    kept_paths = {_resolve(base, href): kind for _, href, kind, _ in kept}
+    _write_skeleton(archive, skeleton, kept_paths, docs, parsed, base)
+    kept_ids = {ident for ident, *_ in kept}
     return {"opf": opf_path, "manifest": kept,
-            "spine": [[i, linear] for i, linear in spine if i in full],
+            "spine": [[i, linear] for i, linear in spine if i in kept_ids],
             "cover": _cover_id(opf),
             "docs": [{"href": path, "body": body, "pars": pars}
                      for path, body, pars in zip(docs, bodies, placed, strict=True)]}
@@ -101,15 +109,22 @@ def _resolve(base: str, href: str) -> str:
     return posixpath.normpath(posixpath.join(base, unquote(href)))
 
 
+def _is_document(media_type: str) -> bool:
+    return media_type in ("application/xhtml+xml", "image/svg+xml") or "html" in media_type
+
+
 def _manifest(archive: SafeArchive, items: list[Any], full: dict[str, str], kinds: dict[str, str],
-              docs: list[str], trees: list[Any]) -> list[list[str]]:
+              parsed: dict[str, Any]) -> list[list[str]]:
     """[id, href, media type, properties] of each item the new EPUB keeps: not the book's own overlays, nor
-    an EPUB 2 NCX (EPUB 3 navigates by its navigation document, one is made for a book without)."""
+    an EPUB 2 NCX (EPUB 3 navigates by its navigation document, one is made for a book without), nor a
+    script (`app.books.epub_clean`); a document's properties as it is once clean."""
     out = []
     for item in items:
         ident = item.get("id", "")
-        if kinds[ident] not in _DROPPED and archive.has(full[ident]):
-            out.append([ident, item.get("href", ""), kinds[ident], _properties(item, full, docs, trees)])
+        path = full[ident]
+        if kinds[ident] not in _DROPPED and not dropped(kinds[ident], path) and archive.has(path):
+            props = properties(item.get("properties") or "", parsed.get(path))
+            out.append([ident, item.get("href", ""), kinds[ident], props])
     return out
 
 
@@ -117,7 +132,7 @@ def _read(archive: SafeArchive, path: str) -> etree._Element | None:
     content = _HTML_ENTITY_RE.sub(_numeric, archive.read(path))
     try:
         epub._xml(content, path)  # refuses entity declarations and DTD subsets; XML that XML can read
-        return etree.fromstring(content, _PARSER)
+        return etree.fromstring(content, PARSER)
     except (BadInput, etree.XMLSyntaxError):
         return None
 
@@ -245,36 +260,36 @@ def _body_id(tree: etree._Element) -> str:
     return body.get("id", "")
 
 
-def _properties(item: etree._Element, full: dict, docs: list[str], trees: list) -> str:
-    """The item's manifest properties; for a spine document, what EPUB 3 requires it to declare."""
-    props = set((item.get("properties") or "").split())
-    path = full[item.get("id")]
-    if path in docs:
-        tree = trees[docs.index(path)]
-        names = {local(el) for el in tree.iter()}
-        props |= {p for p, name in (("svg", "svg"), ("mathml", "math"), ("scripted", "script"))
-                  if name in names}
-    return " ".join(sorted(props))
-
-
 def _cover_id(opf: Any) -> str | None:
     meta = next((m for m in opf.iterfind("opf:metadata/opf:meta", epub.NS) if m.get("name") == "cover"), None)
     return meta.get("content") if meta is not None else None
 
 
-def _write_skeleton(archive: SafeArchive, skeleton: Path, paths: set[str], docs: list[str],
-                    trees: list, base: str) -> None:
-    """The book's manifest items as the new EPUB holds them: spine documents annotated (and linked to the
-    highlight's stylesheet), the rest as they were."""
+def _write_skeleton(archive: SafeArchive, skeleton: Path, kept: dict[str, str], docs: list[str],
+                    parsed: dict[str, Any], base: str) -> None:
+    """The book's kept manifest items (path -> media type) as the new EPUB holds them: documents as
+    cleaned (spine documents annotated, and linked to the highlight's stylesheet), stylesheets cleaned,
+    the rest as they were."""
     with zipfile.ZipFile(skeleton, "w", zipfile.ZIP_DEFLATED) as z:
-        for path in sorted(paths):
-            if path in docs:
-                tree = trees[docs.index(path)]
-                _link_style(tree, posixpath.relpath(posixpath.join(base, STYLE), posixpath.dirname(path)))
+        for path, kind in sorted(kept.items()):
+            if path in parsed:
+                tree = parsed[path]
+                if path in docs:
+                    _link_style(tree, posixpath.relpath(posixpath.join(base, STYLE), posixpath.dirname(path)))
+                html = etree.QName(tree).localname == "html"
                 z.writestr(path, etree.tostring(tree, xml_declaration=True, encoding="utf-8",
-                                                doctype="<!DOCTYPE html>"))
+                                                doctype="<!DOCTYPE html>" if html else None))
+            elif kind == "text/css":
+                z.writestr(path, _clean_stylesheet(archive.read(path)))
             else:
                 z.writestr(path, archive.read(path))
+
+
+def _clean_stylesheet(data: bytes) -> bytes:
+    """A stylesheet cleaned, or as it was when there was nothing to clean (its encoding kept)."""
+    text = data.decode("utf-8", "replace")
+    cleaned = clean_css(text)
+    return data if cleaned == text else cleaned.encode()
 
 
 def _link_style(tree: etree._Element, href: str) -> None:

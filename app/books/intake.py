@@ -3,10 +3,12 @@
     accept_book   the API's half (and the CLI's `--local`): what can be refused without reading the book
                   (`Submission.check`, sizes), the upload streamed to books/<id>/source, the voice stored
                   and queued for preparation, a `parsing` row, `book.parse` sent. Answers at once.
-    read_book     `book.parse`'s half: the child (`app.books.planner`) reads and plans the book within
-                  the limits of `WAVEFARM_BOOK_PARSE_*`; then the rows (`queries.add_book_plan`), the
-                  cast's voices, `queued`, `book.plan` sent. A refusal or a limit fails the book with
-                  the reason; a cancel while it reads kills the child.
+    read_book     `book.parse`'s half, a doorbell: the fairest book waiting (`app.books.lanes`: the quick
+                  lane first, the long lane's books a few at a time) is read by the child
+                  (`app.books.planner`) within the lane's limits (`WAVEFARM_BOOK_PARSE_*`); then the rows
+                  (`queries.add_book_plan`), the cast's voices, `queued`, `book.plan` sent. A refusal or a
+                  limit fails the book with the reason (a quick reading out of time moves the book to the
+                  long lane instead); a cancel while it reads kills the child.
 
 A book that cannot be read leaves no files: its folder is removed when it fails (its row keeps the
 reason); a folder whose row was never written (the API died between the two) is the sweep's
@@ -26,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from app import lifecycle, voices, wire
 from app.books import cast as cast_files
+from app.books import lanes
 from app.books import lexicon as lexicon_files
 from app.books.bounded import ChildExit, run_child
 from app.books.files import book_dir
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COPY_CHUNK = 1 << 20
+QUICK_WALL_PER_CPU = 4.0  # a quick reading's wall-clock limit, in its CPU budgets (a loaded machine)
 JOB_FILE, LOG_FILE = "parse-job.json", "parse.log"
 
 
@@ -136,26 +140,40 @@ def _send(sender: wire.TaskSender, settings: Settings, task: str, book_id: str, 
 # The worker's half -------------------------------------------------------------------------------
 
 def read_book(book_id: str, ctx: Context) -> str:
-    """Read a `parsing` book in a bounded child and plan it: 'planned', 'failed', 'stopped' (cancelled
-    while it was read) or 'skipped' (not parsing: a duplicate message)."""
+    """`book.parse`, a doorbell: read the fairest `parsing` book nobody reads (its own first, if it is in
+    the quick lane; `queries.reading_candidates`) in a bounded child and plan it: 'planned', 'failed',
+    'stopped' (cancelled while it was read), 'long' (it needs more than the quick lane's budget: read
+    again in the long lane) or 'skipped' (nothing to read now: a duplicate message, or the long lane is
+    full). Then one more doorbell if a book still waits, so none waits for a message that was used."""
+    picked = lanes.claim_next(ctx, book_id)
+    if picked is None:
+        return "skipped"
+    read_id, attempts, lane = picked
+    try:
+        return _read(ctx, read_id, attempts, lane)
+    finally:
+        lanes.ring_waiting(ctx)
+
+
+def _read(ctx: Context, book_id: str, attempts: int, lane: str) -> str:
     settings = ctx.settings
     with session_scope(ctx.sessions) as session:
-        attempts = lifecycle.start_book_parse(session=session, book_id=book_id)
-        book = queries.get_book(session=session, book_id=book_id)
-        if attempts is None or book is None:
-            return "skipped"
+        book = queries.require_book(session=session, book_id=book_id)
         voice_id, seed, priority = book.voice_id, book.seed, book.priority
     files = SubmittedFiles(book_dir(ctx.artifacts, book_id))
     if attempts > settings.job_max_attempts:
         return _fail(ctx, book_id, files, f"gave up reading the book after {attempts - 1} attempts")
     if not files.source.is_file():
         return _fail(ctx, book_id, files, "the uploaded book is missing from the artifact root")
-    job = parse_job(settings, files.folder, voice_id, seed)
+    quick_wall_s = QUICK_WALL_PER_CPU * settings.book_parse_quick_cpu_s
+    quick = (lane == lifecycle.QUICK and settings.book_parse_quick_cpu_s < settings.book_parse_cpu_s
+             and quick_wall_s < settings.book_parse_timeout_s)  # else one reading has the full limits
+    job = parse_job(settings, files.folder, voice_id, seed, quick=quick)
     (files.folder / OUTCOME).unlink(missing_ok=True)
     (files.folder / JOB_FILE).write_text(job.to_json(), encoding="utf-8")
     ended = run_child("app.books.planner", [str(files.folder / JOB_FILE)],
-                      wall_s=settings.book_parse_timeout_s, stderr=files.folder / LOG_FILE,
-                      stopped=lambda: not _parsing(ctx, book_id))
+                      wall_s=quick_wall_s if quick else settings.book_parse_timeout_s,
+                      stderr=files.folder / LOG_FILE, stopped=lambda: not _parsing(ctx, book_id))
     how = "stopped" if ended.stopped else f"exit {ended.returncode}, signal {ended.signal}"
     log.info("book %s read in %.1f s (%.1f s CPU, peak %.0f MB): %s", book_id, ended.wall_s, ended.cpu_s,
              ended.max_rss_mb, how)
@@ -163,14 +181,25 @@ def read_book(book_id: str, ctx: Context) -> str:
         shutil.rmtree(files.folder, ignore_errors=True)
         return "stopped"
     outcome = _outcome(files.folder)
+    if outcome is None and quick and _out_of_time(ended, job.limits):
+        with session_scope(ctx.sessions) as session:
+            lifecycle.demote_reading(session=session, book_id=book_id)
+        log.info("book %s needs more than the quick lane's %d CPU s; read again in the long lane", book_id,
+                 job.limits.cpu_s)
+        return "long"
     if outcome is None or not outcome.get("ok"):
         reason = outcome["error"] if outcome else death_reason(ended, job.limits, settings)
         return _fail(ctx, book_id, files, str(reason))
     return _settle(ctx, book_id, files, outcome, priority)
 
 
-def parse_job(settings: Settings, folder: Path, voice_id: str, seed: int) -> ParseJob:
-    limits = ChildLimits(cpu_s=settings.book_parse_cpu_s, memory_mb=settings.book_parse_memory_mb,
+def _out_of_time(ended: ChildExit, limits: ChildLimits) -> bool:
+    return ended.timed_out or ended.cpu_s >= limits.cpu_s - 1
+
+
+def parse_job(settings: Settings, folder: Path, voice_id: str, seed: int, quick: bool = False) -> ParseJob:
+    cpu_s = settings.book_parse_quick_cpu_s if quick else settings.book_parse_cpu_s
+    limits = ChildLimits(cpu_s=cpu_s, memory_mb=settings.book_parse_memory_mb,
                          output_mb=settings.book_parse_output_mb)
     return ParseJob(folder=str(folder), voice_id=voice_id, render_options=render_options(settings, seed),
                     limits=limits, max_timed_span_s=settings.book_max_timed_span_s,

@@ -2,7 +2,9 @@
 `book.assemble` tasks (`tasks.books`) adapt it.
 
     settle_chapter(...) -> (outcome, last)  'waiting' while segments render, 'failed' (the book fails with
-                                            the segment's reason), 'stopped' (the book is no longer live)
+                                            the segment's reason), 'stopped' (the book is no longer live),
+                                            'busy' (another book.chapter holds the chapter's render lease,
+                                            `app.lifecycle.chapters`: it renders, this one leaves it)
                                             or 'assembled' (the chapter file is written); `last`: it was
                                             the book's last chapter and the book is now assembling.
                                             'failed' and 'assembled' mark the chapter's ready record
@@ -17,6 +19,12 @@ Both look at the database, not at what triggered them, so an early, late or repe
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,13 +43,18 @@ log = logging.getLogger(__name__)
 
 def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_id: str,
                    index: int) -> tuple[str, bool]:
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     with session_scope(sessions) as session:
         book = queries.require_book(session=session, book_id=book_id)
         if book.status not in LIVE_BOOK_STATUSES:
             return "stopped", False
+        if not lifecycle.claim_render(session=session, book_id=book_id, index=index, owner=owner):
+            return "busy", False  # its holder renders it, and records it checked
         ready_at = queries.chapter_ready_at(session=session, book_id=book_id, index=index)
         states = queries.book_segment_states(session=session, book_id=book_id, chapter=index)
         failed = [s for s in states if not s.done and not s.live and (s.job_id or s.error)]
+        if failed or not all(s.done for s in states):
+            lifecycle.release_render(session=session, book_id=book_id, index=index, owner=owner)
         if failed:
             bad = failed[0]
             reason = f"chapter {index + 1}: segment {bad.key[:12]} failed: {bad.error or bad.job_status}"
@@ -57,16 +70,50 @@ def settle_chapter(*, sessions: sessionmaker[Session], artifacts: ArtifactStore,
         queries.gather_book_notes(session=session, book_id=book_id,
                                   job_ids=[s.job_id for s in states if s.job_id])
     chapter = files.load_plan(artifacts, book_id).chapters[index]
-    done = render_chapter(chapter, audio, files.output_dir(artifacts, book_id), fmt=fmt,
-                          target_lufs=lufs, timed=timed)  # assemble() reuses the file
+    with _leased(sessions, book_id, index, owner):
+        done = render_chapter(chapter, audio, files.output_dir(artifacts, book_id), fmt=fmt,
+                              target_lufs=lufs, timed=timed)  # assemble() reuses the file
     with session_scope(sessions) as session:
         lifecycle.mark_chapter_assembled(session=session, book_id=book_id, index=index, seconds=done.duration,
                                          **_loudness_columns(done))
         lifecycle.mark_chapter_checked(session=session, book_id=book_id, index=index, ready_at=ready_at)
+        lifecycle.release_render(session=session, book_id=book_id, index=index, owner=owner)
         chapters = queries.list_chapters(session=session, book_id=book_id)
         last = all(c.assembled_at is not None for c in chapters) and lifecycle.set_book_status(
             session=session, book_id=book_id, status=BookStatus.ASSEMBLING, only_from=(BookStatus.RENDERING,))
     return "assembled", last
+
+
+@contextmanager
+def _leased(sessions: sessionmaker[Session], book_id: str, index: int, owner: str) -> Iterator[None]:
+    """Renew the chapter's render lease every third of it while the body runs (a thread: the render is
+    one long call); give it back if the body fails."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(lifecycle.RENDER_LEASE_S / 3):
+            try:
+                with session_scope(sessions) as session:
+                    if not lifecycle.renew_render(session=session, book_id=book_id, index=index, owner=owner):
+                        log.warning("book %s chapter %d: its render lease was lost", book_id, index + 1)
+                        return
+            except Exception:  # a database away for a moment: the next renewal tries again
+                log.warning("book %s chapter %d: could not renew its render lease", book_id, index + 1,
+                            exc_info=True)
+
+    renewer = threading.Thread(target=renew, name=f"chapter-lease-{index}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    except BaseException:
+        stop.set()
+        renewer.join()
+        with session_scope(sessions) as session:
+            lifecycle.release_render(session=session, book_id=book_id, index=index, owner=owner)
+        raise
+    finally:
+        stop.set()
+        renewer.join()
 
 
 def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_id: str) -> str:

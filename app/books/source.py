@@ -19,6 +19,11 @@ from app.speech import TOKEN_RATE
 
 _BINARY_CONTROL_SHARE = 0.001  # more C0 control characters than this is not a text file
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0e-\x1f]")
+# What XML 1.0 cannot hold (its Char production): the C0 controls but tab, line feed and carriage return,
+# lone surrogates, U+FFFE and U+FFFF. A book's metadata and text end up in XML (the read-along EPUB's
+# documents and package, the players' tags), so none of them may carry one: a request's fields are
+# refused with the field's name (`check_xml_text`), a book's own are cleaned as it is read (`xml_text`).
+_NOT_XML_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _LANGUAGE_RE = re.compile(r"[a-z]{2,3}(-[a-z0-9]{1,8}){0,3}")  # BCP 47, lower-cased
 
 
@@ -111,8 +116,22 @@ def with_metadata(book: SourceBook, *, narrator: str | None = None, description:
     return book
 
 
+def xml_text(text: str) -> str:
+    """`text` without the characters no XML document can hold (`_NOT_XML_RE`)."""
+    return _NOT_XML_RE.sub("", text)
+
+
+def check_xml_text(value: str, field: str) -> str:
+    """`value`, or BadInput naming `field` and the first character no book file could hold."""
+    found = _NOT_XML_RE.search(value)
+    if found is not None:
+        raise BadInput(f"{field} contains U+{ord(found.group()):04X} at position {found.start()}: a control "
+                       "character (or a lone surrogate) that no EPUB, tag or metadata file can hold")
+    return value
+
+
 def clean_line(text: str) -> str:
-    return " ".join(text.split())
+    return " ".join(xml_text(text).split())
 
 
 def clean_description(text: str) -> str:
@@ -144,7 +163,11 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
                 limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None,
                 narrator: str = "", description: str = "",
                 publication: Publication | None = None) -> SourceBook:
-    """Drop empty chapters and check the limits every reader shares."""
+    """Drop empty chapters, take out what XML cannot hold (a text file may carry a few control
+    characters) and check the limits every reader shares."""
+    chapters = [replace(c, title=xml_text(c.title), paragraphs=tuple(xml_text(p) for p in c.paragraphs))
+                for c in chapters]
+    title, author = xml_text(title), xml_text(author)
     kept = [c for c in chapters if c.paragraphs or c.items]
     for chapter in kept:
         if chapter.starts_ms and len(chapter.starts_ms) != len(chapter.paragraphs):
@@ -164,8 +187,12 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
     language = check_language_tag(language or "en")
     book = SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
                       chapters=tuple(kept), cover=cover, cover_type=cover_type,
-                      publication=publication or Publication())
+                      publication=_xml_publication(publication or Publication()))
     return with_metadata(book, narrator=narrator, description=description, limits=limits)
+
+
+def _xml_publication(own: Publication) -> Publication:
+    return replace(own, publisher=xml_text(own.publisher), genres=tuple(xml_text(g) for g in own.genres))
 
 
 def check_language_tag(language: str) -> str:

@@ -22,7 +22,7 @@ from app.artifacts import ArtifactStore
 from app.books.files import chapter_file_name, is_output, list_outputs, load_meta, output_dir
 from app.books.publication import Publication, publication_from_dict
 from app.db import queries
-from app.db.models import LIVE_BOOK_STATUSES, Book, utcnow
+from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus, utcnow
 from app.errors import NotFound
 from app.keys import check_job_id, known_id
 from app.speech import TOKEN_RATE
@@ -60,6 +60,7 @@ class BookStatusView:
     publication: Publication = Publication()  # from the plan: publisher, year, ISBN, genres
     description: str = ""
     cast: dict[str, str] = field(default_factory=dict)  # from the plan: folded voice name -> voice id
+    parse_wait_s: float = 0.0  # how long it waited for its reading to begin (so far, while it waits)
 
 
 def require_book(*, session: Session, book_id: str) -> Book:
@@ -111,7 +112,20 @@ def _view(book: Book, rows: Sequence[queries.ChapterRow], artifacts: ArtifactSto
                           segments_done=sum(c.segments_done for c in chapters), audio_seconds=done_s,
                           eta_s=round(left / rate, 1) if live and rate else (0.0 if not live else None),
                           files=list_outputs(artifacts, book.id), notes=list(book.notes or []),
-                          seconds=_length(chapters), **_tags(artifacts, book.id))
+                          seconds=_length(chapters), parse_wait_s=parse_wait_s(book, utcnow()),
+                          **_tags(artifacts, book.id))
+
+
+def parse_wait_s(book: Book, now: datetime) -> float:
+    """Seconds from its submission to the start of its latest reading (`app.books.lanes`); while it
+    still waits for one, to `now`."""
+    if book.parse_started_at is not None:
+        end = book.parse_started_at
+    elif book.status == BookStatus.PARSING:
+        end = now
+    else:
+        return 0.0  # read before readings were recorded
+    return round(max((end - book.submitted_at).total_seconds(), 0.0), 1)
 
 
 def _length(chapters: list[ChapterStatus]) -> float | None:

@@ -24,7 +24,13 @@ from app.books.loudness import DEFAULT_TARGET_LUFS
 from app.books.parse import FORMATS
 from app.books.publication import check_publication
 from app.books.select import parse_chapters
-from app.books.source import DEFAULT_LIMITS, BookLimits, PublicationFields, check_language_tag
+from app.books.source import (
+    DEFAULT_LIMITS,
+    BookLimits,
+    PublicationFields,
+    check_language_tag,
+    check_xml_text,
+)
 from app.errors import BadInput
 from app.speech import MAX_SEED, OutputFormat
 
@@ -114,6 +120,8 @@ class Submission:
         """What can be refused without reading the book: options, format name, field lengths, the
         language tag's spelling and the chapter selection's."""
         self.options.check()
+        for name, text in self._texts():
+            check_xml_text(text, name)
         if self.options.epub3 and self.book_format == "manifest":
             raise BadInput("a manifest of tokens or audio has no text to read along; epub3 needs a text book")
         if self.book_format is not None and self.book_format not in FORMATS:
@@ -130,6 +138,17 @@ class Submission:
             check_language_tag(self.language)
         if self.chapters is not None:
             parse_chapters(self.chapters, limits.max_chapters)  # its spelling; the book's count comes later
+
+    def _texts(self) -> list[tuple[str, str]]:
+        """(field, value) of every text the request gives that a book's files or tags may carry."""
+        given: list[tuple[str, str | None]] = [
+            (name, getattr(self, name))
+            for name in ("title", "author", "narrator", "description", "publisher", "year", "isbn",
+                         "language", "chapters")]
+        given += [("series", self.options.series), ("series_part", self.options.series_part),
+                  ("file name", self.filename)]
+        given += [("genres", genre) for genre in self.genres or ()]
+        return [(name, value) for name, value in given if isinstance(value, str)]
 
     @property
     def publication(self) -> PublicationFields:

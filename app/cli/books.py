@@ -206,7 +206,8 @@ def follow_book(api: Any, book_id: str, poll_s: float = 1.0) -> dict[str, Any]:
                 bar.set_description_str(bar_label(book["title"]))
             bar.total = book["segments_total"] or bar.total
             eta = f", ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
-            what = ("reading the book" if book["status"] == "parsing"
+            what = (f"reading the book ({book.get('parse_lane', 'quick')} lane, waited "
+                    f"{book.get('parse_wait_s', 0):.0f} s)" if book["status"] == "parsing"
                     else f"{book['audio_seconds']:.0f} s audio")
             bar.set_postfix_str(f"{book['status']}, {what}{eta}")
             bar.update(book["segments_done"] - bar.n)

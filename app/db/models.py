@@ -278,6 +278,11 @@ class Book(Base):
     voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"))
     status: Mapped[str] = mapped_column(String(16), default=BookStatus.QUEUED)
     parse_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # book.parse runs
+    # Its reading (`app.lifecycle.parsing`): when the latest one began (a claim: no other reader takes it
+    # until it could no longer be running), and its lane: "quick" first, "long" once a quick reading ran
+    # out of the quick lane's budget.
+    parse_started_at: Mapped[datetime | None]
+    parse_lane: Mapped[str] = mapped_column(String(8), default="quick", server_default="quick")
     title: Mapped[str] = mapped_column(Text)
     author: Mapped[str] = mapped_column(Text, default="")
     language: Mapped[str] = mapped_column(String(35), default="en")
@@ -330,6 +335,10 @@ class BookChapter(Base):
     ready_at: Mapped[datetime | None]
     rung_at: Mapped[datetime | None]
     checked_at: Mapped[datetime | None]
+    # A render of its file is a lease (`app.lifecycle.chapters`): whose it is and until when, renewed
+    # while it renders; a book.chapter that finds it held leaves the chapter to its holder.
+    render_owner: Mapped[str | None] = mapped_column(String(200))
+    render_until: Mapped[datetime | None]
 
 
 class Segment(Base):

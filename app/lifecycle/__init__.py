@@ -7,6 +7,8 @@ these functions. docs/RELIABILITY.md draws the state diagrams.
     books  a book's reading, plan and status; chapters scheduled, ready (the outbox of `book.chapter`),
            rung, checked, assembled; segments linked to a job, failed, reopened, and the chapter counters
            every change of a segment's outcome moves
+    chapters  a chapter's render as a lease: claimed, renewed, released, expired
+    readings  a book's reading claimed (an attempt), and moved to the long lane
 
 Callers use this package's names (`lifecycle.claim(...)`, `lifecycle.set_book_status(...)`).
 """
@@ -25,9 +27,15 @@ from app.lifecycle.books import (
     record_ready,
     reopen_failed_segments,
     set_book_status,
-    start_book_parse,
     touch_chapter,
     unlink_segment_job,
+)
+from app.lifecycle.chapters import (
+    RENDER_LEASE_S,
+    claim_render,
+    expire_renders,
+    release_render,
+    renew_render,
 )
 from app.lifecycle.jobs import (
     CLAIMED,
@@ -43,11 +51,13 @@ from app.lifecycle.jobs import (
     ring,
     settle,
 )
+from app.lifecycle.readings import LONG, QUICK, claim_reading, demote_reading
 
 __all__ = [
-    "CLAIMED", "RING_BACKOFF_MAX", "Settled", "add_book_plan", "cancel", "claim", "claim_next_chapter",
-    "count_outcome", "fail_segment", "finish", "is_leased", "link_segment_job", "mark_chapter_assembled",
-    "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_ready", "release", "renew",
-    "reopen_failed_segments", "ring", "set_book_status", "settle", "start_book_parse", "touch_chapter",
-    "unlink_segment_job",
+    "CLAIMED", "LONG", "QUICK", "RENDER_LEASE_S", "RING_BACKOFF_MAX", "Settled", "add_book_plan", "cancel",
+    "claim", "claim_next_chapter", "claim_reading", "claim_render", "count_outcome", "demote_reading",
+    "expire_renders", "fail_segment", "finish", "is_leased", "link_segment_job", "mark_chapter_assembled",
+    "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_ready", "release",
+    "release_render", "renew", "renew_render", "reopen_failed_segments", "ring", "set_book_status",
+    "settle", "touch_chapter", "unlink_segment_job",
 ]

@@ -1,7 +1,8 @@
 """A book's life, and its chapters' and segments', in one place: every change of their state is made here
 (a job's is `app.lifecycle.jobs`'s). docs/RELIABILITY.md has the diagrams.
 
-    book      parsing --start_book_parse (each reading)--> parsing --add_book_plan--> queued
+    book      parsing --claim_reading (each reading: `app.lifecycle.readings`)--> parsing
+              --add_book_plan--> queued
               queued --set_book_status(rendering)--> rendering --> assembling --> succeeded
               any live status --set_book_status--> failed | cancelled
     chapter   claim_next_chapter (scheduled) -> ready (the transaction that settles its last open segment:
@@ -44,16 +45,6 @@ from app.db.queries import chapters as chapter_counts
 from app.db.queries._common import _clip, _insert, _rowcount
 from app.db.queries.books import INSERT_CHUNK, PlannedChapter
 from app.db.queries.chapters import DONE, FAILED, OPEN, Outcome
-
-
-def start_book_parse(*, session: Session, book_id: str) -> int | None:
-    """Count one more reading of a `parsing` book; its attempts so far, or None if it is not parsing."""
-    result = session.execute(
-        update(Book).where(Book.id == book_id, Book.status == BookStatus.PARSING)
-        .values(parse_attempts=Book.parse_attempts + 1, updated_at=utcnow()))
-    if _rowcount(result) != 1:
-        return None
-    return int(session.scalar(select(Book.parse_attempts).where(Book.id == book_id)) or 0)
 
 
 def add_book_plan(*, session: Session, book_id: str, title: str, author: str, language: str, plan_key: str,

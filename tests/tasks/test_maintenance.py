@@ -19,7 +19,7 @@ from app.books.service import submit_book
 from app.broker import open_broker
 from app.context import Context
 from app.db import queries
-from app.db.models import Book, Job, JobStatus, VoiceStatus, Worker, utcnow
+from app.db.models import Job, JobStatus, VoiceStatus, Worker, utcnow
 from app.features import host_half
 from app.jobs import submit_job
 from app.maintenance import WORKER_GONE_S, release_previous, sweep
@@ -78,10 +78,9 @@ def test_a_book_folder_without_a_row_is_removed_and_a_book_whose_reader_died_is_
                            reference_bytes=wav_bytes())
         dying = submit_book(ctx=ctx, session=session, data=b"Title\n\nMore text.", filename="c.txt",
                             voice_id=queries.require_book(session=session, book_id=kept).voice_id)
-        assert lifecycle.start_book_parse(session=session, book_id=dying) == 1  # a reader started, then died
-        session.execute(update(Book).where(Book.id == dying).values(
-            updated_at=utcnow() - timedelta(seconds=settings.book_parse_timeout_s + settings.stuck_job_after_s
-                                            + 5)))
+        past = utcnow() - timedelta(seconds=settings.book_parse_timeout_s + settings.stuck_job_after_s + 5)
+        # a reader started, then died (its claim stamped then, and the book's row not touched since)
+        assert lifecycle.claim_reading(session=session, book_id=dying, now=past, stale_before=past) == 1
         session.commit()
     for folder in (stray, stray.parent / kept, stray.parent / dying):
         age(folder, 7200)

@@ -220,7 +220,8 @@ function renderBook(card, book) {
   const length = lengths.length && lengths.every((s) => s !== null)
     ? ` · ${seconds(lengths.reduce((a, b) => a + b, 0))} long with its pauses` : "";
   p.summary.textContent = book.status === "parsing"
-    ? "reading the book on a CPU worker (its chapters appear once it is read)"
+    ? `reading the book on a CPU worker (${book.parse_lane} lane, waited ${Math.round(book.parse_wait_s)} s; ` +
+      "its chapters appear once it is read)"
     : `${book.segments_done}/${book.segments_total} segments · ` +
       `${seconds(book.audio_seconds)} of speech${length}${eta}`;
   if (!p.chapters) {

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from app.db.models import (
@@ -195,3 +196,27 @@ def count_live_books_with_segment(*, session: Session, key: str, exclude_book_id
     if exclude_book_id is not None:
         stmt = stmt.where(Book.id != exclude_book_id)
     return int(session.execute(stmt).scalar_one())
+
+
+def reading_candidates(*, session: Session, prefer: str | None, stale_before: datetime,
+                       long_slots: int, limit: int = 5) -> list[str]:
+    """The `parsing` books a `book.parse` doorbell may read now, fairest first (`app.lifecycle.readings`):
+    `prefer` (the doorbell's own book) if it is in the quick lane and nobody reads it, then the quick
+    lane's books oldest first, then, while fewer than `long_slots` long readings run, the long lane's
+    oldest first. A book being read (started after `stale_before`) is nobody's to take."""
+    free = or_(Book.parse_started_at.is_(None), Book.parse_started_at < stale_before)
+    waiting = select(Book.id).where(Book.status == BookStatus.PARSING, free)
+    quick = list(session.scalars(waiting.where(Book.parse_lane == "quick")
+                                 .order_by(Book.submitted_at, Book.id).limit(limit)))
+    if prefer in quick:
+        quick = [prefer, *[b for b in quick if b != prefer]]
+    elif prefer is not None and session.scalar(waiting.where(Book.id == prefer, Book.parse_lane == "quick")):
+        quick = [prefer, *quick]
+    if quick:
+        return quick
+    running = session.scalar(select(func.count()).select_from(Book).where(
+        Book.status == BookStatus.PARSING, Book.parse_lane == "long", Book.parse_started_at >= stale_before))
+    if int(running or 0) >= long_slots:
+        return []
+    return list(session.scalars(waiting.where(Book.parse_lane == "long")
+                                .order_by(Book.submitted_at, Book.id).limit(limit)))

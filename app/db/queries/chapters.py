@@ -38,6 +38,7 @@ from app.db.models import (
     Job,
     JobStatus,
     Segment,
+    utcnow,
 )
 
 OPEN, DONE, FAILED = "open", "done", "failed"
@@ -83,13 +84,17 @@ def chapter_ready_at(*, session: Session, book_id: str, index: int) -> datetime 
                           .where(BookChapter.book_id == book_id, BookChapter.index == index))
 
 
-def list_unchecked_chapters(*, session: Session, rung_before: datetime) -> list[tuple[str, int]]:
+def list_unchecked_chapters(*, session: Session, rung_before: datetime,
+                            now: datetime | None = None) -> list[tuple[str, int]]:
     """(book id, index) of the chapters of rendering books recorded ready, not checked by book.chapter,
-    and neither recorded nor sent again since `rung_before`: their doorbell was lost."""
+    neither recorded nor sent again since `rung_before`, and not being rendered (no render lease that
+    has not passed at `now`): their doorbell was lost."""
+    now = now or utcnow()
     stmt = (select(BookChapter.book_id, BookChapter.index).join(Book, Book.id == BookChapter.book_id)
             .where(Book.status == BookStatus.RENDERING, BookChapter.ready_at.is_not(None),
                    BookChapter.checked_at.is_(None),
-                   func.coalesce(BookChapter.rung_at, BookChapter.ready_at) < rung_before)
+                   func.coalesce(BookChapter.rung_at, BookChapter.ready_at) < rung_before,
+                   or_(BookChapter.render_until.is_(None), BookChapter.render_until < now))
             .order_by(BookChapter.book_id, BookChapter.index))
     return [(str(book_id), int(index)) for book_id, index in session.execute(stmt)]
 

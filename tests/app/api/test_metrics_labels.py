@@ -3,6 +3,8 @@ about, /metrics keeps a bounded number of series (each label value is kept for t
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from fastapi.testclient import TestClient
 
 from app.api.metrics import OTHER, UNMATCHED, request_labels
@@ -31,3 +33,8 @@ def test_request_labels_come_from_closed_sets() -> None:
     assert request_labels({"method": "GET"}, 200) == ("GET", UNMATCHED, "200")
     assert request_labels({"method": "get"}, 999) == (OTHER, UNMATCHED, OTHER)
     assert request_labels({"method": "BREW", "route": object()}, 418) == (OTHER, UNMATCHED, "418")
+    # a code HTTP does not define is not a value of its own, even within 100..599 (an app or a proxy
+    # behind the route could send any of them)
+    assert request_labels({"method": "POST"}, 299) == ("POST", UNMATCHED, OTHER)
+    assert {request_labels({"method": "GET"}, code)[2] for code in range(100, 600)} - {OTHER} == {
+        str(int(code)) for code in HTTPStatus} | {"499"}  # 499: the API's own answer to a client gone

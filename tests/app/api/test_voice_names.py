@@ -113,3 +113,12 @@ def test_names_are_compared_after_nfkc_and_case_folding_and_mixed_scripts_are_re
     assert mixed.status_code == 422 and "Cyrillic" in mixed.json()["reason"]
     assert client.patch(f"/v1/voices/{b}", json={"name": "\u0410\u043d\u044f"}).status_code == 200  # Аня
     assert client.patch(f"/v1/voices/{a}", json={"name": "ADA"}).status_code == 200  # its own name, recased
+
+
+def test_a_name_finds_its_voice_whatever_its_case_or_width(client: TestClient, settings: Settings) -> None:
+    a = "1" * 64
+    _voice_rows(settings, a)
+    assert client.patch(f"/v1/voices/{a}", json={"name": "Ada"}).status_code == 200
+    for same in ("Ada", "ada", "ADA", "\uff21\uff44\uff41"):  # one name after NFKC and case folding
+        assert client.get(f"/v1/voices/{same}").json()["id"] == a, same
+    assert client.get("/v1/voices/Ava").status_code == 404

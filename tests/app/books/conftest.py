@@ -93,6 +93,7 @@ def make_epub(
     extra: dict[str, bytes] | None = None,
     opf_extra: str = "",
     spine: list[int] | None = None,
+    manifest_extra: str = "",
 ) -> bytes:
     docs = EPUB_DOCS if docs is None else docs
     toc = EPUB_TOC if toc is None else toc
@@ -141,7 +142,7 @@ def make_epub(
             '<metadata xmlns:dc="http://purl.org/dc/elements/1.1/">'
             "<dc:title>The Clockmaker Tales</dc:title><dc:creator>Ida North</dc:creator>"
             f"<dc:language>en-GB</dc:language>{opf_extra}</metadata>"
-            f"<manifest>{''.join(items)}</manifest>"
+            f"<manifest>{''.join(items)}{manifest_extra}</manifest>"
             f"<spine{' toc=&quot;ncx&quot;' if ncx else ''}>{refs}</spine></package>".replace("&quot;", '"'),
         )
         for name, data in (extra or {}).items():

@@ -225,3 +225,14 @@ def test_the_read_along_package_carries_the_books_publication(tmp_path):
     assert (dc["publisher"], dc["date"]) == (["Lantern House"], ["2019"])
     assert "urn:isbn:9780306406157" in dc["identifier"]
     assert dc["subject"] == ["Fiction", "Fantasy", "Adventure"]
+
+
+def test_a_books_own_control_characters_are_cleaned_so_its_read_along_epub_is_assembled(tmp_path):
+    """A text file may carry a few control characters (under the binary-data share): its title, a chapter
+    title and a paragraph with them used to fail the book at assembly (lxml: "All strings must be XML
+    compatible"); they are taken out as the book is read."""
+    text = ("# The\x01 Quiet\x0c House\n\n## Chapter\x02 One\n\nThe door was open.\x1f Nobody came.\n\n"
+            + "The wind rose and the lamps went out. " * 120 + "\n").encode()  # 4 in 4,600 characters
+    plan, _, out = build("markdown", tmp_path, data=text)
+    assert plan.title == "The Quiet House" and plan.chapters[0].title == "Chapter One"
+    assert [m for m in epubcheck(out.epub) if m["severity"] in ("FATAL", "ERROR")] == []

@@ -113,7 +113,7 @@ def test_serve_runs_several_processes_on_postgresql_with_their_metrics_in_one_fo
 
     monkeypatch.setattr(uvicorn, "run", run)
     try:
-        assert cli.main(["serve", "--port", "18999", "--processes", "3"]) == 0
+        assert cli.main(["serve", "--port", str(_free_port()), "--processes", "3"]) == 0
     finally:
         get_settings.cache_clear()
     (started,) = runs
@@ -130,7 +130,7 @@ def test_serve_refuses_several_processes_on_sqlite_and_says_why(
 
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("started on SQLite"))
     try:
-        assert cli.main(["serve", "--processes", "2"]) == 2
+        assert cli.main(["serve", "--port", str(_free_port()), "--processes", "2"]) == 2
         assert service_commands.serve_refusal(get_settings().database_url, 1) is None
     finally:
         get_settings.cache_clear()
