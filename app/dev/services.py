@@ -81,9 +81,11 @@ def ensure_redis(url: str, workdir: Path) -> Callable[[], None] | None:
     subprocess.run([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                     "--daemonize", "yes", "--pidfile", str(pidfile), "--dir", str(workdir),
                     "--logfile", str(workdir / f"redis-{port}.log")], check=True)
-    if not wait_until(lambda: port_open(host, port) and pidfile.exists(), timeout=10):
+    # redis-server creates its pid file before it writes the number: wait for the number, not the file
+    if not wait_until(lambda: port_open(host, port) and _read_pid(pidfile) is not None, timeout=10):
         raise ServiceError(f"redis-server did not come up on port {port}; see {workdir}/redis-{port}.log")
-    pid = int(pidfile.read_text().strip())
+    pid = _read_pid(pidfile)
+    assert pid is not None
     log.info("started redis-server (pid %d) on port %d", pid, port)
 
     def stop() -> None:
@@ -204,6 +206,13 @@ def _in_use(client: redis.Redis, owner: str, connected: int) -> str | None:
         return None  # this demo's leftovers, or a demo's that has stopped
     keys = client.dbsize() - (lease == owner)  # our own lease, just taken, is not another stack's
     return f"holds {keys} keys of another stack" if keys else None
+
+
+def _read_pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def _signal_pid(pid: int, sig: int) -> None:
