@@ -212,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and args.install_lane:
-        print("error: --install-lane is for a CPU engine; on CUDA installs overlap on the side stream",
-              file=sys.stderr)
+        print("error: --install-lane is for a CPU engine; a CUDA engine always installs on its lane (a side "
+              "thread, the side stream)", file=sys.stderr)
         return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no CUDA device", file=sys.stderr)
