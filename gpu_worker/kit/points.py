@@ -26,11 +26,12 @@ from gpu_worker.kit.part import PartRun
 from gpu_worker.loading import DTYPES
 
 
-def build(ctx: PartRun, dtype: str, micro_batch_size: int, graphs: bool) -> BenchSetup:
+def build(ctx: PartRun, dtype: str, micro_batch_size: int, graphs: bool,
+          speaker: str = "standin") -> BenchSetup:
     if fallbacks.usable_dtype(torch.device(ctx.device), DTYPES[dtype]) != DTYPES[dtype]:
         dtype = "fp32"  # as the worker does: a kernel missing in that dtype (counted in the part's report)
     fallbacks.attention_probe(torch.device(ctx.device), DTYPES[dtype])
-    setup = BenchSetup.build(preset=ctx.sizes.model, device=ctx.device, dtype=dtype, speaker="standin",
+    setup = BenchSetup.build(preset=ctx.sizes.model, device=ctx.device, dtype=dtype, speaker=speaker,
                              micro_batch_size=micro_batch_size)
     if graphs:
         wrap_graphs(ctx, setup, micro_batch_size)
@@ -109,14 +110,14 @@ def points(ctx: PartRun, setup: BenchSetup, modes: tuple[str, ...], concurrency:
                 ctx.save()
 
 
-def build_recorded(ctx: PartRun, key: str, dtype: str, micro_batch_size: int,
-                   graphs: bool) -> BenchSetup | None:
+def build_recorded(ctx: PartRun, key: str, dtype: str, micro_batch_size: int, graphs: bool,
+                   speaker: str = "standin") -> BenchSetup | None:
     """`build`, its seconds and graph figures recorded under results[key]; None if it failed (recorded)."""
     made: list[BenchSetup] = []
 
     def make() -> dict[str, Any]:
         start = time.monotonic()
-        made.append(build(ctx, dtype, micro_batch_size, graphs))
+        made.append(build(ctx, dtype, micro_batch_size, graphs, speaker))
         dtype_used = str(made[0].dtype).removeprefix("torch.")  # float32 where the probe fell back
         return {"seconds": time.monotonic() - start, "dtype": dtype_used,
                 "micro_batch_size": micro_batch_size,
