@@ -2,11 +2,14 @@
 
 A capture records kernels; it cannot run a host read (`item()`, `bool(tensor)`, `tolist()`, an op whose
 output shape depends on the data, `equal`): CUDA refuses the copy or the sync while the stream is
-capturing, the capture fails, and the part stays eager. Some reads hide inside ATen's composite ops where a
-dispatch mode cannot see them (`torch.istft` checks its window envelope with `at::equal` inside its C++
-body), so counting ops on a CPU (`gpu_worker.bench.syncs`) misses them. This guard runs the region on
-the `meta` device instead, where tensors have shapes and no data: any read of a value fails there
-whatever dispatches it, and the ops a dispatch mode does see are named.
+capturing, the capture fails, and the part stays eager. Nor may it copy a host tensor it made to the
+device (from pageable memory CUDA refuses it; from pinned memory a replay copies whatever that memory
+holds by then), which the guard refuses too where it sees one (`tensor.to(device)`, `copy_`; a literal
+`torch.tensor(data, device=...)` is made below the dispatcher and is not seen). Some reads hide inside
+ATen's composite ops where a dispatch mode cannot see them (`torch.istft` checks its window envelope with
+`at::equal` inside its C++ body), so counting ops on a CPU (`gpu_worker.bench.syncs`) misses them. This
+guard runs the region on the `meta` device instead, where tensors have shapes and no data: any read of a
+value fails there whatever dispatches it, and the ops a dispatch mode does see are named.
 
     without_data(fn, *args, **kwargs) -> fn's result (meta tensors)
         fn (a module, a module's method, or a function) on meta copies of itself and its arguments: their
@@ -39,11 +42,27 @@ class HostRead(RuntimeError):
     """A region that must not read a tensor back did."""
 
 
+COPIES = frozenset({aten._to_copy, aten.to, aten.copy_})  # under inference mode `to` arrives whole
+
+
 class _Refuse(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
         if func in READS or (func is aten.index.Tensor and _bool_index(args)):
             raise HostRead(f"{func} reads a tensor's value back to the host")
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs)
+        if func.overloadpacket in COPIES and _from_host(args, out):
+            raise HostRead(f"{func} copies a host tensor made in the region to the device (a replay would "
+                           "copy from memory that is gone)")
+        return out
+
+
+def _from_host(args: tuple, out: Any) -> bool:
+    """A host tensor of more than one element copied to the device (a 0-d CPU tensor in an op is a kernel
+    argument, not a copy)."""
+    src = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else args[0]
+    return (isinstance(src, torch.Tensor) and src.device.type == "cpu" and src.dim() > 0
+            and isinstance(out, torch.Tensor) and out.device.type != "cpu")
 
 
 def _bool_index(args: tuple) -> bool:

@@ -67,8 +67,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="the reference's flow dtype (default fp32, whatever --dtype is: the baseline)")
     p.add_argument("--speaker", choices=["s3", "standin", "campplus"], default=None,
-                   help="device half's S3 + CAM++: the ONNX files (full), a stand-in, or the stand-in's tokens "
-                        "with CAM++'s real network (random weights, onnxruntime CPU)")
+                   help="device half's S3 + CAM++: the ONNX files (full), a stand-in, or the stand-in's "
+                        "tokens with CAM++'s real network (random weights, onnxruntime CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--install-lane", action="store_true",
                    help="modes c and d install voices on a side thread (WAVEFARM_INSTALL_LANE; CPU)")

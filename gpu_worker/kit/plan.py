@@ -32,7 +32,7 @@ class Part:
 # torch.compile's first compile of the DiT (inductor) on a cold GPU machine has not been measured: a part
 # killed at its budget made the whole call fail, so compile does not start with less than these floors
 # (chosen, not measured; the CPU one for the rehearsal's `eager` backend at tiny size)
-COMPILE_MIN_CUDA_S, COMPILE_MIN_CPU_S = 150.0, 60.0
+COMPILE_MIN_CUDA_S, COMPILE_MIN_CPU_S = 120.0, 60.0
 
 PARTS = (
     Part(1, "smoke", "environment + tiny correctness smoke", 0.12),

@@ -1,9 +1,9 @@
 """What a CUDA graph captures reads nothing back to the host (issue 41, finding 2): a host read inside a
-capture makes CUDA refuse the capture, and the part stays eager for the life of the worker. Checked on
-a CPU with `gpu_worker.bench.capture_guard`, which runs the region on the meta device (shapes, no data)
-under a mode that refuses reads: the vocoder's call as `GraphedHiFT` captures it, and the decode step's
-flow as `GraphedFlow` captures it, at bucket shapes. And the inverse STFT the vocoder now runs is
-`torch.istft`'s arithmetic without its read-back."""
+capture makes CUDA refuse the capture, and the part stays eager for the life of the worker. Checked on a
+CPU with `gpu_worker.bench.capture_guard`, which runs the region on the meta device (shapes, no data)
+under a mode that refuses reads (and copies of host tensors made in the region): the vocoder's call as
+`GraphedHiFT` captures it, and the decode step's flow as `GraphedFlow` captures it, at bucket shapes. And
+the inverse STFT the vocoder now runs is `torch.istft`'s arithmetic without its read-back."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def one_thread():
 
 @pytest.mark.parametrize("read", [lambda t: t.sum().item(), lambda t: bool(t.sum() > 0),
                                   lambda t: torch.nonzero(t), lambda t: t[t > 0], lambda t: t.tolist(),
-                                  lambda t: torch.equal(t, t)],
-                         ids=["item", "bool", "nonzero", "boolean-index", "tolist", "equal"])
+                                  lambda t: torch.equal(t, t), lambda t: t + torch.ones(6).to(t.device)],
+                         ids=["item", "bool", "nonzero", "boolean-index", "tolist", "equal", "host-copy"])
 @pytest.mark.parametrize("inference", [False, True])
 def test_the_guard_refuses_every_kind_of_host_read(read, inference: bool) -> None:
     with torch.inference_mode(inference), pytest.raises(HostRead):

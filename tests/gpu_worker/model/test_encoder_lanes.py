@@ -121,8 +121,8 @@ def test_encoder_lanes_equal_the_per_stream_encoder_through_the_trims(tiny_flow,
 @torch.inference_mode()
 def test_padding_lanes_and_frames_never_change_a_real_row_of_the_encoder(tiny_flow, voices):
     """A graph bucket pads the pass with free lanes and frames past the longest chunk: every real row's mu
-    stays within float rounding by shape of the unpadded pass (measured 1.2e-6 at most, by CPU) and of the stream
-    encoded alone, and the free lanes stay finite."""
+    stays within float rounding by shape of the unpadded pass (measured 1.2e-6 at most, by CPU) and of the
+    stream encoded alone, and the free lanes stay finite."""
     def run(pad_rows: int, pad_frames: int) -> tuple[list[torch.Tensor], float]:
         lanes = _lanes(tiny_flow)
         streams = [Stream(lanes, voices[i % 2]) for i in range(2)]
