@@ -18,6 +18,7 @@ at all. This is 3D-Speaker's CAM++ as the released campplus.onnx holds it (80-bi
 About 7 M weights, as MODEL.md says of the released file.
 
     write_campplus_onnx(path, seed)          the ONNX file (TorchScript exporter, dynamic time axis)
+    python -m gpu_worker.bench.campplus      its export time and a 6 s prompt's CAM++ call on onnxruntime
     CampPlusSpeaker(campplus, device)        `gpu_worker.prompt.Speaker`: StandInSpeaker's tokens (the S3
         tokenizer runs on the device, not what is measured) and this CAM++'s embedding, each call timed
 """
@@ -152,3 +153,37 @@ class CampPlusSpeaker:
         embedding = self.campplus(fbank80)
         self.seconds.append(time.perf_counter() - start)
         return tokens, embedding.to(tokens.device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import statistics
+    import tempfile
+
+    from gpu_worker.speaker import CampPlus
+
+    parser = argparse.ArgumentParser(prog="python -m gpu_worker.bench.campplus",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--frames", type=int, default=598, help="fbank frames (598: a 6 s prompt)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        weights = write_campplus_onnx(Path(tmp) / "campplus.onnx", 0)
+        export_s = time.perf_counter() - start
+        campplus = CampPlus(Path(tmp) / "campplus.onnx")  # one intra-op thread, as the worker's
+        fbank = torch.randn(args.frames, FBANK_BINS, generator=torch.Generator().manual_seed(0))
+        campplus(fbank)  # the first call pays onnxruntime's own warm-up
+        calls = []
+        for _ in range(args.calls):
+            start = time.perf_counter()
+            campplus(fbank)
+            calls.append(time.perf_counter() - start)
+    print(f"CAM++ ({weights} weights): export {export_s:.1f} s; a {args.frames}-frame call on onnxruntime's "
+          f"CPU, 1 thread: median {statistics.median(calls):.3f} s "
+          f"(min {min(calls):.3f}, max {max(calls):.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
