@@ -70,6 +70,8 @@ def run_part(part: Part, args: argparse.Namespace, budget_s: float, log: IO[str]
                "--device", args.device, "--preset", args.preset, "--budget-s", f"{budget_s:.1f}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if args.device == "cpu":  # the rehearsal: one torch thread, so that a loaded machine does not stall it
+        env.setdefault("OMP_NUM_THREADS", "1")  # (2 threads: gpu_check over 100 s beside 3 busy loops; 1: 41)
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
