@@ -61,9 +61,9 @@ class Settings(BaseSettings):
         "0 keeps torch's default"
     )
     install_lane: bool = Field(
-        default=False, description="CPU only: voice installs (the device half) on a side thread beside "
-        "the decode loop, as the side stream does on CUDA; give the engine half the cores "
-        "(WAVEFARM_TORCH_THREADS)"
+        default=False, description="a CPU worker's voice installs (the device half) on a side thread "
+        "beside the decode loop; give the engine half the cores (WAVEFARM_TORCH_THREADS). A CUDA worker "
+        "always installs on such a thread (CAM++ runs on the CPU), its device work on a side stream"
     )
     cpu_linear: Literal["onednn", "blas"] = Field(
         default="onednn", description="float32 linears on a CPU: oneDNN (faster where measured) or the BLAS"

@@ -89,8 +89,8 @@ class Engine:
                  clock: Callable[[], float] = time.monotonic, prep_pool: Executor | None = None,
                  install_lane: Executor | None = None) -> None:
         """`prep_pool`: where inline host halves run beside the decode (None: in the engine thread);
-        `install_lane`: a CPU worker's side thread for installs (None: installs run here, and on CUDA
-        on the side stream)."""
+        `install_lane`: the side thread installs run on (`voices.install_lane`: a CUDA worker's always,
+        its device work on the side stream; None: installs run here)."""
         self.decoder = decoder
         self.voices = voices
         self.config = config

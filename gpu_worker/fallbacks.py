@@ -79,7 +79,7 @@ def attention_probe(device: torch.device, dtype: torch.dtype) -> bool:
 
 def _kernel_kinds(device: torch.device, dtype: torch.dtype) -> None:
     """One tiny call of each kind of kernel the model runs (linear, convolutions, normalisation, attention,
-    the activations), in `dtype` on `device`: raises where one is missing."""
+    the activations, reflect padding), in `dtype` on `device`: raises where one is missing."""
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(2, 8, 16, generator=g).to(device, dtype)
     w = torch.randn(16, 16, generator=g).to(device, dtype)
@@ -90,7 +90,8 @@ def _kernel_kinds(device: torch.device, dtype: torch.dtype) -> None:
     c = y.transpose(1, 2)  # [B, C, T]
     k = torch.randn(16, 16, 3, generator=g).to(device, dtype)
     c = F.conv_transpose1d(F.conv1d(c, k, padding=1), k, stride=2)
-    c = F.leaky_relu(c, 0.1) + torch.sin(c)
+    c = F.leaky_relu(c, 0.1) + torch.sin(c) + F.mish(c)  # Mish: the DiT's causal conv block
+    c = F.pad(c, (1, 0), mode="reflect")  # the vocoder's last upsampling
     if not bool(torch.isfinite(c.float()).all()):
         raise RuntimeError(f"non-finite output in {dtype}")
 

@@ -5,10 +5,10 @@ preparation will serve it (wait), the feature store has it (install it: here, or
 the store cannot be used or the prep wait ran out (prepare inline: in the lane, in the prep pool, or
 here). `collect` hands over the preparations that settled in the lane or the pool. With `install_batch`
 above 1, the stored features that one pump finds are installed together at its end, several voices per
-setup solve, by `flush`. All three say what the engine is to do as `Start` or `Fail` outcomes, for the
-engine to apply at once (`collect` and `flush` are generators, so each outcome is applied before the
-next voice is looked at); the engine owns the jobs and their streams, this module owns the preparations
-in flight and the installs.
+setup solve, by `flush` (in the lane where there is one: a CUDA worker always has it). All three say
+what the engine is to do as `Start` or `Fail` outcomes, for the engine to apply at once (`collect` and
+`flush` are generators, so each outcome is applied before the next voice is looked at); the engine owns
+the jobs and their streams, this module owns the preparations in flight and the installs.
 
 Every way a voice became ready is a prep path (`PREP_PATHS`), counted by the engine and recorded on the
 job. Installs are announced as `VoiceInstalled` events.
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from app.features import PromptHostFeatures
 from gpu_worker.streams import EngineEvent, EngineJob, VoiceInstalled
-from gpu_worker.voices import InstalledVoice, VoiceCache
+from gpu_worker.voices import Built, InstalledVoice, VoiceCache
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +79,6 @@ Outcome = Start | Fail
 
 
 @dataclass
-class _Installed:
-    """What the install lane hands back: a prompt built off the engine thread and its seconds."""
-
-    prompt: Any
-    install_s: float
-
-
-@dataclass
 class _Batched:
     """Stored features found this pump, installed with the others at its end (`install_batch` > 1)."""
 
@@ -97,7 +89,7 @@ class _Batched:
 
 @dataclass
 class _Preparing:
-    future: Future[Any]  # PromptHostFeatures (prep pool) or _Installed (install lane)
+    future: Future[Any]  # PromptHostFeatures (prep pool), or {voice id: Built | Exception} (install lane)
     path: str  # the prep path of the job that asked for it
     owner: str  # that job's id
     stored: bool = False  # the lane installs stored features: on failure the voice is prepared inline
@@ -178,6 +170,11 @@ class VoiceResolver:
         found, self.batched = list(self.batched.values()), {}
         for i in range(0, len(found), self.install_batch):
             group = found[i : i + self.install_batch]
+            if self.install_lane is not None:  # built in the lane, kept as `collect` finds it settled
+                future = self.install_lane.submit(self.voices.build_each, [b.host for b in group])
+                for b in group:
+                    self.preparing[b.live.job.voice_id] = _Preparing(future, b.path, b.live.job.job_id, True)
+                continue
             installed = self._install_group([b.host for b in group], events)
             for batched in group:
                 voice_id = batched.live.job.voice_id
@@ -196,25 +193,9 @@ class VoiceResolver:
 
     def _install_group(self, hosts: list[PromptHostFeatures],
                        events: list[EngineEvent]) -> dict[str, InstalledVoice | Exception]:
-        """voice id -> its install, or why it failed: the group at once, else (several) one by one."""
-        try:
-            entries = self.voices.install_many(hosts)
-        except Exception as exc:  # which voice is bad is found one by one below
-            if len(hosts) == 1:
-                return {hosts[0].voice_id: exc}
-            log.warning("batched install of %d voices failed (%s); installing them one by one",
-                        len(hosts), exc)
-        else:
-            for entry in entries:
-                self._installed(entry, events)
-            return {entry.voice_id: entry for entry in entries}
-        out: dict[str, InstalledVoice | Exception] = {}
-        for host in hosts:
-            try:
-                out[host.voice_id] = self._install(host, events)
-            except Exception as exc:  # this voice's features are unusable
-                out[host.voice_id] = exc
-        return out
+        """voice id -> its install, or why it failed (`VoiceCache.build_each`), in this thread."""
+        return {voice_id: got if isinstance(got, Exception) else self._adopt(got, events)
+                for voice_id, got in self.voices.build_each(hosts).items()}
 
     def _fetch(self, voice_id: str) -> PromptHostFeatures | None | Exception:
         try:
@@ -229,12 +210,12 @@ class VoiceResolver:
     def _install_stored(self, live: Waiting, host: PromptHostFeatures, path: str, fetched: dict[str, Any],
                         events: list[EngineEvent]) -> Outcome | None:
         voice_id = live.job.voice_id
-        if self.install_lane is not None:
-            future = self.install_lane.submit(self._build, host)
-            self.preparing[voice_id] = _Preparing(future, path, live.job.job_id, stored=True)
-            return None
         if self.install_batch > 1:  # installed with the others this pump finds, in `flush`
             self.batched[voice_id] = _Batched(live, host, path)
+            return None
+        if self.install_lane is not None:
+            future = self.install_lane.submit(self.voices.build_each, [host])
+            self.preparing[voice_id] = _Preparing(future, path, live.job.job_id, stored=True)
             return None
         try:
             self._install(host, events)
@@ -250,7 +231,7 @@ class VoiceResolver:
         job = live.job
         future: Future[Any] | None = None
         if self.install_lane is not None:
-            future = self.install_lane.submit(lambda: self._build(self.preparer.prepare(job)))
+            future = self.install_lane.submit(lambda: self.voices.build_each([self.preparer.prepare(job)]))
         elif self.prep_pool is not None:
             future = self.prep_pool.submit(self.preparer.prepare, job)
         if future is not None:
@@ -263,21 +244,16 @@ class VoiceResolver:
             return Fail(live, exc, path)
         return Start(live, path, installed=fresh)
 
-    def _build(self, host: PromptHostFeatures) -> _Installed:
-        """The install lane's work (another thread): the device half, not yet kept."""
-        return _Installed(*self.voices.build(host))
-
-    def _keep_prepared(self, got: PromptHostFeatures | _Installed, voice_id: str,
+    def _keep_prepared(self, got: PromptHostFeatures | dict[str, Built | Exception], voice_id: str,
                        events: list[EngineEvent]) -> InstalledVoice:
-        if not isinstance(got, _Installed):
+        if isinstance(got, PromptHostFeatures):  # the prep pool's host half: installed here
             return self._install_host(got, voice_id, events)
-        if got.prompt.voice_id != voice_id:
-            raise ValueError(f"the install lane produced voice {got.prompt.voice_id}, not {voice_id}")
-        entry = self.voices.get(voice_id)
-        if entry is None:
-            entry = self.voices.adopt(got.prompt, got.install_s)
-            self._installed(entry, events)
-        return entry
+        built = got.get(voice_id)  # the lane's build of one voice or of a group
+        if built is None:
+            raise ValueError(f"the install lane produced voices {sorted(got)}, not {voice_id}")
+        if isinstance(built, Exception):
+            raise built
+        return self.voices.get(voice_id) or self._adopt(built, events)
 
     def _install_host(self, host: PromptHostFeatures, voice_id: str,
                       events: list[EngineEvent]) -> InstalledVoice:
@@ -287,6 +263,11 @@ class VoiceResolver:
 
     def _install(self, host: PromptHostFeatures, events: list[EngineEvent]) -> InstalledVoice:
         entry = self.voices.install(host)
+        self._installed(entry, events)
+        return entry
+
+    def _adopt(self, built: Built, events: list[EngineEvent]) -> InstalledVoice:
+        entry = self.voices.adopt(built)
         self._installed(entry, events)
         return entry
 

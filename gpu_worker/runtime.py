@@ -53,7 +53,7 @@ from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import Speaker, StandInSpeaker, install_voice, install_voices
 from gpu_worker.speaker import SpeakerFrontend
-from gpu_worker.voices import VoiceCache
+from gpu_worker.voices import VoiceCache, install_lane
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,8 @@ def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePr
                         batch_installer=partial(install_voices, speaker=speaker, decoder=decoder))
     # Inline host halves run beside the decode loop (CPU work; torch releases the GIL in it).
     pool = ThreadPoolExecutor(max_workers=INLINE_PREP_THREADS, thread_name_prefix="wavefarm-inline-prep")
-    lane = None
-    if settings.install_lane and device.type == "cpu":  # on CUDA installs already overlap (side stream)
-        lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wavefarm-install-lane")
+    # installs off the engine thread: on CUDA always (CAM++'s CPU half must not stall the decode)
+    lane = install_lane(device, asked=settings.install_lane)
     return Engine(decoder, voices, features=features, preparer=preparer, config=engine_config(settings),
                   prep_pool=pool, install_lane=lane)
 

@@ -1,17 +1,19 @@
-"""The installed-voice cache of one GPU worker: prepared prompts, pins, LRU eviction.
+"""The installed-voice cache of one GPU worker: prepared prompts, pins, LRU eviction; and the install lane.
 
 An installed voice is the device half's output (`VoicePrompt`: speaker embedding, prompt length and the
 setup caches), shared read-only by every stream of that voice. Each live job pins its voice; unpinned
 voices stay installed (another job with the same voice skips preparation) until the cache is over its
 capacity, when the least recently used unpinned ones are evicted and their device memory freed.
 
-On a CUDA device `install` (and `install_many`, several voices in one batched setup solve) runs the
-device half on a side stream and records an event; the first decode step that uses the voice makes the
-main stream wait on it (`wait_ready`), a device-side wait with no host sync. The published tensors are
-`record_stream`-ed on the main stream so the caching allocator does not hand their memory to the side
-stream while the main stream still reads them. On a CPU device installs run in the calling thread: the
-engine's, in order, or its install lane's (a side thread, the CPU's stand-in for the side stream), which
-builds the prompt with `build` and hands it to `adopt`.
+An install is `build_many` (make the prompts, any thread) then `adopt` (keep them, the engine thread).
+On a CUDA device `build_many` runs the device half on a side stream and records an event; the first
+decode step that uses the voice makes the main stream wait on it (`wait_ready`), a device-side wait with
+no host sync. The published tensors are `record_stream`-ed on the main stream so the caching allocator
+does not hand their memory to the side stream while the main stream still reads them. The call itself
+runs on the install lane (`install_lane`: a side thread): on CUDA always, since an install has a CPU half
+(CAM++ on onnxruntime's CPU where TensorRT is missing, the host side of a setup solve's thousands of
+launches) that would otherwise stall every live stream's decode step; on a CPU when asked, as the CPU's
+stand-in for the side stream. Without a lane the engine thread runs it (`install`, `install_many`).
 
 This module does no preparation maths itself: the installer callable (`gpu_worker.prompt`) does.
 """
@@ -21,14 +23,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from app.features import PromptHostFeatures
 
 log = logging.getLogger(__name__)
+
+
+def install_lane(device: torch.device, asked: bool) -> ThreadPoolExecutor | None:
+    """The engine's install lane (module docstring): on CUDA always; on a CPU only when `asked`
+    (WAVEFARM_INSTALL_LANE: there it takes cores from the decode)."""
+    if device.type == "cuda" or asked:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="wavefarm-install-lane")
+    return None
 
 
 class Installable(Protocol):
@@ -45,6 +56,14 @@ class Installable(Protocol):
 Installer = Callable[[PromptHostFeatures], Installable]
 # several voices, one setup solve
 BatchInstaller = Callable[[list[PromptHostFeatures]], Sequence[Installable]]
+
+
+class Built(NamedTuple):
+    """A prompt the device half made, not yet kept (`VoiceCache.build_many`)."""
+
+    prompt: Installable
+    install_s: float  # host seconds of the call that made it
+    ready_event: Any  # torch.cuda.Event on the side stream after its work; None on a CPU or one stream
 
 
 @dataclass
@@ -66,7 +85,7 @@ class VoiceCache:
     def __init__(self, installer: Installer, *, device: torch.device | str = "cpu",
                  max_voices: int = 64,
                  clock: Callable[[], float] | None = None,
-                 batch_installer: BatchInstaller | None = None) -> None:
+                 batch_installer: BatchInstaller | None = None, side_stream: bool = True) -> None:
         if max_voices < 1:
             raise ValueError(f"max_voices must be >= 1, got {max_voices}")
         self._installer = installer
@@ -76,7 +95,11 @@ class VoiceCache:
         self._clock = clock or time.perf_counter
         self._voices: dict[str, InstalledVoice] = {}
         self._tick = 0
-        self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        # the stream the engine decodes on (every thread's current stream unless it sets one) and the one
+        # installs run on; `side_stream=False`: installs on the main stream (the GPU check's one-stream run)
+        self._main_stream = torch.cuda.current_stream(self.device) if cuda else None
+        self._side_stream = torch.cuda.Stream(self.device) if cuda and side_stream else None
 
     # -- queries -------------------------------------------------------------------------------------
     def __contains__(self, voice_id: str) -> bool:
@@ -96,17 +119,52 @@ class VoiceCache:
         return sum(v.nbytes for v in self._voices.values())
 
     # -- install, pin, wait --------------------------------------------------------------------------
-    def build(self, host: PromptHostFeatures) -> tuple[Installable, float]:
-        """The device half for `host`, not kept: (prompt, seconds). Any thread may call it (CPU)."""
+    def build_many(self, hosts: list[PromptHostFeatures]) -> list[Built]:
+        """The device half of `hosts`, not kept: one call of the batch installer (one batched setup solve;
+        without one, or for a single voice, the installer per voice). Any thread may call it (the install
+        lane's does): on CUDA the work goes on the side stream, with one event recorded after it and the
+        tensors `record_stream`-ed on the main stream, whichever thread launched it. Each `Built`'s
+        seconds are the whole call's host time."""
         start = self._now()
-        prompt = self._installer(host)
-        return prompt, self._now() - start
+        if self._side_stream is None:  # a CPU, or CUDA on one stream: in order with the decode
+            prompts = self._run_installer(hosts)
+            seconds = self._now() - start
+            return [Built(prompt, seconds, None) for prompt in prompts]
+        with torch.cuda.stream(self._side_stream):
+            prompts = self._run_installer(hosts)
+            event = torch.cuda.Event()
+            event.record(self._side_stream)
+        main: Any = self._main_stream  # set wherever the side stream is
+        for prompt in prompts:
+            for tensor in prompt.tensors():
+                tensor.record_stream(main)
+        seconds = self._now() - start
+        return [Built(prompt, seconds, event) for prompt in prompts]
 
-    def adopt(self, prompt: Installable, install_s: float, ready_event: Any = None) -> InstalledVoice:
-        """Keep a prompt `build` made (in this thread or another)."""
+    def build_each(self, hosts: list[PromptHostFeatures]) -> dict[str, Built | Exception]:
+        """`build_many`, and if it fails for several voices, each voice alone, so that one voice's bad
+        features fail that voice only: voice id -> what was built, or why not. Any thread may call it."""
+        try:
+            return {built.prompt.voice_id: built for built in self.build_many(hosts)}
+        except Exception as exc:  # which voice is bad is found one by one below
+            if len(hosts) == 1:
+                return {hosts[0].voice_id: exc}
+            log.warning("batched install of %d voices failed (%s); installing them one by one",
+                        len(hosts), exc)
+        out: dict[str, Built | Exception] = {}
+        for host in hosts:
+            try:
+                out[host.voice_id] = self.build_many([host])[0]
+            except Exception as exc:  # this voice's features are unusable
+                out[host.voice_id] = exc
+        return out
+
+    def adopt(self, built: Built) -> InstalledVoice:
+        """Keep a prompt `build_many` made (in this thread or another)."""
+        prompt = built.prompt
         assert prompt.voice_id not in self._voices, f"voice {prompt.voice_id} installed twice"
         entry = InstalledVoice(voice_id=prompt.voice_id, prompt=prompt, nbytes=int(prompt.nbytes()),
-                               install_s=install_s, ready_event=ready_event)
+                               install_s=built.install_s, ready_event=built.ready_event)
         self._voices[prompt.voice_id] = entry
         self._touch(entry)
         return entry
@@ -116,26 +174,10 @@ class VoiceCache:
         return self.install_many([host])[0]
 
     def install_many(self, hosts: list[PromptHostFeatures]) -> list[InstalledVoice]:
-        """The device half of several voices in one call to the batch installer (one batched setup solve;
-        without one, or for a single voice, the installer per voice), on the side stream on CUDA with one
-        event for them all, and keep the results. Each entry's `install_s` is the whole call's."""
+        """`build_many` in this thread, and keep the results."""
         for host in hosts:
             assert host.voice_id not in self._voices, f"voice {host.voice_id} installed twice"
-        start = self._now()
-        event = None
-        if self._side_stream is None:
-            prompts = self._run_installer(hosts)
-        else:
-            with torch.cuda.stream(self._side_stream):
-                prompts = self._run_installer(hosts)
-                event = torch.cuda.Event()
-                event.record(self._side_stream)
-            main = torch.cuda.current_stream(self.device)
-            for prompt in prompts:
-                for tensor in prompt.tensors():
-                    tensor.record_stream(main)
-        seconds = self._now() - start
-        return [self.adopt(prompt, seconds, ready_event=event) for prompt in prompts]
+        return [self.adopt(built) for built in self.build_many(hosts)]
 
     def _run_installer(self, hosts: list[PromptHostFeatures]) -> list[Installable]:
         if len(hosts) > 1 and self._batch_installer is not None:

@@ -1,19 +1,27 @@
 """CUDA checks of the engine's side-stream voice installs (tiny preset, dummy weights, no services).
 
-    python scripts/gpu_check.py --out report.json [--device cuda]
+    python scripts/gpu_check.py --out report.json [--device cuda] [--strict | --no-strict]
 
 For three voices (16 kHz; 22.05 kHz with noise; 48 kHz stereo) it runs the same jobs through the real
-engine twice: voices prepared ahead (features in a store, installed on the side stream with an event
-the first step waits on) and voices prepared inline (no features: the engine prepares them itself).
-It reports whether the two runs are bit-identical, the largest difference to each job decoded alone,
-step and install timings, and allocated device memory after each of several repeated rounds. The
-speaker models are the dummy-mode stand-ins (no CAM++/S3 ONNX files are involved).
+engine, as the worker runs it (installs from the install lane, on the side stream on CUDA), twice: voices
+prepared ahead (features in a store, installed with an event the first step waits on) and voices
+prepared inline (no features: the engine prepares them itself); on CUDA both once more with installs on
+the main stream (one stream). Ahead must equal inline bit for bit on one stream, and within 1e-5 with the
+side stream (`gpu_worker.kit.verdict`: cuBLAS is bitwise only with one stream active). It also reports the
+largest difference to each job decoded alone, step and install timings, and allocated device memory
+after each of several repeated rounds. The speaker models are the dummy-mode stand-ins.
 
 The same jobs run once more with the decode step's flow (the encoder's chunk and the solve) and the
 vocoder in CUDA graphs (`gpu_worker.accel`'s flow_graphs and graphs, what a worker runs with
-WAVEFARM_CUDA_GRAPHS on CUDA): the graphs held, their capture time and memory, and the largest
-difference to the eager run (TF32 off: within 1e-5, or the check fails). On a CPU nothing is captured
-(the flow still runs in its graph buckets' shapes).
+WAVEFARM_CUDA_GRAPHS on CUDA): the graphs held and replayed, their capture time and memory, the graph
+fallbacks counted (by part and reason), the calls that ran eagerly where a graph should have, and the
+largest difference to the eager run (TF32 off: within 1e-5, or the check fails). On a CPU nothing is
+captured (the flow still runs in its graph buckets' shapes).
+
+Strict (the default on CUDA): the check also fails when no flow or no vocoder graph was captured, a
+fallback counter moved (graphs, the fused attention kernel, a bf16 kernel), or a call missed its graph,
+since then it would have compared the slow path with itself. The first line printed says passed or
+FAILED and why; the report's `failures` lists the same.
 
 With `--install-batch N` (default 4) it also times N new voices installed one by one against one batched
 setup solve (`install_voices`, the engine's WAVEFARM_INSTALL_BATCH) at `--install-preset` (default full
@@ -35,16 +43,18 @@ import torch
 from app.audio import normalise_reference
 from app.features import PromptHostFeatures, host_half
 from app.speech import PROMPT_FRAMES, SAMPLES_PER_TOKEN, VOCAB_SIZE
+from gpu_worker import fallbacks
 from gpu_worker.accel.flow_graphs import graph_flow
 from gpu_worker.accel.graphs import graph_hift
 from gpu_worker.bench.workload import synthetic_voice
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.engine import Engine, EngineConfig
+from gpu_worker.kit import verdict
 from gpu_worker.loading import load_dummy
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import StandInSpeaker, install_voice, install_voices
 from gpu_worker.streams import Audio, EngineJob, Failed, Finished
-from gpu_worker.voices import VoiceCache
+from gpu_worker.voices import VoiceCache, install_lane
 
 
 def references() -> dict[str, tuple[np.ndarray, int]]:
@@ -73,33 +83,44 @@ class Features:
         return self.hosts[job.voice_id]
 
 
-def make_engine(decoder: StreamingDecoder, hosts: dict, ahead: bool) -> tuple[Engine, Features]:
+def make_engine(decoder: StreamingDecoder, hosts: dict, ahead: bool,
+                side_stream: bool = True) -> tuple[Engine, Features]:
+    """The engine as the worker builds it (its install lane on CUDA); `side_stream=False`: installs on the
+    main stream."""
     speaker = StandInSpeaker(decoder.device)
-    voices = VoiceCache(partial(install_voice, speaker=speaker, decoder=decoder), device=decoder.device)
+    voices = VoiceCache(partial(install_voice, speaker=speaker, decoder=decoder), device=decoder.device,
+                        side_stream=side_stream)
     features = Features(hosts, ahead)
     return Engine(decoder, voices, features=features, preparer=features,
-                  config=EngineConfig(micro_batch_size=8, prep_wait_ms=0)), features
+                  config=EngineConfig(micro_batch_size=8, prep_wait_ms=0),
+                  install_lane=install_lane(decoder.device, asked=False)), features
 
 
 def run_engine(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], ahead: bool,
-               engine: Engine | None = None) -> dict:
+               engine: Engine | None = None, side_stream: bool = True) -> dict:
+    own = engine is None
     if engine is None:
-        engine, features = make_engine(decoder, hosts, ahead)
+        engine, features = make_engine(decoder, hosts, ahead, side_stream)
     else:
         features = engine.resolver.features
     audio: dict[str, list[torch.Tensor]] = {j.job_id: [] for j in jobs}
     for job in jobs:
         engine.add(job)
     steps, start, ended = 0, time.perf_counter(), set()
-    while len(ended) < len(jobs) and steps < 500:
-        for event in engine.step():
+    while len(ended) < len(jobs) and time.perf_counter() - start < 600:
+        events = engine.step()
+        for event in events:
             if isinstance(event, Audio):
                 audio[event.job_id].append(event.samples.cpu())
             elif isinstance(event, (Finished, Failed)):
                 ended.add(event.job_id)
         steps += 1
+        if not events:  # an install in the lane: wait for it as the worker's loop does
+            time.sleep(min(engine.idle_hint_s(), 0.01))
     if decoder.device.type == "cuda":
         torch.cuda.synchronize()
+    if own and engine.resolver.install_lane is not None:
+        engine.resolver.install_lane.shutdown(wait=True)  # type: ignore[attr-defined]
     return {"audio": {k: torch.cat(v) for k, v in audio.items()}, "steps": steps,
             "seconds": time.perf_counter() - start, "inline_calls": features.inline_calls,
             "counters": dict(engine.snapshot().get("prep_paths", {}))}
@@ -141,6 +162,7 @@ def graphs_check(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], 
     WAVEFARM_CUDA_GRAPHS on CUDA): their figures and the largest difference to `eager` (exact shapes,
     no graphs)."""
     flow, hift = decoder.model.flow, decoder.model.hift
+    before = verdict.graph_counts()
     lanes = decoder.reserve(PROMPT_FRAMES, decoder.micro_batch_size)
     decoder.model.flow = graph_flow(flow, lanes, lanes.capacity)
     decoder.model.hift = graph_hift(hift, decoder.micro_batch_size)
@@ -150,7 +172,34 @@ def graphs_check(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], 
     finally:
         decoder.model.flow, decoder.model.hift = flow, hift
     diff = max(float((graphed["audio"][j.job_id] - eager["audio"][j.job_id]).abs().max()) for j in jobs)
-    return {**stats, "max_abs_diff_to_eager": diff}
+    return {**stats, **verdict.graph_figures(stats, before), "max_abs_diff_to_eager": diff}
+
+
+def compare(a: dict, b: dict, jobs: list[EngineJob]) -> tuple[bool, float]:
+    """Two runs' audio: (bit for bit, max |difference|)."""
+    same = all(torch.equal(a["audio"][j.job_id], b["audio"][j.job_id]) for j in jobs)
+    return same, max(float((a["audio"][j.job_id] - b["audio"][j.job_id]).abs().max()) for j in jobs)
+
+
+def failures(report: dict, strict: bool) -> list[str]:
+    """Why the check fails (`gpu_worker.kit.verdict`); empty: it passed."""
+    out = []
+    if not report["lengths_ok"]:
+        out.append("audio lengths differ from the tokens'")
+    if report["max_abs_diff_to_alone"] >= 1e-4:
+        out.append(f"a job differs from its decode alone by {report['max_abs_diff_to_alone']:.2g}")
+    memory = report["allocated_bytes_after_rounds"]
+    if len(memory) > 2 and memory[-1] > memory[1]:
+        out.append("allocated memory grows over the rounds")
+    if report["graphs"]["max_abs_diff_to_eager"] > 1e-5:
+        out.append(f"graphs differ from eager by {report['graphs']['max_abs_diff_to_eager']:.2g}")
+    out += [f"ahead vs inline ({'one stream' if r['one_stream'] else 'side stream'}): not {r['criterion']} "
+            f"(max |diff| {r['max_abs_diff']:.2g})" for r in report["ahead_vs_inline"] if not r["ok"]]
+    if strict:
+        out += verdict.graph_failures(report["graphs"])
+        out += verdict.fallback_failures({"worker": {f"{p}/{r}": n for (p, r), n in
+                                                     fallbacks.counts("worker").items()}})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,12 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--install-batch", type=int, default=4, help="voices per batched setup (0: skip)")
     parser.add_argument("--install-preset", default=None, choices=["full", "tiny"],
                         help="model size of the install timing (default: full on CUDA, tiny on a CPU)")
+    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                        help="fail on a fallback or a graph that did not run (default: on CUDA)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    strict = device.type == "cuda" if args.strict is None else args.strict
     torch.backends.cudnn.allow_tf32 = False  # batched and single rows must round alike
     torch.backends.cuda.matmul.allow_tf32 = False
     report: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                    "torch": torch.__version__}
+                    "torch": torch.__version__, "strict": strict,
+                    "fused_attention": fallbacks.attention_probe(device, torch.float32)}
     hosts = {}
     for pcm, sr in references().values():
         pcm24, voice_id = normalise_reference(pcm, sr)
@@ -176,9 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [EngineJob(f"j{i}", ids[i % 3], tokens[: 40 + 10 * i], seed=i) for i in range(6)]
     model = load_dummy(ModelArgs.tiny(), 0, device=device)
     decoder = StreamingDecoder(model, device=device, dtype=torch.float32, micro_batch_size=8)
+    streams = (True, False) if device.type == "cuda" else (False,)  # a CPU has one stream
     with torch.inference_mode():
-        ahead = run_engine(decoder, hosts, jobs, ahead=True)
-        inline = run_engine(decoder, hosts, jobs, ahead=False)
+        runs = {side: (run_engine(decoder, hosts, jobs, ahead=True, side_stream=side),
+                       run_engine(decoder, hosts, jobs, ahead=False, side_stream=side)) for side in streams}
+        ahead, inline = runs[streams[0]]  # as the worker runs: the side stream on CUDA
         report["graphs"] = graphs_check(decoder, hosts, jobs, ahead)
         alone = {}
         for job in jobs:
@@ -193,10 +248,11 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.synchronize()
                 memory.append(torch.cuda.memory_allocated(device))
-    report["ahead_equals_inline_bit_for_bit"] = all(
-        torch.equal(ahead["audio"][j.job_id], inline["audio"][j.job_id]) for j in jobs)
-    report["max_abs_diff_ahead_vs_inline"] = max(
-        float((ahead["audio"][j.job_id] - inline["audio"][j.job_id]).abs().max()) for j in jobs)
+        if engine.resolver.install_lane is not None:
+            engine.resolver.install_lane.shutdown(wait=True)  # type: ignore[attr-defined]
+    report["ahead_vs_inline"] = [verdict.ahead_vs_inline(*compare(*runs[side], jobs), one_stream=not side)
+                                 for side in streams]
+    report["ahead_vs_inline_criterion"] = verdict.CRITERION
     report["max_abs_diff_to_alone"] = max(
         float((ahead["audio"][j.job_id] - alone[j.job_id]).abs().max()) for j in jobs)
     report["lengths_ok"] = all(ahead["audio"][j.job_id].numel() == len(j.tokens) * SAMPLES_PER_TOKEN
@@ -207,12 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.install_batch > 1:
         preset = args.install_preset or ("full" if device.type == "cuda" else "tiny")
         report["install_batch"] = install_batch_timing(device, preset, args.install_batch, args.rounds)
+    report["worker_fallbacks"] = {f"{p}/{r}": n for (p, r), n in fallbacks.counts("worker").items()}
+    report["failures"] = failures(report, strict)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
+    print(verdict.first_line("gpu_check", report["failures"]))
     print(json.dumps(report, indent=2))
-    grows = len(memory) > 2 and memory[-1] > memory[1]
-    ok = report["lengths_ok"] and report["max_abs_diff_to_alone"] < 1e-4 and not grows
-    return 0 if ok and report["graphs"]["max_abs_diff_to_eager"] <= 1e-5 else 1
+    return 1 if report["failures"] else 0
 
 
 if __name__ == "__main__":

@@ -41,7 +41,15 @@ import torch.nn as nn
 from torch import Tensor
 
 from gpu_worker import fallbacks
-from gpu_worker.accel.graphs import allocated, bucket_of, record, replay_matches, row_buckets
+from gpu_worker.accel.graphs import (
+    allocated,
+    bucket_of,
+    call_stats,
+    eager_reason,
+    record,
+    replay_matches,
+    row_buckets,
+)
 from gpu_worker.model.config import CHUNK_TOKENS, MEL_PER_TOKEN
 from gpu_worker.model.flow import CHUNK_FRAMES, Flow
 from gpu_worker.model.lanes import Lanes
@@ -79,6 +87,7 @@ class GraphedFlow(nn.Module):
         self._pool: Any = None
         self.capture_s = 0.0
         self.graph_bytes = 0
+        self.calls: Counter[str] = Counter()  # replayed, or eager and why (`graphs.CALLS`)
 
     def __getattr__(self, name: str) -> Any:  # args, setup_batch, solve_lanes, ...: the flow's
         try:
@@ -92,7 +101,7 @@ class GraphedFlow(nn.Module):
 
     def stats(self) -> dict[str, float]:
         return {"flow_cuda_graphs": self.graphs, "flow_graph_capture_s": self.capture_s,
-                "flow_graph_bytes": self.graph_bytes}
+                "flow_graph_bytes": self.graph_bytes, **call_stats("flow", self.calls)}
 
     def bucket(self, rows: int, frames: int) -> tuple[int, int]:
         return bucket_of(rows, self.rows), bucket_of(frames, FRAME_BUCKETS)
@@ -109,7 +118,9 @@ class GraphedFlow(nn.Module):
                 and key not in self._eager):
             slot = self._try_capture(key, tokens_plan, plan, lanes)
         if slot is None:
+            self.calls[eager_reason(self.capturable, self._seen[key], key in self._eager)] += 1
             return self.inner.step_lanes(tokens_plan, plan, lanes, window)
+        self.calls["replay"] += 1
         slot.tokens.copy_(tokens_plan, non_blocking=True)
         slot.plan.copy_(plan, non_blocking=True)
         slot.graph.replay()

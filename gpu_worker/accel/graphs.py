@@ -1,6 +1,7 @@
 """CUDA graphs around the model: the pieces both runners share, and the vocoder's runner.
 
-    row_buckets(max_rows), record(run, pool)      shared by `GraphedHiFT` and `flow_graphs.GraphedFlow`
+    row_buckets(max_rows), record(run, pool),     shared by `GraphedHiFT` and `flow_graphs.GraphedFlow`
+    capture_stream(), eager_reason, call_stats
     GraphedHiFT(hift)                             `hift(mel, cache_source, noise=...)`, graphed
 
 A decode step vocodes each group of rows of one shape with one HiFT call: dozens of small convolutions
@@ -14,7 +15,10 @@ eagerly. The tests drive the static-buffer path on a CPU with a stand-in graph t
 captured call on the same buffers (`_record`), and compare bit for bit.
 
 Randomness is an input (`SourceNoise`, drawn by the decoder from each stream's generator), so a replay
-computes what the eager call computes. `stats()`: graphs held, capture seconds, graph pool bytes.
+computes what the eager call computes. `stats()`: graphs held, capture seconds, graph pool bytes, and the
+decoder's calls: replayed, eager on a shape's first sighting, and misses (eager where a graph should
+have run: a failed capture, `max_graphs` reached, no CUDA), which the GPU check fails on. Every capture
+of the process (the flow's too) warms up and records on one stream per device (`capture_stream`).
 
 Degrade, never die (`gpu_worker.fallbacks`): each capture is probed at once (the graph replayed on random
 inputs against the eager call on the same inputs, `replay_matches`); a capture that raises or a replay
@@ -66,20 +70,55 @@ def bucket_of(n: int, buckets: tuple[int, ...]) -> int:
     return next((b for b in buckets if b >= n), n)
 
 
+_CAPTURE_STREAMS: dict[int, Any] = {}  # device index -> the stream every capture on it uses
+
+
+def capture_stream() -> Any:
+    """The one stream this process warms graphs up and captures them on, per device. A stream that runs a
+    matrix product gets a cuBLAS workspace of its own, so a new stream per capture held one per capture;
+    warming up on the capture stream itself also makes that workspace before the capture, not in it."""
+    device = torch.cuda.current_device()
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream()
+    return _CAPTURE_STREAMS[device]
+
+
 def record(run: Any, pool: Any) -> tuple[Any, Any]:
-    """`run` warmed up on a side stream (as capture requires; the warm-up runs are real calls), then
-    captured into `pool` (a `torch.cuda.graph_pool_handle()`): -> (the graph, the outputs it writes on
-    every replay). Capture only records: replay the graph for its first outputs."""
-    side = torch.cuda.Stream()
+    """`run` warmed up on the capture stream (as capture requires; the warm-up runs are real calls), then
+    captured there into `pool` (a `torch.cuda.graph_pool_handle()`): -> (the graph, the outputs it writes
+    on every replay). Capture only records: replay the graph for its first outputs."""
+    side = capture_stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):
             run()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+    with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
         outputs = run()
     return graph, outputs
+
+
+# Why a decoder call ran eagerly: `first_sight` (a shape is captured the second time it is seen: by design),
+# `fallback` (its capture failed or its replay differed: counted in gpu_worker.fallbacks too),
+# `over_limit` (max_graphs held already), `not_capturable` (not on CUDA). The last three are misses: on
+# CUDA a bucket that should have run as a graph did not (the GPU check fails on them).
+CALLS = ("replay", "first_sight", "fallback", "over_limit", "not_capturable")
+MISSES = ("fallback", "over_limit", "not_capturable")
+
+
+def eager_reason(capturable: bool, seen: int, failed: bool) -> str:
+    if not capturable:
+        return "not_capturable"
+    if failed:
+        return "fallback"
+    return "first_sight" if seen < 2 else "over_limit"
+
+
+def call_stats(part: str, calls: Counter[str]) -> dict[str, float]:
+    """A runner's calls as stats: replays, eager first sightings and misses (`CALLS`)."""
+    return {f"{part}_graph_replays": calls["replay"], f"{part}_eager_first_sight": calls["first_sight"],
+            f"{part}_graph_misses": sum(calls[k] for k in MISSES)}
 
 
 def replay_matches(graphed: Sequence[Tensor], eager: Sequence[Tensor]) -> str | None:
@@ -142,6 +181,7 @@ class GraphedHiFT(nn.Module):
         self._pool: Any = None
         self.capture_s = 0.0
         self.graph_bytes = 0
+        self.calls: Counter[str] = Counter()  # the decoder's calls: replayed, or eager and why (CALLS)
 
     def __getattr__(self, name: str) -> Any:  # upsample_scale, m_source, conv_pre, ...: the module's
         try:
@@ -155,7 +195,7 @@ class GraphedHiFT(nn.Module):
 
     def stats(self) -> dict[str, float]:
         return {"vocoder_cuda_graphs": self.graphs, "vocoder_graph_capture_s": self.capture_s,
-                "vocoder_graph_bytes": self.graph_bytes}
+                "vocoder_graph_bytes": self.graph_bytes, **call_stats("vocoder", self.calls)}
 
     def forward(self, mel: Tensor, cache_source: Tensor | None = None, *, noise: SourceNoise | None = None,
                 generators: Sequence[torch.Generator] | None = None) -> tuple[Tensor, Tensor]:
@@ -169,8 +209,10 @@ class GraphedHiFT(nn.Module):
                 and shape not in self._eager):
             slot = self._try_capture(shape)
         if slot is None:
+            self.calls[eager_reason(self.capturable, self._seen[shape], shape in self._eager)] += 1
             return self.inner(mel, cache_source, noise=noise)
         slot.load(mel, cache_source, noise)  # rows past `rows` keep what they held: rows are independent
+        self.calls["replay"] += 1
         slot.graph.replay()
         assert slot.speech is not None and slot.source is not None
         return slot.speech[:rows].clone(), slot.source[:rows].clone()

@@ -66,8 +66,9 @@ def parser() -> argparse.ArgumentParser:
                    help="time the stepaudio2 reference on the same weights and tokens")
     p.add_argument("--reference-dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="the reference's flow dtype (default fp32, whatever --dtype is: the baseline)")
-    p.add_argument("--speaker", choices=["s3", "standin"], default=None,
-                   help="device half's S3 + CAM++: the ONNX files (full) or a stand-in")
+    p.add_argument("--speaker", choices=["s3", "standin", "campplus"], default=None,
+                   help="device half's S3 + CAM++: the ONNX files (full), a stand-in, or the stand-in's "
+                        "tokens with CAM++'s real network (random weights, onnxruntime CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--install-lane", action="store_true",
                    help="modes c and d install voices on a side thread (WAVEFARM_INSTALL_LANE; CPU)")
@@ -212,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and args.install_lane:
-        print("error: --install-lane is for a CPU engine; on CUDA installs overlap on the side stream",
-              file=sys.stderr)
+        print("error: --install-lane is for a CPU engine; a CUDA engine always installs on its lane (a side "
+              "thread, the side stream)", file=sys.stderr)
         return 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no CUDA device", file=sys.stderr)

@@ -9,8 +9,9 @@ Modes, run one after another on the same jobs:
        inside the step that first needs it
     b  batched, inline preparation: every submitted job admitted, up to `micro_batch_size` rows per step
     c  batched, preparation ahead: the host half was computed before the run (as the CPU workers would);
-       the engine installs the voice (device half) when a job first needs it: on CUDA on its side stream,
-       on a CPU in the engine thread, or with `install_lane` on a side thread beside the decode loop
+       the engine installs the voice (device half) when a job first needs it, as the worker does: on CUDA
+       from its install lane (a side thread) on its side stream; on a CPU in the engine thread, or with
+       `install_lane` on the side thread
     d  as c with every voice already installed
 
 Workload for concurrency C (`clients_for`), closed loop: C clients, each submitting `jobs_per_client`
@@ -28,7 +29,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from gpu_worker.engine import Engine, EngineConfig
 from gpu_worker.model.config import CHUNK_TOKENS, MEL_PER_TOKEN, SAMPLES_PER_MEL
 from gpu_worker.streams import Aborted, Audio, EngineJob, Failed, Finished, VoiceInstalled
 from gpu_worker.voices import VoiceCache
+from gpu_worker.voices import install_lane as lane_for
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class PcmPreparer:
 
 
 def _engine(setup: BenchSetup, mode: Mode, voices_used: list[int], micro_batch_size: int,
-            lane: ThreadPoolExecutor | None = None) -> tuple[Engine, PcmPreparer]:
+            lane: Executor | None = None) -> tuple[Engine, PcmPreparer]:
     by_id = {setup.voice(v).voice_id: v for v in voices_used}
     if mode.installed:  # the bench's own installs of these voices, shared read-only as the worker would
         cache = VoiceCache(lambda host: setup.install(by_id[host.voice_id]), device=setup.device)
@@ -121,7 +123,7 @@ def _engine(setup: BenchSetup, mode: Mode, voices_used: list[int], micro_batch_s
     preparer = PcmPreparer(setup, by_id)
     config = EngineConfig(micro_batch_size=1 if mode.sequential else micro_batch_size, prep_wait_ms=0)
     engine = Engine(setup.decoder, cache, features=MemoryFeatures(features), preparer=preparer, config=config,
-                    install_lane=lane if mode.ahead else None)
+                    install_lane=lane if mode.ahead or setup.device.type == "cuda" else None)  # as the worker
     return engine, preparer
 
 
@@ -184,12 +186,17 @@ class _Clients:
 
 def run_mode(setup: BenchSetup, mode: Mode, clients: list[list[JobSpec]], micro_batch_size: int,
              install_lane: bool = False) -> dict[str, Any]:
-    """One mode over one workload. `install_lane`: modes c and d install voices on a side thread (CPU)."""
+    """One mode over one workload. Modes c and d install voices on the install lane as the worker does
+    (`voices.install_lane`: on CUDA always; on a CPU with `install_lane`)."""
     specs = [spec for jobs in clients for spec in jobs]
     voices_used = sorted({s.voice for s in specs})
-    with ThreadPoolExecutor(1, thread_name_prefix="bench-install-lane") as lane:
-        engine, preparer = _engine(setup, mode, voices_used, micro_batch_size, lane if install_lane else None)
+    lane = lane_for(setup.device, asked=install_lane)
+    try:
+        engine, preparer = _engine(setup, mode, voices_used, micro_batch_size, lane)
         return _drive(setup, mode, clients, specs, voices_used, engine, preparer)
+    finally:
+        if lane is not None:
+            lane.shutdown(wait=True)
 
 
 def _drive(setup: BenchSetup, mode: Mode, clients: list[list[JobSpec]], specs: list[JobSpec],

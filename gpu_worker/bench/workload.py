@@ -28,15 +28,16 @@ import torch
 
 from app.audio import normalise_reference
 from app.features import PromptHostFeatures, host_half
-from app.speech import PROMPT_SAMPLES, SAMPLE_RATE, VOCAB_SIZE
+from app.speech import CAMPPLUS_ONNX, PROMPT_SAMPLES, SAMPLE_RATE, VOCAB_SIZE
 from gpu_worker.accel.onednn import use_cpu_linear
+from gpu_worker.bench.campplus import CampPlusSpeaker, write_campplus_onnx
 from gpu_worker.checkpoint_io import write_official_layout
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.loading import DTYPES, load_model_folder, prepare_hift
 from gpu_worker.model import Code2Wav
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import Speaker, StandInSpeaker, VoicePrompt, install_voice
-from gpu_worker.speaker import SpeakerFrontend
+from gpu_worker.speaker import CampPlus, SpeakerFrontend
 
 WEIGHT_SEED = 0
 
@@ -75,7 +76,8 @@ class BenchSetup:
     model: Code2Wav
     decoder: StreamingDecoder
     speaker: Speaker
-    speaker_kind: str  # "s3": S3 tokenizer v2 (full size) + CAM++ stand-in ONNX; "standin": StandInSpeaker
+    speaker_kind: str  # "s3": S3 tokenizer v2 (full size) + CAM++ stand-in ONNX; "standin": StandInSpeaker;
+    # "campplus": StandInSpeaker's tokens + CAM++'s real network (random weights) on onnxruntime's CPU
     _tmp: Any = None
     _voices: dict[int, Voice] = field(default_factory=dict)
     _hosts: dict[int, PromptHostFeatures] = field(default_factory=dict)
@@ -88,13 +90,18 @@ class BenchSetup:
         tmp = tempfile.TemporaryDirectory(prefix="wavefarm-bench-")
         folder = Path(tmp.name)
         write_official_layout(folder, args, WEIGHT_SEED, tokenizer=speaker == "s3")
+        if speaker == "campplus":  # the real network in place of the layout's two-layer stand-in
+            write_campplus_onnx(folder / CAMPPLUS_ONNX, WEIGHT_SEED)
         dev = torch.device(device)
         model = load_model_folder(folder, device=dev, dtype=DTYPES[dtype], args=args)
         prepare_hift(model.hift, DTYPES[hift_dtype])  # as the worker's runtime does
         use_cpu_linear(model, cpu_linear)
         decoder = StreamingDecoder(model, device=dev, dtype=DTYPES[dtype], micro_batch_size=micro_batch_size)
-        front: Speaker = (SpeakerFrontend.from_folder(folder, device=dev) if speaker == "s3"
-                          else StandInSpeaker(dev))
+        front: Speaker = StandInSpeaker(dev)
+        if speaker == "s3":
+            front = SpeakerFrontend.from_folder(folder, device=dev)
+        elif speaker == "campplus":  # on onnxruntime's CPU, as a worker without TensorRT runs it
+            front = CampPlusSpeaker(CampPlus(folder / CAMPPLUS_ONNX, device=dev), dev)
         return cls(preset, args, dev, DTYPES[dtype], folder, model, decoder, front, speaker, tmp)
 
     def close(self) -> None:

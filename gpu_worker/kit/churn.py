@@ -6,9 +6,12 @@ on a distinct voice, while:
     features arrive late for some voices and never for others (those are prepared inline after the prep
         wait: the inline fallback),
     every fifth round cancels a live job, and the voice cache holds three voices (evictions).
-Then every finished job's audio against the same job decoded alone (max |diff|, within 1e-4), and the
-device memory allocated after each round past the warm-up (flat: the last no higher than the first
-plus 1 MiB)."""
+The voices' CAM++ is the real network with random weights on onnxruntime's CPU (`bench.campplus`; a
+worker without TensorRT runs it so), and installs run on the install lane, the side thread a CUDA worker
+installs from: the report has each install's and each CAM++ call's seconds and the engine's step times,
+so what an install costs the live streams shows. Then every finished job's audio against the same job
+decoded alone (max |diff|, within 1e-4), and the device memory allocated after each round past the
+warm-up (flat: the last no higher than the first plus 1 MiB)."""
 
 from __future__ import annotations
 
@@ -20,14 +23,15 @@ from typing import Any
 import torch
 
 from app.features import PromptHostFeatures
+from gpu_worker.bench.machine import summarize
 from gpu_worker.bench.sweep import PcmPreparer
 from gpu_worker.bench.workload import BenchSetup, chunk_tokens
 from gpu_worker.engine import Engine, EngineConfig
 from gpu_worker.kit import points
 from gpu_worker.kit.part import PartRun
 from gpu_worker.model.config import CHUNK_TOKENS
-from gpu_worker.streams import Aborted, Audio, EngineJob, Failed, Finished
-from gpu_worker.voices import VoiceCache
+from gpu_worker.streams import Aborted, Audio, EngineJob, Failed, Finished, VoiceInstalled
+from gpu_worker.voices import VoiceCache, install_lane
 
 SHARED, DISTINCT, CACHE_VOICES, WARMUP = 2, 6, 3, 5
 INSTALL_DELAY_S = 0.02
@@ -74,19 +78,31 @@ class Churn:
         wait_ms = PREP_WAIT_MS if ctx.cuda else CPU_PREP_WAIT_MS
         config = EngineConfig(micro_batch_size=setup.decoder.micro_batch_size, prep_wait_ms=wait_ms,
                               admission_window_ms=0)
+        self.lane = install_lane(setup.device, asked=True)  # a CUDA worker's; the rehearsal's too
         self.engine = Engine(setup.decoder, cache, features=LateFeatures(setup, by_id),
-                             preparer=PcmPreparer(setup, by_id), config=config)
+                             preparer=PcmPreparer(setup, by_id), config=config, install_lane=self.lane)
         self.rng = random.Random(30)
         self.jobs: dict[str, EngineJob] = {}
         self.audio: dict[str, list[torch.Tensor]] = {}
         self.ended: dict[str, str] = {}
         self.events: Counter[str] = Counter()
         self.memory: list[float] = []
+        self.step_s: list[float] = []
+        self.install_s: list[float] = []
+
+    def step(self) -> list[Any]:
+        start = time.perf_counter()
+        events = self.engine.step()
+        self.step_s.append(time.perf_counter() - start)
+        self.take(events)
+        return events
 
     def take(self, events: list[Any]) -> None:
         for event in events:
             self.events[type(event).__name__] += 1
-            if isinstance(event, Audio):
+            if isinstance(event, VoiceInstalled):
+                self.install_s.append(event.install_s)
+            elif isinstance(event, Audio):
                 self.audio[event.job_id].append(event.samples)
             elif isinstance(event, Finished | Failed | Aborted):
                 self.ended[event.job_id] = type(event).__name__
@@ -103,7 +119,7 @@ class Churn:
         if c % 5 == 4 and live:
             self.engine.abort(self.rng.choice(live))
         for _ in range(3):
-            self.take(self.engine.step())
+            self.step()
         if self.ctx.cuda:
             torch.cuda.synchronize()
             self.memory.append(torch.cuda.memory_allocated() / 2**20)
@@ -112,8 +128,7 @@ class Churn:
         for _ in range(20_000):
             if len(self.ended) == len(self.jobs):
                 return
-            events = self.engine.step()
-            self.take(events)
+            events = self.step()
             if not events:
                 time.sleep(min(self.engine.idle_hint_s(), 0.01))
 
@@ -122,17 +137,25 @@ def drive(ctx: PartRun, setup: BenchSetup, cycles: int, private: dict[str, Any])
     """The rounds (module docstring) -> figures; the audio, jobs and endings go into `private`."""
     churn = Churn(ctx, setup)
     done = 0
-    for c in range(cycles):
-        churn.cycle(c)
-        done = c + 1
-        if ctx.left() < 10:
-            ctx.skipped(f"churn cycles {done + 1}..{cycles}")
-            break
-    churn.drain()
+    try:
+        for c in range(cycles):
+            churn.cycle(c)
+            done = c + 1
+            if ctx.left() < 10:
+                ctx.skipped(f"churn cycles {done + 1}..{cycles}")
+                break
+        churn.drain()
+    finally:
+        if churn.lane is not None:
+            churn.lane.shutdown(wait=True)
     private.update(audio=churn.audio, jobs=churn.jobs, ended=churn.ended)
+    campplus = getattr(setup.speaker, "seconds", [])
     return {"cycles": done, "jobs": len(churn.jobs), "ended": dict(Counter(churn.ended.values())),
             "events": dict(churn.events), "memory_mib": churn.memory,
-            "prep_paths": {k: v for k, v in churn.engine.counters.items() if v}}
+            "prep_paths": {k: v for k, v in churn.engine.counters.items() if v},
+            "installs": {"on": "install lane", "speaker": setup.speaker_kind,
+                         "install_s": summarize(churn.install_s), "campplus_s": summarize(campplus)},
+            "step_s": summarize(churn.step_s), "graphs": points.graph_stats(setup)}
 
 
 def against_alone(setup: BenchSetup, run: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +182,7 @@ def run(ctx: PartRun) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     rows = 16 if ctx.preset == "full" else 4
-    setup = points.build_recorded(ctx, "build", "fp32", rows, graphs=True)
+    setup = points.build_recorded(ctx, "build", "fp32", rows, graphs=True, speaker="campplus")
     if setup is None:
         return
     try:

@@ -5,7 +5,9 @@ point. The point's wall time includes compiling each shape it meets (its first c
 Inductor on CUDA; on a CPU the `eager` backend (dynamo's tracing without code generation: inductor on a
 CPU may fail on the oneDNN linears, docs/PERFORMANCE.md) over the DiT's plain linears (dynamo's trace of
 the fused oneDNN linear found no primitive on a Zen 3/4 CPU), unless
-WAVEFARM_KIT_COMPILE_BACKEND names another. A compile that fails is recorded, never fatal."""
+WAVEFARM_KIT_COMPILE_BACKEND names another. A compile that fails is recorded, never fatal. With a budget
+under its floor (`plan.COMPILE_MIN_CUDA_S`, `COMPILE_MIN_CPU_S`) the part skips itself before importing
+torch (`part.main`: status "skipped", exit 0), where before it was killed at its budget on a cold machine."""
 
 from __future__ import annotations
 

@@ -6,7 +6,11 @@ its report written to DIR as it grows (so a part killed on overrun still leaves 
                                    with its traceback's last lines and the part goes on (degrade, never die)
     PartRun.not_applicable(what)   what only CUDA has, recorded as "not applicable on cpu: ..."
     PartRun.skipped(what)          work left out for want of budget
-Every part module has `run(ctx: PartRun) -> None`.
+    PartRun.fail(why)              a check that failed (the part's status "failed", the kit's exit 1)
+Every part module has `run(ctx: PartRun) -> None`. A part whose budget is under its floor
+(`Part.min_s`) skips itself before importing anything heavy: status "skipped", reason "budget". On CUDA
+every fallback counter that moved during the part fails it (`gpu_worker.kit.verdict`): a part that
+measured the slow path must not read "ok". The status: failed, errors (a step raised), skipped, or ok.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpu_worker.kit import verdict
 from gpu_worker.kit.plan import BY_NAME, GRACE_S, PRESETS, Sizes
 
 log = logging.getLogger("gpu_worker.kit")
@@ -35,13 +40,14 @@ class PartRun:
         self.out, self.device, self.preset = out, device, preset
         self.sizes: Sizes = PRESETS[preset]
         self.started = time.monotonic()
+        self.budget_s = budget_s
         self.deadline = self.started + max(1.0, budget_s - GRACE_S)
         self.path = out / self.part.file
         self.report: dict[str, Any] = {
             "part": self.part.number, "name": name, "title": self.part.title, "status": "running",
             "device": device, "preset": preset, "budget_s": budget_s,
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "results": {}, "errors": [], "not_applicable": [], "skipped": [],
+            "results": {}, "errors": [], "failures": [], "not_applicable": [], "skipped": [],
         }
         self.save()
 
@@ -86,6 +92,25 @@ class PartRun:
         log.warning("part %s: skipped for want of budget: %s", self.part.name, what)
         self.save()
 
+    def fail(self, why: str) -> None:
+        self.report["failures"].append(why)
+        log.error("part %s: FAILED: %s", self.part.name, why)
+        self.save()
+
+    def status(self) -> str:
+        if self.report["failures"]:
+            return "failed"
+        if self.report["errors"]:
+            return "errors"
+        return "skipped" if self.report.get("skip_reason") else "ok"
+
+
+def hang(ctx: PartRun) -> None:
+    """The rehearsal of a part killed at its budget while writing its JSON: a half-written temporary file
+    is left, then the part hangs (`WAVEFARM_KIT_HANG=name`)."""
+    ctx.path.with_suffix(".tmp").write_text('{"part": ')
+    time.sleep(3600)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one part of the device kit")
@@ -99,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
                         "%(message)s", datefmt="%H:%M:%S")
     ctx = PartRun(args.name, args.out, args.device, args.preset, args.budget_s)
     if os.environ.get(HANG_ENV) == args.name:  # a part that hangs, for the runner's kill to be rehearsed
-        time.sleep(3600)
+        hang(ctx)
+    floor = ctx.part.min_s(args.device)
+    if args.budget_s < floor:
+        ctx.report.update(skip_reason="budget", status="skipped")
+        ctx.skipped(f"skipped: budget ({args.budget_s:.0f} s, under the {floor:.0f} s it starts with)")
+        return 0
     try:
         module = importlib.import_module(f"gpu_worker.kit.{args.name}")
         module.run(ctx)
@@ -111,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx.report["fallbacks"] = {kind: {f"{p}/{r}": n for (p, r), n in fallbacks.counts(kind).items()}
                                for kind in fallbacks.KINDS}
-    ctx.report["status"] = "ok" if not ctx.report["errors"] else "errors"
+    if ctx.cuda:
+        for why in verdict.fallback_failures(ctx.report["fallbacks"]):
+            ctx.fail(why)
+    ctx.report["status"] = ctx.status()
     ctx.save()
     return 0
 

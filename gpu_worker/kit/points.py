@@ -4,7 +4,9 @@ point with its device memory (the engine and workload are `gpu_worker.bench.swee
     build(ctx, dtype, micro_batch_size, graphs) -> BenchSetup   seeded weights in the released layout,
         loaded as the worker loads them; with `graphs`, the decode step's flow and the vocoder wrapped as
         the worker wraps them (`accel.flow_graphs`, `accel.graphs`): captured on CUDA, eager on a CPU
-    point(ctx, setup, mode, concurrency) -> the sweep's figures + peak device memory, graph stats
+    point(ctx, setup, mode, concurrency) -> the sweep's figures + peak device memory, graph stats; with
+        graphs on, what the point's calls did (replays, misses, fallbacks): on CUDA a bucket that ran
+        without its graph, or a part with no graph at all, fails the part
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from gpu_worker.accel.flow_graphs import GraphedFlow, graph_flow
 from gpu_worker.accel.graphs import GraphedHiFT, graph_hift
 from gpu_worker.bench.sweep import MODES, clients_for, equal_tokens, run_mode
 from gpu_worker.bench.workload import BenchSetup
+from gpu_worker.kit import verdict
 from gpu_worker.kit.part import PartRun
 from gpu_worker.loading import DTYPES
 
 
-def build(ctx: PartRun, dtype: str, micro_batch_size: int, graphs: bool) -> BenchSetup:
+def build(ctx: PartRun, dtype: str, micro_batch_size: int, graphs: bool,
+          speaker: str = "standin") -> BenchSetup:
     if fallbacks.usable_dtype(torch.device(ctx.device), DTYPES[dtype]) != DTYPES[dtype]:
         dtype = "fp32"  # as the worker does: a kernel missing in that dtype (counted in the part's report)
     fallbacks.attention_probe(torch.device(ctx.device), DTYPES[dtype])
-    setup = BenchSetup.build(preset=ctx.sizes.model, device=ctx.device, dtype=dtype, speaker="standin",
+    setup = BenchSetup.build(preset=ctx.sizes.model, device=ctx.device, dtype=dtype, speaker=speaker,
                              micro_batch_size=micro_batch_size)
     if graphs:
         wrap_graphs(ctx, setup, micro_batch_size)
@@ -82,10 +86,19 @@ def point(ctx: PartRun, setup: BenchSetup, mode: str, concurrency: int, tag: str
     clients = clients_for(concurrency, equal_tokens(sizes.chunks), sizes.jobs_per_client,
                           f"{tag}{mode}{concurrency}")
     reset_peak(ctx)
+    before, counts = graph_stats(setup), verdict.graph_counts()
     result = run_mode(setup, MODES[mode], clients, setup.decoder.micro_batch_size)
     result.update(device_memory(ctx))
-    result.update(graph_stats(setup))
+    after = graph_stats(setup)
+    result.update(after)
     result["frames_ok"] = result["frames"] == result["frames_expected"]
+    if isinstance(setup.model.flow, GraphedFlow):  # graphs on: what this point's calls did
+        delta = {k: after[k] - before.get(k, 0) for k in after if "misses" in k or "replays" in k}
+        result["graph_calls"] = {**delta, **verdict.graph_figures(after, counts)}
+        if ctx.cuda:  # a bucket that ran without its graph measured the slow path
+            for why in verdict.graph_failures({**result["graph_calls"], "graph_misses": {
+                    p: delta[f"{p}_graph_misses"] for p in verdict.PARTS}}):
+                ctx.fail(f"{tag}{mode} C{concurrency}: {why}")
     return result
 
 
@@ -109,14 +122,14 @@ def points(ctx: PartRun, setup: BenchSetup, modes: tuple[str, ...], concurrency:
                 ctx.save()
 
 
-def build_recorded(ctx: PartRun, key: str, dtype: str, micro_batch_size: int,
-                   graphs: bool) -> BenchSetup | None:
+def build_recorded(ctx: PartRun, key: str, dtype: str, micro_batch_size: int, graphs: bool,
+                   speaker: str = "standin") -> BenchSetup | None:
     """`build`, its seconds and graph figures recorded under results[key]; None if it failed (recorded)."""
     made: list[BenchSetup] = []
 
     def make() -> dict[str, Any]:
         start = time.monotonic()
-        made.append(build(ctx, dtype, micro_batch_size, graphs))
+        made.append(build(ctx, dtype, micro_batch_size, graphs, speaker))
         dtype_used = str(made[0].dtype).removeprefix("torch.")  # float32 where the probe fell back
         return {"seconds": time.monotonic() - start, "dtype": dtype_used,
                 "micro_batch_size": micro_batch_size,

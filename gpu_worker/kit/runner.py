@@ -2,7 +2,12 @@
 and killed when it overruns it; then summary.json, the one-screen table (printed too) and kit.log.
 
 The output folder holds at most 8 files, flat (what comes back from the GPU machine): one JSON per part
-(six), summary.json and kit.log, in which every part's own output is kept too.
+(six), summary.json and kit.log, in which every part's own output is kept too; a part killed while
+writing its JSON leaves a temporary file, which is removed (a ninth file would not come back).
+
+The summary's first line (and the table's, printed last) is the verdict: PASSED, or FAILED naming each
+part that failed a check, raised, crashed or was killed, and its first reason. Exit code 0 when every
+part is "ok" or "skipped" (a part under its budget floor).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpu_worker.kit import table
-from gpu_worker.kit.plan import BY_NAME, PARTS, PRESETS, Part, plan_lines, share_of
+from gpu_worker.kit.plan import BY_NAME, DEFAULT_BUDGET_S, PARTS, PRESETS, Part, plan_lines, share_of
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY, LOG = "summary.json", "kit.log"
@@ -38,7 +43,8 @@ def parse_parts(text: str) -> list[Part]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scripts/device_run.py", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=False, help="output folder (created)")
-    p.add_argument("--budget-s", type=float, default=360.0, help="seconds for all the parts together")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                   help="seconds for all the parts together")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda where there is one")
     p.add_argument("--preset", choices=sorted(PRESETS), default="full")
     p.add_argument("--parts", type=parse_parts, default=list(PARTS), help="names or numbers, comma-separated")
@@ -64,6 +70,8 @@ def run_part(part: Part, args: argparse.Namespace, budget_s: float, log: IO[str]
                "--device", args.device, "--preset", args.preset, "--budget-s", f"{budget_s:.1f}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if args.device == "cpu":  # the rehearsal: one torch thread, so that a loaded machine does not stall it
+        env.setdefault("OMP_NUM_THREADS", "1")  # (2 threads: gpu_check over 100 s beside 3 busy loops; 1: 41)
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -75,6 +83,7 @@ def run_part(part: Part, args: argparse.Namespace, budget_s: float, log: IO[str]
         code = None
     took = time.monotonic() - start
     path = args.out / part.file
+    path.with_suffix(".tmp").unlink(missing_ok=True)  # a write the kill cut short
     report: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {
         "part": part.number, "name": part.name, "title": part.title, "results": {}, "errors": []}
     if code is None:
@@ -132,11 +141,12 @@ def main(argv: list[str] | None = None) -> int:
             say(log, f"== part {part.number} {part.name}: {report['status']} in {report['elapsed_s']:.0f} s")
         elapsed = time.monotonic() - start
         text = table.render(title(args, reports, elapsed), reports, merged_fallbacks(reports))
-        summary = {"command": sys.argv, "device": args.device, "preset": args.preset,
-                   "budget_s": args.budget_s, "elapsed_s": round(elapsed, 1),
+        summary = {"verdict": text.splitlines()[0], "command": sys.argv, "device": args.device,
+                   "preset": args.preset, "budget_s": args.budget_s, "elapsed_s": round(elapsed, 1),
                    "fallbacks": merged_fallbacks(reports), "table": text,
                    "parts": [{k: r.get(k) for k in ("part", "name", "status", "elapsed_s", "budget_s")}
-                             | {"errors": len(r.get("errors", []))} for r in reports]}
+                             | {"errors": len(r.get("errors", [])), "failures": r.get("failures", [])}
+                             for r in reports]}
         (args.out / SUMMARY).write_text(json.dumps(summary, indent=1))
         say(log, text)
-    return 0 if all(r["status"] == "ok" for r in reports) else 1
+    return 0 if all(r["status"] in table.PASSING for r in reports) else 1

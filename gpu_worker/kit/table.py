@@ -1,4 +1,5 @@
-"""The kit's one-screen text table, from the parts' JSON reports (any of them missing or partial)."""
+"""The kit's one-screen text table, from the parts' JSON reports (any of them missing or partial). Its first
+line is the verdict (`verdict_line`): PASSED, or FAILED with each failing part and its first reason."""
 
 from __future__ import annotations
 
@@ -12,14 +13,40 @@ def _f(value: Any, spec: str = ".1f") -> str:
     return format(value, spec) if isinstance(value, int | float) else "-"
 
 
+PASSING = ("ok", "skipped")  # a part's statuses that leave the kit's exit code 0
+
+
+def first_reason(r: Report) -> str:
+    if r.get("failures"):
+        return str(r["failures"][0])
+    if r.get("errors"):
+        e = r["errors"][-1]
+        return f"{e.get('where', '?')}: {e.get('error', '?')}"
+    return str(r.get("status"))
+
+
+def verdict_line(reports: list[Report]) -> str:
+    bad = [r for r in reports if r.get("status") not in PASSING]
+    if bad:
+        return "FAILED: " + "; ".join(f"{r['part']} {r['name']} {r.get('status')}: {first_reason(r)[:160]}"
+                                      for r in bad)
+    skipped = [f"{r['part']} {r['name']}" for r in reports if r.get("status") == "skipped"]
+    return "PASSED: every part ok" + (f" ({', '.join(skipped)} skipped: budget)" if skipped else "")
+
+
 def smoke(r: Report) -> str:
     res = r["results"]
     check, env = res.get("gpu_check", {}), res.get("environment", {})
     gpu = env.get("gpu") or env.get("cpu_model", "?")
     parts = [f"{gpu}", f"gpu_check {'passed' if check.get('passed') else 'FAILED'}"]
     if check:
-        parts.append(f"graphs vs eager {_f(check.get('graphs', {}).get('max_abs_diff_to_eager'), '.1e')}")
-        parts.append(f"ahead==inline {'yes' if check.get('ahead_equals_inline_bit_for_bit') else 'no'}")
+        g = check.get("graphs", {})
+        captured = g.get("graphs_captured", {})
+        parts.append(f"graphs flow {captured.get('flow', '-')} vocoder {captured.get('vocoder', '-')}, "
+                     f"vs eager {_f(g.get('max_abs_diff_to_eager'), '.1e')}")
+        parts.append("ahead vs inline " + " ".join(
+            f"{'1-stream' if a['one_stream'] else 'side'} {'ok' if a['ok'] else 'NOT ok'}"
+            for a in check.get("ahead_vs_inline", [])))
     if "matmul_bf16" in res:
         parts.append(f"bf16 matmul {_f(res['matmul_bf16']['tflops'], '.0f')} TFLOP/s")
     return ", ".join(parts)
@@ -56,7 +83,11 @@ def graphs(r: Report) -> str:
 def churn(r: Report) -> str:
     res = r["results"]
     run, alone = res.get("churn", {}), res.get("against_alone", {})
+    installs = run.get("installs", {})
+    install_s, campplus_s = installs.get("install_s") or {}, installs.get("campplus_s") or {}
     return (f"{run.get('jobs', '-')} jobs {run.get('ended', {})}; paths {run.get('prep_paths', {})}; "
+            f"installs p50 {_f(install_s.get('p50'), '.3f')} s (CAM++ {_f(campplus_s.get('p50'), '.3f')} s), "
+            f"step p95 {_f((run.get('step_s') or {}).get('p95'), '.3f')} s; "
             f"max|diff| alone {_f(alone.get('max_abs_diff_to_alone'), '.1e')} "
             f"{'ok' if alone.get('equal_within_1e-4') else 'NOT ok'}; "
             f"memory flat {res.get('memory_flat', 'n/a')}")
@@ -83,13 +114,14 @@ HEADLINES: dict[str, Callable[[Report], str]] = {"smoke": smoke, "sweep": sweep,
 
 
 def render(title: str, reports: list[Report], fallbacks: dict[str, dict[str, int]]) -> str:
-    lines = [title, "part        status      time/budget  what it found"]
+    lines = [verdict_line(reports), title, "part        status      time/budget  what it found"]
     for r in reports:
         try:
-            headline = HEADLINES[r["name"]](r)
+            headline = HEADLINES[r["name"]](r) if r.get("status") != "skipped" else r["skipped"][-1]
         except Exception as exc:  # a partial report still gets its row
             headline = f"(unreadable: {type(exc).__name__})"
         errors = f" [{len(r.get('errors', []))} errors]" if r.get("errors") else ""
+        errors += f" [{len(r.get('failures', []))} checks failed]" if r.get("failures") else ""
         lines.append(f"{r['part']} {r['name']:8s}  {r['status']:10s}  {_f(r.get('elapsed_s'), '.0f'):>4s}/"
                      f"{_f(r.get('budget_s'), '.0f'):<4s} s   {headline}{errors}")
         if r["name"] == "sweep":

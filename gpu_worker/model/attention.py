@@ -14,7 +14,8 @@ A query with no key in a part (every key masked) gets lse = -inf and out = 0 the
 
 The kernels: on a CPU, the fused flash-attention kernel that `scaled_dot_product_attention` itself runs
 there (it returns the log-sum-exp too; the output is the same bits as SDPA's); on CUDA, the
-memory-efficient kernel with `compute_log_sumexp`; elsewhere (or for a dtype a kernel refuses) the same
+memory-efficient kernel with `compute_log_sumexp` (its log-sum-exp comes padded along the queries to a
+multiple of 32 and is cut to them); elsewhere (or for a dtype a kernel refuses) the same
 arithmetic written out. `fused_available` tries a kernel once per device and dtype and falls back when it
 fails or disagrees. The CUDA branch has not run on a device yet (no GPU was lent when it was written).
 Imports: torch and math only.
@@ -50,17 +51,32 @@ def _written_out(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[
     return (weights.to(v.dtype) @ v), lse
 
 
+def _cpu_kernel(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias)
+    return out, lse.float()
+
+
+# CUDA's memory-efficient attention (the kernel SDPA picks for an arbitrary mask); a name, so the tests can
+# hand `_cuda_kernel` a stand-in that behaves as it does
+EFFICIENT_ATTENTION = torch.ops.aten._scaled_dot_product_efficient_attention
+
+
+def _cuda_kernel(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    if bias is not None:  # the kernel reads the bias [B, H, T, K] with rows aligned to 16 elements, as
+        keys = bias.size(-1)  # SDPA hands it over: pad the storage, keep the logical width
+        bias = F.pad(bias, (0, -keys % 16))[..., :keys].expand(q.size(0), q.size(1), q.size(2), keys)
+    out, lse, _, _ = EFFICIENT_ATTENTION(q, k, v, bias, True)
+    # its log-sum-exp is [B, H, T rounded up to a multiple of 32] (kAlignLSE: the backward's block), the
+    # rows past T unwritten
+    return out, lse[..., : q.size(-2)].float()
+
+
+KERNELS = {"cpu": _cpu_kernel, "cuda": _cuda_kernel}
+
+
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     bias = None if mask is None else _bias(mask, q.dtype)
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False,
-                                                                              attn_mask=bias)
-        return out, lse.float()
-    if bias is not None:  # the CUDA kernel reads the bias [B, H, T, K] with rows aligned to 16 elements,
-        keys = bias.size(-1)  # as SDPA hands it over: pad the storage, keep the logical width
-        bias = F.pad(bias, (0, -keys % 16))[..., :keys].expand(q.size(0), q.size(1), q.size(2), keys)
-    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)
-    return out, lse.float()
+    return KERNELS[q.device.type](q, k, v, bias)
 
 
 def fused_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -68,7 +84,7 @@ def fused_available(device: torch.device, dtype: torch.dtype) -> bool:
     compared with the written-out arithmetic."""
     key = (device.type, dtype)
     if key not in _FUSED:
-        ok = device.type in ("cpu", "cuda")
+        ok = device.type in KERNELS
         if ok:
             try:
                 g = torch.Generator(device="cpu").manual_seed(0)

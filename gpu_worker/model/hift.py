@@ -50,6 +50,25 @@ def draw_source_noise(generators: Sequence[torch.Generator], n_samples: int, n_h
     return SourceNoise(torch.cat(phases), torch.cat(noises))
 
 
+def overlap_add(frames: Tensor, hop: int) -> Tensor:
+    """frames [B, n, F] -> [B, n + hop (F - 1)]: frame f added in at sample f * hop (the sum ATen's istft
+    makes, with the same op, so the same bits)."""
+    b, n, f = frames.shape
+    return torch.ops.aten.unfold_backward(frames.transpose(1, 2), [b, n + hop * (f - 1)], 1, n, hop)
+
+
+def inverse_stft(spec: Tensor, n_fft: int, hop: int, window: Tensor) -> Tensor:
+    """`torch.istft(spec, n_fft, hop, n_fft, window=window)` (centred, one-sided) without its check that
+    the window's overlap-add is nowhere zero: that check reads a value back to the host, which a CUDA
+    graph cannot capture. The window here is fixed (a periodic Hann at a quarter hop, never zero where
+    it counts), so the check can only pass; everything else is istft's own arithmetic in its order.
+    spec [B, n_fft / 2 + 1, F] complex -> audio [B, (F - 1) * hop]."""
+    frames = torch.fft.irfft(spec, n_fft, dim=1) * window[:, None]  # [B, n_fft, F]
+    envelope = overlap_add(window.square()[None, :, None].expand(1, n_fft, spec.size(2)), hop)
+    edge = n_fft // 2  # centred frames: their first and last half frame are padding
+    return overlap_add(frames, hop)[:, edge:-edge] / envelope[:, edge:-edge]
+
+
 def _padding(kernel_size: int, dilation: int = 1) -> int:
     return (kernel_size * dilation - dilation) // 2
 
@@ -214,7 +233,7 @@ class HiFTGenerator(nn.Module):
         magnitude = torch.exp(x[:, :half]).clamp(max=1e2)
         phase = torch.sin(x[:, half:])
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        return torch.istft(spec, self.n_fft, self.hop, self.n_fft, window=self._window(x.device))
+        return inverse_stft(spec, self.n_fft, self.hop, self._window(x.device))
 
     def decode(self, mel: Tensor, source: Tensor) -> Tensor:
         # mel: [B, 80, T], source: [B, 1, T * 480] -> audio [B, T * 480]

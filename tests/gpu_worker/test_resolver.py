@@ -315,9 +315,10 @@ class CountingInstaller:
         return [install(h) for h in hosts]
 
 
-def batched_harness(*stored: str, install_batch: int = 2):
+def batched_harness(*stored: str, install_batch: int = 2, lane: ThreadPoolExecutor | None = None):
     counting = CountingInstaller()
-    h = harness(*stored, installer=counting.one, batch_installer=counting.many, install_batch=install_batch)
+    h = harness(*stored, installer=counting.one, batch_installer=counting.many, install_batch=install_batch,
+                install_lane=lane)
     return h, counting
 
 
@@ -372,3 +373,25 @@ def test_a_job_aborted_in_the_pump_that_found_its_voice_leaves_the_others_of_the
     h.run()
     assert counting.calls == [["bob"]]
     assert torch.equal(h.audio("b"), expected_audio("bob", 2, TOKENS))
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_a_worker_with_an_install_lane_batches_its_installs_there(bad: bool) -> None:
+    """A CUDA worker always has the lane (`voices.install_lane`): its batched installs are built there as
+    one batched setup solve per group, a bad voice of a group falling back alone, as in the engine thread."""
+    second = "broken-v" if bad else "bob"
+    with ThreadPoolExecutor(1, thread_name_prefix="lane") as lane:
+        h, counting = batched_harness("alice", second, "carol", install_batch=2, lane=lane)
+        for i, voice in enumerate(("alice", second, "carol")):
+            h.engine.add(job(f"j{i}", voice, seed=i))
+        _steps_until(h, lambda: len(h.of(Finished)) + len(h.of(Failed)) == 3)
+    if bad:  # the group failed: then each voice alone; broken-v prepared inline (broken too), in the lane
+        assert counting.calls == [["alice", "broken-v"], ["alice"], ["broken-v"], ["carol"], ["broken-v"]]
+        assert h.preparer.calls == ["j1"] and h.of(Failed, "j1")[0].prep_path == "failed"
+    else:
+        assert counting.calls == [["alice", "bob"], ["carol"]]
+    assert {e.job_id: e.prep_path for e in h.of(VoiceReady)} == {
+        f"j{i}": "prepared_ahead" for i in range(3) if not (bad and i == 1)}
+    for i, voice in enumerate(("alice", second, "carol")):
+        if not (bad and i == 1):
+            assert torch.equal(h.audio(f"j{i}"), expected_audio(voice, i, TOKENS))

@@ -5,7 +5,9 @@ install it once)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import threading
 import weakref
 from functools import partial
 
@@ -20,9 +22,10 @@ from gpu_worker.loading import load_dummy
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.prompt import StandInSpeaker, install_voice
 from gpu_worker.streams import EngineJob, Finished, VoiceEvicted, VoiceInstalled
-from gpu_worker.voices import VoiceCache
+from gpu_worker.voices import VoiceCache, install_lane
 from tests.support.fakes import (
     TOKENS,
+    features,
     harness,
     job,
 )
@@ -107,3 +110,100 @@ def test_pinned_voices_are_not_evicted() -> None:
     assert sorted(h.engine.voices) == ["v1", "v2"]
     h.run()
     assert len(h.engine.voices) == 1
+
+
+class FakeCudaStreams:
+    """torch.cuda's streams and events as `VoiceCache` uses them, each call recorded with its thread (no GPU
+    here): the current stream is per thread, as CUDA's is."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.log: list[tuple[str, str, object]] = []  # (thread, what, stream)
+        self.main = self.make("main")
+
+    def make(self, name: str) -> object:
+        fake = self
+
+        class Stream:
+            def __repr__(self) -> str:
+                return name
+
+            def wait_event(self, event) -> None:
+                fake.log.append((threading.current_thread().name, f"wait {event.name}", self))
+
+        return Stream()
+
+    def Stream(self, device=None):  # noqa: N802 - torch.cuda's names
+        return self.make("side")
+
+    def current_stream(self, device=None):
+        return getattr(self.local, "stream", self.main)
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        previous = self.current_stream()
+        self.local.stream = s
+        yield
+        self.local.stream = previous
+
+    def Event(self):  # noqa: N802
+        fake = self
+
+        class Event:
+            name = f"event{len(fake.log)}"
+
+            def record(self, stream) -> None:
+                fake.log.append((threading.current_thread().name, f"record {self.name}", stream))
+
+        return Event()
+
+
+class PromptOnCuda:
+    """An installed prompt whose tensors record which stream they were `record_stream`-ed on."""
+
+    def __init__(self, voice_id: str, log: list) -> None:
+        self.voice_id, self.log = voice_id, log
+
+    def nbytes(self) -> int:
+        return 1
+
+    def tensors(self):
+        log = self.log
+
+        class Tensor:
+            def record_stream(self, stream) -> None:
+                log.append((threading.current_thread().name, "record_stream", stream))
+
+        return iter([Tensor(), Tensor()])
+
+
+def test_on_cuda_an_install_built_on_the_lane_runs_on_the_side_stream_and_the_step_waits_for_it(
+        monkeypatch) -> None:
+    """Issue 41, finding 6: a CUDA worker builds installs on its install lane (a side thread: CAM++ on the
+    CPU must not stall the decode loop); the device work still goes on the side stream, with an event
+    the first step's main stream waits on, and the tensors are kept alive for the main stream."""
+    fake = FakeCudaStreams()
+    for name in ("Stream", "current_stream", "stream", "Event"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+
+    def installer(host: PromptHostFeatures) -> PromptOnCuda:
+        fake.log.append((threading.current_thread().name, "installer", fake.current_stream()))
+        return PromptOnCuda(host.voice_id, fake.log)
+
+    cache = VoiceCache(installer, device="cuda")
+    lane = install_lane(torch.device("cuda"), asked=False)
+    assert lane is not None and install_lane(torch.device("cpu"), asked=False) is None
+    try:
+        (built,) = lane.submit(cache.build_many, [features("zoe")]).result()
+    finally:
+        lane.shutdown()
+    entry = cache.adopt(built)
+    cache.wait_ready("zoe")
+    cache.wait_ready("zoe")  # waited once: the event is dropped
+    side = repr(cache._side_stream)
+    assert [(thread.startswith("wavefarm-install-lane"), what.split()[0], repr(stream))
+            for thread, what, stream in fake.log] == [
+        (True, "installer", side), (True, "record", side),  # the work, then its event, on the side stream
+        (True, "record_stream", "main"), (True, "record_stream", "main"),
+        (False, "wait", "main")]  # the engine thread's main stream waits on that event
+    assert fake.log[1][1].split()[1] == fake.log[-1][1].split()[1] and entry.ready_event is None

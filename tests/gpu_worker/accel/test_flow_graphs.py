@@ -97,5 +97,6 @@ def test_a_cpu_captures_nothing_and_runs_the_flow_itself():
     cpu = GraphedFlow(tiny_model().flow, max_rows=8)
     assert not cpu.capturable and cpu.bucket(3, 50) == (4, 50) and cpu.bucket(5, 51) == (8, 56)
     assert cpu.bucket(9, 50) == (9, 50)  # past the largest bucket: its own shape, eager
-    assert cpu.stats() == {"flow_cuda_graphs": 0, "flow_graph_capture_s": 0.0, "flow_graph_bytes": 0}
+    assert cpu.stats() == {"flow_cuda_graphs": 0, "flow_graph_capture_s": 0.0, "flow_graph_bytes": 0,
+                           "flow_graph_replays": 0, "flow_eager_first_sight": 0, "flow_graph_misses": 0}
     assert cpu.args is cpu.inner.args  # everything but the decode solve is the flow's own

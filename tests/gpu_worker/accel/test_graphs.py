@@ -4,12 +4,14 @@ which is what a CUDA graph's replay does. The audio must be the same bits as the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
 import torch
 
 from app.speech import VOCAB_SIZE
+from gpu_worker.accel import graphs
 from gpu_worker.accel.graphs import GraphedHiFT, row_buckets
 from gpu_worker.decoder import StreamingDecoder
 from gpu_worker.prompt import install_voice
@@ -90,10 +92,73 @@ def test_no_more_graphs_than_allowed_and_nothing_captured_where_capture_is_impos
     cpu = GraphedHiFT(tiny_model().hift)
     assert not cpu.capturable
     cpu.capture([(1, 58, 3840), (2, 58, 3840)])
-    assert cpu.stats() == {"vocoder_cuda_graphs": 0, "vocoder_graph_capture_s": 0.0, "vocoder_graph_bytes": 0}
+    assert cpu.stats() == {"vocoder_cuda_graphs": 0, "vocoder_graph_capture_s": 0.0, "vocoder_graph_bytes": 0,
+                           "vocoder_graph_replays": 0, "vocoder_eager_first_sight": 0,
+                           "vocoder_graph_misses": 0}
+    mel = torch.zeros(1, 80, 10)
+    noise = cpu.draw_noise([torch.Generator().manual_seed(0)], 10)
+    for _ in range(2):
+        cpu(mel, torch.zeros(1, 1, 0), noise=noise)
+    assert cpu.stats()["vocoder_graph_misses"] == 2  # eager where no graph can be: a miss (not on CUDA)
 
 
 def test_row_buckets_are_powers_of_two_up_to_the_micro_batch() -> None:
     assert row_buckets(8) == (1, 2, 4, 8)
     assert row_buckets(12) == (1, 2, 4, 8, 12)
     assert row_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+
+
+class FakeCuda:
+    """torch.cuda's stream and graph calls as `graphs.record` makes them, recorded (no GPU here)."""
+
+    def __init__(self) -> None:
+        self.streams: list[object] = []
+        self.captured_on: list[object] = []
+        self.current: object = "main stream"
+
+    def Stream(self):  # noqa: N802 - torch.cuda's name
+        stream = type("Stream", (), {"wait_stream": lambda s, other: None})()
+        self.streams.append(stream)
+        return stream
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        previous, self.current = self.current, s
+        yield
+        self.current = previous
+
+    def current_stream(self):
+        return type("Current", (), {"wait_stream": lambda s, other: None})()
+
+    @contextlib.contextmanager
+    def graph(self, graph, pool=None, stream=None, capture_error_mode="global"):
+        self.captured_on.append(stream)
+        with self.stream(stream):  # torch.cuda.graph makes the stream it captures on the current one
+            yield
+
+
+def test_every_capture_warms_up_and_records_on_one_stream_per_device(monkeypatch) -> None:
+    """Issue 41, finding 7: a new side stream per capture held a cuBLAS workspace per capture."""
+    fake = FakeCuda()
+    for name in ("Stream", "stream", "current_stream", "graph"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(graphs, "_CAPTURE_STREAMS", {})
+    warmed_on: list[object] = []
+    for _ in range(3):
+        graphs.record(lambda: warmed_on.append(fake.current) or (torch.zeros(1),), pool=None)
+    assert len(fake.streams) == 1
+    assert fake.captured_on == fake.streams * 3 and set(map(id, warmed_on)) == {id(fake.streams[0])}
+
+
+def test_the_runner_counts_replays_first_sightings_and_misses(graphed: GraphedHiFT, monkeypatch) -> None:
+    g = torch.Generator().manual_seed(2)
+    for frames in (10, 11, 12, 13, 14):  # max_graphs 3: the fourth and fifth shapes miss their graph
+        mel = torch.randn(1, 80, frames, generator=g)
+        noise = graphed.draw_noise([torch.Generator().manual_seed(frames)], frames)
+        for _ in range(3):
+            graphed(mel, torch.zeros(1, 1, 0), noise=noise)
+    stats = graphed.stats()
+    assert stats["vocoder_eager_first_sight"] == 5 and stats["vocoder_graph_replays"] == 3 * 2
+    assert stats["vocoder_graph_misses"] == 2 * 2  # seen again, no graph: what the GPU check fails on

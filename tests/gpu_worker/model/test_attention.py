@@ -57,3 +57,54 @@ def test_bf16_parts_merge_close_to_float32() -> None:
     out = merge([attend(qb, kb[..., :10, :], vb[..., :10, :], mask[..., :10]),
                  attend(qb, kb[..., 10:, :], vb[..., 10:, :], mask[..., 10:])])
     assert out.dtype == torch.bfloat16 and (out.float() - ref).abs().max() < 5e-2
+
+
+CALLS: list[tuple[int, ...]] = []
+
+
+def efficient_attention_stand_in(q, k, v, bias, compute_log_sumexp):
+    """CUDA's `_scaled_dot_product_efficient_attention` as it behaves (attention.cu): the bias read with
+    rows aligned to 16 elements, and the log-sum-exp [B, H, T rounded up to 32] with the rows past T
+    unwritten (here: NaN, so reading them shows)."""
+    assert compute_log_sumexp and q.dim() == 4
+    CALLS.append(tuple(q.shape))
+    assert bias is None or (bias.stride(-2) % 16 == 0 and bias.dtype == q.dtype), "misaligned bias"
+    scores = (q @ k.transpose(-2, -1)).float() / q.size(-1) ** 0.5 + (0 if bias is None else bias.float())
+    lse = torch.logsumexp(scores, dim=-1)
+    padded = torch.full((*lse.shape[:-1], -(-lse.size(-1) // 32) * 32), float("nan"))
+    padded[..., : lse.size(-1)] = lse
+    out = (torch.softmax(scores, dim=-1).to(v.dtype) @ v).to(q.dtype)
+    return out, padded, torch.empty(()), torch.empty(())
+
+
+@pytest.fixture
+def cuda_kernel_on_the_cpu(monkeypatch):
+    """The CUDA branch of the fused attention (`_cuda_kernel`) driven on CPU tensors with the stand-in."""
+    monkeypatch.setattr(attention, "EFFICIENT_ATTENTION", efficient_attention_stand_in)
+    monkeypatch.setitem(attention.KERNELS, "cpu", attention._cuda_kernel)
+    monkeypatch.setattr(attention, "_FUSED", {})
+
+
+def test_the_start_up_probe_accepts_cudas_fused_kernel_whose_lse_is_padded(cuda_kernel_on_the_cpu) -> None:
+    """Issue 41, finding 1: the probe compared a [1, 2, 32] log-sum-exp with [1, 2, 3], raised, and every
+    DiT attention ran the written-out float32 arithmetic for the life of the worker."""
+    assert fused_available(torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("queries", [7, 40])  # within the first block of 32, and past it
+def test_cudas_fused_kernel_gives_the_written_out_attention_and_its_lse(cuda_kernel_on_the_cpu,
+                                                                        queries: int) -> None:
+    g = torch.Generator().manual_seed(queries)
+    q = torch.randn(2, 2, queries, 16, generator=g)
+    k, v = torch.randn(2, 2, 21, 16, generator=g), torch.randn(2, 2, 21, 16, generator=g)
+    mask = torch.rand(1, 1, queries, 21, generator=g) > 0.5
+    mask[..., 0, :] = False  # a query with no key: out 0, lse -inf
+    CALLS.clear()
+    fused = attend(q, k, v, mask)
+    assert CALLS[-1] == tuple(q.shape)  # the fused kernel ran (not the written-out fallback)
+    assert fused[1].shape == (2, 2, queries) and not fused[1].isnan().any()
+    written = attention._written_out(q, k, v, mask)
+    seen = mask.any(-1).expand(2, 2, queries)
+    assert torch.isinf(fused[1][~seen]).all() and not fused[0][~seen].any()
+    assert (fused[0][seen] - written[0][seen]).abs().max() < 1e-5
+    assert (fused[1][seen] - written[1][seen]).abs().max() < 1e-5
