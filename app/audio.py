@@ -1,7 +1,7 @@
 """Audio in and out: decode uploads, normalise a reference voice, write outputs atomically.
 
 Everything that touches audio *files* lives here (soundfile: WAV, FLAC, OGG, MP3 where libsndfile
-supports it). The feature maths is in `app.features`; this module does no model work.
+supports it). The feature maths is in `app.voices.features`; this module does no model work.
 
 Refusals raise `BadAudio` with the reason, before any large allocation where possible: the decoder
 is told how many frames it may produce, so a lying header or a compression bomb cannot make us

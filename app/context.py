@@ -4,17 +4,17 @@
     engine, sessions   the database (one short session per unit of work: `ctx.session()`)
     store      the feature store (Redis): features, cancel flags, counters
     artifacts  the artifact root (uploads, tokens, outputs)
-    sender     what queues tasks (`app.wire.TaskSender`: a Celery app)
+    sender     what queues tasks (`app.broker.wire.TaskSender`: a Celery app)
     broker     health and queue depths (Redis or RabbitMQ); tasks go through `sender`
 
 The API builds one per app (`app.api.deps.ApiContext` adds its metrics registry), the CLI's `--local`
 commands one per command, a CPU worker one per process (`tasks.voice.resources`, with the tasks' Celery
-app as its sender) and a GPU worker one per process (`gpu_worker.runtime.Runtime` adds the engine loop,
+app as its sender) and a GPU worker one per process (`gpu_worker.worker.runtime.Runtime` adds the engine loop,
 its bookkeeping and its heartbeat). Services take `ctx=` and the session they work in; lower layers
-(`app.lifecycle`, `app.routing`, `app.db.queries`) take only the clients they use. None of the clients
-connects before its first use.
+(`app.lifecycle`, `app.submission.routing`, `app.db.queries`) take only the clients they use. None of the
+clients connects before its first use.
 
-Celery is imported only when no sender is given, and then by `app.celery_config`, so a process that
+Celery is imported only when no sender is given, and then by `app.broker.celery_config`, so a process that
 passes its own sender (a test, a script, a worker) never builds a second Celery app.
 """
 
@@ -28,12 +28,12 @@ from typing import Any, Self
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
-from app.broker import Broker, open_broker
+from app.broker.queues import Broker, open_broker
+from app.broker.wire import TaskSender
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
-from app.store import FeatureStore
-from app.wire import TaskSender
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
 
 
 @dataclass(kw_only=True)
@@ -52,7 +52,9 @@ class Context:
         """Every client from `settings`; `extra` fills a subclass's own fields."""
         owns_sender = sender is None
         if sender is None:
-            from app.celery_config import make_celery  # the producer side only: same queues and options
+            from app.broker.celery_config import (
+                make_celery,  # the producer side only: same queues and options
+            )
 
             sender = make_celery(settings)
         engine = make_engine(settings.database_url)

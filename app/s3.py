@@ -7,7 +7,7 @@
 
 Used by the book pipeline (`tasks.books`, token sources `audio` and `text`): tokens are made on a CPU
 worker and become ordinary synth-job input. The GPU worker's device half imports `S3Quantizer` from
-here too (`gpu_worker.speaker`), so `tasks` and `gpu_worker` never import each other.
+here too (`gpu_worker.voices.speaker`), so `tasks` and `gpu_worker` never import each other.
 
 Dummy mode (no model folder) has no tokenizer ONNX: `StandInTokenizer` makes deterministic tokens
 from quantised log-mel frames (4 frames of 10 ms -> one token, 25 per second) and logs loudly that

@@ -87,7 +87,7 @@ class Settings(BaseSettings):
         "many tasks wait on the cpu queue, is prepared inline at once (prep path queue_full) rather than "
         "after prep_wait_ms; 0: never")
 
-    # Routing across GPU workers (`app.routing`).
+    # Routing across GPU workers (`app.submission.routing`).
     voice_affinity: Literal["auto", "on", "off"] = Field(
         default="auto", description="send a job to the GPU worker that holds its voice (its own queue); "
         "auto: when more than one GPU worker is alive")

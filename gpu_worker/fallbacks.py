@@ -3,7 +3,7 @@ once loudly and counts it, and its jobs go on.
 
     record(kind, part, reason, detail)   one fallback taken: logged at ERROR the first time per (kind,
                                          part, reason), counted every time
-    counts(kind) -> {(part, reason): n}  what the metrics serve (`gpu_worker.metrics`):
+    counts(kind) -> {(part, reason): n}  what the metrics serve (`gpu_worker.worker.metrics`):
         wavefarm_graph_fallbacks_total{part,reason}    kind "graph": a CUDA graph bucket that runs eagerly
                                                        (part flow | vocoder; reason capture_error |
                                                        replay_mismatch)

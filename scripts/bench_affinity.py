@@ -33,16 +33,16 @@ for _path in (REPO, REPO / "scripts"):
 from cluster import Cluster, reference  # noqa: E402
 from service_stack import bench_settings, flush_redis  # noqa: E402
 
-from app.artifacts import ArtifactStore  # noqa: E402
-from app.celery_config import make_celery  # noqa: E402
+from app.broker.celery_config import make_celery  # noqa: E402
 from app.context import Context  # noqa: E402
 from app.db import queries, upgrade  # noqa: E402
 from app.db.models import DONE_JOB_STATUSES, utcnow  # noqa: E402
 from app.db.session import make_engine, make_sessionmaker  # noqa: E402
-from app.jobs import submit_job  # noqa: E402
-from app.routing import LIVE_BEAT_S  # noqa: E402
 from app.speech import VOCAB_SIZE  # noqa: E402
-from app.store import FeatureStore  # noqa: E402
+from app.storage.artifacts import ArtifactStore  # noqa: E402
+from app.storage.feature_store import FeatureStore  # noqa: E402
+from app.submission.jobs import submit_job  # noqa: E402
+from app.submission.routing import LIVE_BEAT_S  # noqa: E402
 
 REDIS_DBS = (2, 3, 4)
 

@@ -192,7 +192,7 @@ def backend(name: str, root: Path) -> Iterator[Settings]:
 
 
 def _delete_queues(settings: Settings) -> None:
-    from app.celery_config import make_celery
+    from app.broker.celery_config import make_celery
 
     app = make_celery(settings)
     try:

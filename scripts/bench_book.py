@@ -218,7 +218,7 @@ def wait_book(client: Any, book_id: str, timeout_s: float) -> dict[str, Any]:
 def render_book(client: Any, store: Any, *, manifest: dict[str, Any], reference: bytes | None,
                 voice_id: str | None, timeout_s: float) -> tuple[str, float, dict[str, int], list[float]]:
     """Submit one book and wait for it: (book id, client t0, prep-path counter deltas, load averages)."""
-    from app.keys import COUNTER_PREP_PATH
+    from app.storage.keys import COUNTER_PREP_PATH
 
     before = store.counters(COUNTER_PREP_PATH)
     load = [round(x, 2) for x in os.getloadavg()]
@@ -246,9 +246,9 @@ def _git(*args: str) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
-    from app.celery_config import make_celery
+    from app.broker.celery_config import make_celery
     from app.db.session import make_engine, make_sessionmaker
-    from app.store import FeatureStore
+    from app.storage.feature_store import FeatureStore
     from scripts.service_stack import bench_settings, flush_redis, running_stack
 
     root = Path(tempfile.mkdtemp(prefix="wavefarm-bench-book-"))

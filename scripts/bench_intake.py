@@ -5,7 +5,7 @@ answers an upload, and what a chapter's assembly needs in memory.
 
 1. parse: each hostile class (tests/support/hostile.py, issue 28), a real 1,000-page PDF made with
    fpdf2 (a 10-pt serif font embedded, compressed streams, an outline of chapters) and a 100,000-cue
-   WebVTT file, read by the real child process (`app.books.planner` under `app.books.bounded`) with the
+   WebVTT file, read by the real child process (`app.books.intake_child` under `app.books.bounded`) with the
    default limits of `Settings()`: the outcome, wall seconds, CPU seconds and the child's peak RSS.
    `--quick` leaves out the two PDFs that run to the CPU limit (about 2 minutes each).
 2. api: `wavefarm serve` on SQLite and the local Redis (databases 3, 4 and 15, emptied first): POST
@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:
 
 from app.books.bounded import run_child  # noqa: E402
 from app.books.intake import JOB_FILE, LOG_FILE, parse_job  # noqa: E402
-from app.books.planner import OUTCOME  # noqa: E402
+from app.books.intake_child import OUTCOME  # noqa: E402
 from app.books.submission import BookOptions, Submission  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from tests.support import hostile  # noqa: E402
@@ -129,8 +129,8 @@ def read_one(settings: Settings, folder: Path, data: bytes, options: dict[str, A
     (folder / "request.json").write_text(submission.to_json())
     job = parse_job(settings, folder, "a" * 64, 0)
     (folder / JOB_FILE).write_text(job.to_json())
-    ended = run_child("app.books.planner", [str(folder / JOB_FILE)], wall_s=settings.book_parse_timeout_s,
-                      stderr=folder / LOG_FILE)
+    ended = run_child("app.books.intake_child", [str(folder / JOB_FILE)],
+                      wall_s=settings.book_parse_timeout_s, stderr=folder / LOG_FILE)
     from app.books.intake import death_reason
 
     outcome = json.loads((folder / OUTCOME).read_text()) if (folder / OUTCOME).exists() else None
@@ -216,8 +216,8 @@ def part_api() -> dict[str, Any]:
 ASSEMBLE = """
 import json, resource, sys, time, numpy as np, soundfile as sf
 from pathlib import Path
-from app.books.assemble import assemble_chapter
-from app.books.plan import PlanChapter, PlanSegment
+from app.books.writing.assemble import assemble_chapter
+from app.books.planning.plan import PlanChapter, PlanSegment
 case, folder = sys.argv[1], Path(sys.argv[2])
 rng = np.random.default_rng(0)
 count, seconds, gap_ms = (1800, 1.7, 0) if case == "dense" else (3, 2.0, 24 * 3600_000)

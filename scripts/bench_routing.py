@@ -1,4 +1,5 @@
-"""The routing decision at scale: what one `app.routing.route_voice` costs with many workers and installs.
+"""The routing decision at scale: what one `app.submission.routing.route_voice` costs with many workers and
+installs.
 
     python scripts/bench_routing.py [--backends postgres,sqlite] [--workers 64] [--voices 100000]
                                     [--done-jobs 100000] [--decisions 600] [--json docs/bench/routing.json]
@@ -47,11 +48,11 @@ if str(REPO) not in sys.path:
 
 from sqlalchemy import Engine, event, insert, text, update  # noqa: E402
 
-from app import routing  # noqa: E402
 from app.db import upgrade  # noqa: E402
 from app.db.models import Job, JobStatus, Voice, Worker, WorkerVoice, utcnow  # noqa: E402
 from app.db.session import make_engine, make_sessionmaker  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from app.submission import routing  # noqa: E402
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 KINDS = ("held", "not_held", "gone")

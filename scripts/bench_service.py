@@ -40,10 +40,10 @@ sys.path.insert(0, str(REPO))
 from app.dev import SAMPLES  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.speech import VOCAB_SIZE  # noqa: E402
-from app.store import FeatureStore  # noqa: E402
-from gpu_worker.adapters import StoreFeatures  # noqa: E402
-from gpu_worker.runtime import build_engine  # noqa: E402
-from gpu_worker.streams import Audio, EngineJob, Failed, Finished  # noqa: E402
+from app.storage.feature_store import FeatureStore  # noqa: E402
+from gpu_worker.engine.streams import Audio, EngineJob, Failed, Finished  # noqa: E402
+from gpu_worker.worker.adapters import StoreFeatures  # noqa: E402
+from gpu_worker.worker.runtime import build_engine  # noqa: E402
 from scripts.service_stack import bench_settings, flush_redis, running_stack  # noqa: E402
 
 PORT = 8765

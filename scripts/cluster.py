@@ -4,7 +4,7 @@ deployment starts them (settings from WAVEFARM_* variables; tiny preset and dumm
 
     cluster = Cluster(settings, logs)
     cluster.start("gpu", "g1"); cluster.start("cpu", "c1"); cluster.wait_ready()
-    ...                       # submit jobs (app.jobs.submit_job), watch the database
+    ...                       # submit jobs (app.submission.jobs.submit_job), watch the database
     cluster.kill("g1")        # SIGKILL, no shutdown
     cluster.stop_all()
 

@@ -4,7 +4,7 @@
     python3 scripts/device_run.py --out DIR [--budget-s 360] [--device cuda|cpu] [--preset full|tiny]
                                   [--parts smoke,sweep,...] [--plan]
 
-The parts, their budgets and what each writes: `gpu_worker.kit` (python3 scripts/device_run.py --plan).
+The parts, their budgets and what each writes: `bench.kit` (python3 scripts/device_run.py --plan).
 Exit code 0 when every part ended "ok".
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_worker.kit.runner import main  # noqa: E402
+from bench.kit.runner import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

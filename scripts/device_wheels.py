@@ -1,4 +1,4 @@
-"""Download the wheels the device kit carries to the GPU machine (`gpu_worker.kit.wheels.WHEELS`), pinned
+"""Download the wheels the device kit carries to the GPU machine (`bench.kit.wheels.WHEELS`), pinned
 and checked by sha256, into wheels/ (ignored by git). Run it here, where PyPI is reachable, before the
 device call that names `wheels` in its carry list (docs/PERFORMANCE.md, "How to run the GPU check").
 
@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpu_worker.kit.wheels import WHEELS, WHEELS_DIR  # noqa: E402
+from bench.kit.wheels import WHEELS, WHEELS_DIR  # noqa: E402
 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 

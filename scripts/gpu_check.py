@@ -7,7 +7,7 @@ engine, as the worker runs it (installs from the install lane, on the side strea
 prepared ahead (features in a store, installed with an event the first step waits on) and voices
 prepared inline (no features: the engine prepares them itself); on CUDA both once more with installs on
 the main stream (one stream). Ahead must equal inline bit for bit on one stream, and within 1e-5 with the
-side stream (`gpu_worker.kit.verdict`: cuBLAS is bitwise only with one stream active). It also reports the
+side stream (`bench.kit.verdict`: cuBLAS is bitwise only with one stream active). It also reports the
 largest difference to each job decoded alone, step and install timings, and allocated device memory
 after each of several repeated rounds. The speaker models are the dummy-mode stand-ins.
 
@@ -41,20 +41,20 @@ import numpy as np
 import torch
 
 from app.audio import normalise_reference
-from app.features import PromptHostFeatures, host_half
 from app.speech import PROMPT_FRAMES, SAMPLES_PER_TOKEN, VOCAB_SIZE
+from app.voices.features import PromptHostFeatures, host_half
+from bench.engine.workload import synthetic_voice
+from bench.kit import verdict
 from gpu_worker import fallbacks
 from gpu_worker.accel.flow_graphs import graph_flow
 from gpu_worker.accel.graphs import graph_hift
-from gpu_worker.bench.workload import synthetic_voice
-from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.engine import Engine, EngineConfig
-from gpu_worker.kit import verdict
-from gpu_worker.loading import load_dummy
+from gpu_worker.checkpoint.load import load_dummy
+from gpu_worker.engine.core import Engine, EngineConfig
+from gpu_worker.engine.decoder import StreamingDecoder
+from gpu_worker.engine.streams import Audio, EngineJob, Failed, Finished
 from gpu_worker.model.config import ModelArgs
-from gpu_worker.prompt import StandInSpeaker, install_voice, install_voices
-from gpu_worker.streams import Audio, EngineJob, Failed, Finished
-from gpu_worker.voices import VoiceCache, install_lane
+from gpu_worker.voices.cache import VoiceCache, install_lane
+from gpu_worker.voices.prompt import StandInSpeaker, install_voice, install_voices
 
 
 def references() -> dict[str, tuple[np.ndarray, int]]:
@@ -182,7 +182,7 @@ def compare(a: dict, b: dict, jobs: list[EngineJob]) -> tuple[bool, float]:
 
 
 def failures(report: dict, strict: bool) -> list[str]:
-    """Why the check fails (`gpu_worker.kit.verdict`); empty: it passed."""
+    """Why the check fails (`bench.kit.verdict`); empty: it passed."""
     out = []
     if not report["lengths_ok"]:
         out.append("audio lengths differ from the tokens'")

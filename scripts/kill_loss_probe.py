@@ -40,7 +40,7 @@ from celery import Celery
 app = Celery("probe", broker=os.environ["PROBE_BROKER"])
 app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
                 task_serializer="json", accept_content=["json"])
-if os.environ["PROBE_BROKER"].startswith("amqp"):  # as app.celery_config does for RabbitMQ
+if os.environ["PROBE_BROKER"].startswith("amqp"):  # as app.broker.celery_config does for RabbitMQ
     app.conf.update(task_queue_max_priority=9, broker_transport_options={"confirm_publish": True})
 else:
     app.conf.update(broker_transport_options={"visibility_timeout": 3600, "queue_order_strategy": "priority",

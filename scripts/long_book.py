@@ -33,17 +33,17 @@ for _path in (REPO, REPO / "scripts"):
 from cluster import Cluster, reference  # noqa: E402
 from service_stack import bench_settings, flush_redis  # noqa: E402
 
-from app.artifacts import ArtifactStore  # noqa: E402
 from app.books.files import output_dir  # noqa: E402
+from app.books.reading.source import BookLimits  # noqa: E402
 from app.books.service import BookOptions, submit_book  # noqa: E402
-from app.books.source import BookLimits  # noqa: E402
 from app.books.status import book_status  # noqa: E402
-from app.celery_config import make_celery  # noqa: E402
+from app.broker.celery_config import make_celery  # noqa: E402
 from app.context import Context  # noqa: E402
 from app.db import upgrade  # noqa: E402
 from app.db.session import make_engine, make_sessionmaker  # noqa: E402
 from app.speech import VOCAB_SIZE  # noqa: E402
-from app.store import FeatureStore  # noqa: E402
+from app.storage.artifacts import ArtifactStore  # noqa: E402
+from app.storage.feature_store import FeatureStore  # noqa: E402
 
 REDIS_DBS = (5, 6, 7)
 TABLES = ("jobs", "segments", "book_segments", "book_chapters", "books", "voices", "install_events")

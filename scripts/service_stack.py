@@ -64,7 +64,7 @@ def flush_redis(settings: Settings) -> None:
 
 
 def _ping(settings: Settings, nodes: list[str]) -> bool:
-    from app.celery_config import make_celery
+    from app.broker.celery_config import make_celery
 
     app = make_celery(settings)
     try:

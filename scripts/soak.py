@@ -11,9 +11,9 @@ the run and dropped after it) and one artifact root. Every setting a user meets 
 default (visibility timeout, heartbeats, stuck-job and maintenance periods: the CPU workers send the
 sweep themselves), but for the model preset, the slots and the queue names.
 
-Jobs of 25..150 tokens are submitted through `app.jobs` over the voices in a shuffled order, a few per
-second; a fifth of them are cancelled (`app.jobs.cancel_job`, as the API does) at a stage drawn for each:
-queued, preparing, running (audio started) or after a random delay. As jobs end, by the share done:
+Jobs of 25..150 tokens are submitted through `app.submission.jobs` over the voices in a shuffled order, a few
+per second; a fifth of them are cancelled (`app.submission.jobs.cancel_job`, as the API does) at a stage drawn
+for each: queued, preparing, running (audio started) or after a random delay. As jobs end, by the share done:
   15 %  g1 SIGKILLed, started again 5 s later under its name (a supervisor)
   30 %  c1 SIGKILLed, started again 5 s later
   45 %  g2 SIGKILLed, started again only after 90 s (its peer takes over its queue and jobs first)
@@ -58,18 +58,18 @@ for _path in (REPO, REPO / "scripts"):
 
 from cluster import Cluster, reference  # noqa: E402
 
-from app.artifacts import ArtifactStore  # noqa: E402
 from app.context import Context  # noqa: E402
 from app.db import queries, upgrade  # noqa: E402
 from app.db.models import DONE_JOB_STATUSES, Job, JobStatus, WorkerVoice, utcnow  # noqa: E402
 from app.db.session import make_engine, make_sessionmaker  # noqa: E402
 from app.errors import Conflict  # noqa: E402
-from app.jobs import cancel_job, submit_job  # noqa: E402
-from app.keys import PREFIX  # noqa: E402
-from app.routing import LIVE_BEAT_S  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.speech import VOCAB_SIZE  # noqa: E402
-from app.store import FeatureStore  # noqa: E402
+from app.storage.artifacts import ArtifactStore  # noqa: E402
+from app.storage.feature_store import FeatureStore  # noqa: E402
+from app.storage.keys import PREFIX  # noqa: E402
+from app.submission.jobs import cancel_job, submit_job  # noqa: E402
+from app.submission.routing import LIVE_BEAT_S  # noqa: E402
 
 STAGES = ("queued", "preparing", "running", "delay")
 GPU, CPU = ("g1", "g2"), ("c1", "c2")

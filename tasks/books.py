@@ -7,7 +7,8 @@ the book.
     book.plan(book_id)             the segments without finished audio of the first chapters, each started
                                    on its own: a segment whose token source is ready at planning gets its
                                    job here, rung (`lifecycle.ring`); the others get a book.tokenize
-    book.tokenize(book_id, key)    the segment's token source (`app.books.tokens`: text through the guide
+    book.tokenize(book_id, key)    the segment's token source (`app.books.planning.tokens`: text through the
+    guide
                                    voice, or source speech) -> a queued job, rung (`lifecycle.ring`);
                                    returns its id. Redelivered, it makes no second job: it rings a queued
                                    one again and leaves a claimed or finished one alone
@@ -24,10 +25,10 @@ the book.
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
 overtakes every queued segment), and their doorbells are the lifecycle's: `lifecycle.ring` routes each
-job (`app.routing`: the voice's holder's own queue, or the shared gpu queue), records the route and when
-the bell is due again, commits and sends `synth`; the reconciler (`app.maintenance`) rings a job that is
-still queued then. Every message is sent by name through `app.wire`, so this module imports neither the
-GPU worker nor Celery's canvas. Nothing waits on a segment: no chain, no chord, no polling. The work
+job (`app.submission.routing`: the voice's holder's own queue, or the shared gpu queue), records the route and
+when the bell is due again, commits and sends `synth`; the reconciler (`app.reconcile.sweep`) rings a job that
+is still queued then. Every message is sent by name through `app.broker.wire`, so this module imports neither
+the GPU worker nor Celery's canvas. Nothing waits on a segment: no chain, no chord, no polling. The work
 itself (plans, token sources, chapter files, progress) is `app.books`'s; this module schedules it.
 """
 
@@ -40,16 +41,17 @@ from celery import Task
 from celery.exceptions import Ignore
 from sqlalchemy.orm import Session
 
-from app import lifecycle, wire
+from app import lifecycle
 from app.books import files, intake, render, service
-from app.books.plan import BookPlan, PlanSegment
-from app.books.tokens import BookContext, source_for
+from app.books.planning.plan import BookPlan, PlanSegment
+from app.books.planning.tokens import BookContext, source_for
+from app.broker import wire
 from app.context import Context
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
 from app.db.session import session_scope
 from app.errors import WavefarmError
-from app.keys import check_job_id
+from app.storage.keys import check_job_id
 from app.text.tokens import STAND_IN_NOTE
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, resources

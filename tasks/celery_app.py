@@ -1,6 +1,6 @@
 """The CPU workers' Celery app: `celery -A tasks.celery_app worker -Q cpu`.
 
-The configuration (queues, JSON only, acks late) lives in `app.celery_config`, shared with the GPU
+The configuration (queues, JSON only, acks late) lives in `app.broker.celery_config`, shared with the GPU
 worker and the producers; this module only names the CPU task modules, reads the settings and adds
 the periodic maintenance sweep (`tasks.schedule`) to the worker.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init
 
-from app.celery_config import make_celery as _make_celery
+from app.broker.celery_config import make_celery as _make_celery
 from app.settings import Settings, get_settings
 from tasks.schedule import PeriodicSweep
 

@@ -1,12 +1,12 @@
-"""`maintenance.sweep`: the Celery adapter of `app.maintenance.sweep` (no arguments; the report out)."""
+"""`maintenance.sweep`: the Celery adapter of `app.reconcile.sweep.sweep` (no arguments; the report out)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.maintenance import run_sweep
+from app.broker.wire import SWEEP_TASK
+from app.reconcile.sweep import run_sweep
 from app.settings import get_settings
-from app.wire import SWEEP_TASK
 from tasks.celery_app import celery_app
 
 

@@ -9,7 +9,7 @@ cron.
 
 The timer runs in the worker's main process (its event loop, or Celery's timer thread); the tick only
 sets a key and publishes a message, and never raises into the loop. Not in here: the sweep itself
-(`app.maintenance`, run by the `maintenance.sweep` task).
+(`app.reconcile.sweep`, run by the `maintenance.sweep` task).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import kombu.exceptions
 import redis
 from celery import bootsteps
 
+from app.broker.wire import SWEEP_TASK
 from app.settings import Settings, get_settings
-from app.store import FeatureStore
-from app.wire import SWEEP_TASK
+from app.storage.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
     job.tokenize(job_id)   the job's text through the guide voice and the S3 tokenizer
                            (`app.text.tokens`) -> the job's tokens -> `synth` sent to a GPU
-                           worker (`app.routing`)
+                           worker (`app.submission.routing`)
 
 Idempotent: a redelivery after the tokens were stored only sends `synth` again (the GPU worker claims a
 job once, so a second message is dropped there); a job cancelled meanwhile is left alone. A text that
@@ -17,13 +17,15 @@ import logging
 
 from celery import Task
 
-from app import jobs, lifecycle, routing, wire
+from app import lifecycle
+from app.broker import wire
 from app.context import Context
 from app.db import queries
 from app.db.models import JobStatus
 from app.db.session import session_scope
 from app.errors import WavefarmError
-from app.keys import check_job_id
+from app.storage.keys import check_job_id
+from app.submission import jobs, routing
 from app.text.tokens import STAND_IN_NOTE, text_tokens
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, resources

@@ -22,15 +22,16 @@ from celery import Task
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app import preparation, wire
+from app.broker import wire
 from app.context import Context
 from app.db import queries
 from app.db.models import VoiceStatus
 from app.db.session import session_scope
 from app.errors import WavefarmError
-from app.keys import COUNTER_PREPARE, check_voice_id
 from app.settings import get_settings
-from app.voices import reclaim_abandoned_voice
+from app.storage.keys import COUNTER_PREPARE, check_voice_id
+from app.voices import preparation
+from app.voices.service import reclaim_abandoned_voice
 from tasks.celery_app import celery_app
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def _count(ctx: Context, outcome: str) -> None:
 
 
 def _release(ctx: Context, voice_id: str) -> None:
-    """Best effort: an unreleased claim only expires later (app.voices.PREPARE_CLAIM_TTL_S)."""
+    """Best effort: an unreleased claim only expires later (app.voices.service.PREPARE_CLAIM_TTL_S)."""
     try:
         ctx.store.release_prepare(voice_id)
     except redis.RedisError as exc:

@@ -33,13 +33,13 @@ from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
-from app.broker import open_broker
+from app.broker.queues import open_broker
 from app.context import Context
 from app.db import upgrade
 from app.db.session import make_engine, make_sessionmaker
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
 
 pytest_plugins = ["tests.support.runtime"]
 

@@ -91,7 +91,7 @@ def test_services_share_state_and_wait_for_the_migration(compose: dict[str, Any]
 
 def test_the_broker_is_rabbitmq_that_lets_a_job_run_as_long_as_the_visibility_timeout(
         compose: dict[str, Any]) -> None:
-    from app.broker import is_amqp
+    from app.broker.queues import is_amqp
 
     services = compose["services"]
     urls = {interpolate(services[name]["environment"]["WAVEFARM_BROKER_URL"]) for name in WAVEFARM_SERVICES}

@@ -16,11 +16,11 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_finds_nothing() -> None:
-    done = _run("ruff", "check", "app", "tasks", "gpu_worker", "migrations", "tests", "scripts")
+    done = _run("ruff", "check", "app", "tasks", "gpu_worker", "bench", "migrations", "tests", "scripts")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
 @pytest.mark.timeout(600)
 def test_mypy_finds_nothing_in_the_packages() -> None:
-    done = _run("mypy", "app", "tasks", "gpu_worker")
+    done = _run("mypy", "app", "tasks", "gpu_worker", "bench")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -2,8 +2,9 @@
 item, so that a malformed or invalid item is refused on its own; and the per-item results.
 
 Bounds: the body is at most `settings.max_batch_bytes` (413, at the door: `app.api.limits`), a batch
-holds 1 to `app.batch.BATCH_MAX` items (413 over it), a body that is not an array or not JSON lines is
-refused whole (422). What a job is and when one is refused is `app.batch`'s and `app.jobs`'.
+holds 1 to `app.submission.batch.BATCH_MAX` items (413 over it), a body that is not an array or not JSON lines
+is refused whole (422). What a job is and when one is refused is `app.submission.batch`'s and
+`app.submission.jobs`'.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from fastapi import HTTPException
 from pydantic import BaseModel, Field, ValidationError
 
 from app.api.schemas import JobRequest
-from app.batch import BATCH_MAX, Outcome
 from app.errors import BadInput, Conflict, Gone, NotFound, WavefarmError
+from app.submission.batch import BATCH_MAX, Outcome
 
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines")
 # A refused item's status, as a single POST /v1/jobs would have answered it (`app.api.main` REFUSALS).

@@ -1,6 +1,6 @@
-"""`LocalClient`: the API's operations on the services in this process (`app.jobs`, `app.voices`,
-`app.books`), for the CLI's `--local` commands. It answers with the API's JSON shapes, as `HttpClient`
-does (`app.api.client.Client`), so the CLI prints one thing whichever way it went.
+"""`LocalClient`: the API's operations on the services in this process (`app.submission.jobs`,
+`app.voices.service`, `app.books`), for the CLI's `--local` commands. It answers with the API's JSON shapes,
+as `HttpClient` does (`app.api.client.Client`), so the CLI prints one thing whichever way it went.
 """
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app import voice_names
 from app.api.batch import batch_out, request_fields
 from app.api.schemas import BookOut, JobOut, VoiceOut
-from app.batch import submit_batch
-from app.books.encoding import DEFAULT_KBPS
-from app.books.publication import split_genre_list
+from app.books.reading.publication import split_genre_list
 from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
 from app.books.status import book_status, output_file
+from app.books.writing.encoding import DEFAULT_KBPS
 from app.context import Context
 from app.db import queries
-from app.jobs import audio_path, cancel_job, get_job, submit_job
 from app.settings import Settings
-from app.voices import get_voice, register_voice
+from app.submission.batch import submit_batch
+from app.submission.jobs import audio_path, cancel_job, get_job, submit_job
+from app.voices import names as voice_names
+from app.voices.service import get_voice, register_voice
 
 
 class LocalClient:

@@ -26,7 +26,6 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from app import routing
 from app.api.deps import ApiContext
 from app.api.docs import install_docs
 from app.api.limits import BodyLimit
@@ -39,13 +38,14 @@ from app.api.routes_voices import router as voices_router
 from app.api.schemas import problem
 from app.api.speech_stream import StreamCut
 from app.api.web import router as web_router
-from app.books.source import DEFAULT_LIMITS
+from app.books.reading.source import DEFAULT_LIMITS
+from app.broker.wire import TaskSender
 from app.db import queries
 from app.db.models import JobStatus, utcnow
 from app.errors import BadInput, Conflict, Gone, NotFound
-from app.maintenance import SWEEP_FINDINGS, WORKER_GONE_S
+from app.reconcile.sweep import SWEEP_FINDINGS, WORKER_GONE_S
 from app.settings import Settings, get_settings
-from app.wire import TaskSender
+from app.submission import routing
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def build_context(settings: Settings, sender: TaskSender | None = None) -> ApiCo
 
 
 def _queues(ctx: ApiContext) -> list[str]:
-    """cpu, gpu, and the own queue of every GPU worker the database knows (`app.routing`)."""
+    """cpu, gpu, and the own queue of every GPU worker the database knows (`app.submission.routing`)."""
     try:
         with ctx.session() as s:
             workers = queries.list_worker_names(session=s)

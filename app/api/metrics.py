@@ -9,11 +9,12 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
   wavefarm_voice_prepare_total{outcome} CPU-side preparations (feature-store counters)
   wavefarm_jobs{status}                jobs in the database by status
   wavefarm_jobs_routed{route}          jobs in the database by where their latest `synth` went and why
-                                       (`app.routing.ROUTES`: affinity, placed, spilled, and the fallbacks)
+                                       (`app.submission.routing.ROUTES`: affinity, placed, spilled, and the
+                                       fallbacks)
   wavefarm_gpu_workers_live            GPU workers whose heartbeat in the database is recent
   wavefarm_books{status}               books in the database by status (every status, 0 included)
   wavefarm_book_chapters{state}        chapters of the books not ended yet: assembled, pending
-  wavefarm_sweep_found_total{kind}     what maintenance sweeps found and put back (`app.maintenance`)
+  wavefarm_sweep_found_total{kind}     what maintenance sweeps found and put back (`app.reconcile.sweep`)
   wavefarm_feature_store_used_bytes    memory the feature-store Redis uses, and its maxmemory limit in
   wavefarm_feature_store_max_bytes     wavefarm_feature_store_max_bytes (0: unlimited)
   wavefarm_source_up{source}           1 when that source answered this scrape
@@ -22,7 +23,8 @@ the method when it is one of `METHODS` (any other token a client sends: `other`)
 (`<unmatched>` for a path no route has), the status code when it is one HTTP defines or 499 (a client
 that went away; else `other`). No metric is labelled by anything else a client sends (a model, a
 format, a voice). The GPU worker
-exports its engine's metrics from its own process (`gpu_worker.metrics`, under the same `wavefarm_` prefix).
+exports its engine's metrics from its own process (`gpu_worker.worker.metrics`, under the same `wavefarm_`
+prefix).
 
 Several API processes (`wavefarm serve --processes N`): the state metrics are read from the shared
 sources, so any process answers them alike; the request metrics are counted in each process, so they use
@@ -50,9 +52,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import keys
-from app.broker import Broker
-from app.store import FeatureStore
+from app.broker.queues import Broker
+from app.storage import keys
+from app.storage.feature_store import FeatureStore
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ UNMATCHED = "<unmatched>"
 
 
 def broker_queue_depth(broker: Broker, queue: str) -> int:
-    """Messages waiting in a queue, every priority (`app.broker`)."""
+    """Messages waiting in a queue, every priority (`app.broker.queues`)."""
     return broker.queue_depth(queue)
 
 

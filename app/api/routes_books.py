@@ -31,13 +31,13 @@ from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import AFTER, BookOut, BookRequest, Problem
 from app.books import intake, service, status
-from app.books.cast import MAX_BYTES as CAST_MAX_BYTES
-from app.books.encoding import BITRATES, DEFAULT_KBPS, SAMPLE_RATES
-from app.books.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
-from app.books.parse import FORMATS
-from app.books.publication import split_genre_list
-from app.books.source import DEFAULT_LIMITS
+from app.books.planning.cast import MAX_BYTES as CAST_MAX_BYTES
+from app.books.planning.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
+from app.books.reading.parse import FORMATS
+from app.books.reading.publication import split_genre_list
+from app.books.reading.source import DEFAULT_LIMITS
 from app.books.submission import BookOptions, Submission, target_lufs_field
+from app.books.writing.encoding import BITRATES, DEFAULT_KBPS, SAMPLE_RATES
 from app.db import queries
 from app.errors import BadInput
 from app.speech import MEDIA_TYPES as AUDIO_MEDIA_TYPES

@@ -1,8 +1,8 @@
 """/v1/jobs: submit (JSON or multipart, or many at once: /v1/jobs/batch), follow, list, cancel, download the
 audio.
 
-Thin HTTP adapters over `app.jobs`: they parse and bound the request, call the service and shape the
-answer; what a job is, and when one is refused or may be cancelled, is the service's.
+Thin HTTP adapters over `app.submission.jobs`: they parse and bound the request, call the service and shape
+the answer; what a job is, and when one is refused or may be cancelled, is the service's.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from fastapi.responses import FileResponse
 from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from app import batch, jobs, voice_names, wire
 from app.api.batch import NDJSON_TYPES, BatchOut, batch_out, parse_items
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import AFTER, JobOut, JobRequest, Problem, StorableStr, parse_tokens
+from app.broker import wire
 from app.db import queries
 from app.db.models import JobStatus
 from app.errors import BadInput, BadTokens
 from app.speech import MEDIA_TYPES, OutputFormat
+from app.submission import batch, jobs
+from app.voices import names as voice_names
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})

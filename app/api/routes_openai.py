@@ -25,15 +25,16 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app import jobs, wire
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.schemas import Problem, StorableStr, problem
 from app.api.speech_codec import FORMATS, MEDIA_TYPES, Encoder, check_format
 from app.api.speech_listeners import Listener
 from app.api.speech_stream import JobEnded, NoFirstAudio, PcmTail, first_audio, stream_job
+from app.broker import wire
 from app.db import queries
 from app.db.models import JobStatus
 from app.errors import BadInput, NotFound
+from app.submission import jobs
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})

@@ -15,10 +15,10 @@ from sqlalchemy import text
 
 from app.api.deps import ApiContext, Ctx
 from app.api.schemas import Health
-from app.books.lexicon import load_lexicon
+from app.books.planning.lexicon import load_lexicon
 from app.db import queries
 from app.db.models import utcnow
-from app.maintenance import WORKER_GONE_S
+from app.reconcile.sweep import WORKER_GONE_S
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["operations"])

@@ -1,6 +1,6 @@
 """/v1/voices: upload a reference voice (prepared ahead on a CPU worker), look voices up.
 
-Thin HTTP adapters over `app.voices`."""
+Thin HTTP adapters over `app.voices.service`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from app import voice_names, voices
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import read_upload
 from app.api.schemas import Problem, VoiceOut, VoicePatch
 from app.db import queries
 from app.errors import BadInput
+from app.voices import names as voice_names
+from app.voices import service as voices
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}, 422: {"model": Problem}})

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
-from app.books.loudness import DEFAULT_TARGET_LUFS
+from app.books.writing.loudness import DEFAULT_TARGET_LUFS
+from app.broker.wire import MAX_PRIORITY
 from app.errors import BadTokens
 from app.speech import OutputFormat
 from app.storable import unstorable
-from app.wire import MAX_PRIORITY
 
 if TYPE_CHECKING:  # annotations only: a client command does not load SQLAlchemy and Alembic for them
     from app.books.status import BookStatusView
@@ -204,7 +204,8 @@ class BookRequest(BaseModel):
     mp3: bool = Field(False, description="an MP3 per chapter too, with ID3 tags")
     timed: bool = Field(False, description="subtitle books: each cue's speech at its start time")
     epub3: bool = Field(False, description="a read-along EPUB 3 (a manifest has no text: refused)")
-    bitrate_kbps: StrictInt = Field(64, description="the M4B's AAC bitrate, kbit/s (app.books.encoding)")
+    bitrate_kbps: StrictInt = Field(64, description="the M4B's AAC bitrate, kbit/s "
+                                                                "(app.books.writing.encoding)")
     mp3_bitrate_kbps: StrictInt = Field(64, description="the MP3s' constant bitrate, kbit/s")
     sample_rate: StrictInt | None = Field(None, description="of the M4B and MP3s; null: the render's own")
     series: str | None = Field(None, max_length=500, description="for the tags and metadata.json")

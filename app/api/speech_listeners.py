@@ -5,7 +5,8 @@ submitted through `/v1/jobs` (or a batch, or the CLI) may be named by a speech r
 speech request that leaves (its client disconnected, or it gave up waiting for the first audio) cancels
 its job only when the job is its own alone:
 - without an idempotency key nobody else can hold the job: leaving cancels it;
-- with one, every speech request streaming the job is a member of a Redis set (`app.store`, shared by
+- with one, every speech request streaming the job is a member of a Redis set (`app.storage.feature_store`,
+shared by
   every API process), and the job is cancelled by the last member to leave, and only when a speech
   request created it (a marker its creator sets). A job that existed before (a `/v1/jobs` submission's)
   is never cancelled by a speech disconnect.

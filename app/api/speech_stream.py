@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, BinaryIO
 import anyio
 from fastapi.concurrency import run_in_threadpool
 
-from app import jobs
 from app.api.deps import ApiContext
 from app.api.speech_codec import Encoder
-from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, JobStatus
 from app.errors import Conflict, WavefarmError
+from app.storage.artifacts import ArtifactStore
+from app.submission import jobs
 
 if TYPE_CHECKING:  # it imports cancel_unfinished from here
     from app.api.speech_listeners import Listener

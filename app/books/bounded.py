@@ -3,7 +3,7 @@ while it runs, and what it cost (CPU seconds, peak memory) once it ends.
 
     run_child(module, args, wall_s=..., stopped=...) -> ChildExit
 
-The child sets its own CPU, memory and output limits (`app.books.planner.limit_self`); this module
+The child sets its own CPU, memory and output limits (`app.books.intake_child.limit_self`); this module
 bounds what the child cannot bound itself: time spent waiting (a read blocked on nothing) and a client
 who no longer wants the result. The child runs in a session of its own, so everything it started dies
 with it. Its stderr goes to a file (bounded by the child's own output limit), never to a pipe that

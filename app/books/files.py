@@ -4,13 +4,13 @@
                     source      the upload, until a CPU worker has read it (then removed)
                     lexicon     a lexicon and a cast sent with it, likewise
                     cast
-                    outcome.json  what reading it gave (`app.books.planner`), then plan.json ...
-                    plan.json   the plan (`app.books.plan.BookPlan`), written once, when the book is read
-                    meta.json   cover type, the manifest's folder (CLI books with source audio), and what
+                    outcome.json  what reading it gave (`app.books.intake_child`), then plan.json ...
+                    plan.json   the plan (`app.books.planning.plan.BookPlan`), written once, when the book is
+                    read meta.json   cover type, the manifest's folder (CLI books with source audio), and what
                                 the book's status shows of the plan (narrator, description, cast)
                     cover       the cover image, when the book has one
                     readalong.json  epub3 books: each chapter's text as shown, cut at its segments
-                                (`app.books.readalong`), written by the reading child with the plan
+                                (`app.books.planning.readalong`), written by the reading child with the plan
                     readalong-source.zip  epub3 books from an EPUB: its files, segments wrapped
                     out/        chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt, and with
                                 mp3 chapter-001.mp3 ..., with epub3 book.epub and readalong/ (its
@@ -29,14 +29,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from app.artifacts import ArtifactStore, atomic_path, write_text
-from app.books.plan import BookPlan
-from app.books.readalong import ChapterText, ReadAlong, load_text
-from app.books.source import SourceBook
+from app.books.planning.plan import BookPlan
+from app.books.planning.readalong import ChapterText, ReadAlong, load_text
+from app.books.reading.source import SourceBook
+from app.storage.artifacts import ArtifactStore, atomic_path, write_text
 
 BOOKS_DIR = "books"
 READALONG = "readalong.json"
-SKELETON = "readalong-source.zip"  # an EPUB source's files for its read-along EPUB (`app.books.epub_text`)
+SKELETON = "readalong-source.zip"  # an EPUB source's files for its read-along EPUB
+# (`app.books.planning.readalong_source`)
 OUTPUT_NAMES = ("book.m4b", "book.epub", "chapters.json", "chapters.vtt", "metadata.json", "cover.jpg",
                 "cover.png")  # besides the chapter files
 

@@ -5,14 +5,14 @@
                   and queued for preparation, a `parsing` row, `book.parse` sent. Answers at once.
     read_book     `book.parse`'s half, a doorbell: the fairest book waiting (`app.books.lanes`: the quick
                   lane first, the long lane's books a few at a time) is read by the child
-                  (`app.books.planner`) within the lane's limits (`WAVEFARM_BOOK_PARSE_*`); then the rows
+                  (`app.books.intake_child`) within the lane's limits (`WAVEFARM_BOOK_PARSE_*`); then the rows
                   (`queries.add_book_plan`), the cast's voices, `queued`, `book.plan` sent. A refusal or a
                   limit fails the book with the reason (a quick reading out of time moves the book to the
                   long lane instead); a cancel while it reads kills the child.
 
 A book that cannot be read leaves no files: its folder is removed when it fails (its row keeps the
 reason); a folder whose row was never written (the API died between the two) is the sweep's
-(`app.maintenance`, once `orphan_grace_s` old).
+(`app.reconcile.sweep`, once `orphan_grace_s` old).
 """
 
 from __future__ import annotations
@@ -26,20 +26,22 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sqlalchemy.orm import Session
 
-from app import lifecycle, voices, wire
-from app.books import cast as cast_files
+from app import lifecycle
 from app.books import lanes
-from app.books import lexicon as lexicon_files
 from app.books.bounded import ChildExit, run_child
 from app.books.files import book_dir
-from app.books.planner import OUTCOME, ChildLimits, ParseJob
-from app.books.source import DEFAULT_LIMITS, BookLimits
+from app.books.intake_child import OUTCOME, ChildLimits, ParseJob
+from app.books.planning import cast as cast_files
+from app.books.planning import lexicon as lexicon_files
+from app.books.reading.source import DEFAULT_LIMITS, BookLimits
 from app.books.submission import Submission, SubmittedFiles
+from app.broker import wire
 from app.db import queries
 from app.db.models import BookStatus
 from app.db.session import session_scope
 from app.errors import BadInput
 from app.settings import Settings
+from app.voices import service as voices
 
 if TYPE_CHECKING:
     from app.context import Context
@@ -171,7 +173,7 @@ def _read(ctx: Context, book_id: str, attempts: int, lane: str) -> str:
     job = parse_job(settings, files.folder, voice_id, seed, quick=quick)
     (files.folder / OUTCOME).unlink(missing_ok=True)
     (files.folder / JOB_FILE).write_text(job.to_json(), encoding="utf-8")
-    ended = run_child("app.books.planner", [str(files.folder / JOB_FILE)],
+    ended = run_child("app.books.intake_child", [str(files.folder / JOB_FILE)],
                       wall_s=quick_wall_s if quick else settings.book_parse_timeout_s,
                       stderr=files.folder / LOG_FILE, stopped=lambda: not _parsing(ctx, book_id))
     how = "stopped" if ended.stopped else f"exit {ended.returncode}, signal {ended.signal}"

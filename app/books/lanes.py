@@ -23,7 +23,8 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from app import lifecycle, wire
+from app import lifecycle
+from app.broker import wire
 from app.db import queries
 from app.db.models import utcnow
 from app.db.session import session_scope

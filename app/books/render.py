@@ -29,14 +29,14 @@ from contextlib import contextmanager
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import lifecycle
-from app.artifacts import ArtifactStore
 from app.books import files
-from app.books.assemble import ChapterAudio
-from app.books.encoding import Encoding
-from app.books.output import assemble_book, render_chapter
+from app.books.writing.assemble import ChapterAudio
+from app.books.writing.encoding import Encoding
+from app.books.writing.output import assemble_book, render_chapter
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, BookStatus
 from app.db.session import session_scope
+from app.storage.artifacts import ArtifactStore
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@
                       already finished
     make_segment_job  one segment's speech tokens -> a queued synth job linked to the segment's key
 
-Resume: segments are rows keyed by content (`app.books.plan`), each pointing at the job whose output
+Resume: segments are rows keyed by content (`app.books.planning.plan`), each pointing at the job whose output
 is its audio. Rendering a book again - after a crash, a cancel or an edit - plans the same keys, finds
 their finished jobs and renders only the keys without one; a crash or cancel loses at most the
 segments that were being rendered. Nothing here imports Celery tasks: tasks are sent by name.
@@ -25,17 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from app import jobs, lifecycle
-from app.artifacts import ArtifactStore
+from app import lifecycle
 from app.books.intake import accept_book
-from app.books.source import BookLimits
+from app.books.reading.source import BookLimits
 from app.books.status import require_book
 from app.books.submission import DEFAULT_SEED, BookOptions, Submission, target_lufs_field
 from app.db import queries
 from app.db.models import Book, BookStatus
 from app.errors import Conflict, NotFound
 from app.speech import check_tokens
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.submission import jobs
 
 if TYPE_CHECKING:
     from app.context import Context
@@ -59,10 +60,12 @@ def submit_book(*, ctx: Context, session: Session, data: bytes, filename: str | 
     reading it is decided by `book.parse`, which leaves the book `queued` or `failed` with the reason.
 
     `base_dir` (CLI only) lets a manifest name source audio files inside that folder; `chapters` ("3-7,12",
-    `app.books.select`) renders only those chapters; `lexicon` (a JSON/YAML file's bytes or parsed data,
-    `app.books.lexicon`) is laid over the service's default one; `cast` (JSON/YAML bytes or parsed data,
-    `app.books.cast`) maps the voice names of the text's markup to stored voices, each prepared once;
-    `publication` gives any of publisher, year, isbn, genres (`app.books.publication`) over the book's."""
+    `app.books.planning.select`) renders only those chapters; `lexicon` (a JSON/YAML file's bytes or parsed
+    data, `app.books.planning.lexicon`) is laid over the service's default one; `cast` (JSON/YAML bytes or
+    parsed data, `app.books.planning.cast`) maps the voice names of the text's markup to stored voices, each
+    prepared once;
+    `publication` gives any of publisher, year, isbn, genres (`app.books.reading.publication`) over the
+    book's."""
     submission = Submission(options=options or BookOptions(), filename=filename, book_format=book_format,
                             title=title, author=author, language=language, narrator=narrator,
                             description=description, chapters=chapters, **dict(publication or {}),

@@ -18,14 +18,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.artifacts import ArtifactStore
 from app.books.files import chapter_file_name, is_output, list_outputs, load_meta, output_dir
-from app.books.publication import Publication, publication_from_dict
+from app.books.reading.publication import Publication, publication_from_dict
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus, utcnow
 from app.errors import NotFound
-from app.keys import check_job_id, known_id
 from app.speech import TOKEN_RATE
+from app.storage.artifacts import ArtifactStore
+from app.storage.keys import check_job_id, known_id
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
 
 The API stores the upload as it arrives (`source`), the request as `request.json`, and a lexicon or
 cast sent with it as they came (`lexicon`, `cast`): none of them is parsed in the API. A CPU worker
-reads them in a bounded child process (`app.books.planner`, run by `app.books.intake`).
+reads them in a bounded child process (`app.books.intake_child`, run by `app.books.intake`).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app import wire
-from app.books.encoding import DEFAULT_KBPS, Encoding
-from app.books.loudness import DEFAULT_TARGET_LUFS
-from app.books.parse import FORMATS
-from app.books.publication import check_publication
-from app.books.select import parse_chapters
-from app.books.source import (
+from app.books.planning.select import parse_chapters
+from app.books.reading.parse import FORMATS
+from app.books.reading.publication import check_publication
+from app.books.reading.source import (
     DEFAULT_LIMITS,
     BookLimits,
     PublicationFields,
     check_language_tag,
     check_xml_text,
 )
+from app.books.writing.encoding import DEFAULT_KBPS, Encoding
+from app.books.writing.loudness import DEFAULT_TARGET_LUFS
+from app.broker import wire
 from app.errors import BadInput
 from app.speech import MAX_SEED, OutputFormat
 
@@ -51,7 +51,8 @@ class BookOptions:
     target_lufs: float | None = DEFAULT_TARGET_LUFS  # None: chapters are measured, not normalised
     seed: int = DEFAULT_SEED
     priority: int = 0  # job priority of the segments (0..9, larger first); 0 yields to every other job
-    bitrate_kbps: int = DEFAULT_KBPS  # the M4B's AAC (and the read-along EPUB's), `app.books.encoding`
+    bitrate_kbps: int = DEFAULT_KBPS  # the M4B's AAC (and the read-along EPUB's),
+    # `app.books.writing.encoding`
     mp3_bitrate_kbps: int = DEFAULT_KBPS
     sample_rate: int | None = None  # of the M4B and MP3s; None: the render's own (24 kHz)
     series: str | None = None  # for the tags and metadata.json (Audiobookshelf): the series' name
@@ -109,11 +110,12 @@ class Submission:
     language: str | None = None
     narrator: str | None = None
     description: str | None = None
-    publisher: str | None = None  # these four for the tags and metadata.json (`app.books.publication`)
+    publisher: str | None = None  # these four for the tags and metadata.json
+    # (`app.books.reading.publication`)
     year: str | None = None
     isbn: str | None = None
     genres: list[str] | None = None
-    chapters: str | None = None  # "3-7,12" (`app.books.select`)
+    chapters: str | None = None  # "3-7,12" (`app.books.planning.select`)
     base_dir: str | None = None  # CLI `--local` only: the folder a manifest's audio files are read from
 
     def check(self, limits: BookLimits = DEFAULT_LIMITS) -> None:

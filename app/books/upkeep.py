@@ -1,4 +1,4 @@
-"""The books' part of the maintenance sweep (`app.maintenance`, part 7):
+"""The books' part of the maintenance sweep (`app.reconcile.sweep`, part 7):
 
 - a book folder (books/<id>/) with no row, older than `orphan_grace_s`, is removed: the API stored an
   upload and died before its row was committed (a refused submission removes its own folder);
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import wire
-from app.artifacts import ArtifactStore
 from app.books.files import BOOKS_DIR
+from app.broker import wire
 from app.db.models import Book, BookStatus, utcnow
 from app.db.session import session_scope
+from app.storage.artifacts import ArtifactStore
 
 if TYPE_CHECKING:
     from app.context import Context

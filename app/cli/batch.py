@@ -18,7 +18,7 @@ from typing import Any
 from app.cli.common import read_file
 from app.errors import BadInput, WavefarmError
 
-PER_REQUEST = 1000  # app.batch.BATCH_MAX (not imported: a client command loads no database code)
+PER_REQUEST = 1000  # app.submission.batch.BATCH_MAX (not imported: a client command loads no database code)
 
 
 def read_items(path: Path) -> list[tuple[str, dict[str, Any] | str]]:

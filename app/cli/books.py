@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.books.cast import parse_cast
 from app.books.files import chapter_file_name
+from app.books.planning.cast import parse_cast
 from app.books.submission import DEFAULT_PREVIEW_S, PREVIEW_PRIORITY
 from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument, voice_id_for
 from app.errors import BadInput

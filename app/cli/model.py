@@ -5,7 +5,7 @@
                                                          the check, then the WAVEFARM_MODEL_DIR line to set
     model check DIR [--preset P]                         every problem of the folder, one line each
 
-The check is `python -m gpu_worker.model_check` (torch and the model classes) in a child process, as
+The check is `python -m gpu_worker.checkpoint.check` (torch and the model classes) in a child process, as
 `bench` runs its module: `app` never imports the worker packages (docs/ARCHITECTURE.md). The download is
 huggingface_hub's `snapshot_download`, imported inside the command; the Hub's settings are its own
 environment variables (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN), read by the library.
@@ -24,8 +24,8 @@ from app.errors import BadInput, ModelLoadError, first_line
 
 DEFAULT_REPO = "stepfun-ai/Step-Audio-2-mini"  # MiniCPM-o-4_5 keeps the same files under assets/token2wav
 SUBFOLDER = "token2wav"
-PRESETS = ("full", "tiny")  # gpu_worker.model_check.PRESETS (app does not import it)
-CHECK_MODULE = "gpu_worker.model_check"
+PRESETS = ("full", "tiny")  # gpu_worker.checkpoint.check.PRESETS (app does not import it)
+CHECK_MODULE = "gpu_worker.checkpoint.check"
 OFFLINE_ROUTE = ("Without a network: pull on a machine that has one, copy its Hugging Face cache "
                  "(HF_HOME) here and run again with HF_HUB_OFFLINE=1, or copy a token2wav folder and point "
                  "WAVEFARM_MODEL_DIR at it after `wavefarm model check DIR` (docs/MODEL_SETUP.md, "

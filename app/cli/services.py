@@ -20,7 +20,7 @@ from app.cli.common import print_json, settings
 log = logging.getLogger("wavefarm")
 
 CELERY_CPU_APP = "tasks.celery_app"
-CELERY_GPU_APP = "gpu_worker.worker"
+CELERY_GPU_APP = "gpu_worker.worker.process"
 
 
 def add_commands(sub: Any) -> None:
@@ -48,7 +48,7 @@ def add_commands(sub: Any) -> None:
     flower.add_argument("--port", type=int, default=5555)
     flower.set_defaults(handler=cmd_flower)
     bench = sub.add_parser("bench", add_help=False,
-                           help="the engine benchmark (python -m gpu_worker.bench; `wavefarm bench --help`)")
+                           help="the engine benchmark (python -m bench.engine; `wavefarm bench --help`)")
     bench.set_defaults(handler=cmd_bench, bench_args=[])
     db = sub.add_parser("db", help="database maintenance")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
@@ -178,7 +178,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     # Its own process and parser: the benchmark belongs to the GPU side, which app never imports.
-    return _exec("gpu_worker.bench", list(args.bench_args))
+    return _exec("bench.engine", list(args.bench_args))
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -193,7 +193,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_maintenance(args: argparse.Namespace) -> int:
-    from app.maintenance import run_sweep
+    from app.reconcile.sweep import run_sweep
 
     report = run_sweep(settings(), grace_s=args.grace_s)
     print_json(report.as_dict())

@@ -120,7 +120,7 @@ class Voice(Base):
     __table_args__ = (CheckConstraint(one_of("status", VoiceStatus), name="status"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    name: Mapped[str | None] = mapped_column(String(64), unique=True)  # app.voice_names: usable as the id
+    name: Mapped[str | None] = mapped_column(String(64), unique=True)  # app.voices.names: usable as the id
     status: Mapped[str] = mapped_column(String(16), default=VoiceStatus.PENDING)
     # Relative to the artifact root: references/<sha256 of the file>.<ext>
     reference_path: Mapped[str | None] = mapped_column(String(255))
@@ -144,8 +144,9 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_status_priority", "status", "priority"),
         Index("ix_jobs_voice_id", "voice_id"),
-        Index("ix_jobs_voice_status", "voice_id", "status"),  # a voice's live jobs (app.routing)
-        Index("ix_jobs_status_worker", "status", "worker"),  # workers' backlogs from the index (app.routing)
+        Index("ix_jobs_voice_status", "voice_id", "status"),  # a voice's live jobs (app.submission.routing)
+        Index("ix_jobs_status_worker", "status", "worker"),  # workers' backlogs from the index
+        # (app.submission.routing)
         Index("ix_jobs_status_routed_to", "status", "routed_to"),
         Index("ix_jobs_submitted_at_id", "submitted_at", "id"),  # newest-first pages (queries.paging)
         CheckConstraint(one_of("status", JobStatus), name="status"),
@@ -182,8 +183,8 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text)
     output_path: Mapped[str | None] = mapped_column(String(255))
     worker: Mapped[str | None] = mapped_column(String(255))
-    # Where its latest `synth` was sent (`app.routing`): a GPU worker's own queue (that worker's name),
-    # or None for the shared gpu queue; `route` says why (`app.routing.ROUTES`).
+    # Where its latest `synth` was sent (`app.submission.routing`): a GPU worker's own queue (that worker's
+    # name), or None for the shared gpu queue; `route` says why (`app.submission.routing.ROUTES`).
     routed_to: Mapped[str | None] = mapped_column(String(255))
     route: Mapped[str | None] = mapped_column(String(32))
     # The lease (`app.lifecycle`): a claimed job is its worker's until `lease_until`, which the running
@@ -208,14 +209,16 @@ class Worker(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(default=utcnow)
     slots: Mapped[int | None]  # jobs it streams at once (WAVEFARM_WORKER_SLOTS); NULL: not recorded
     dummy_weights: Mapped[bool | None]  # runs without a model folder (noise); NULL: not recorded
-    last_install_at: Mapped[datetime | None]  # this incarnation's latest install (app.routing); NULL: none
+    last_install_at: Mapped[datetime | None]  # this incarnation's latest install (app.submission.routing);
+    # NULL: none
 
 
 class WorkerVoice(Base):
     """A voice installed on one GPU worker (prompt + setup caches resident on its device)."""
 
     __tablename__ = "worker_voices"
-    __table_args__ = (Index("ix_worker_voices_voice_id", "voice_id"),)  # who holds a voice (app.routing)
+    __table_args__ = (Index("ix_worker_voices_voice_id", "voice_id"),)  # who holds a voice
+    # (app.submission.routing)
 
     worker_id: Mapped[str] = mapped_column(String(255), primary_key=True)
     voice_id: Mapped[str] = mapped_column(ForeignKey("voices.id", ondelete="CASCADE"), primary_key=True)
@@ -286,7 +289,7 @@ class Book(Base):
     title: Mapped[str] = mapped_column(Text)
     author: Mapped[str] = mapped_column(Text, default="")
     language: Mapped[str] = mapped_column(String(35), default="en")
-    plan_key: Mapped[str] = mapped_column(String(64))  # app.books.plan.BookPlan.key
+    plan_key: Mapped[str] = mapped_column(String(64))  # app.books.planning.plan.BookPlan.key
     output_format: Mapped[str] = mapped_column(String(8), default=OutputFormat.FLAC)
     m4b: Mapped[bool] = mapped_column(Boolean, default=True)
     mp3: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # MP3s per chapter too
@@ -301,7 +304,8 @@ class Book(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     segments_total: Mapped[int] = mapped_column(Integer, default=0)  # planned, repeats included
     est_seconds: Mapped[float] = mapped_column(default=0.0)  # planned speech, before rendering
-    chapters_selected: Mapped[str | None] = mapped_column(Text)  # "3-7,12" (`app.books.select`); None: all
+    chapters_selected: Mapped[str | None] = mapped_column(Text)  # "3-7,12" (`app.books.planning.select`);
+    # None: all
     error: Mapped[str | None] = mapped_column(Text)
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
@@ -320,7 +324,7 @@ class BookChapter(Base):
     segments_total: Mapped[int] = mapped_column(Integer)
     est_seconds: Mapped[float]
     seconds: Mapped[float | None]
-    loudness_lufs: Mapped[float | None]  # of the assembled file as written (app.books.loudness)
+    loudness_lufs: Mapped[float | None]  # of the assembled file as written (app.books.writing.loudness)
     true_peak_dbtp: Mapped[float | None]
     scheduled_at: Mapped[datetime | None]  # its segments were sent to render (book.plan's window)
     assembled_at: Mapped[datetime | None]
@@ -342,7 +346,7 @@ class BookChapter(Base):
 
 
 class Segment(Base):
-    """A rendered-or-to-render piece of speech, by content key (app.books.plan.segment_key).
+    """A rendered-or-to-render piece of speech, by content key (app.books.planning.plan.segment_key).
 
     Shared by every book (and every render of a book) that plans the same key: the audio is the output
     of `job_id` once that job succeeded. A failed or cancelled job is replaced by a new one."""

@@ -2,7 +2,7 @@
 
 SQLite and artifacts under ./var, a Redis on localhost (ours if none listens; on a shared one, databases
 0-2 unless another stack uses them, then 3-5: `services.choose_redis`), a CPU worker and a GPU worker as child
-processes, the bundled sample voices and tokens submitted through `app.jobs`,
+processes, the bundled sample voices and tokens submitted through `app.submission.jobs`,
 progress bars, then where the audio is and how each voice was prepared. Everything started here is
 stopped on the way out, also on Ctrl-C or failure. Dummy weights (noise) unless WAVEFARM_MODEL_DIR
 is set, with the tiny preset unless WAVEFARM_MODEL_PRESET says otherwise, so it fits in minutes on a
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from app.dev import SAMPLES, services
-from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 from app.speech import TOKEN_RATE
+from app.storage.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 
 SAMPLE_JOBS = [("voice_a.wav", "tokens_a.json"), ("voice_b.wav", "tokens_b.json")]
 FINAL = ("succeeded", "failed", "cancelled")
@@ -210,7 +210,7 @@ def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str],
                     interrupted: Callable[[], None]) -> dict[str, dict[str, int]]:
     """Submit the sample jobs, appending their ids to `job_ids` as they are accepted."""
     from app.context import Context
-    from app.jobs import submit_job
+    from app.submission.jobs import submit_job
 
     ctx = Context.build(settings)
     ctx.artifacts.ensure_layout()
@@ -304,10 +304,10 @@ class _Lines:
 
 
 def _report(settings: Any, jobs: list[dict[str, Any]], before: dict[str, dict[str, int]]) -> None:
-    from app.artifacts import ArtifactStore
     from app.db import queries
     from app.db.session import make_engine, make_sessionmaker, session_scope
-    from app.store import FeatureStore
+    from app.storage.artifacts import ArtifactStore
+    from app.storage.feature_store import FeatureStore
 
     artifacts = ArtifactStore(settings.artifact_root)
     engine = make_engine(settings.database_url)

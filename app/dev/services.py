@@ -22,7 +22,7 @@ from urllib.parse import urlparse, urlunparse
 
 import redis
 
-from app.keys import DEMO_LEASE_KEY, DEMO_OWNER_KEY
+from app.storage.keys import DEMO_LEASE_KEY, DEMO_OWNER_KEY
 
 log = logging.getLogger(__name__)
 

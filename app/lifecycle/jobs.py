@@ -10,7 +10,7 @@ The database is the truth; a broker message (a Celery task carrying the job id) 
 says "there may be work for this job", nothing more. Whoever receives one claims the job here, and a
 claim succeeds only for a job that is queued, or claimed by an attempt whose lease has passed. So a
 duplicate message costs one cheap claim that finds the job taken, finished or cancelled (the task is
-acknowledged as `skipped`), and a lost one costs at most one reconciler period (`app.maintenance`
+acknowledged as `skipped`), and a lost one costs at most one reconciler period (`app.reconcile.sweep`
 rings the job's bell again: `ring`).
 
 Leases. A claim makes the job its worker's until `lease_until` (`Settings.job_lease_s` from now); the
@@ -20,8 +20,8 @@ failing, cancelling and releasing clear it. Renewing and marking running name th
 finds out at its next report and stops.
 
 Rings. `ring` sends a queued job's doorbell: `job.tokenize` to a CPU worker for a text job without
-tokens, else `synth` where `app.routing` says (the voice's holder's own queue, or the shared one), and
-records when the bell is due again if the job is still queued then: `stuck_job_after_s` after the
+tokens, else `synth` where `app.submission.routing` says (the voice's holder's own queue, or the shared one),
+and records when the bell is due again if the job is still queued then: `stuck_job_after_s` after the
 first ring, doubling with each further one (`RING_BACKOFF_MAX`), so a job waiting its turn behind a
 long queue gets a few duplicate messages, not one per period.
 
@@ -41,14 +41,14 @@ from typing import Any
 from sqlalchemy import func, or_, update
 from sqlalchemy.orm import Session
 
+from app.broker.wire import TaskSender, send_tokenize
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, LIVE_JOB_STATUSES, Job, JobStatus, PrepPath, utcnow
 from app.db.queries import chapters
 from app.db.queries._common import _clip, _rowcount
 from app.lifecycle.books import count_outcome
-from app.routing import send_routed
 from app.settings import Settings
-from app.wire import TaskSender, send_tokenize
+from app.submission.routing import send_routed
 
 CLAIMED = (JobStatus.PREPARING, JobStatus.RUNNING)
 RING_BACKOFF_MAX = 5  # the wait between rings doubles up to 2**5 times stuck_job_after_s
@@ -173,7 +173,7 @@ def settle(*, session: Session, job_id: str, status: JobStatus, output_path: str
 def finish(*, session: Session, job_id: str, status: JobStatus, output_path: str | None = None,
            error: str | None = None) -> bool:
     """`settle`; False if the job was already final. Its chapters' `book.chapter` is left to the
-    reconciler (`app.maintenance`): callers that can send it after the commit use `settle`."""
+    reconciler (`app.reconcile.sweep`): callers that can send it after the commit use `settle`."""
     return settle(session=session, job_id=job_id, status=status, output_path=output_path,
                   error=error).finished
 

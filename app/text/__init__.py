@@ -1,4 +1,5 @@
-"""Text to speech tokens, shared by text jobs (`app.jobs`, `tasks/text.py`) and books (`app.books`):
+"""Text to speech tokens, shared by text jobs (`app.submission.jobs`, `tasks/text.py`) and books
+(`app.books`):
 
     normalise    English normalisation (numbers: `numbers`); sentence and paragraph segmentation, each
                  segment with the pause after it
@@ -6,5 +7,5 @@
     guide_voice  espeak-ng speaks a segment's text at 16 kHz (the S3 tokenizer reads it)
     tokens       a text job's tokens: `check_text` at submission (cheap), `text_tokens` on a CPU worker
 
-It imports neither `app.jobs` nor `app.books`, so both can import it.
+It imports neither `app.submission.jobs` nor `app.books`, so both can import it.
 """

@@ -1,6 +1,6 @@
 """The guide voice: espeak-ng speaks one segment's text as 16 kHz mono float32 PCM.
 
-This is the first half of the `text` token source (`app.books.tokens`); the S3 tokenizer turns the
+This is the first half of the `text` token source (`app.books.planning.tokens`); the S3 tokenizer turns the
 guide audio into speech tokens (not here). `options_for(language)` picks the voice that speaks a book's
 language. Two backends, the same voice data:
 1. the `espeakng-loader` wheel (libespeak-ng + its data, from PyPI: works offline, nothing to install
@@ -17,7 +17,7 @@ the guide voice, and whichever rendering is stored first is reused.
 
 Languages: any espeak-ng voice name ("en-us", "de", "fr" ...); the text should already be
 normalised (`app.text.normalise`). `[[...]]` in the text is espeak-ng phoneme mnemonics (both backends):
-only a pronunciation lexicon's entry puts it there (`app.books.lexicon`).
+only a pronunciation lexicon's entry puts it there (`app.books.planning.lexicon`).
 """
 
 from __future__ import annotations

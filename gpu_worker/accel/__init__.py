@@ -5,6 +5,6 @@ modules): each piece wraps or re-dispatches a module with the same call signatur
                fused oneDNN kernel (`use_cpu_linear(model, "onednn" | "blas")`, WAVEFARM_CPU_LINEAR)
     tensorrt   CAM++ as a TensorRT engine built from its ONNX file, on CUDA (`on_tensorrt(campplus)`)
 
-The composition root (`gpu_worker.runtime`) applies them; the benchmarks switch them to measure before
+The composition root (`gpu_worker.worker.runtime`) applies them; the benchmarks switch them to measure before
 and after in one process.
 """

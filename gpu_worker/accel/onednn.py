@@ -2,7 +2,7 @@
 
 PyTorch sends a float32 `F.linear` on a CPU to its BLAS (MKL in the PyPI wheels); bf16 already goes to
 oneDNN. On the CPUs measured oneDNN ran the DiT's shapes faster than MKL's sgemm in the same process
-(docs/PERFORMANCE.md; `python -m gpu_worker.bench.speedups` measures both), and the DiT's linears are most
+(docs/PERFORMANCE.md; `python -m bench.engine.speedups` measures both), and the DiT's linears are most
 of a decode step's FLOPs. So `use_cpu_linear(model, "onednn")` re-dispatches them to
 `torch.ops.mkldnn._linear_pointwise` (the kernel TorchInductor's CPU backend emits): still IEEE float32
 arithmetic, only the summation order differs, as between any two BLAS libraries. The same call fuses each

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from gpu_worker import fallbacks
-from gpu_worker.speaker import FBANK_BINS, SPEAKER_DIM, CampPlus
+from gpu_worker.voices.speaker import FBANK_BINS, SPEAKER_DIM, CampPlus
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The Code2Wav model: `Flow` (tokens -> mel) and `HiFTGenerator` (mel -> audio), pure nn.Modules.
 
-`Code2Wav` only holds the two and their hyper-parameters; loading lives in `gpu_worker.loading`.
+`Code2Wav` only holds the two and their hyper-parameters; loading lives in `gpu_worker.checkpoint.load`.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ never taken from the global RNG: pass a `SourceNoise` (drawn with `draw_source_n
 
 Precision: the convolution body runs in the dtype of `conv_pre`; the F0 predictor, the harmonic source
 and `conv_post` run in their own dtypes (inputs cast to them), and the STFT/iSTFT in float32. So a
-reduced-precision vocoder can keep those parts float32 (`gpu_worker.loading.prepare_hift`): pitch and the
-iSTFT's log-magnitude and phase are where bf16 rounding shows most.
+reduced-precision vocoder can keep those parts float32 (`gpu_worker.checkpoint.load.prepare_hift`): pitch and
+the iSTFT's log-magnitude and phase are where bf16 rounding shows most.
 
 Not in here: streaming state (mel/source/speech tails, cross-fade), device choice, checkpoint files.
 """

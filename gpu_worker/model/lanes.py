@@ -31,7 +31,7 @@ Lanes are kept dense (`release` moves the highest lane into the freed one), so a
 every open stream covers lanes 0..n-1 and no more. Built with an `EncoderShape`, the lanes also hold
 each stream's encoder caches (`encoder_lanes.EncoderLanes`, moved and grown with the rest), so that a
 whole decode step (`Flow.step_lanes`) has static shapes. Not in here: the Euler loop (`cfm.py`), which
-voice holds which slot (`gpu_worker.voice_slots`).
+voice holds which slot (`gpu_worker.voices.slots`).
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class Lanes:
 
     def put_voice(self, index: int, frames: Tensor) -> None:
         """A voice's setup cache [N, depth, 2, H, P, 2 D] into slot `index` (which voice holds which slot
-        is the caller's bookkeeping: `gpu_worker.decoder`)."""
+        is the caller's bookkeeping: `gpu_worker.engine.decoder`)."""
         if tuple(frames.shape) != tuple(self.voices.shape[1:]):
             raise ValueError(f"a voice cache of shape {tuple(frames.shape)} does not fit lanes built for "
                              f"{tuple(self.voices.shape[1:])} (prompts of {self.shape.prompt_len} frames)")

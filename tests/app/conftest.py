@@ -1,5 +1,5 @@
-"""Fixtures of the service tests: `submit`, a job submitted through `app.jobs` with the test's settings (and
-the root's `celery` producer), and the CLI and demo tests' module-wide settings (`cli_settings`,
+"""Fixtures of the service tests: `submit`, a job submitted through `app.submission.jobs` with the test's
+settings (and the root's `celery` producer), and the CLI and demo tests' module-wide settings (`cli_settings`,
 `cli_env`: one database and queue pair, a bearer token)."""
 
 import uuid
@@ -10,11 +10,11 @@ import pytest
 from celery import Celery
 from sqlalchemy.orm import Session
 
-from app.artifacts import ArtifactStore
 from app.db import upgrade
-from app.jobs import submit_job
 from app.settings import Settings, get_settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.submission.jobs import submit_job
 from tests.app.cli.helpers import TOKEN
 from tests.conftest import SESSION_TAG, make_test_settings, settings_env
 from tests.support.audio import wav_bytes

@@ -124,7 +124,7 @@ def test_write_audio_is_atomic_and_readable(tmp_path, fmt):
 @pytest.mark.parametrize("peak", [1e18, 32767.0, 3e38])
 def test_a_float_reference_over_full_scale_is_scaled_down_and_prepares_finite_features(peak, caplog):
     """A float WAV peaking at 1e18 made NaN features and a `ready` voice that decoded to garbage."""
-    from app.features import host_half
+    from app.voices.features import host_half
 
     quiet = speechy(2.0, 16000, channels=2)
     loud = (quiet.astype(np.float64) * (peak / float(np.abs(quiet).max()))).astype(np.float32)

@@ -16,7 +16,8 @@ from tests.support.prom import DASHBOARD, PROMETHEUS_DIR, RULE_FILES, promtool
 
 HERE = Path(__file__).parent
 ALERTS_TEST = HERE / "alerts_test.yml"
-# A series a GPU worker exports (gpu_worker/metrics.py) that has no sample until a CUDA graph falls back:
+# A series a GPU worker exports (gpu_worker/worker/metrics.py) that has no sample until a CUDA graph falls
+# back:
 GRAPH_FALLBACKS = "wavefarm_graph_fallbacks_total"
 
 
@@ -73,7 +74,7 @@ def test_the_compose_prometheus_configuration_loads_with_the_rules(tmp_path: Pat
 
 
 def test_the_gpu_worker_exposition_passes_promtool_check_metrics() -> None:
-    from gpu_worker.metrics import WorkerMetrics
+    from gpu_worker.worker.metrics import WorkerMetrics
 
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, lambda: {"batches": 3, "mel_frames": 150, "installs": 2, "evictions": 1,
@@ -91,7 +92,7 @@ def test_the_dashboard_reads_only_exported_or_recorded_series() -> None:
     them) or recorded by a rule: a renamed metric fails here before a dashboard goes blank."""
     recorded = {rule["record"] for rule in rules("record")}
     sources = "".join(p.read_text() for p in (HERE.parents[1] / "app/api/metrics.py",
-                                                 HERE.parents[1] / "gpu_worker/metrics.py"))
+                                                 HERE.parents[1] / "gpu_worker/worker/metrics.py"))
     exported = set(re.findall(r'"(wavefarm_[a-z_]+)"', sources))
     used = set()
     for expr in dashboard_expressions() + [rule["expr"] for rule in rules("expr")]:

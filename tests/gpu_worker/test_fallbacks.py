@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from app.settings import Settings
 from gpu_worker import fallbacks
 from gpu_worker.accel import tensorrt
-from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.engine.streams import Audio, EngineJob, Finished
 from gpu_worker.model import attention
-from gpu_worker.runtime import build_engine
-from gpu_worker.streams import Audio, EngineJob, Finished
+from gpu_worker.worker.metrics import WorkerMetrics
+from gpu_worker.worker.runtime import build_engine
 from tests.support.fakes import FakePreparer, host_features
 
 VOICE = "a" * 64

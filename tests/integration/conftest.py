@@ -30,13 +30,13 @@ import pytest
 import torch
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
-from app.celery_config import make_celery
+from app.broker.celery_config import make_celery
 from app.db.session import make_engine, make_sessionmaker
-from app.jobs import submit_job
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.submission.jobs import submit_job
 from tests.conftest import (
     BROKER_DB,
     REPO,
@@ -259,7 +259,7 @@ def start_worker(settings: Settings, name: str, log_dir: Path, celery_args: Sequ
 def gpu_worker_args(settings: Settings, *, concurrency: int | None = None, events: bool = True) -> list[str]:
     """The GPU worker's celery arguments: the synth queue, a thread pool of `worker_slots` (or
     `concurrency`) slots, task events on (`-E`) unless `events` is false."""
-    args = ["-A", "gpu_worker.worker", "worker", "-Q", settings.queue_gpu, "-P", "threads",
+    args = ["-A", "gpu_worker.worker.process", "worker", "-Q", settings.queue_gpu, "-P", "threads",
             "-c", str(concurrency or settings.worker_slots)]
     return args + (["-E"] if events else [])
 
@@ -267,7 +267,7 @@ def gpu_worker_args(settings: Settings, *, concurrency: int | None = None, event
 def start_gpu_worker(settings: Settings, name: str, log_dir: Path, *, concurrency: int | None = None,
                      extra_env: Mapping[str, str] | None = None, launcher: Sequence[str] = CELERY_MAIN,
                      events: bool = True, wait: bool = True, exited_ok: bool = False) -> WorkerProcess:
-    """A GPU worker subprocess (`celery -A gpu_worker.worker worker -Q <gpu queue> -P threads`) on
+    """A GPU worker subprocess (`celery -A gpu_worker.worker.process worker -Q <gpu queue> -P threads`) on
     `settings`; the caller stops it (`WorkerProcess.stop`). See `start_worker` for the rest."""
     args = gpu_worker_args(settings, concurrency=concurrency, events=events)
     return start_worker(settings, name, log_dir, args, launcher=launcher, extra_env=extra_env, wait=wait,

@@ -12,13 +12,13 @@ import pytest
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
 from app.books.files import book_dir
 from app.books.service import BookOptions, cancel, submit_book
-from app.celery_config import make_celery
+from app.broker.celery_config import make_celery
 from app.db import queries
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
 from tests.support.context import context_for

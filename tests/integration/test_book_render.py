@@ -25,21 +25,21 @@ import pytest
 import soundfile as sf
 from celery import Celery
 
-from app.artifacts import ArtifactStore
 from app.audio import load_reference
 from app.books.files import output_dir
 from app.books.service import BookOptions, submit_book
 from app.books.status import book_status
-from app.celery_config import make_celery
+from app.broker.celery_config import make_celery
 from app.db import queries
 from app.db.models import BookStatus, JobStatus
 from app.dev import SAMPLES
-from app.jobs import submit_job
-from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
-from app.maintenance import run_sweep
+from app.reconcile.sweep import run_sweep
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.storage.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
+from app.submission.jobs import submit_job
 from tests.app.books.conftest import MARKDOWN_BOOK, make_epub, tiny_png
 from tests.conftest import REPO, SESSION_TAG, settings_env
 from tests.integration.conftest import WorkerProcess, start_gpu_worker
@@ -208,7 +208,7 @@ def test_a_book_in_two_voices_prepares_each_once_and_decodes_their_lines_togethe
     mara_reference = (SAMPLES / "voice_b.wav").read_bytes()
     store.delete(load_reference(mara_reference)[1])  # prepared by this test too
     with worker_sessions() as session:
-        from app.voices import register_voice
+        from app.voices.service import register_voice
 
         mara, _ = register_voice(ctx=context_for(settings, app, sessions=worker_sessions, store=store),
                                  session=session,

@@ -22,16 +22,16 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import lifecycle
-from app.artifacts import ArtifactStore
-from app.broker import is_amqp, open_broker
-from app.celery_config import make_celery, redis_options
+from app.broker.celery_config import make_celery, redis_options
+from app.broker.queues import is_amqp, open_broker
+from app.broker.wire import send_synth
 from app.db import queries
 from app.db.models import Job, JobStatus, Worker, utcnow
-from app.maintenance import WORKER_GONE_S, SweepReport, expire_leases, reroute_gone
-from app.routing import worker_queue
+from app.reconcile.sweep import WORKER_GONE_S, SweepReport, expire_leases, reroute_gone
 from app.settings import Settings
-from app.store import FeatureStore
-from app.wire import send_synth
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.submission.routing import worker_queue
 from tests.conftest import make_test_settings
 from tests.integration.conftest import send_job, sessions_of, start_worker, store_of
 from tests.support.context import context_for
@@ -131,7 +131,7 @@ def test_the_reconciler_rings_again_the_jobs_whose_lease_passed_and_not_those_st
 def test_an_idle_worker_on_rabbitmq_stops_about_as_soon_as_one_on_redis(
         sqlite_url: str, artifacts: ArtifactStore, amqp_url: str, tmp_path) -> None:
     """Its event loop would otherwise sleep up to 10 s before it reads the SIGTERM (every stop took 10.9 s
-    before `app.celery_config.PromptShutdown`); kombu's Redis transport wakes its loop every second by
+    before `app.broker.celery_config.PromptShutdown`); kombu's Redis transport wakes its loop every second by
     itself. A ratio, measured in one run with both workers stopped at the same moment, so that a loaded
     machine slows both: a fixed bound failed on a loaded CI machine (5.9 s against 5 s)."""
     tag = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"

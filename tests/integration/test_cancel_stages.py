@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-import app.features
-import gpu_worker.job
+import app.voices.features
+import gpu_worker.worker.job
 from app import lifecycle
 from app.context import Context
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
-from app.keys import COUNTER_PREP_PATH
-from app.voices import reclaim_abandoned_voice
-from gpu_worker.job import JobRun
-from gpu_worker.runtime import Runtime
+from app.storage.keys import COUNTER_PREP_PATH
+from app.voices.service import reclaim_abandoned_voice
+from gpu_worker.worker.job import JobRun
+from gpu_worker.worker.runtime import Runtime
 from tasks.voice import prepare_voice
 from tests.support.context import context_for
 from tests.support.runtime import (
@@ -123,8 +123,8 @@ def test_cancelled_while_queued_the_delivery_is_skipped(make_runtime, sqlite_ses
 def test_cancelled_while_voice_prepare_runs_its_features_are_reclaimed_when_it_settles(
         make_runtime, sqlite_sessions, monkeypatch) -> None:
     rt = make_runtime(prep_wait_ms=60_000)  # the GPU side waits for the CPU preparation
-    gate = Gate(app.features.host_half)
-    monkeypatch.setattr(app.features, "host_half", gate)
+    gate = Gate(app.voices.features.host_half)
+    monkeypatch.setattr(app.voices.features, "host_half", gate)
     job_id = submit(rt, sqlite_sessions, VOICE_B, n_tokens=30)
     voice_id = job_row(sqlite_sessions, job_id).voice_id
     outcome: dict[str, str] = {}
@@ -149,8 +149,8 @@ def test_cancelled_while_voice_prepare_runs_its_features_are_reclaimed_when_it_s
 def test_a_shared_voice_is_kept_for_the_job_that_was_not_cancelled(make_runtime, sqlite_sessions,
                                                                    monkeypatch) -> None:
     rt = make_runtime(prep_wait_ms=60_000)
-    gate = Gate(app.features.host_half)
-    monkeypatch.setattr(app.features, "host_half", gate)
+    gate = Gate(app.voices.features.host_half)
+    monkeypatch.setattr(app.voices.features, "host_half", gate)
     gone = submit(rt, sqlite_sessions, VOICE_B, n_tokens=30)
     kept = submit(rt, sqlite_sessions, VOICE_B, n_tokens=40)
     voice_id = job_row(sqlite_sessions, gone).voice_id
@@ -203,8 +203,8 @@ def test_cancelled_after_a_failed_preparation_nothing_is_left(make_runtime, sqli
 def test_cancelled_while_the_worker_prepares_inline_nothing_is_installed_or_kept(
         make_runtime, sqlite_sessions, monkeypatch) -> None:
     rt = make_runtime(prep_wait_ms=0)  # straight to inline preparation, in the engine's pool
-    gate = Gate(app.features.host_half)
-    monkeypatch.setattr(app.features, "host_half", gate)
+    gate = Gate(app.voices.features.host_half)
+    monkeypatch.setattr(app.voices.features, "host_half", gate)
     job_id = submit(rt, sqlite_sessions, VOICE_B, n_tokens=30)
     gpu, result = run_in_thread(rt, job_id)
     assert gate.entered.wait(30)
@@ -255,13 +255,13 @@ def test_cancelled_while_finishing_the_job_stays_cancelled_and_leaves_no_file(
     rt = make_runtime()
     prepare_ahead(rt, VOICE_A)
     job_id = submit(rt, sqlite_sessions, VOICE_A, n_tokens=30)
-    real_commit = gpu_worker.job.commit_output
+    real_commit = gpu_worker.worker.job.commit_output
 
     def cancel_then_commit(*args: Any) -> None:  # the cancel lands between the last audio and the commit
         cancel(rt, sqlite_sessions, job_id)
         real_commit(*args)
 
-    monkeypatch.setattr(gpu_worker.job, "commit_output", cancel_then_commit)
+    monkeypatch.setattr(gpu_worker.worker.job, "commit_output", cancel_then_commit)
     result = JobRun(rt, RecordingTask(), job_id).run()
     row = job_row(sqlite_sessions, job_id)
     assert row.status == JobStatus.CANCELLED and row.output_path is None

@@ -7,7 +7,8 @@ records what each GPU worker installed and evicted and where each job was routed
 
 Nothing is shortened for the test: the default visibility timeout (6 h), heartbeats and the 60 s after
 which a silent worker counts as gone. The killed worker's jobs come back through what a deployment has:
-the surviving GPU worker looks after its gone peers every heartbeat (`gpu_worker.worker.recover_peers`).
+the surviving GPU worker looks after its gone peers every heartbeat
+(`gpu_worker.worker.process.recover_peers`).
 """
 
 from __future__ import annotations
@@ -27,16 +28,16 @@ import pytest
 import soundfile as sf
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
-from app.celery_config import make_celery
+from app.broker.celery_config import make_celery
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, JobStatus, utcnow
-from app.jobs import submit_job
-from app.routing import LIVE_BEAT_S
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from app.store import FeatureStore
-from gpu_worker.job import JobRun
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.submission.jobs import submit_job
+from app.submission.routing import LIVE_BEAT_S
+from gpu_worker.worker.job import JobRun
 from tests.conftest import REPO, make_test_settings
 from tests.integration.conftest import sessions_of, store_of
 from tests.support.context import context_for

@@ -29,16 +29,16 @@ import soundfile as sf
 from sqlalchemy import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
-from app.broker import is_amqp
-from app.celery_config import make_celery
+from app.broker.celery_config import make_celery
+from app.broker.queues import is_amqp
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, JobStatus, VoiceStatus
 from app.db.session import make_engine, make_sessionmaker
-from app.keys import feature_key
-from app.maintenance import run_sweep
+from app.reconcile.sweep import run_sweep
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.storage.keys import feature_key
 from tests.conftest import make_test_settings
 from tests.integration.conftest import send_job, sessions_of, start_gpu_worker, start_worker, store_of
 from tests.support.net import free_port
@@ -53,7 +53,7 @@ GPU_MAIN = """
 import os, signal, sys
 poison = os.environ.get("WF_TEST_POISON")
 if poison:
-    import gpu_worker.job as w
+    import gpu_worker.worker.job as w
     real = w.JobRun._stream
     def _stream(self, *a, **k):
         if self.job_id == poison:
@@ -62,7 +62,7 @@ if poison:
     w.JobRun._stream = _stream
 if os.environ.get("WF_TEST_HANG"):  # every decode step hangs
     import time
-    import gpu_worker.decoder as d
+    import gpu_worker.engine.decoder as d
     d.StreamingDecoder.step = lambda self, rows: time.sleep(3600)
 from celery.__main__ import main
 sys.argv = ["celery"] + sys.argv[1:]
@@ -71,7 +71,7 @@ main()
 CPU_MAIN = """
 import os, sys, time
 if os.environ.get("WF_TEST_SLOW_PREP"):
-    import app.features as f
+    import app.voices.features as f
     f.host_half = lambda *a, **k: time.sleep(600)
 from celery.__main__ import main
 sys.argv = ["celery"] + sys.argv[1:]
@@ -274,8 +274,8 @@ def test_a_cpu_worker_killed_mid_preparation_its_voice_is_prepared_again_and_the
 
 # -- a hung engine step -------------------------------------------------------------------------------
 def test_a_hung_engine_step_makes_the_watchdog_exit_the_worker(make_runtime, sqlite_sessions) -> None:
-    from gpu_worker.job import JobRun
-    from gpu_worker.watchdog import Watchdog
+    from gpu_worker.worker.job import JobRun
+    from gpu_worker.worker.watchdog import Watchdog
     from tests.support.runtime import RecordingTask
     from tests.support.runtime import submit as submit_in_process
 
@@ -502,7 +502,7 @@ def test_postgresql_briefly_unavailable_the_gpu_worker_finishes_its_jobs(
 # -- features that expire or are evicted ----------------------------------------------------------------
 def test_feature_ttl_is_refreshed_on_use_and_evicted_features_are_prepared_again(make_runtime,
                                                                                   sqlite_sessions) -> None:
-    from gpu_worker.job import JobRun
+    from gpu_worker.worker.job import JobRun
     from tests.support.runtime import RecordingTask
     from tests.support.runtime import submit as submit_in_process
 

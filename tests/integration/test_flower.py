@@ -23,15 +23,15 @@ import httpx
 import pytest
 import torch
 
+from app.broker.wire import SYNTH_TASK
 from app.db import queries
 from app.db.models import JobStatus
 from app.dev import SAMPLES, services
-from app.jobs import submit_job
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from app.store import FeatureStore
-from app.wire import SYNTH_TASK
-from gpu_worker.worker import make_gpu_celery
+from app.storage.feature_store import FeatureStore
+from app.submission.jobs import submit_job
+from gpu_worker.worker.process import make_gpu_celery
 from tests.conftest import REPO, SESSION_TAG, settings_env
 from tests.integration.conftest import WorkerProcess, running_gpu_worker
 from tests.support.context import context_for

@@ -1,4 +1,4 @@
-"""The GPU worker as a real Celery worker process (`celery -A gpu_worker.worker`, thread pool) on real
+"""The GPU worker as a real Celery worker process (`celery -A gpu_worker.worker.process`, thread pool) on real
 Redis and SQLite: several `synth` tasks through it."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 import soundfile as sf
 import torch
 
-from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import JobStatus
-from app.jobs import submit_job
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from app.store import FeatureStore
-from gpu_worker.worker import make_gpu_celery
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.submission.jobs import submit_job
+from gpu_worker.worker.process import make_gpu_celery
 from tests.integration.conftest import running_gpu_worker
 from tests.support.context import context_for
 from tests.support.runtime import (

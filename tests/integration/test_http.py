@@ -15,11 +15,11 @@ import pytest
 import soundfile as sf
 
 from app.api.client import ApiError, HttpClient, follow
-from app.artifacts import ArtifactStore
 from app.db.models import PrepPath
 from app.dev import SAMPLES, services
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
+from app.storage.artifacts import ArtifactStore
 from tests.conftest import SESSION_TAG, settings_env
 from tests.integration.conftest import _wait_ready as wait_ready
 from tests.support.net import answers_healthz, free_port

@@ -17,23 +17,23 @@ import pytest
 import soundfile as sf
 import torch
 
-from app.artifacts import ArtifactStore
 from app.audio import load_reference
 from app.db import queries
 from app.db.models import JobStatus, VoiceStatus
 from app.dev import SAMPLES
-from app.features import PromptHostFeatures
-from app.jobs import submit_job
-from app.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from app.store import FeatureStore
-from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.loading import load_dummy
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.storage.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
+from app.submission.jobs import submit_job
+from app.voices.features import PromptHostFeatures
+from gpu_worker.checkpoint.load import load_dummy
+from gpu_worker.engine.decoder import StreamingDecoder
 from gpu_worker.model.config import ModelArgs
-from gpu_worker.prompt import StandInSpeaker, install_voice
-from gpu_worker.runtime import DUMMY_SEED
-from gpu_worker.worker import make_gpu_celery
+from gpu_worker.voices.prompt import StandInSpeaker, install_voice
+from gpu_worker.worker.process import make_gpu_celery
+from gpu_worker.worker.runtime import DUMMY_SEED
 from tests.conftest import SESSION_TAG
 from tests.integration.conftest import running_gpu_worker, start_worker
 from tests.support.context import context_for

@@ -12,12 +12,12 @@ import pytest
 import redis
 from sqlalchemy import update
 
-from app.broker import open_broker
+from app.broker.queues import open_broker
 from app.db import queries
 from app.db.models import Job, utcnow
-from app.jobs import submit_job
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.feature_store import FeatureStore
+from app.submission.jobs import submit_job
 from tasks.celery_app import make_celery
 from tasks.schedule import SWEEP_TASK, PeriodicSweep, tick
 from tests.integration.conftest import start_worker

@@ -5,14 +5,14 @@ import time
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
 from app.db import queries as q
 from app.db.models import VoiceStatus
-from app.features import PromptHostFeatures
-from app.jobs import submit_job
-from app.keys import COUNTER_PREPARE
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.storage.keys import COUNTER_PREPARE
+from app.submission.jobs import submit_job
+from app.voices.features import PromptHostFeatures
 from tasks.celery_app import make_celery
 from tests.support.audio import wav_bytes
 from tests.support.context import context_for

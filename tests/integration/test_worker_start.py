@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import make_url
 
-from app.routing import worker_queue
 from app.settings import Settings
+from app.submission.routing import worker_queue
 from tests.integration.conftest import start_gpu_worker, start_worker
 
 

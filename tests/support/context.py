@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
-from app.broker import open_broker
+from app.broker.queues import open_broker
+from app.broker.wire import TaskSender
 from app.context import Context
 from app.settings import Settings
-from app.store import FeatureStore
-from app.wire import TaskSender
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
 
 
 def context_for(settings: Settings, sender: TaskSender, *, sessions: sessionmaker[Session],

@@ -1,6 +1,6 @@
 """A Python environment like the GPU machine's, for the device kit's tests: a virtual environment made
 from the base interpreter (no system site-packages, no pip), whose one extra path holds only the
-distributions the machine's image has (`gpu_worker.kit.wheels.MACHINE_PACKAGES` and everything they
+distributions the machine's image has (`bench.kit.wheels.MACHINE_PACKAGES` and everything they
 require) and those the kit carries as wheels (`WHEELS`), each linked file by file from this environment's
 own installation (its RECORD). So an import the kit's path gains from anything else (celery, redis,
 sqlalchemy, pydantic, librosa, transformers, ...) fails there as it would on the machine.
@@ -20,7 +20,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from gpu_worker.kit.wheels import MACHINE_PACKAGES, WHEELS
+from bench.kit.wheels import MACHINE_PACKAGES, WHEELS
 
 
 def closure(names: tuple[str, ...] | list[str]) -> set[str]:

@@ -17,21 +17,21 @@ from typing import Any
 
 import torch
 
-from app.features import PromptHostFeatures
 from app.speech import VOCAB_SIZE
-from gpu_worker.engine import Engine, EngineConfig
-from gpu_worker.loading import random_code2wav
-from gpu_worker.model import Code2Wav
-from gpu_worker.model.config import (
-    ModelArgs,
-)
-from gpu_worker.streams import (
+from app.voices.features import PromptHostFeatures
+from gpu_worker.checkpoint.load import random_code2wav
+from gpu_worker.engine.core import Engine, EngineConfig
+from gpu_worker.engine.streams import (
     Audio,
     ChunkRow,
     EngineJob,
     plan_chunks,
 )
-from gpu_worker.voices import VoiceCache
+from gpu_worker.model import Code2Wav
+from gpu_worker.model.config import (
+    ModelArgs,
+)
+from gpu_worker.voices.cache import VoiceCache
 
 ARGS = ModelArgs.tiny()
 

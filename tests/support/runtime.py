@@ -15,17 +15,17 @@ import pytest
 import torch
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.artifacts import ArtifactStore
 from app.audio import load_reference
 from app.context import Context
 from app.db import queries
 from app.db.session import make_engine, make_sessionmaker
 from app.dev import SAMPLES
-from app.features import host_half
-from app.jobs import submit_job
 from app.settings import Settings
 from app.speech import VOCAB_SIZE
-from gpu_worker.runtime import Runtime, build_runtime
+from app.storage.artifacts import ArtifactStore
+from app.submission.jobs import submit_job
+from app.voices.features import host_half
+from gpu_worker.worker.runtime import Runtime, build_runtime
 from tests.conftest import make_test_settings
 
 VOICE_A, VOICE_B = (SAMPLES / "voice_a.wav").read_bytes(), (SAMPLES / "voice_b.wav").read_bytes()

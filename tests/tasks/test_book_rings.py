@@ -14,11 +14,12 @@ import redis
 from celery import Celery
 
 import tasks.books as books
-from app import lifecycle, routing
-from app.broker import open_broker
+from app import lifecycle
+from app.broker.queues import open_broker
 from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus, utcnow
+from app.submission import routing
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.app.helpers import queued
 from tests.tasks.test_books import manifest_book, render_live_jobs, submit

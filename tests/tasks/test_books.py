@@ -192,7 +192,7 @@ They were loud.
 
 def test_a_cast_members_lines_render_in_their_voice_and_recasting_renders_only_them(
         ctx: Context, celery: Celery) -> None:
-    from app.voices import register_voice
+    from app.voices.service import register_voice
 
     with ctx.sessions() as session:
         alice, _ = register_voice(ctx=ctx, session=session, reference_bytes=wav_bytes(freq=330.0))
@@ -293,7 +293,7 @@ def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_len
     exactly the pauses between segments: both figures are given, each named."""
     from app.db.models import Job
     from app.text.tokens import STAND_IN_NOTE
-    from gpu_worker.runtime import dummy_weights_note
+    from gpu_worker.worker.runtime import dummy_weights_note
 
     assert ctx.settings.model_dir is None
     book_id = submit(ctx, celery, MARKDOWN_BOOK.encode(), filename="book.md",
@@ -405,7 +405,7 @@ def test_a_chapter_whose_sending_died_part_way_is_sent_again_by_the_sweep(ctx: C
     from sqlalchemy import delete, update
 
     from app.db.models import BookChapter, Job, Segment, utcnow
-    from app.maintenance import sweep
+    from app.reconcile.sweep import sweep
 
     book_id = submit(ctx, celery, manifest_book([[30, 40, 41], [25]]))
     assert books.plan(book_id, ctx) == 4
@@ -482,7 +482,7 @@ def test_a_ready_chapter_whose_book_chapter_was_lost_is_sent_again_by_the_sweep_
     from sqlalchemy import update
 
     from app.db.models import BookChapter, utcnow
-    from app.maintenance import UNCHECKED_CHAPTER_AFTER_S, sweep
+    from app.reconcile.sweep import UNCHECKED_CHAPTER_AFTER_S, sweep
 
     book_id = submit(ctx, celery, manifest_book([[30, 40], [25], [50]]))
     assert books.plan(book_id, ctx) == 4

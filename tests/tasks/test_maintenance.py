@@ -14,17 +14,17 @@ import numpy as np
 from sqlalchemy import update
 
 from app import cli, lifecycle
-from app.artifacts import ArtifactStore
 from app.books.service import submit_book
-from app.broker import open_broker
+from app.broker.queues import open_broker
 from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus, VoiceStatus, Worker, utcnow
-from app.features import host_half
-from app.jobs import submit_job
-from app.maintenance import WORKER_GONE_S, release_previous, sweep
+from app.reconcile.sweep import WORKER_GONE_S, release_previous, sweep
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
+from app.submission.jobs import submit_job
+from app.voices.features import host_half
 from tests.app.helpers import queued
 from tests.conftest import settings_env
 from tests.support.audio import wav_bytes

@@ -12,14 +12,14 @@ from celery import Celery
 from sqlalchemy import update
 
 import tasks.text as text_task
-from app.broker import open_broker
+from app.broker.queues import open_broker
 from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus, Voice, utcnow
 from app.errors import BadInput, BadTokens, Conflict
-from app.jobs import cancel_job, job_tokens, submit_job
-from app.maintenance import sweep
+from app.reconcile.sweep import sweep
 from app.speech import MEL_PER_TOKEN
+from app.submission.jobs import cancel_job, job_tokens, submit_job
 from app.text.normalise import estimate_tokens
 from app.text.tokens import STAND_IN_NOTE
 from tests.app.helpers import count, queued

@@ -12,11 +12,11 @@ from app import lifecycle
 from app.context import Context
 from app.db import queries as q
 from app.db.models import VoiceStatus
-from app.features import PromptHostFeatures
-from app.jobs import submit_job
-from app.keys import COUNTER_PREPARE
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.feature_store import FeatureStore
+from app.storage.keys import COUNTER_PREPARE
+from app.submission.jobs import submit_job
+from app.voices.features import PromptHostFeatures
 from tasks.celery_app import make_celery
 from tasks.voice import prepare_voice
 from tests.support.audio import wav_bytes
@@ -201,7 +201,7 @@ def test_a_reference_peaking_at_1e18_prepares_a_ready_voice_with_finite_features
 
 def test_features_that_are_not_finite_fail_the_voice_with_the_reason(ctx: Context, celery: Celery,
                                                                     monkeypatch: pytest.MonkeyPatch):
-    from app import features
+    from app.voices import features
 
     voice_id = submitted_voice(ctx, celery)
     overflow = features.s3_log_mel

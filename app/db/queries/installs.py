@@ -27,7 +27,8 @@ def record_install(*, session: Session, worker_id: str, voice_id: str, nbytes: i
     _close_events(session, worker_id, voice_id, lost=False)  # installed again: the earlier one ended
     session.add(InstallEvent(worker_id=worker_id, voice_id=voice_id, installed_at=now, nbytes=nbytes,
                              lost=False))
-    # The router's tie-break among idle workers (app.routing), kept here so it never counts installs.
+    # The router's tie-break among idle workers (app.submission.routing), kept here so it never counts
+    # installs.
     session.execute(update(Worker).where(Worker.name == worker_id).values(last_install_at=now))
     session.flush()
     return row

@@ -49,8 +49,9 @@ def create_job(
     routed_to: str | None = None,
     route: str | None = None,
 ) -> tuple[Job, bool]:
-    """Insert a queued job (with its route, when decided: `app.routing`). With an idempotency key already
-    used, returns that job instead. A text job has no tokens yet (None, n_tokens 0) until `set_job_tokens`.
+    """Insert a queued job (with its route, when decided: `app.submission.routing`). With an idempotency key
+    already used, returns that job instead. A text job has no tokens yet (None, n_tokens 0) until
+    `set_job_tokens`.
 
     Returns (job, created)."""
     row = _rows([NewJob(
@@ -83,7 +84,8 @@ class NewJob:
     kind: str = JobKind.TOKENS
     text: str | None = None
     language: str | None = None
-    routed_to: str | None = None  # where its `synth` goes, decided before the insert (`app.routing`)
+    routed_to: str | None = None  # where its `synth` goes, decided before the insert
+    # (`app.submission.routing`)
     route: str | None = None
 
 
@@ -115,7 +117,7 @@ def jobs_by_idempotency_keys(*, session: Session, keys: Collection[str]) -> dict
 
 
 def delete_jobs(*, session: Session, job_ids: Collection[str]) -> None:
-    """Take jobs out again (their messages could not be sent: `app.batch`)."""
+    """Take jobs out again (their messages could not be sent: `app.submission.batch`)."""
     if job_ids:
         session.execute(delete(Job).where(Job.id.in_(list(job_ids))))
 

@@ -1,4 +1,5 @@
-"""The reconciler's reads (`app.maintenance`): leases that passed, doorbells due, abandoned ready voices."""
+"""The reconciler's reads (`app.reconcile.sweep`): leases that passed, doorbells due, abandoned ready
+voices."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ def get_voice_by_name(*, session: Session, name: str) -> Voice | None:
 
 
 def voice_names(*, session: Session) -> list[tuple[str, str]]:
-    """(id, name) of every named voice: a new name is compared with them all (`app.voice_names`)."""
+    """(id, name) of every named voice: a new name is compared with them all (`app.voices.names`)."""
     rows = session.execute(select(Voice.id, Voice.name).where(Voice.name.is_not(None)))
     return [(str(voice_id), str(name)) for voice_id, name in rows]
 

@@ -1,8 +1,8 @@
 """GPU workers: each node name's current incarnation and heartbeat (a job's claim is a lease on the job's
 own row: `app.lifecycle`).
 
-The routing queries (`app.routing`) read the same rows: which workers are live, what each has to get
-through, which hold a voice; where each job's `synth` was sent.
+The routing queries (`app.submission.routing`) read the same rows: which workers are live, what each has to
+get through, which hold a voice; where each job's `synth` was sent.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def get_worker(*, session: Session, name: str) -> Worker | None:
     return session.get(Worker, name, populate_existing=True)
 
 
-# Routing (`app.routing`) ------------------------------------------------------------------------------
+# Routing (`app.submission.routing`)
+# ------------------------------------------------------------------------------
 
 def live_workers(*, session: Session, beat_after: datetime) -> list[str]:
     """Node names of the GPU workers that beat since `beat_after` (and did not stop), by name."""
@@ -138,6 +139,6 @@ def list_worker_names(*, session: Session) -> list[str]:
 
 
 def count_jobs_by_route(*, session: Session) -> dict[str, int]:
-    """Jobs in the database by the route of their latest `synth` (`app.routing.ROUTES`)."""
+    """Jobs in the database by the route of their latest `synth` (`app.submission.routing.ROUTES`)."""
     stmt = select(Job.route, func.count()).where(Job.route.is_not(None)).group_by(Job.route)
     return {str(route): int(n) for route, n in session.execute(stmt)}

@@ -9,7 +9,7 @@ import os
 
 from measure import old_module
 
-from gpu_worker.loading import load_dummy
+from gpu_worker.checkpoint.load import load_dummy
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.flow import trim_cache
 

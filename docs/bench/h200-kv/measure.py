@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_worker.loading import load_dummy  # noqa: E402
+from gpu_worker.checkpoint.load import load_dummy  # noqa: E402
 from gpu_worker.model.config import ModelArgs  # noqa: E402
 from gpu_worker.model.flow import FlowCache, trim_cache  # noqa: E402
 

@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 
 from app import lifecycle
 from app.api.main import create_app
-from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import JobStatus
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
 
 TOKENS = [1, 2, 3, 4, 5, 6560, 0, 42]
 

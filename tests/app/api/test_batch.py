@@ -10,9 +10,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from app import routing
 from app.api.main import create_app
 from app.settings import Settings
+from app.submission import routing
 from tests.app.api.helpers import TOKENS, make_client, queued, submit, upload_voice
 from tests.support.audio import wav_bytes
 

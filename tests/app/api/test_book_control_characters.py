@@ -2,7 +2,7 @@
 files or tags carry is refused at submission with a 422 naming the field, on both databases and for the
 form and the JSON body alike; before, `A\\x01Title` with epub3 was answered 202 and failed the book at
 assembly ("All strings must be XML compatible"). A book's own metadata is cleaned instead
-(tests/app/books/test_epub3.py)."""
+(tests/app/books/writing/test_readalong_epub.py)."""
 
 from __future__ import annotations
 

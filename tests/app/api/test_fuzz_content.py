@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 from app import cli
 from app.api.main import create_app
 from app.api.routes_books import JSON_BODY_MAX
-from app.books.source import DEFAULT_LIMITS
+from app.books.reading.source import DEFAULT_LIMITS
 from app.context import Context
 from app.dev import SAMPLES
-from app.features import PromptHostFeatures
 from app.settings import Settings
+from app.voices.features import PromptHostFeatures
 from tasks.voice import prepare_voice
 from tests.conftest import make_test_settings, settings_env
 from tests.support.content import audio_files, entity_epub, epubs, loud_float_wav, markdown_books

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from app.db.models import JobStatus
 from app.dev import SAMPLES
-from app.keys import cancel_key
 from app.settings import Settings
+from app.storage.keys import cancel_key
 from tests.app.api.helpers import TOKENS, finish, mark_prepared, queued, submit, upload_voice
 from tests.support.audio import wav_bytes
 

@@ -15,8 +15,8 @@ import pytest
 from pydantic import SecretStr
 
 from app.api import routes_books
-from app.artifacts import ArtifactStore
 from app.settings import Settings
+from app.storage.artifacts import ArtifactStore
 from tests.conftest import make_test_settings
 from tests.support.net import LOOP_THREAD, serving
 

@@ -9,13 +9,13 @@ from datetime import timedelta
 
 from fastapi.testclient import TestClient
 
-from app import keys
 from app.db import queries
 from app.db.models import BookStatus, JobStatus, Worker, utcnow
 from app.db.session import make_engine, make_sessionmaker, session_scope
-from app.maintenance import SWEEP_FINDINGS, SweepReport, count_findings
+from app.reconcile.sweep import SWEEP_FINDINGS, SweepReport, count_findings
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage import keys
+from app.storage.feature_store import FeatureStore
 from tests.app.api.helpers import make_client, submit, upload_voice
 from tests.support.prom import promtool
 

@@ -12,12 +12,12 @@ from pydantic import SecretStr
 
 from app.api.main import create_app
 from app.api.metrics import broker_queue_depth
-from app.broker import open_broker
+from app.broker.queues import open_broker
 from app.db.models import JobStatus, PrepPath
 from app.db.session import make_engine
-from app.keys import COUNTER_PREP_PATH
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.feature_store import FeatureStore
+from app.storage.keys import COUNTER_PREP_PATH
 from tests.app.api.helpers import finish, make_client, submit, upload_voice
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from app.api.main import create_app
-from app.artifacts import ArtifactStore
 from app.dev import SAMPLES
-from app.keys import cancel_key, check_job_id, check_voice_id, feature_key
 from app.settings import Settings
+from app.storage.artifacts import ArtifactStore
+from app.storage.keys import cancel_key, check_job_id, check_voice_id, feature_key
 from tests.support.runtime import RecordingSender
 
 TRAVERSALS = ["../../etc/passwd", "..%2F..%2Fetc%2Fpasswd", "%2e%2e%2f%2e%2e%2fetc%2fpasswd", "/etc/passwd",

@@ -17,14 +17,15 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from app import jobs, lifecycle
-from app.artifacts import ArtifactStore
+from app import lifecycle
 from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.dev import SAMPLES
 from app.settings import Settings
+from app.storage.artifacts import ArtifactStore
+from app.submission import jobs
 from tests.conftest import make_test_settings
 from tests.support.net import serving
 from tests.support.runtime import RecordingSender

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.artifacts import ArtifactStore
 from app.db import queries
 from app.db.models import Job, JobStatus
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
+from app.storage.artifacts import ArtifactStore
 from tests.app.api.test_speech_errors import TEXT, _job_in_state, _partial_wav, _status, voice  # noqa: F401
 from tests.conftest import make_test_settings
 from tests.support.net import serving

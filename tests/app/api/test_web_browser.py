@@ -30,10 +30,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from app.artifacts import ArtifactStore
 from app.db import upgrade
 from app.dev import SAMPLES
 from app.speech import VOCAB_SIZE
+from app.storage.artifacts import ArtifactStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.conftest import REPO, SESSION_TAG, make_test_settings, service_missing
 from tests.support.net import free_port

@@ -13,16 +13,16 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.artifacts import ArtifactStore
 from app.books.files import book_dir, load_plan
+from app.books.reading.source import BookLimits
 from app.books.service import BookOptions, cancel, submit_book
-from app.books.source import BookLimits
 from app.context import Context
 from app.db import queries
 from app.db.models import BookStatus, Segment
 from app.errors import BadInput, NotFound
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
 from tests.support.books import RecordingSender, read_now, submit_and_read

@@ -13,7 +13,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.api.main import create_app
-from app.artifacts import ArtifactStore
 from app.books.files import load_plan
 from app.books.service import BookOptions, cancel_book, make_segment_job, submit_book
 from app.books.status import book_status
@@ -22,7 +21,8 @@ from app.db import queries
 from app.db.models import Book, BookStatus, JobStatus, Segment
 from app.errors import BadInput
 from app.settings import Settings
-from app.store import FeatureStore
+from app.storage.artifacts import ArtifactStore
+from app.storage.feature_store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
 from tests.support.books import RecordingSender, post_and_read, read_in, read_now
@@ -72,7 +72,7 @@ def test_submit_plans_the_book_stores_it_and_queues_the_voice_and_the_plan_once(
 
 def test_a_cast_voice_is_prepared_once_for_the_book_and_an_unknown_one_is_refused(
         ctx, settings: Settings, session, store: FeatureStore, artifacts: ArtifactStore) -> None:
-    from app.voices import register_voice
+    from app.voices.service import register_voice
 
     sender = RecordingSender()
     alice, _ = register_voice(ctx=replace(ctx, sender=sender), session=session,

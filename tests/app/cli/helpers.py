@@ -6,11 +6,11 @@ import threading
 import time
 
 from app import cli, lifecycle
-from app.artifacts import ArtifactStore
 from app.db.models import JobStatus
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.dev import SAMPLES
 from app.settings import Settings
+from app.storage.artifacts import ArtifactStore
 
 TOKEN = "cli-test-token"
 

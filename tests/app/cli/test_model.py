@@ -1,4 +1,5 @@
-"""`wavefarm model check` and `wavefarm model pull` (`app.cli.model`, `gpu_worker.model_check`), never on the
+"""`wavefarm model check` and `wavefarm model pull` (`app.cli.model`, `gpu_worker.checkpoint.check`), never on
+the
 network: check lists every problem of a folder at once; pull fails at once offline with nothing cached and
 resolves a pre-filled Hugging Face cache offline.
 
@@ -22,8 +23,8 @@ from onnx import TensorProto, helper
 from app.cli.model import OFFLINE_ROUTE
 from app.s3 import S3_MELS
 from app.speech import FLOW_PT, FLOW_YAML, HIFT_PT, TOKENIZER_ONNX
-from gpu_worker import model_check
-from gpu_worker.checkpoint_io import write_official_layout
+from gpu_worker.checkpoint import check as model_check
+from gpu_worker.checkpoint.write import write_official_layout
 from gpu_worker.model.config import ModelArgs
 from tests.app.cli.helpers import run
 from tests.conftest import REPO

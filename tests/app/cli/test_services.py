@@ -32,7 +32,7 @@ def test_every_command_parses() -> None:
 
 
 def test_bench_hands_every_argument_to_the_benchmark(tmp_path: Path) -> None:
-    """`wavefarm bench ARGS` is `python -m gpu_worker.bench ARGS`, options first included."""
+    """`wavefarm bench ARGS` is `python -m bench.engine ARGS`, options first included."""
     cmd = [sys.executable, "-m", "app.cli", "bench"]
     shown = subprocess.run([*cmd, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
@@ -48,7 +48,7 @@ def test_bench_hands_every_argument_to_the_benchmark(tmp_path: Path) -> None:
 def test_worker_command_lines_follow_the_settings() -> None:
     settings = Settings(queue_cpu="cpu-x", queue_gpu="gpu-x", worker_slots=12)
     gpu = service_commands.worker_argv("gpu", settings)
-    assert gpu[:2] == ["-A", "gpu_worker.worker"] and gpu[gpu.index("-Q") + 1] == "gpu-x"
+    assert gpu[:2] == ["-A", "gpu_worker.worker.process"] and gpu[gpu.index("-Q") + 1] == "gpu-x"
     assert gpu[gpu.index("-P") + 1] == "threads" and gpu[gpu.index("-c") + 1] == "12"
     cpu = service_commands.worker_argv("cpu", settings, concurrency=3)
     assert cpu[:2] == ["-A", "tasks.celery_app"] and cpu[cpu.index("-Q") + 1] == "cpu-x"

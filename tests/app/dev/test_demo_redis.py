@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from app.dev import demo, services
-from app.keys import DEMO_LEASE_KEY, DEMO_OWNER_KEY
+from app.storage.keys import DEMO_LEASE_KEY, DEMO_OWNER_KEY
 from tests.support.net import free_port
 
 OWNER = "host-a:/home/a/wavefarm/var"

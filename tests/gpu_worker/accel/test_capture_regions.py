@@ -1,6 +1,6 @@
 """What a CUDA graph captures reads nothing back to the host (issue 41, finding 2): a host read inside a
 capture makes CUDA refuse the capture, and the part stays eager for the life of the worker. Checked on a
-CPU with `gpu_worker.bench.capture_guard`, which runs the region on the meta device (shapes, no data)
+CPU with `bench.engine.capture_guard`, which runs the region on the meta device (shapes, no data)
 under a mode that refuses reads (and copies of host tensors made in the region): the vocoder's call as
 `GraphedHiFT` captures it, and the decode step's flow as `GraphedFlow` captures it, at bucket shapes. And
 the inverse STFT the vocoder now runs is `torch.istft`'s arithmetic without its read-back."""
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.engine.capture_guard import HostRead, without_data
+from bench.engine.decode import steady_rows, warm_streams
+from bench.engine.workload import BenchSetup
 from gpu_worker.accel.flow_graphs import GraphedFlow
-from gpu_worker.bench.capture_guard import HostRead, without_data
-from gpu_worker.bench.decode import steady_rows, warm_streams
-from gpu_worker.bench.workload import BenchSetup
 from gpu_worker.model.hift import SourceNoise, inverse_stft
 from tests.support.fakes import tiny_model
 

@@ -13,9 +13,9 @@ import torch
 from app.speech import VOCAB_SIZE
 from gpu_worker.accel import graphs
 from gpu_worker.accel.graphs import GraphedHiFT, row_buckets
-from gpu_worker.decoder import StreamingDecoder
-from gpu_worker.prompt import install_voice
-from gpu_worker.streams import ChunkRow, plan_chunks
+from gpu_worker.engine.decoder import StreamingDecoder
+from gpu_worker.engine.streams import ChunkRow, plan_chunks
+from gpu_worker.voices.prompt import install_voice
 from tests.support.fakes import FakeSpeaker, host_features, tiny_model
 from tests.support.graphs import stand_in_record
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpu_worker.accel import onednn
-from gpu_worker.loading import random_code2wav
+from gpu_worker.checkpoint.load import random_code2wav
 from gpu_worker.model.config import ModelArgs
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gpu_worker.bench.reference import fit_buffers
+from bench.engine.reference import fit_buffers
 from gpu_worker.model.config import (
     ATT_CACHE_TAIL,
     CHUNK_TOKENS,

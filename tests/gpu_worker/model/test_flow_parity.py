@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_worker.bench.flows import LaneFlow
+from bench.engine.flows import LaneFlow
 from gpu_worker.model.config import ModelArgs
 from gpu_worker.model.flow import Flow, FlowCache, trim_cache
 from tests.gpu_worker.model.ref_oracle import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_worker.bench.reference import reference_hift
-from gpu_worker.checkpoint_io import hift_checkpoint_state
+from bench.engine.reference import reference_hift
+from gpu_worker.checkpoint.write import hift_checkpoint_state
 from gpu_worker.model.config import HiftArgs, ModelArgs
 from gpu_worker.model.hift import HiFTGenerator, SourceNoise, draw_source_noise
 

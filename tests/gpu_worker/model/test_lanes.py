@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_worker.bench.flows import LaneFlow
+from bench.engine.flows import LaneFlow
 from gpu_worker.model.flow import trim_cache
 from gpu_worker.model.lanes import Lanes, LaneShape, LaneStep
 from tests.gpu_worker.model.ref_oracle import make_prompt, random_tokens, seeded_noise, split_chunks

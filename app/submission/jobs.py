@@ -1,0 +1,308 @@
+"""Jobs as a service: submit, look up, cancel, and a job's tokens. Used by the API's routes, the CLI,
+the book pipeline and the GPU worker, so every interface accepts, refuses and cancels a job the same way.
+
+`submit_job` checks the request, stores the reference audio under its content hash, writes the voice
+and job rows, commits, and only then queues `voice.prepare` (cpu queue; skipped when the voice's
+features are in the store already) and `synth` (gpu queue). A job may bring text instead of tokens:
+then `job.tokenize` (cpu queue, `app.text.tokens`) makes its tokens and sends its `synth`. If the
+broker refuses, the job is taken back out, so the client can simply retry. Tasks are sent by name
+(`app.broker.wire`): nothing here imports task code.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+from sqlalchemy.orm import Session
+
+from app import audio, lifecycle
+from app.broker import wire
+from app.db import queries
+from app.db.models import Job, JobKind, JobStatus
+from app.errors import BadInput, BadTokens, Conflict, Gone
+from app.settings import Settings
+from app.speech import MAX_SEED, OutputFormat, check_tokens
+from app.storage.artifacts import ArtifactStore
+from app.storage.keys import check_job_id, check_voice_id, known_id
+from app.submission import routing
+from app.text.tokens import check_text
+from app.voices import names as voice_names
+from app.voices import service as voices
+
+if TYPE_CHECKING:  # the services' bundle of clients; importing it would pull the broker client in
+    from app.context import Context
+
+log = logging.getLogger(__name__)
+
+INLINE_TOKENS_MAX = 4096  # longer token lists go to the artifact store instead of the jobs row
+IDEMPOTENCY_KEY_MAX = 128
+
+
+def check_options(*, seed: int | None, output_format: str, priority: int) -> int:
+    """Refuse options outside their ranges (BadInput); returns the seed to use (random when None)."""
+    if output_format not in tuple(OutputFormat):
+        raise BadInput(f"output format {output_format!r} is not one of {[f.value for f in OutputFormat]}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= wire.MAX_PRIORITY:
+        raise BadInput(f"priority must be an integer 0..{wire.MAX_PRIORITY}")
+    if seed is None:
+        return secrets.randbelow(2**31)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise BadInput("seed must be an integer 0..2**63-1")
+    return seed
+
+
+def _check_idempotency_key(key: str | None) -> None:
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= IDEMPOTENCY_KEY_MAX):
+        raise BadInput(f"idempotency key must be a string of 1..{IDEMPOTENCY_KEY_MAX} characters")
+
+
+def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, tokens: list[int] | None, seed: int,
+            output_format: str, priority: int, idempotency_key: str | None = None,
+            text: str | None = None, language: str | None = None,
+            route: routing.Route | None = None) -> tuple[Job, bool]:
+    """Insert a queued job for checked `tokens` (a long list goes to the artifact store; `route`: where its
+    `synth` goes, recorded with it), or for checked `text` (tokens None: `job.tokenize` makes them).
+
+    Returns (job, created); with an idempotency key another submission used first, that job and False."""
+    job_id = str(uuid.uuid4())
+    if tokens is None:
+        return queries.create_job(
+            session=session, job_id=job_id, voice_id=voice_id, tokens=None, n_tokens=0, seed=seed,
+            output_format=output_format, priority=priority, idempotency_key=idempotency_key,
+            kind=JobKind.TEXT, text=text, language=language)
+    inline = len(tokens) <= INLINE_TOKENS_MAX
+    tokens_path = None if inline else artifacts.put_tokens(job_id, tokens)
+    job, created = queries.create_job(
+        session=session, job_id=job_id, voice_id=voice_id, tokens=tokens if inline else None,
+        n_tokens=len(tokens), seed=seed, output_format=output_format, priority=priority,
+        idempotency_key=idempotency_key, tokens_path=tokens_path,
+        routed_to=route.worker if route else None, route=route.reason if route else None)
+    if not created and tokens_path:
+        artifacts.remove(tokens_path)
+    return job, created
+
+
+def store_tokens(*, session: Session, artifacts: ArtifactStore, job_id: str, tokens: list[int]) -> bool:
+    """A text job's tokens, once made (inline, or in the artifact store when long); False when the job
+    is no longer waiting for them (cancelled, or tokenized by an earlier delivery)."""
+    inline = len(tokens) <= INLINE_TOKENS_MAX
+    tokens_path = None if inline else artifacts.put_tokens(job_id, tokens)
+    stored = queries.set_job_tokens(session=session, job_id=job_id, tokens=tokens if inline else None,
+                                    n_tokens=len(tokens), tokens_path=tokens_path)
+    if not stored and tokens_path:
+        artifacts.remove(tokens_path)
+    return stored
+
+
+def submit_job(*, ctx: Context, session: Session, tokens: Iterable[int] | None = None,
+               reference_bytes: bytes | None = None,
+               voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
+               priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
+               language: str | None = None) -> str:
+    """`submit`, for its job's id."""
+    return submit(ctx=ctx, session=session, tokens=tokens, reference_bytes=reference_bytes, voice_id=voice_id,
+                  seed=seed, output_format=output_format, priority=priority, idempotency_key=idempotency_key,
+                  text=text, language=language).id
+
+
+def submit(*, ctx: Context, session: Session, tokens: Iterable[int] | None = None,
+           reference_bytes: bytes | None = None,
+           voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
+           priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
+           language: str | None = None) -> Job:
+    """Accept one job and return it, as written (an answer needs no re-read): speech `tokens`, or `text`
+    (in `language`, default "en") that a CPU worker turns into tokens first. An idempotency key already
+    used returns that job if the request is the same (voice, tokens or text and language, output format,
+    priority, and the seed when one is given) and raises Conflict if it is not; this is judged after a
+    lost insert race as well, so two concurrent requests with one key get one job, or one job and a
+    Conflict. The job is routed before its insert (`app.submission.routing`), so its row and route are
+    committed once, before any message.
+
+    Commits `session` (workers must see the rows before the tasks arrive). Raises BadTokens, BadAudio,
+    BadInput or NotFound before anything is stored."""
+    settings, artifacts = ctx.settings, ctx.artifacts
+    request, chosen_seed = check_request(settings=settings, tokens=tokens, text=text, language=language,
+                                         seed=seed, output_format=output_format, priority=priority,
+                                         idempotency_key=idempotency_key)
+    token_list, text, language = request.tokens, request.text, request.language
+    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
+    if idempotency_key is not None:
+        existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
+        if existing is not None:  # a retry: the same request, or a Conflict
+            replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
+            return existing
+    voice = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
+    # Routed before the insert, so the route is written with the row: one commit before any message.
+    route = None if text is not None else routing.route_voice(session=session, settings=settings,
+                                                              voice_id=voice.id)
+    job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
+                           seed=chosen_seed, output_format=output_format, priority=priority,
+                           idempotency_key=idempotency_key, text=text, language=language, route=route)
+    if not created:  # a concurrent submission with the same key won the insert: judged the same way
+        replayed(job, request, voice.id, artifacts)
+        session.commit()
+        return job
+    queries.add_voice_use(session=session, voice_id=voice.id)
+    try:
+        voices.queue_preparation(ctx=ctx, session=session, voice=voice, priority=priority)  # commits first
+        if route is not None:
+            wire.send_synth(ctx.sender, settings, job.id, priority, queue=route.queue)
+        else:
+            wire.send_tokenize(ctx.sender, settings, job.id, priority)
+    except Exception:
+        log.exception("job %s: could not enqueue; withdrawing it", job.id)
+        _withdraw(session=session, artifacts=artifacts, job=job)
+        raise
+    return job
+
+
+def check_request(*, settings: Settings, tokens: Iterable[int] | None, text: str | None,
+                  language: str | None, seed: int | None, output_format: str, priority: int,
+                  idempotency_key: str | None) -> tuple[Request, int]:
+    """A job request's fields checked, without the database: (the request, the seed to use). Raises
+    BadTokens or BadInput."""
+    if tokens is None and text is None:
+        raise BadTokens("tokens are missing (send tokens, or text)")
+    if tokens is not None and text is not None:
+        raise BadInput("give exactly one of tokens or text")
+    token_list = None if tokens is None else check_tokens(tokens, max_tokens=settings.max_tokens)
+    if text is not None:
+        language = language or "en"
+        check_text(text, language, max_tokens=settings.max_tokens)
+    elif language is not None:
+        raise BadInput("language goes with text; tokens have no language")
+    request = Request(tokens=token_list, text=text, language=language, seed=seed,
+                      output_format=output_format, priority=priority)
+    chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
+    _check_idempotency_key(idempotency_key)
+    return request, chosen_seed
+
+
+@dataclass(frozen=True)
+class Request:
+    """What defines a job, as a request asked for it (seed None: any seed was fine)."""
+
+    tokens: list[int] | None  # None: a text job
+    text: str | None
+    language: str | None
+    seed: int | None
+    output_format: str
+    priority: int
+
+
+def _voice_id_of(settings: Settings, reference_bytes: bytes | None, voice_id: str | None) -> str:
+    """The voice a request names, without storing anything (a retry's reference is stored already)."""
+    if (reference_bytes is None) == (voice_id is None):
+        raise BadInput("give exactly one of reference audio or a voice id")
+    if reference_bytes is not None:
+        return audio.load_reference(reference_bytes, voices.reference_limits(settings))[1]
+    try:
+        return check_voice_id(voice_id or "")
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+
+
+def replayed(job: Job, request: Request, voice_id: str, artifacts: ArtifactStore) -> str:
+    """The job an idempotency key already names, if this request is the same one; Conflict otherwise."""
+    tokens = request.tokens
+    if tokens is None:
+        what, same_input = "text", (job.kind, job.text, job.language) == (JobKind.TEXT, request.text,
+                                                                          request.language)
+    else:
+        what, same_input = "tokens", (job.kind == JobKind.TOKENS and job.n_tokens == len(tokens)
+                                      and job_tokens(job=job, artifacts=artifacts) == tokens)
+    differs = [name for name, same in (
+        ("voice", job.voice_id == voice_id), (what, same_input),
+        ("seed", request.seed is None or job.seed == request.seed),
+        ("output format", job.output_format == request.output_format),
+        ("priority", job.priority == request.priority)) if not same]
+    if differs:
+        raise Conflict(f"idempotency key {job.idempotency_key!r} was used for job {job.id}, which has "
+                       f"another {', '.join(differs)}; use a new key for a new job")
+    return job.id
+
+
+def _withdraw(*, session: Session, artifacts: ArtifactStore, job: Job) -> None:
+    """Take a committed job back out (the broker refused it), so that the client's retry starts afresh."""
+    session.delete(job)
+    queries.add_voice_use(session=session, voice_id=job.voice_id, delta=-1)
+    session.commit()
+    if job.tokens_path:
+        artifacts.remove(job.tokens_path)
+
+
+JOB_PREFIX = re.compile(r"[0-9a-f][0-9a-f-]{3,35}")  # what the CLI and the web page print: 8 hex digits
+
+
+def get_job(*, session: Session, job_id: str) -> Job:
+    """The job with this id, or with this unique id prefix (at least 4 characters); NotFound for an
+    unknown or malformed one, BadInput naming the candidates for a prefix several ids begin with."""
+    if isinstance(job_id, str) and JOB_PREFIX.fullmatch(job_id) and len(job_id) < 36:
+        found = queries.job_ids_with_prefix(session=session, prefix=job_id, limit=6)
+        if len(found) > 1:
+            shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+            raise BadInput(f"job {job_id!r} is ambiguous: it begins {len(found)} job ids ({shown}); "
+                           "give more of the id")
+        if found:
+            job_id = found[0]
+    return queries.require_job(session=session, job_id=known_id(job_id, check_job_id, "job"))
+
+
+def list_jobs(*, session: Session, status: str | None = None, voice_id: str | None = None,
+              limit: int = 100) -> list[Job]:
+    """Newest first."""
+    return queries.list_jobs(session=session, status=status, voice_id=voice_id, limit=limit)
+
+
+def cancel_job(*, ctx: Context, session: Session, job_id: str) -> Job:
+    """Cancel a queued or running job (idempotent); commits. Conflict if it had already finished.
+
+    The database is the record: once the cancel is committed the answer is the cancelled job, whatever
+    Redis does. After it, best effort: the voice's prepared features are reclaimed if no other job wants
+    the voice (else the maintenance sweep does it), and the cancel flag is set, which the GPU worker polls
+    between steps (a hint only: it reads the job's status from the database at its next progress report
+    as well)."""
+    job = get_job(session=session, job_id=job_id)
+    cancelled_now = lifecycle.cancel(session=session, job_id=job.id)
+    job = queries.require_job(session=session, job_id=job.id)
+    session.commit()
+    if job.status != JobStatus.CANCELLED:
+        raise Conflict(f"job {job.id} already {job.status}")
+    try:
+        if cancelled_now:
+            voices.reclaim_abandoned_voice(session=session, store=ctx.store, voice_id=job.voice_id)
+            session.commit()
+        ctx.store.request_cancel(job.id, ttl_s=ctx.settings.visibility_timeout_s)
+    except redis.RedisError as exc:
+        session.rollback()
+        log.warning("job %s: cancelled, but Redis did not answer (%s): the cancel flag is not set and the "
+                    "voice's features are left to the sweep", job.id, exc)
+    return job
+
+
+def audio_path(*, session: Session, artifacts: ArtifactStore, job_id: str) -> Path:
+    """A succeeded job's audio file: Conflict until the job succeeded, Gone once its file was removed."""
+    job = get_job(session=session, job_id=job_id)
+    if job.status != JobStatus.SUCCEEDED or job.output_path is None:
+        raise Conflict(f"job {job.id} is {job.status}; audio exists once it succeeded")
+    path = artifacts.path(job.output_path)
+    if not path.is_file():
+        raise Gone(f"the audio of job {job.id} has been removed")
+    return path
+
+
+def job_tokens(*, job: Job, artifacts: ArtifactStore) -> list[int]:
+    """A job's tokens, wherever they are kept (inline in the row or in the artifact store); a text job
+    has them once `job.tokenize` ran (`queries.is_tokenized`)."""
+    if job.tokens is not None:
+        return list(job.tokens)
+    assert job.tokens_path is not None, f"job {job.id} has no tokens"
+    return artifacts.read_tokens(job.tokens_path)
