@@ -2,7 +2,7 @@
 run on CUDA that measured the slow path fails loudly; it never passes because nothing was compared.
 
     graph_figures(stats, before) -> {"graphs_captured", "graph_fallbacks", "graph_misses", "graph_replays"}
-        per part (flow, vocoder), from a decoder's stats (the graph runners', `accel.graphs.call_stats`)
+        per part (flow, vocoder), from a decoder's stats (the graph runners', `accel.graph_base.call_stats`)
         and the graph fallbacks `gpu_worker.fallbacks` counted since `before` (`graph_counts()`)
     graph_failures(figures) -> [why]   a part with no graph captured, a fallback counted, a miss (a
         decoder call that ran eagerly where its graph should have run)

@@ -196,7 +196,7 @@ class StreamingDecoder:
 
     def _shape(self, rows: int, frames: int) -> tuple[int, int]:
         """The solve's (lanes, new frames): exactly what the step needs, or the graph bucket holding it
-        when the flow runs as CUDA graphs (`accel.graphs.GraphedFlow.bucket`)."""
+        when the flow runs as CUDA graphs (`accel.flow_graphs.GraphedFlow.bucket`)."""
         bucket = getattr(self.model.flow, "bucket", None)
         return bucket(rows, frames) if callable(bucket) else (rows, frames)
 
@@ -270,7 +270,7 @@ class StreamingDecoder:
             seen.add(id(row.stream))
 
     def stats(self) -> dict[str, float]:
-        """The graph runners' figures, where the flow or the vocoder has one (`gpu_worker.accel.graphs`)."""
+        """The graph runners' figures, where the flow or the vocoder has one (`accel.graph_base`)."""
         out: dict[str, float] = {}
         for module in (self.model.flow, self.model.hift):
             stats = getattr(module, "stats", None)

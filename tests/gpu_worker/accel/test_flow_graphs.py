@@ -11,7 +11,7 @@ import torch
 
 from app.speech import PROMPT_FRAMES, VOCAB_SIZE
 from gpu_worker.accel.flow_graphs import FRAME_BUCKETS, GraphedFlow
-from gpu_worker.accel.graphs import row_buckets
+from gpu_worker.accel.graph_base import row_buckets
 from gpu_worker.engine.decoder import StreamingDecoder
 from gpu_worker.engine.streams import ChunkRow, plan_chunks
 from gpu_worker.voices.prompt import install_voice

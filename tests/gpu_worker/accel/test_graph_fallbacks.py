@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from app.speech import PROMPT_FRAMES
 from gpu_worker import fallbacks
 from gpu_worker.accel.flow_graphs import GraphedFlow
-from gpu_worker.accel.graphs import GraphedHiFT, replay_matches
+from gpu_worker.accel.graph_base import replay_matches
+from gpu_worker.accel.graphs import GraphedHiFT
 from gpu_worker.worker.metrics import WorkerMetrics
 from tests.gpu_worker.accel.test_flow_graphs import decode, decoder_with
 from tests.support.fakes import tiny_model

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from app.speech import VOCAB_SIZE
-from gpu_worker.accel import graphs
-from gpu_worker.accel.graphs import GraphedHiFT, row_buckets
+from gpu_worker.accel import graph_base
+from gpu_worker.accel.graph_base import row_buckets
+from gpu_worker.accel.graphs import GraphedHiFT
 from gpu_worker.engine.decoder import StreamingDecoder
 from gpu_worker.engine.streams import ChunkRow, plan_chunks
 from gpu_worker.voices.prompt import install_voice
@@ -109,7 +110,7 @@ def test_row_buckets_are_powers_of_two_up_to_the_micro_batch() -> None:
 
 
 class FakeCuda:
-    """torch.cuda's stream and graph calls as `graphs.record` makes them, recorded (no GPU here)."""
+    """torch.cuda's stream and graph calls as `graph_base.record` makes them, recorded (no GPU here)."""
 
     def __init__(self) -> None:
         self.streams: list[object] = []
@@ -144,10 +145,10 @@ def test_every_capture_warms_up_and_records_on_one_stream_per_device(monkeypatch
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(graphs, "_CAPTURE_STREAMS", {})
+    monkeypatch.setattr(graph_base, "_CAPTURE_STREAMS", {})
     warmed_on: list[object] = []
     for _ in range(3):
-        graphs.record(lambda: warmed_on.append(fake.current) or (torch.zeros(1),), pool=None)
+        graph_base.record(lambda: warmed_on.append(fake.current) or (torch.zeros(1),), pool=None)
     assert len(fake.streams) == 1
     assert fake.captured_on == fake.streams * 3 and set(map(id, warmed_on)) == {id(fake.streams[0])}
 
