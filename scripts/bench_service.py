@@ -106,6 +106,7 @@ def run_engine_jobs(engine, voices: list[str], n_jobs: int, n_tokens: int,
     first_audio: dict[str, float] = {}
     ended: set[str] = set()
     while len(ended) < n_jobs:
+        engine.fetch_features()
         for event in engine.step():
             if isinstance(event, Failed):
                 raise RuntimeError(f"engine job {event.job_id} failed: {event.error}")

@@ -102,12 +102,13 @@ def run_engine(decoder: StreamingDecoder, hosts: dict, jobs: list[EngineJob], ah
     if engine is None:
         engine, features = make_engine(decoder, hosts, ahead, side_stream)
     else:
-        features = engine.resolver.features
+        features = engine.features
     audio: dict[str, list[torch.Tensor]] = {j.job_id: [] for j in jobs}
     for job in jobs:
         engine.add(job)
     steps, start, ended = 0, time.perf_counter(), set()
     while len(ended) < len(jobs) and time.perf_counter() - start < 600:
+        engine.fetch_features()
         events = engine.step()
         for event in events:
             if isinstance(event, Audio):

@@ -208,6 +208,7 @@ def _drive(setup: BenchSetup, mode: Mode, clients: list[list[JobSpec]], specs: l
         run = _Clients(setup, clients, mode.sequential)
         while run.finished < len(specs):
             run.admit(engine)
+            engine.fetch_features()  # the input side, as the worker's loop runs it before each step
             t0 = time.perf_counter()
             events = engine.step()
             now = time.perf_counter()

@@ -91,6 +91,7 @@ class Churn:
         self.install_s: list[float] = []
 
     def step(self) -> list[Any]:
+        self.engine.fetch_features()  # the input side, as the worker's loop runs it before each step
         start = time.perf_counter()
         events = self.engine.step()
         self.step_s.append(time.perf_counter() - start)

@@ -1,10 +1,13 @@
 """The engine: continuous batching of streaming jobs over one decoder, in the style of vLLM's EngineCore.
 
-`add(job)` and `abort(job_id)` may be called from any thread; `step()` is called by the one thread that
-owns the device and does, in order:
-1. pump: apply aborts, admit new jobs, and let the resolver (`gpu_worker.engine.resolver`) make each waiting
-   job's voice ready: installed, installed from the feature store, or prepared inline once the prep wait
-   ran out (in a pool or the CPU install lane, so other rows keep decoding); then the job gets its stream;
+`add(job)` and `abort(job_id)` may be called from any thread. The one thread that owns the device calls
+`fetch_features()`, the input side: the feature store read for the voices queued and waiting jobs need,
+each answer handed to the inbox (`gpu_worker.engine.inbox`) as an event; then `step()`, which reads no
+store and does, in order:
+1. pump: apply aborts, admit new jobs, take the store's answers, and let the resolver
+   (`gpu_worker.engine.resolver`) make each waiting job's voice ready: installed, installed from the
+   store's features, or prepared inline once the prep wait ran out (in a pool or the CPU install lane, so
+   other rows keep decoding); then the job gets its stream;
 2. schedule: the scheduler (`gpu_worker.engine.scheduler`) picks up to `micro_batch_size` rows, one chunk per
    stream. An idle engine first gathers a burst of arrivals for up to `admission_window_ms`, so jobs
    submitted one by one start in one step;
@@ -12,8 +15,8 @@ owns the device and does, in order:
 4. finish: release finished, failed and aborted jobs, reclaim abandoned installs, evict unpinned voices.
 
 Every way a job's voice became ready is counted (`PREP_PATHS`). A failing job fails alone (`EngineFailure`).
-Transport (Celery, Redis, the database) stays outside: features come through `FeatureSource`, inline
-preparation through `InlinePreparer`, results leave as events.
+Transport (Celery, Redis, the database) stays outside `step()`: features come through `FeatureSource`,
+read by `fetch_features`, inline preparation through `InlinePreparer`, results leave as events.
 """
 
 from __future__ import annotations
@@ -24,17 +27,16 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from app.errors import EngineFailure
-from gpu_worker.engine.inbox import Inbox
+from gpu_worker.engine.inbox import FeaturesArrived, FeatureSource, Inbox, read_features
+from gpu_worker.engine.live import EngineConfig, Live
 from gpu_worker.engine.resolver import (
     PREP_PATHS,
     Fail,
-    FeatureSource,
     InlinePreparer,
     Outcome,
     Start,
@@ -44,7 +46,6 @@ from gpu_worker.engine.scheduler import Scheduler, StreamView, gather_until
 from gpu_worker.engine.streams import (
     Aborted,
     Audio,
-    Chunk,
     ChunkRow,
     EngineEvent,
     EngineJob,
@@ -62,38 +63,12 @@ from gpu_worker.voices.cache import InstalledVoice, VoiceCache
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Live:
-    job: EngineJob
-    tokens: torch.Tensor  # [N] int64, CPU
-    chunks: list[Chunk]
-    arrival: int
-    admitted: float
-    deadline: float = 0.0  # end of the prep wait
-    prep_path: str | None = None
-    polled: bool = False  # the feature store was asked at least once
-    stream: Any = None
-    pinned: bool = False
-    next_chunk: int = 0
-    samples: int = 0
-    times: dict[str, float] = field(default_factory=dict)
-    outcome: str | None = None  # finished | failed | aborted: released at the next finish phase
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine's policy knobs (the worker's settings map onto them in `gpu_worker.worker.runtime`)."""
-
-    micro_batch_size: int = 8  # rows per step
-    prep_wait_ms: float = 2000.0  # how long a job waits for its voice's CPU preparation
-    admission_window_ms: float = 0.0  # an idle engine gathers a burst this long (0: starts at once)
-    install_batch: int = 1  # stored voices found in one pump that share a setup solve
+DEFAULT_CONFIG = EngineConfig()
 
 
 class Engine:
     def __init__(self, decoder: StreamDecoder, voices: VoiceCache, *, features: FeatureSource,
-                 preparer: InlinePreparer, config: EngineConfig = EngineConfig(),
+                 preparer: InlinePreparer, config: EngineConfig = DEFAULT_CONFIG,
                  clock: Callable[[], float] = time.monotonic, prep_pool: Executor | None = None,
                  install_lane: Executor | None = None) -> None:
         """`prep_pool`: where inline host halves run beside the decode (None: in the engine thread);
@@ -102,16 +77,16 @@ class Engine:
         self.decoder = decoder
         self.voices = voices
         self.config = config
-        self.resolver = VoiceResolver(voices, features=features, preparer=preparer, clock=clock,
-                                      prep_pool=prep_pool, install_lane=install_lane,
-                                      install_batch=config.install_batch)
+        self.features = features  # read by the input side, `fetch_features`; never in `step`
+        self.resolver = VoiceResolver(voices, preparer=preparer, clock=clock, prep_pool=prep_pool,
+                                      install_lane=install_lane, install_batch=config.install_batch)
         self.prep_wait_s = config.prep_wait_ms / 1000.0
         self.admission_window_s = config.admission_window_ms / 1000.0  # 0: an idle engine starts at once
         self.clock = clock
         self.scheduler = Scheduler(micro_batch_size=config.micro_batch_size)
         self.counters: Counter[str] = Counter(dict.fromkeys(PREP_PATHS, 0))
         self.stats: Counter[str] = Counter()  # steps, batches, rows, mel frames; jobs finished/failed/aborted
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, Live] = {}
         self._inbox = Inbox()
         self._arrivals = itertools.count()
 
@@ -146,13 +121,21 @@ class Engine:
         gather = self._gather_until()
         if gather is not None:
             return min(0.01, max(0.001, gather - now))
-        waiting = [lv for lv in self._live.values() if lv.stream is None and lv.outcome is None]
+        waiting = [lv for lv in self._live.values() if lv.waiting]
         if not waiting:
             return 0.05
         until = [lv.deadline - now for lv in waiting if lv.job.voice_id not in self.resolver.preparing]
         return min(0.01, max(0.001, min(until, default=0.01)))
 
     # -- the engine thread ---------------------------------------------------------------------------
+    def fetch_features(self) -> None:
+        """The input side, called before each `step()` by the thread that steps the engine: the store read
+        once per voice a queued or waiting job needs from it, each answer queued as `FeaturesArrived`."""
+        queued, aborts = self._inbox.pending()
+        waiting = [lv.job for lv in self._live.values() if lv.waiting]
+        for voice_id in self.resolver.wanted(j for j in waiting + queued if j.job_id not in aborts):
+            self._inbox.arrived(FeaturesArrived(voice_id, read_features(self.features, voice_id)))
+
     def step(self) -> list[EngineEvent]:
         events: list[EngineEvent] = []
         self._pump(events)  # 1. aborts, admissions, voices
@@ -166,26 +149,25 @@ class Engine:
 
     # 1. pump -----------------------------------------------------------------------------------------
     def _pump(self, events: list[EngineEvent]) -> None:
-        admitted, aborts = self._inbox.drain()
+        drained = self._inbox.drain()
         now = self.clock()
-        for job, tokens in admitted:
-            self._live[job.job_id] = _Live(job=job, tokens=tokens, chunks=plan_chunks(tokens.numel()),
+        for job, tokens in drained.jobs:
+            self._live[job.job_id] = Live(job=job, tokens=tokens, chunks=plan_chunks(tokens.numel()),
                                            arrival=next(self._arrivals), admitted=now,
                                            deadline=now + self.prep_wait_s)
-        for job_id in aborts:
+        for job_id in drained.aborts:
             live = self._live.get(job_id)
             if live is not None:
                 self._abort_live(live, events)
         for outcome in self.resolver.collect(self._waiting_for, events):  # settled lane/pool preparations
             self._apply(outcome, events)
-        fetched: dict[str, Any] = {}
         for live in list(self._live.values()):
-            if live.stream is None and live.outcome is None:
-                self._apply(self.resolver.resolve(live, fetched, events), events)
+            if live.waiting:  # the answers: mutable, shared by the pump
+                self._apply(self.resolver.resolve(live, drained.features, events), events)
         for outcome in self.resolver.flush(self._waiting_for, events):  # stored voices found together
             self._apply(outcome, events)
 
-    def _abort_live(self, live: _Live, events: list[EngineEvent]) -> None:
+    def _abort_live(self, live: Live, events: list[EngineEvent]) -> None:
         if live.outcome is not None:
             return
         if live.stream is None:
@@ -201,11 +183,11 @@ class Engine:
         elif isinstance(outcome, Fail):
             self._fail(outcome.live, outcome.error, events, path=outcome.path)
 
-    def _waiting_for(self, voice_id: str) -> list[_Live]:
+    def _waiting_for(self, voice_id: str) -> list[Live]:
         return [lv for lv in self._live.values()
-                if lv.job.voice_id == voice_id and lv.stream is None and lv.outcome is None]
+                if lv.job.voice_id == voice_id and lv.waiting]
 
-    def _start(self, live: _Live, path: str, entry: InstalledVoice, events: list[EngineEvent],
+    def _start(self, live: Live, path: str, entry: InstalledVoice, events: list[EngineEvent],
                installed: bool = False) -> None:
         """`installed`: the voice was installed for this job just now (its timings get `install_s`)."""
         live.pinned = True
@@ -240,7 +222,7 @@ class Engine:
                 for lv in self._live.values() if lv.outcome is None]
 
     # 3. execute --------------------------------------------------------------------------------------
-    def _execute(self, batch: list[_Live], events: list[EngineEvent]) -> None:
+    def _execute(self, batch: list[Live], events: list[EngineEvent]) -> None:
         rows = []
         for live in batch:
             self.voices.wait_ready(live.job.voice_id)
@@ -262,7 +244,7 @@ class Engine:
         for live, audio in zip(batch, audio_to_host(audios), strict=True):
             self._hand_out(live, audio, events)
 
-    def _hand_out(self, live: _Live, audio: torch.Tensor, events: list[EngineEvent]) -> None:
+    def _hand_out(self, live: Live, audio: torch.Tensor, events: list[EngineEvent]) -> None:
         now = self.clock()
         if live.next_chunk == 0:
             live.times["first_audio_s"] = now - live.admitted
@@ -281,7 +263,7 @@ class Engine:
                                    n_samples=live.samples, audio_s=live.samples / SAMPLE_RATE,
                                    timings=dict(live.times)))
 
-    def _fail(self, live: _Live, exc: BaseException, events: list[EngineEvent],
+    def _fail(self, live: Live, exc: BaseException, events: list[EngineEvent],
               path: str | None = None) -> None:
         error = EngineFailure(f"job {live.job.job_id}: {type(exc).__name__}: {exc}")
         log.error("%s", error, exc_info=exc)

@@ -11,18 +11,21 @@ what the engine is to do as `Start` or `Fail` outcomes, for the engine to apply 
 the jobs and their streams, this module owns the preparations in flight and the installs.
 
 Every way a voice became ready is a prep path (`PREP_PATHS`), counted by the engine and recorded on the
-job. Installs are announced as `VoiceInstalled` events.
+job. Installs are announced as `VoiceInstalled` events. No store is read here: `wanted` names the voices
+the engine's input side asks it for before a step (`inbox.read_features`), and the answers reach
+`resolve` drained from the inbox.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.voices.features import PromptHostFeatures
+from gpu_worker.engine.inbox import Found
 from gpu_worker.engine.streams import EngineEvent, EngineJob, VoiceInstalled
 from gpu_worker.voices.cache import Built, InstalledVoice, VoiceCache
 
@@ -36,11 +39,7 @@ log = logging.getLogger(__name__)
 # no waiting; abandoned: the job went away while waiting for its voice.
 PREP_PATHS = ("prepared_ahead", "already_installed", "late", "inline", "failed", "unavailable",
               "queue_full", "abandoned")
-
-
-class FeatureSource(Protocol):
-    def get(self, voice_id: str) -> PromptHostFeatures | None:
-        """Prepared features, or None while not (yet) there. Raise ConnectionError if unreadable."""
+INLINE_HINTS = ("queue_full", "failed")  # a job with one of these prepares inline at once: no store read
 
 
 class InlinePreparer(Protocol):
@@ -53,7 +52,7 @@ class Waiting(Protocol):
 
     job: EngineJob
     deadline: float  # end of the prep wait
-    polled: bool  # the feature store was asked at least once
+    polled: bool  # the feature store's answer for it arrived at least once
 
 
 @dataclass(frozen=True)
@@ -96,11 +95,10 @@ class _Preparing:
 
 
 class VoiceResolver:
-    def __init__(self, voices: VoiceCache, *, features: FeatureSource, preparer: InlinePreparer,
-                 clock: Callable[[], float], prep_pool: Executor | None = None,
-                 install_lane: Executor | None = None, install_batch: int = 1) -> None:
+    def __init__(self, voices: VoiceCache, *, preparer: InlinePreparer, clock: Callable[[], float],
+                 prep_pool: Executor | None = None, install_lane: Executor | None = None,
+                 install_batch: int = 1) -> None:
         self.voices = voices
-        self.features = features
         self.preparer = preparer
         self.clock = clock
         self.prep_pool = prep_pool  # None: inline preparation runs in the engine thread, in order
@@ -110,26 +108,34 @@ class VoiceResolver:
         self.batched: dict[str, _Batched] = {}  # voice id -> stored features to install at the pump's end
         self.installs = 0
 
-    def resolve(self, live: Waiting, fetched: dict[str, Any], events: list[EngineEvent]) -> Outcome | None:
-        """What to do now for a job waiting for its voice; None: keep waiting. `fetched` caches this
-        pump's feature-store reads by voice id."""
+    def wanted(self, jobs: Iterable[EngineJob]) -> list[str]:
+        """The voices to ask the store for before the next step: those of `jobs` (queued or waiting) that
+        are not installed, not being prepared and not sent straight to inline preparation by a hint."""
+        return list(dict.fromkeys(
+            job.voice_id for job in jobs
+            if job.prep_hint not in INLINE_HINTS and job.voice_id not in self.voices
+            and job.voice_id not in self.preparing and job.voice_id not in self.batched))
+
+    def resolve(self, live: Waiting, found: dict[str, Found], events: list[EngineEvent]) -> Outcome | None:
+        """What to do now for a job waiting for its voice; None: keep waiting. `found`: the store's answers
+        that arrived for this step, by voice id. A job waits for its first answer before its prep wait
+        can run out, so features stored before it came are always found (`prepared_ahead`)."""
         voice_id = live.job.voice_id
-        first_try, live.polled = not live.polled, True
         if voice_id in self.voices:
             return Start(live, "already_installed")
         if voice_id in self.preparing or voice_id in self.batched:  # another job's will serve this one
             return None
-        if live.job.prep_hint in ("queue_full", "failed"):
+        if live.job.prep_hint in INLINE_HINTS:
             return self._prepare_inline(live, live.job.prep_hint, events)
-        if voice_id not in fetched:
-            fetched[voice_id] = self._fetch(voice_id)
-        got = fetched[voice_id]
-        if isinstance(got, PromptHostFeatures):
-            return self._install_stored(live, got, "prepared_ahead" if first_try else "late", fetched, events)
-        if isinstance(got, Exception):
-            return self._prepare_inline(live, "unavailable" if isinstance(got, ConnectionError) else "failed",
-                                        events)
-        if self.clock() >= live.deadline:
+        if voice_id in found:
+            got, first_try, live.polled = found[voice_id], not live.polled, True
+            if isinstance(got, PromptHostFeatures):
+                path = "prepared_ahead" if first_try else "late"
+                return self._install_stored(live, got, path, found, events)
+            if isinstance(got, Exception):
+                return self._prepare_inline(live, "unavailable" if isinstance(got, ConnectionError)
+                                            else "failed", events)
+        if live.polled and self.clock() >= live.deadline:
             return self._prepare_inline(live, "inline", events)
         return None
 
@@ -197,17 +203,7 @@ class VoiceResolver:
         return {voice_id: got if isinstance(got, Exception) else self._adopt(got, events)
                 for voice_id, got in self.voices.build_each(hosts).items()}
 
-    def _fetch(self, voice_id: str) -> PromptHostFeatures | None | Exception:
-        try:
-            got = self.features.get(voice_id)
-        except Exception as exc:  # any store problem means "prepare inline", counted
-            log.warning("feature store read for voice %s failed: %s", voice_id, exc)
-            return exc
-        if got is not None and got.voice_id != voice_id:
-            return ValueError(f"feature store returned voice {got.voice_id} for {voice_id}")
-        return got
-
-    def _install_stored(self, live: Waiting, host: PromptHostFeatures, path: str, fetched: dict[str, Any],
+    def _install_stored(self, live: Waiting, host: PromptHostFeatures, path: str, found: dict[str, Found],
                         events: list[EngineEvent]) -> Outcome | None:
         voice_id = live.job.voice_id
         if self.install_batch > 1:  # installed with the others this pump finds, in `flush`
@@ -222,7 +218,7 @@ class VoiceResolver:
         except Exception as exc:  # bad stored features fall back to inline preparation
             log.warning("job %s: installing stored features of voice %s failed (%s); preparing inline",
                         live.job.job_id, voice_id, exc)
-            fetched[voice_id] = exc
+            found[voice_id] = exc  # the step's other jobs of this voice: the same verdict
             return self._prepare_inline(live, "failed", events)
         return Start(live, path, installed=True)
 

@@ -76,6 +76,7 @@ class EngineLoop:
                 continue
             rows = self.engine.stats["rows"]
             try:
+                self.engine.fetch_features()  # the input side's reads, before the step
                 events = self.engine.step()
             except Exception as exc:  # an engine bug: fail the live jobs, keep serving
                 log.exception("engine step failed; failing its live jobs")

@@ -42,6 +42,7 @@ def decode_one(engine) -> torch.Tensor:
     engine.add(EngineJob("j1", VOICE, list(range(40)), seed=3))
     audio, done = [], False
     for _ in range(5000):  # steps; an idle one (the admission window) sleeps as the worker's loop does
+        engine.fetch_features()
         events = engine.step()
         if not events:
             time.sleep(min(engine.idle_hint_s(), 0.01))

@@ -171,6 +171,7 @@ class Harness:
     def step(self, n: int = 1) -> list:
         new = []
         for _ in range(n):
+            self.engine.fetch_features()  # the input side, as the worker's loop runs it
             new += self.engine.step()
         self.events += new
         return new

@@ -303,6 +303,7 @@ def test_engine_output_equals_the_decoder_alone_with_installs_beside_the_decode(
         engine.add(j)
     audio: dict[str, list[torch.Tensor]] = {j.job_id: [] for j in jobs}
     for _ in range(50):
+        engine.fetch_features()
         for event in engine.step():
             if isinstance(event, Audio):
                 audio[event.job_id].append(event.samples)

@@ -51,6 +51,7 @@ class Features:
 def run_to_end(engine: Engine, job_id: str) -> list:
     events: list = []
     while not any(isinstance(e, Finished) and e.job_id == job_id for e in events):
+        engine.fetch_features()
         events += engine.step()
     return events
 
