@@ -18,7 +18,7 @@ Caches are given per Euler step (see `dit.py` for the layouts):
                     frames after it (`kvcache.BatchKV`: the streaming caches without copies), and may
                     hand each voice's shared frames of the step (`voice(step)`), attended to in place;
                     a `StepKV` with a `write_at` index has the DiT write the new frames there instead
-                    of at [:T] (`lanes.LaneStep`: the slots of fixed lanes).
+                    of at [:T] (`lane_step.LaneStep`: the slots of fixed lanes).
 
 Not in here: the noise buffer (the caller slices it), padding and unpadding of rows, cache trimming.
 """

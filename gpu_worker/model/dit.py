@@ -53,7 +53,7 @@ class FoldedVoice(NamedTuple):
 
 
 class GatheredVoice(NamedTuple):
-    """Each (cond, uncond) row pair's voice frames, gathered from a pool of voices (`lanes.LaneStep`)."""
+    """Each (cond, uncond) row pair's voice frames, gathered from a pool of voices (`lane_step.LaneStep`)."""
 
     slots: Tensor  # [B / 2] int64: the slot of row pair i (rows 2i, 2i + 1)
     frames: Tensor  # [V, depth, 2, H, S, 2 D] (at a block: [V, 2, H, S, 2 D])

@@ -42,7 +42,8 @@ from gpu_worker.model.config import ATT_CACHE_TAIL, CHUNK_TOKENS, LOOKAHEAD_TOKE
 from gpu_worker.model.encoder import ConformerEncoder
 from gpu_worker.model.encoder_lanes import EncoderLanes, EncoderStep, forward_lanes
 from gpu_worker.model.kvcache import BatchKV, EstimatorKV, Workspace
-from gpu_worker.model.lanes import Lanes, LaneStep
+from gpu_worker.model.lane_step import LaneStep
+from gpu_worker.model.lanes import Lanes
 
 CHUNK_FRAMES = MEL_PER_TOKEN * (CHUNK_TOKENS + LOOKAHEAD_TOKENS)  # the most new frames a streaming chunk has
 

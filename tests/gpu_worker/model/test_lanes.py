@@ -13,7 +13,8 @@ import torch
 
 from bench.engine.flows import LaneFlow
 from gpu_worker.model.flow import trim_cache
-from gpu_worker.model.lanes import Lanes, LaneShape, LaneStep
+from gpu_worker.model.lane_step import LaneStep
+from gpu_worker.model.lanes import Lanes, LaneShape
 from tests.gpu_worker.model.ref_oracle import make_prompt, random_tokens, seeded_noise, split_chunks
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
