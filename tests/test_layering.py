@@ -218,3 +218,14 @@ def test_no_gpu_worker_file_reaches_book_code_even_through_an_import_inside_a_fu
                 offenders[f"{path.relative_to(REPO)}: {module}"] = books
     assert offenders == {}
     assert any(m.startswith("app.books") for m in _closure("app.reconcile.sweep"))  # the check sees books
+
+
+def test_of_the_reconciler_only_its_book_rules_reach_book_code() -> None:
+    """app/reconcile/ is job rules and book rules: only `app.reconcile.books` (and the sweep composing
+    it) reach `app.books`, so the job rules load alone where books are not run."""
+    modules = [f"app.reconcile.{p.stem}" for p in (REPO / "app" / "reconcile").glob("*.py")
+               if p.stem not in {"__init__", "books", "sweep"}]
+    reaching = {m: sorted(x for x in _closure(m) if x.startswith("app.books")) for m in modules}
+    assert {m: books for m, books in reaching.items() if books} == {}
+    assert "app.reconcile.dead_workers" in modules and any(
+        m.startswith("app.books") for m in _closure("app.reconcile.books"))
