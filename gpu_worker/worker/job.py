@@ -8,8 +8,10 @@ place at the end. Audio with a NaN or infinite sample, or one value throughout (
 a constant -1.0 is what NaN features decode to), is never recorded as a success: the job fails with the
 reason and its file is discarded. A job no longer live (cancelled, or finished elsewhere) or no longer
 this attempt's (its lease passed and another worker claimed it) is aborted at the next report. The
-database, the broker or Redis being
-away sends the job back to the queue (a new, counted attempt), not to failure.
+database, the broker or Redis being away, or the engine stopping under the job (the worker shutting
+down), sends it back to the queue with `Reject` (a new, counted attempt), not to failure; the task
+releases it first (`gpu_worker.worker.recovery`). Settling a job is the lifecycle's, follow-up included
+(`lifecycle.settle_and_send`: a book chapter it made ready is rung there).
 """
 
 from __future__ import annotations

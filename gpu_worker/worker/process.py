@@ -21,7 +21,6 @@ resumed when it is ready; its peers' looked after every heartbeat), is `gpu_work
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery import Celery, Task, signals
@@ -36,8 +35,6 @@ from gpu_worker.worker.job import JobRun
 from gpu_worker.worker.recovery import PeerWatch, release, resume_previous
 from gpu_worker.worker.runtime import current_runtime, runtime
 from gpu_worker.worker.watchdog import Watchdog
-
-log = logging.getLogger(__name__)
 
 
 def make_gpu_celery(settings: Settings) -> Celery:
