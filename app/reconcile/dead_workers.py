@@ -1,4 +1,4 @@
-"""What the reconciler does for the jobs of workers that died, hung or went away (rules 1 to 3 of
+"""What the reconciler does for the jobs of workers that died, hung or went away (rules 2 and 3 of
 `app.reconcile.sweep`); the sweep runs these rules, and every live GPU worker runs them each heartbeat
 for its peers (`gpu_worker.worker.recovery.PeerWatch`), so nothing here may import the books' code.
 
