@@ -187,3 +187,45 @@ def test_jobs_do_not_import_books_and_text_imports_neither() -> None:
     assert not {m for m in _closure("app.text") | _closure("app.text.tokens")
                 if m.startswith(("app.books", "app.submission.jobs"))}
     assert "app.submission.jobs" in _closure("app.books.service")  # the check sees a real edge
+
+
+GPU_WORKER_ENTRIES = ("gpu_worker.worker.process", "gpu_worker.worker.job", "gpu_worker.worker.recovery",
+                      "gpu_worker.worker.runtime")
+
+
+def test_the_gpu_worker_process_loads_no_book_code() -> None:
+    """The GPU worker loads only what it runs: its entry modules (`celery -A gpu_worker.worker.process`)
+    import the reconciler's dead-worker rules, never its book rules nor anything of `app.books`."""
+    import subprocess
+    import sys
+
+    probe = (f"import sys, {', '.join(GPU_WORKER_ENTRIES)}; "
+             "print(sorted(m for m in sys.modules if m == 'app.books' or m.startswith('app.books.')))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_no_gpu_worker_file_reaches_book_code_even_through_an_import_inside_a_function() -> None:
+    """The same rule over every import in gpu_worker/ (one inside a function runs only when called, so
+    the probe above would not see it): no `app.*` module a GPU worker file names reaches `app.books`."""
+    offenders = {}
+    for path in (REPO / "gpu_worker").rglob("*.py"):
+        for module in {m for m in _imported_modules(path) if m.startswith("app")}:
+            books = sorted(m for m in _closure(module) if m.startswith("app.books"))
+            if books:
+                offenders[f"{path.relative_to(REPO)}: {module}"] = books
+    assert offenders == {}
+    assert any(m.startswith("app.books") for m in _closure("app.reconcile.sweep"))  # the check sees books
+
+
+def test_of_the_reconciler_only_its_book_rules_reach_book_code() -> None:
+    """app/reconcile/ is job rules and book rules: only `app.reconcile.books` (and the sweep composing
+    it) reach `app.books`, so the job rules load alone where books are not run."""
+    modules = [f"app.reconcile.{p.stem}" for p in (REPO / "app" / "reconcile").glob("*.py")
+               if p.stem not in {"__init__", "books", "sweep"}]
+    reaching = {m: sorted(x for x in _closure(m) if x.startswith("app.books")) for m in modules}
+    assert {m: books for m, books in reaching.items() if books} == {}
+    assert "app.reconcile.dead_workers" in modules and any(
+        m.startswith("app.books") for m in _closure("app.reconcile.books"))

@@ -43,7 +43,8 @@ from app.broker.wire import TaskSender
 from app.db import queries
 from app.db.models import JobStatus, utcnow
 from app.errors import BadInput, Conflict, Gone, NotFound
-from app.reconcile.sweep import SWEEP_FINDINGS, WORKER_GONE_S
+from app.reconcile.dead_workers import WORKER_GONE_S
+from app.reconcile.report import SWEEP_FINDINGS
 from app.settings import Settings, get_settings
 from app.submission import routing
 

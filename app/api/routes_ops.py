@@ -18,7 +18,7 @@ from app.api.schemas import Health
 from app.books.planning.lexicon import load_lexicon
 from app.db import queries
 from app.db.models import utcnow
-from app.reconcile.sweep import WORKER_GONE_S
+from app.reconcile.dead_workers import WORKER_GONE_S
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["operations"])

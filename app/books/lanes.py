@@ -60,7 +60,7 @@ def claim_next(ctx: Context, prefer: str) -> tuple[str, int, str] | None:
 
 
 def ring_waiting(ctx: Context) -> None:
-    """Best effort: a send that fails here leaves the book to the sweep (`app.books.upkeep`)."""
+    """Best effort: a send that fails here leaves the book to the sweep (`app.reconcile.books`)."""
     try:
         with session_scope(ctx.sessions) as session:
             waiting = queries.reading_candidates(session=session, prefer=None,

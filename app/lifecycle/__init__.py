@@ -9,6 +9,8 @@ these functions. docs/RELIABILITY.md draws the state diagrams.
            every change of a segment's outcome moves
     chapters  a chapter's render as a lease: claimed, renewed, released, expired
     readings  a book's reading claimed (an attempt), and moved to the long lane
+    outbox    settling a job, then sending the follow-up its transaction recorded (a ready chapter's
+              `book.chapter`)
 
 Callers use this package's names (`lifecycle.claim(...)`, `lifecycle.set_book_status(...)`).
 """
@@ -51,6 +53,7 @@ from app.lifecycle.jobs import (
     ring,
     settle,
 )
+from app.lifecycle.outbox import settle_and_send
 from app.lifecycle.readings import LONG, QUICK, claim_reading, demote_reading
 
 __all__ = [
@@ -59,5 +62,5 @@ __all__ = [
     "expire_renders", "fail_segment", "finish", "is_leased", "link_segment_job", "mark_chapter_assembled",
     "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_ready", "release",
     "release_render", "renew", "renew_render", "reopen_failed_segments", "ring", "set_book_status",
-    "settle", "touch_chapter", "unlink_segment_job",
+    "settle", "settle_and_send", "touch_chapter", "unlink_segment_job",
 ]

@@ -4,7 +4,7 @@ renews it while it renders, and gives it back in the transaction that records th
 sent again meanwhile (the sweep's, a minute after the chapter was recorded ready, while a long chapter
 still renders) finds the lease held and leaves the chapter to its holder; a holder that died stops
 renewing, and once its lease has passed the reconciler clears it and sends `book.chapter` again
-(`app.reconcile.sweep`, rule 6).
+(`app.reconcile.books`, rule 6 of the sweep).
 
     claim_render(session=, book_id=, index=, owner=, now=)    -> True when the lease is now `owner`'s
     renew_render(session=, book_id=, index=, owner=)          -> False when it is no longer `owner`'s

@@ -10,7 +10,7 @@ The database is the truth; a broker message (a Celery task carrying the job id) 
 says "there may be work for this job", nothing more. Whoever receives one claims the job here, and a
 claim succeeds only for a job that is queued, or claimed by an attempt whose lease has passed. So a
 duplicate message costs one cheap claim that finds the job taken, finished or cancelled (the task is
-acknowledged as `skipped`), and a lost one costs at most one reconciler period (`app.reconcile.sweep`
+acknowledged as `skipped`), and a lost one costs at most one reconciler period (`app.reconcile`
 rings the job's bell again: `ring`).
 
 Leases. A claim makes the job its worker's until `lease_until` (`Settings.job_lease_s` from now); the
@@ -138,7 +138,7 @@ def release(*, session: Session, job_id: str, attempts: int | None = None, worke
 class Settled:
     finished: bool  # the job moved to its final status here (False: it was final already)
     # (book id, index) of the chapters whose last open segment this job was: their `book.chapter` is sent
-    # after the commit (`wire.send_chapter`; the reconciler sends it again if that send is lost)
+    # after the commit (`app.lifecycle.outbox`; the reconciler sends it again if that send is lost)
     chapters_ready: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -173,7 +173,7 @@ def settle(*, session: Session, job_id: str, status: JobStatus, output_path: str
 def finish(*, session: Session, job_id: str, status: JobStatus, output_path: str | None = None,
            error: str | None = None) -> bool:
     """`settle`; False if the job was already final. Its chapters' `book.chapter` is left to the
-    reconciler (`app.reconcile.sweep`): callers that can send it after the commit use `settle`."""
+    reconciler (`app.reconcile.books`): callers that can send it after the commit use `settle_and_send`."""
     return settle(session=session, job_id=job_id, status=status, output_path=output_path,
                   error=error).finished
 

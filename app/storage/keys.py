@@ -87,7 +87,7 @@ DEMO_LEASE_KEY = f"{PREFIX}:demo:lease"
 # Counter groups: each is one hash whose fields are the counted outcomes.
 COUNTER_PREP_PATH = "prep_path"  # fields: app.db.models.PrepPath values
 COUNTER_PREPARE = "prepare"  # fields: prepared, noop, failed, retried
-COUNTER_SWEEP = "sweep"  # fields: app.reconcile.sweep.SWEEP_FINDINGS (what a sweep found and put back)
+COUNTER_SWEEP = "sweep"  # fields: app.reconcile.report.SWEEP_FINDINGS (what a sweep found and put back)
 
 
 def counter_key(group: str) -> str:

@@ -8,35 +8,31 @@ place at the end. Audio with a NaN or infinite sample, or one value throughout (
 a constant -1.0 is what NaN features decode to), is never recorded as a success: the job fails with the
 reason and its file is discarded. A job no longer live (cancelled, or finished elsewhere) or no longer
 this attempt's (its lease passed and another worker claimed it) is aborted at the next report. The
-database, the broker or Redis being
-away sends the job back to the queue (a new, counted attempt), not to failure.
+database, the broker or Redis being away, or the engine stopping under the job (the worker shutting
+down), sends it back to the queue with `Reject` (a new, counted attempt), not to failure; the task
+releases it first (`gpu_worker.worker.recovery`). Settling a job is the lifecycle's, follow-up included
+(`lifecycle.settle_and_send`: a book chapter it made ready is rung there).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import kombu.exceptions
-import numpy as np
 import redis
 from celery import Task
 from celery.exceptions import Reject
 from sqlalchemy.exc import OperationalError
 
 from app import lifecycle
-from app.audio import commit_output, open_output
-from app.broker.wire import send_chapter
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, JobStatus, VoiceStatus
 from app.db.session import session_scope
 from app.errors import EngineFailure
-from app.storage.artifacts import ArtifactStore
 from app.storage.keys import COUNTER_PREP_PATH
 from app.submission.jobs import job_tokens
 from app.voices.service import reclaim_abandoned_voice
@@ -50,6 +46,7 @@ from gpu_worker.engine.streams import (
     VoiceReady,
     plan_chunks,
 )
+from gpu_worker.worker.output import Output, drop_partials
 from gpu_worker.worker.runtime import Runtime, dummy_weights_note
 
 log = logging.getLogger(__name__)
@@ -58,54 +55,6 @@ log = logging.getLogger(__name__)
 # next delivery is a new, counted attempt), it is not failed.
 TRANSIENT = (OperationalError, redis.ConnectionError, redis.TimeoutError, kombu.exceptions.OperationalError)
 FINISH_RETRY_S = 30.0  # how long a decoded job waits for the database to record it
-
-
-class _Output:
-    """The job's audio file, written incrementally beside its final name and renamed into place; it
-    watches what it writes (finite? the lowest and highest sample) so that garbage is not committed."""
-
-    def __init__(self, artifacts: ArtifactStore, job_id: str, fmt: str) -> None:
-        self.relpath = artifacts.output_relpath(job_id, fmt)
-        self.path: Path = artifacts.path(self.relpath)
-        _drop_partials(artifacts, job_id)  # a killed earlier attempt's
-        self.handle, self.tmp = open_output(self.path, fmt)
-        self.samples, self.finite, self.low, self.high = 0, True, math.inf, -math.inf
-
-    def write(self, samples: Any) -> None:
-        pcm = samples.numpy()
-        if pcm.size:
-            self.samples += pcm.size
-            self.finite = self.finite and bool(np.isfinite(pcm).all())
-            if self.finite:
-                self.low, self.high = min(self.low, float(pcm.min())), max(self.high, float(pcm.max()))
-        self.handle.write(pcm)
-
-    def defect(self) -> str | None:
-        """Why this audio must not be reported as a success; None when it may be."""
-        if not self.samples or not self.finite or self.low == self.high:
-            what = ("no samples" if not self.samples else "NaN or infinite samples" if not self.finite
-                    else f"the constant {self.low:g} in all {self.samples} samples")
-            return f"the decoded audio has {what} (the voice's prompt or the model is broken)"
-        return None
-
-    def commit(self) -> None:
-        commit_output(self.handle, self.tmp, self.path)
-
-    def discard(self) -> None:
-        if not self.handle.closed:
-            self.handle.close()
-        self.tmp.unlink(missing_ok=True)
-
-    def withdraw(self) -> None:
-        """Remove the committed file (the job was cancelled while it was being finished)."""
-        self.path.unlink(missing_ok=True)
-
-
-def _drop_partials(artifacts: ArtifactStore, job_id: str) -> None:
-    """Remove partial outputs of a job (only one attempt of a job runs at a time: they are stale)."""
-    outputs = artifacts.output_path(job_id, "wav").parent
-    for stale in outputs.glob(f".{job_id}.*.part"):
-        stale.unlink(missing_ok=True)
 
 
 @dataclass
@@ -132,10 +81,10 @@ class JobRun:
         if job is None:
             return {"job_id": self.job_id, "status": "skipped", "worker": self.rt.worker_id}
         engine_job, fmt = job
-        output: _Output | None = None
+        output: Output | None = None
         submitted = False
         try:
-            output = _Output(self.rt.artifacts, self.job_id, fmt)  # 2. open the output's temp file
+            output = Output(self.rt.artifacts, self.job_id, fmt)  # 2. open the output's temp file
             events = self.rt.loop.submit(engine_job)  # 3. hand the job to the engine
             submitted = True
             return self._stream(events, output, engine_job)  # 4. write audio until the end
@@ -165,7 +114,7 @@ class JobRun:
                                   max_attempts=settings.job_max_attempts, lease_s=settings.job_lease_s)
             if row is None:
                 if queries.require_job(session=session, job_id=self.job_id).status in DONE_JOB_STATUSES:
-                    _drop_partials(self.rt.artifacts, self.job_id)  # left by a worker killed mid-job
+                    drop_partials(self.rt.artifacts, self.job_id)  # left by a worker killed mid-job
                 return None
             self.attempt = row.attempts
             if settings.model_dir is None:
@@ -179,7 +128,7 @@ class JobRun:
                             priority=row.priority, prep_hint=hint)
             return job, row.output_format
 
-    def _stream(self, events: queue.Queue[EngineEvent], output: _Output, job: EngineJob) -> dict[str, Any]:
+    def _stream(self, events: queue.Queue[EngineEvent], output: Output, job: EngineJob) -> dict[str, Any]:
         progress = _Progress(job.voice_id, [c.mel_frames for c in plan_chunks(len(job.tokens))])
         try:
             while True:
@@ -197,7 +146,7 @@ class JobRun:
             if progress.pinned:
                 self.rt.installs.pin(job.voice_id, -1)
 
-    def _handle(self, event: EngineEvent | None, output: _Output,
+    def _handle(self, event: EngineEvent | None, output: Output,
                 progress: _Progress) -> dict[str, Any] | None:
         if isinstance(event, VoiceReady):
             self._running(event, progress)
@@ -224,7 +173,7 @@ class JobRun:
                     "worker": self.rt.worker_id}
         return None
 
-    def _refuse_garbage(self, output: _Output) -> None:
+    def _refuse_garbage(self, output: Output) -> None:
         """Audio that is not audio is never a success: the job fails with the reason, its file goes."""
         defect = output.defect()
         if defect is not None:
@@ -233,7 +182,7 @@ class JobRun:
             log.error("synth %s: %s", self.job_id, defect)
             raise EngineFailure(defect)
 
-    def _not_recorded(self, output: _Output, voice_id: str, prep_path: str) -> dict[str, Any]:
+    def _not_recorded(self, output: Output, voice_id: str, prep_path: str) -> dict[str, Any]:
         """The job stopped being live while it finished: cancelled (its file goes), or recorded by
         another attempt (same file name: kept)."""
         with session_scope(self.rt.sessions) as session:
@@ -298,16 +247,10 @@ class JobRun:
             log.warning("could not count prep path %s: %s", prep_path, exc)
 
     def _finish(self, status: JobStatus, *, output_path: str | None = None, error: str | None = None) -> bool:
-        with session_scope(self.rt.sessions) as session:
-            settled = lifecycle.settle(session=session, job_id=self.job_id, status=status,
-                                       output_path=output_path, error=error)
-        for book_id, index in settled.chapters_ready:  # after the commit; the sweep rings a lost one again
-            try:
-                send_chapter(self.rt.sender, self.rt.settings, book_id, index)
-            except (*TRANSIENT, ConnectionError, OSError) as exc:
-                log.warning("synth %s: book %s chapter %d is ready; book.chapter not sent (%s)",
-                            self.job_id, book_id, index, exc)
-        return settled.finished
+        with session_scope(self.rt.sessions) as session:  # commits, then sends the follow-up it recorded
+            return lifecycle.settle_and_send(session=session, sender=self.rt.sender,
+                                             settings=self.rt.settings, job_id=self.job_id, status=status,
+                                             output_path=output_path, error=error)
 
     def _finish_decoded(self, relpath: str) -> bool:
         """Record success, waiting out a short database outage; False if the job was no longer live."""

@@ -57,7 +57,7 @@ from gpu_worker.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 10.0  # app.reconcile.sweep.WORKER_GONE_S counts a worker gone after six missed beats
+HEARTBEAT_S = 10.0  # app.reconcile.dead_workers.WORKER_GONE_S counts a worker gone after six missed beats
 EngineFactory = Callable[[Settings, FeatureSource, InlinePreparer], Engine]
 DUMMY_SEED = 0
 INLINE_PREP_THREADS = 1

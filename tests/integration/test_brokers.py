@@ -27,7 +27,8 @@ from app.broker.queues import is_amqp, open_broker
 from app.broker.wire import send_synth
 from app.db import queries
 from app.db.models import Job, JobStatus, Worker, utcnow
-from app.reconcile.sweep import WORKER_GONE_S, SweepReport, expire_leases, reroute_gone
+from app.reconcile.dead_workers import WORKER_GONE_S, expire_leases, reroute_gone
+from app.reconcile.report import SweepReport
 from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import app.voices.features
-import gpu_worker.worker.job
+import gpu_worker.worker.output
 from app import lifecycle
 from app.context import Context
 from app.db import queries
@@ -255,13 +255,13 @@ def test_cancelled_while_finishing_the_job_stays_cancelled_and_leaves_no_file(
     rt = make_runtime()
     prepare_ahead(rt, VOICE_A)
     job_id = submit(rt, sqlite_sessions, VOICE_A, n_tokens=30)
-    real_commit = gpu_worker.worker.job.commit_output
+    real_commit = gpu_worker.worker.output.commit_output
 
     def cancel_then_commit(*args: Any) -> None:  # the cancel lands between the last audio and the commit
         cancel(rt, sqlite_sessions, job_id)
         real_commit(*args)
 
-    monkeypatch.setattr(gpu_worker.worker.job, "commit_output", cancel_then_commit)
+    monkeypatch.setattr(gpu_worker.worker.output, "commit_output", cancel_then_commit)
     result = JobRun(rt, RecordingTask(), job_id).run()
     row = job_row(sqlite_sessions, job_id)
     assert row.status == JobStatus.CANCELLED and row.output_path is None

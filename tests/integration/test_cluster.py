@@ -8,7 +8,7 @@ records what each GPU worker installed and evicted and where each job was routed
 Nothing is shortened for the test: the default visibility timeout (6 h), heartbeats and the 60 s after
 which a silent worker counts as gone. The killed worker's jobs come back through what a deployment has:
 the surviving GPU worker looks after its gone peers every heartbeat
-(`gpu_worker.worker.process.recover_peers`).
+(`gpu_worker.worker.recovery.recover_peers`).
 """
 
 from __future__ import annotations

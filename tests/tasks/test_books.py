@@ -482,7 +482,8 @@ def test_a_ready_chapter_whose_book_chapter_was_lost_is_sent_again_by_the_sweep_
     from sqlalchemy import update
 
     from app.db.models import BookChapter, utcnow
-    from app.reconcile.sweep import UNCHECKED_CHAPTER_AFTER_S, sweep
+    from app.reconcile.books import UNCHECKED_CHAPTER_AFTER_S
+    from app.reconcile.sweep import sweep
 
     book_id = submit(ctx, celery, manifest_book([[30, 40], [25], [50]]))
     assert books.plan(book_id, ctx) == 4

@@ -17,7 +17,8 @@ import app.books.render as render
 import tasks.books as books
 from app import lifecycle
 from app.db.models import BookChapter, utcnow
-from app.reconcile.sweep import UNCHECKED_CHAPTER_AFTER_S, SweepReport, resume_chapters
+from app.reconcile.books import UNCHECKED_CHAPTER_AFTER_S, resume_chapters
+from app.reconcile.report import SweepReport
 from tests.support.books import RecordingSender
 from tests.tasks.test_books import manifest_book, render_live_jobs, submit
 

@@ -19,7 +19,8 @@ from app.broker.queues import open_broker
 from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus, VoiceStatus, Worker, utcnow
-from app.reconcile.sweep import WORKER_GONE_S, release_previous, sweep
+from app.reconcile.dead_workers import WORKER_GONE_S
+from app.reconcile.sweep import sweep
 from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
@@ -148,24 +149,6 @@ def test_a_claimed_job_whose_lease_passed_is_queued_and_rung_again_and_a_leased_
         assert queries.require_job(session=session, job_id=alive).status == JobStatus.PREPARING
         assert not lifecycle.renew(session=session, job_id=dead, frames_done=5, attempt=1, lease_s=30)
     assert run(ctx).jobs_resumed == []  # once
-
-
-def test_a_gpu_worker_started_again_releases_the_claims_of_its_previous_process_at_once(
-        ctx, settings, sessions, artifacts, store, broker, celery) -> None:
-    held = submit(ctx)
-    lose_messages(settings)
-    with sessions() as session:
-        assert lifecycle.claim(session=session, job_id=held, worker="gpu@a", max_attempts=3, lease_s=600)
-        session.commit()
-    with sessions() as session:
-        started = queries.register_worker(session=session, name="gpu@a").started_at
-        session.commit()
-    # another name's claims are not its own
-    assert release_previous(ctx=ctx, worker="gpu@b", started_at=started) == []
-    assert release_previous(ctx=ctx, worker="gpu@a", started_at=started) == [held]
-    assert depth(settings) == 1
-    with sessions() as session:
-        assert queries.require_job(session=session, job_id=held).status == JobStatus.QUEUED
 
 
 def test_a_queued_job_rung_on_a_gone_workers_own_queue_is_rung_again_on_the_shared_queue(

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from app.db import queries
 from app.db.models import BookStatus, JobStatus, Worker, utcnow
 from app.db.session import make_engine, make_sessionmaker, session_scope
-from app.reconcile.sweep import SWEEP_FINDINGS, SweepReport, count_findings
+from app.reconcile.report import SWEEP_FINDINGS, SweepReport, count_findings
 from app.settings import Settings
 from app.storage import keys
 from app.storage.feature_store import FeatureStore
