@@ -36,6 +36,7 @@ from app.broker import wire
 from app.db import queries
 from app.db.models import JobStatus
 from app.errors import BadInput, NotFound
+from app.speech import SAMPLES_PER_TOKEN
 from app.submission import jobs
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(authorize)],
@@ -119,8 +120,16 @@ async def create_speech(
         return JSONResponse(status_code=status, content=problem(error, str(exc)), headers=headers)
     if first is None:  # the client left before the first audio; it left its job
         return Response(status_code=499, headers=headers)
-    stream = stream_job(ctx, tail, listener, encoder(req.response_format, req.speed), first)
+    samples = await run_in_threadpool(_job_samples, ctx, listener.job_id)
+    stream = stream_job(ctx, tail, listener, encoder(req.response_format, req.speed, samples), first)
     return StreamingResponse(stream, media_type=MEDIA_TYPES[req.response_format], headers=headers)
+
+
+def _job_samples(ctx: ApiContext, job_id: str) -> int | None:
+    """The job's length in samples (its tokens are known once its audio has begun), or None."""
+    with ctx.session() as s:
+        n_tokens = queries.require_job(session=s, job_id=job_id).n_tokens
+    return n_tokens * SAMPLES_PER_TOKEN if n_tokens else None
 
 
 def _no_audio_answer(exc: JobEnded | NoFirstAudio) -> tuple[int, str]:

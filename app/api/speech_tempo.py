@@ -76,8 +76,9 @@ class Tempo:
 class TempoEncoder(Encoder):
     """An `Encoder` that stretches what it is fed to `speed` first; the same feed/finish."""
 
-    def __init__(self, fmt: str, speed: float, sample_rate: int = SAMPLE_RATE) -> None:
-        super().__init__(fmt, sample_rate)
+    def __init__(self, fmt: str, speed: float, sample_rate: int = SAMPLE_RATE,
+                 total_samples: int | None = None) -> None:
+        super().__init__(fmt, sample_rate, total_samples)
         self.tempo = Tempo(speed, sample_rate)
 
     def feed(self, pcm: bytes) -> bytes:
@@ -87,6 +88,9 @@ class TempoEncoder(Encoder):
         return super().feed(self.tempo.finish()) + super().finish()
 
 
-def encoder(fmt: str, speed: float) -> Encoder:
-    """The encoder for a speech request: stretched only when the speed is not the voice's own."""
-    return Encoder(fmt) if speed == 1.0 else TempoEncoder(fmt, speed)
+def encoder(fmt: str, speed: float, job_samples: int | None) -> Encoder:
+    """The encoder for a speech request: stretched only when the speed is not the voice's own;
+    `job_samples`, the job's length when known, is the stretched length the header may say."""
+    if speed == 1.0:
+        return Encoder(fmt, total_samples=job_samples)
+    return TempoEncoder(fmt, speed, total_samples=round(job_samples / speed) if job_samples else None)

@@ -17,7 +17,7 @@ import soundfile as sf
 from app import lifecycle
 from app.context import Context
 from app.db import queries
-from app.db.models import JobStatus
+from app.db.models import Job, JobStatus
 from app.dev import SAMPLES
 from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
@@ -91,8 +91,9 @@ def test_a_stored_voice_named_alloy_needs_no_mapping(api: httpx.Client, speech_s
     assert _job_voice(speech_settings, answer.headers["X-Wavefarm-Job-Id"]) == voice
 
 
-def _succeeded_job(settings: Settings, voice: str, audio: np.ndarray) -> str:
-    """A text job that succeeded with `audio` as its WAV output; its idempotency key."""
+def _succeeded_job(settings: Settings, voice: str, audio: np.ndarray, n_tokens: int = 0) -> str:
+    """A text job that succeeded with `audio` as its WAV output (`n_tokens`: its tokens, 0: not
+    tokenized); its idempotency key."""
     key = f"speech-{uuid.uuid4().hex}"
     ctx = Context.build(settings, sender=RecordingSender())
     try:
@@ -104,6 +105,7 @@ def _succeeded_job(settings: Settings, voice: str, audio: np.ndarray) -> str:
             final = ArtifactStore(settings.artifact_root).output_path(job_id, "wav")
             final.parent.mkdir(parents=True, exist_ok=True)
             final.write_bytes(out.getvalue())
+            s.get_one(Job, job_id).n_tokens = n_tokens
             assert lifecycle.finish(session=s, job_id=job_id, status=JobStatus.SUCCEEDED)
     finally:
         ctx.close()
@@ -130,3 +132,16 @@ def test_speed_stretches_the_streamed_audio_and_keeps_its_pitch(
 def test_speed_outside_openais_range_is_a_422(api: httpx.Client) -> None:
     answer = _speech(api, _voice(api), speed=4.5)
     assert answer.status_code == 422 and "speed" in answer.text
+
+
+@pytest.mark.parametrize("speed", [1.0, 2.0])
+def test_a_saved_flac_answer_opens_with_the_jobs_length(api: httpx.Client, speech_settings: Settings,
+                                                         speed: float) -> None:
+    voice = _voice(api)
+    audio = (0.3 * np.sin(2 * np.pi * 440 * np.arange(50 * 960) / 24000)).astype(np.float32)
+    key = _succeeded_job(speech_settings, voice, audio, n_tokens=50)
+    answer = api.post("/v1/audio/speech", headers={"Idempotency-Key": key}, json={
+        "model": "tts-1", "input": TEXT, "voice": voice, "speed": speed, "response_format": "flac"})
+    assert answer.status_code == 200, answer.text
+    assert sf.info(io.BytesIO(answer.content)).frames == round(50 * 960 / speed)
+    assert len(sf.read(io.BytesIO(answer.content))[0]) == round(50 * 960 / speed)
