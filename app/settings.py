@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     max_tokens: int = Field(
         default=25 * 3600, ge=1, description="speech tokens per job (25 per second of audio)"
     )
+    max_text_job_s: float = Field(
+        default=600.0, gt=0, description="a text job's estimated speech (15 characters a second) may be this "
+        "long; a longer text is refused with the way to render it as a book, in chapters")
     max_batch_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1, description="request body of POST /v1/jobs/batch (up to 1000 jobs)"
     )

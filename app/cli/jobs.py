@@ -32,8 +32,9 @@ def add_commands(sub: Any) -> None:
     what.add_argument("--tokens", type=Path, help="JSON file: [ids] or {\"tokens\": [ids]}")
     what.add_argument("--batch", type=Path, metavar="PATH", help="many jobs: a JSON-lines file or JSON array "
                       "of job requests, or a folder of token files; one line per result, then a summary")
-    what.add_argument("--text", help="text to speak (through the guide voice; a longer text is a book); "
-                      "@FILE reads it from a file")
+    what.add_argument("--text", help="text to speak (through the guide voice), up to about 10 minutes of "
+                      "speech (WAVEFARM_MAX_TEXT_JOB_S); a longer text is refused: render it as a book, "
+                      "wavefarm book render FILE.txt; @FILE reads the text from a file")
     submit.add_argument("--language", help="the text's language tag (default en), e.g. en-GB, de")
     submit.add_argument("-o", "--output", type=Path, help="where to write the audio (implies --wait); "
                         "its extension chooses the container: .wav, .flac, .mp3, .opus, .ogg, .m4a")
