@@ -14,7 +14,7 @@ from app.api.batch import batch_out, request_fields
 from app.api.schemas import BookOut, JobOut, VoiceOut
 from app.books.reading.publication import split_genre_list
 from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
-from app.books.status import book_status, output_file
+from app.books.status import book_status, book_statuses, output_file
 from app.books.writing.encoding import DEFAULT_KBPS
 from app.context import Context
 from app.db import queries
@@ -120,6 +120,12 @@ class LocalClient:
         with self.ctx.session() as s:
             view = book_status(session=s, artifacts=self.ctx.artifacts, book_id=book_id)
             return BookOut.of(view).model_dump(mode="json")
+
+    def books_page(self, *, after: str | None, limit: int) -> tuple[list[dict[str, Any]], str | None]:
+        with self.ctx.session() as s:
+            rows, cursor = queries.page_books(session=s, after=after, limit=limit)
+            views = book_statuses(session=s, artifacts=self.ctx.artifacts, books=rows)
+            return [BookOut.of(view).model_dump(mode="json") for view in views], cursor
 
     def cancel_book(self, book_id: str) -> dict[str, Any]:
         with self.ctx.session() as s:

@@ -1,4 +1,5 @@
-"""Book commands: render (submit; with --wait follow it and download its files), status, cancel.
+"""Book commands: render (submit; with --wait follow it and download its files), preview, status, cancel,
+list (`app.cli.book_list`).
 
 They speak HTTP to the API, or with `--local` run the book services in this process (`app.api.client`),
 where a manifest may also name source audio files beside it.
@@ -18,6 +19,7 @@ from typing import Any
 from app.books.files import chapter_file_name
 from app.books.planning.cast import parse_cast
 from app.books.submission import DEFAULT_PREVIEW_S, PREVIEW_PRIORITY
+from app.cli.book_list import add_list_command
 from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument, voice_id_for
 from app.errors import BadInput
 
@@ -59,8 +61,11 @@ def add_commands(sub: Any) -> None:
     preview.add_argument("--seconds", type=float, default=DEFAULT_PREVIEW_S,
                          help=f"about how long (default {DEFAULT_PREVIEW_S:g}; whole segments, at least one)")
     _add_book_options(preview, preview=True)
-    action("status", "show a book's progress", cmd_book_status).add_argument("book_id")
-    action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument("book_id")
+    action("status", "show a book's progress", cmd_book_status).add_argument(
+        "book_id", help="the book's id or a unique prefix of it (the 8 characters `book list` prints)")
+    action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument(
+        "book_id", help="the book's id or a unique prefix of it")
+    add_list_command(action)
 
 
 def _add_book_options(render: argparse.ArgumentParser, preview: bool = False) -> None:
