@@ -137,6 +137,8 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
 
 def cast_ids(api: Any, path: Path) -> dict[str, str]:
     """The cast file with every reference audio file uploaded (once each) and named by its voice id."""
+    from app.books.planning.cast import parse_cast
+
     cast = parse_cast(read_file(path, "cast file"), allow_files=True, what=f"the cast {path}")
     out: dict[str, str] = {}
     for name, value in cast.items():
