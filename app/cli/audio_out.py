@@ -12,8 +12,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from app.errors import BadInput
 
@@ -23,6 +22,9 @@ ENCODED = {".mp3": ("mp3", "libmp3lame"), ".opus": ("ogg", "libopus"), ".ogg": (
            ".m4a": ("mp4", "aac")}
 SUFFIXES = (*JOB_FORMATS, *ENCODED)
 BIT_RATE = 64000  # the speech endpoint's
+
+if TYPE_CHECKING:  # numpy, soundfile and PyAV are imported when a file is written: the parser stays light
+    import numpy as np
 
 
 def output_plan(path: Path, output_format: str | None) -> str:
@@ -44,6 +46,7 @@ def write_output(path: Path, audio: bytes) -> None:
     if suffix in JOB_FORMATS:
         path.write_bytes(audio)
         return
+    import numpy as np
     import soundfile as sf
 
     pcm, rate = sf.read(io.BytesIO(audio), dtype="int16", always_2d=False)
