@@ -64,7 +64,7 @@ class Tempo:
         return self._pull()
 
     def _pull(self) -> bytes:
-        out = []
+        out: list[bytes] = []
         while True:
             try:
                 frame = self.graph.pull()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.errors import BadInput
 
@@ -62,7 +62,7 @@ def _encode(pcm: np.ndarray, rate: int, path: Path, container: str, codec: str) 
     import av
 
     with av.open(str(path), mode="w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate, layout="mono")
+        stream: Any = out.add_stream(codec, rate=rate, layout="mono")  # an audio stream: PyAV's union
         stream.codec_context.bit_rate = BIT_RATE
         frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
         frame.sample_rate = rate
