@@ -80,6 +80,7 @@ class Encoder:
         self.sample_rate = sample_rate
         self.total = total_samples if fmt == "flac" else None
         self.sent = 0  # samples taken in
+        self.header_due = self.total is not None  # the first bytes out hold STREAMINFO, to be patched
         self.started = False
         self.container: Any = None
         if fmt in ENCODED:
@@ -110,8 +111,8 @@ class Encoder:
         head = self.feed(b"") if not self.started else b""
         if self.container is None:
             return head
-        if self.total is not None and self.sent < self.total:
-            head += self.feed(bytes(2 * (self.total - self.sent)))
+        while self.total is not None and self.sent < self.total:  # a second of silence at a time
+            head += self.feed(bytes(2 * min(self.total - self.sent, self.sample_rate)))
         if self.resampler is not None:
             self._mux(self.resampler.resample(None))
         self.container.mux(self.stream.encode(None))
@@ -120,8 +121,9 @@ class Encoder:
 
     def _take(self) -> bytes:
         out = self.sink.take()
-        if self.total is not None and out.startswith(b"fLaC"):
-            out = with_total_samples(out, self.total)
+        if self.header_due and out:
+            assert self.total is not None and out.startswith(b"fLaC"), "the muxer writes its header first"
+            out, self.header_due = with_total_samples(out, self.total), False
         return out
 
     def _encode(self, samples: np.ndarray) -> None:
