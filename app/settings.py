@@ -18,6 +18,18 @@ DAY_S = 24 * 3600
 FLOW_STEPS = (6, 8, 10)  # Euler steps a worker may run: the reference's 10, and two faster counts
 
 
+def parse_voice_map(text: str) -> dict[str, str]:
+    """'alloy=Ada, echo=bob' -> {'alloy': 'Ada', 'echo': 'bob'} (names case folded); ValueError saying the
+    form on anything else."""
+    mapping: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, voice = (piece.strip() for piece in entry.partition("="))
+        if not sep or not name or not voice:
+            raise ValueError(f"openai_voices entry {entry!r} is not name=voice (as 'alloy=Ada,echo=bob')")
+        mapping[name.casefold()] = voice
+    return mapping
+
+
 class Settings(BaseSettings):
     """Everything a wavefarm process may be configured with (`WAVEFARM_<NAME>`)."""
 
@@ -102,6 +114,9 @@ class Settings(BaseSettings):
     max_tokens: int = Field(
         default=25 * 3600, ge=1, description="speech tokens per job (25 per second of audio)"
     )
+    max_text_job_s: float = Field(
+        default=600.0, gt=0, description="a text job's estimated speech (15 characters a second) may be this "
+        "long; a longer text is refused with the way to render it as a book, in chapters")
     max_batch_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1, description="request body of POST /v1/jobs/batch (up to 1000 jobs)"
     )
@@ -151,6 +166,10 @@ class Settings(BaseSettings):
         "audio after this long is answered 503 (no GPU worker took the job) or 504 (one did), and its job is "
         "cancelled")
 
+    openai_voices: str = Field(
+        default="", description="OpenAI voice names mapped to stored voices for POST /v1/audio/speech, as "
+        "'alloy=Ada,echo=bob' (each an id, name or id prefix); a stored voice named alloy needs no entry")
+
     # Maintenance (`maintenance.sweep`, `wavefarm maintenance`).
     orphan_grace_s: float = Field(
         default=3600.0, ge=0, description="files nothing refers to are removed once this old")
@@ -183,6 +202,16 @@ class Settings(BaseSettings):
             # frozen model: set through object.__setattr__ once, during validation
             object.__setattr__(self, "database_url", f"sqlite:///{path}")
         return self
+
+    @field_validator("openai_voices")
+    @classmethod
+    def _voice_map_form(cls, text: str) -> str:
+        parse_voice_map(text)
+        return text
+
+    def openai_voice_map(self) -> dict[str, str]:
+        """`openai_voices` as {OpenAI name, case folded: the stored voice it means}."""
+        return parse_voice_map(self.openai_voices)
 
     @field_validator("flow_steps")
     @classmethod

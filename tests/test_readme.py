@@ -44,3 +44,12 @@ def test_every_cli_command_in_the_readme_exists():
     used = set(re.findall(r"^\./run ([a-z-]+)", README, re.M))
     used |= set(re.findall(r"\| +\./run ([a-z-]+)", README))
     assert used - {"test", "demo"} <= subcommands, used - subcommands
+
+
+def test_the_readme_gives_the_postgresql_url_form_with_the_installed_driver():
+    from sqlalchemy.engine import make_url
+
+    urls = re.findall(r"WAVEFARM_DATABASE_URL=(postgresql\S*)", README)
+    assert urls, "no PostgreSQL URL in the README"
+    for url in urls:
+        assert make_url(url).get_dialect().driver == "psycopg", url  # psycopg 3, a dependency

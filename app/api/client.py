@@ -44,6 +44,7 @@ class Client(Protocol):
     def submit_book(self, data: bytes, filename: str, voice: str | bytes, form: dict[str, str],
                     base_dir: Path) -> dict[str, Any]: ...
     def book(self, book_id: str) -> dict[str, Any]: ...
+    def books_page(self, *, after: str | None, limit: int) -> tuple[list[dict[str, Any]], str | None]: ...
     def cancel_book(self, book_id: str) -> dict[str, Any]: ...
     def book_file(self, book_id: str, name: str, dest: Path) -> None: ...
 
@@ -129,6 +130,12 @@ class HttpClient:
 
     def book(self, book_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/books/{book_id}").json()
+
+    def books_page(self, *, after: str | None, limit: int) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of books newest first, and the next page's cursor (None: the last page)."""
+        params = {"after": after} if after else {}
+        response = self._call("GET", "/v1/books", params={**params, "limit": limit})
+        return response.json(), response.headers.get("x-next-cursor")
 
     def cancel_book(self, book_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/books/{book_id}/cancel").json()

@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from app.api.batch import batch_out, request_fields
+from app.api.local_database import check_database_file, check_tables
 from app.api.schemas import BookOut, JobOut, VoiceOut
 from app.books.reading.publication import split_genre_list
 from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
-from app.books.status import book_status, output_file
+from app.books.status import book_status, book_statuses, output_file
 from app.books.writing.encoding import DEFAULT_KBPS
 from app.context import Context
 from app.db import queries
+from app.errors import BadInput
 from app.settings import Settings
 from app.submission.batch import submit_batch
 from app.submission.jobs import audio_path, cancel_job, get_job, submit_job
@@ -29,7 +31,13 @@ class LocalClient:
     """The same operations straight against the database, the feature store and the broker."""
 
     def __init__(self, settings: Settings) -> None:
+        check_database_file(settings)  # before connecting: SQLite would create an empty file
         self.ctx = Context.build(settings)
+        try:
+            check_tables(self.ctx.engine)
+        except BadInput:
+            self.ctx.close()
+            raise
 
     def submit(self, *, voice: str | bytes, tokens: Sequence[Any] | None, seed: int | None,
                output_format: str, priority: int, idempotency_key: str | None, text: str | None = None,
@@ -120,6 +128,12 @@ class LocalClient:
         with self.ctx.session() as s:
             view = book_status(session=s, artifacts=self.ctx.artifacts, book_id=book_id)
             return BookOut.of(view).model_dump(mode="json")
+
+    def books_page(self, *, after: str | None, limit: int) -> tuple[list[dict[str, Any]], str | None]:
+        with self.ctx.session() as s:
+            rows, cursor = queries.page_books(session=s, after=after, limit=limit)
+            views = book_statuses(session=s, artifacts=self.ctx.artifacts, books=rows)
+            return [BookOut.of(view).model_dump(mode="json") for view in views], cursor
 
     def cancel_book(self, book_id: str) -> dict[str, Any]:
         with self.ctx.session() as s:

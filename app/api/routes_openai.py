@@ -27,13 +27,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.schemas import Problem, StorableStr, problem
-from app.api.speech_codec import FORMATS, MEDIA_TYPES, Encoder, check_format
+from app.api.speech_codec import FORMATS, MEDIA_TYPES, check_format
 from app.api.speech_listeners import Listener
 from app.api.speech_stream import JobEnded, NoFirstAudio, PcmTail, first_audio, stream_job
+from app.api.speech_tempo import MAX_SPEED, MIN_SPEED, encoder
+from app.api.speech_voices import speech_voice_id
 from app.broker import wire
 from app.db import queries
 from app.db.models import JobStatus
 from app.errors import BadInput, NotFound
+from app.speech import SAMPLES_PER_TOKEN
 from app.submission import jobs
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(authorize)],
@@ -54,9 +57,11 @@ class SpeechRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(description=f"{MODEL} (or an OpenAI name: {', '.join(MODEL_ALIASES)})")
     input: StorableStr = Field(min_length=1, description="the text to speak")
-    voice: StorableStr | VoiceRef = Field(description="a stored voice's id, name or unique id prefix")
+    voice: StorableStr | VoiceRef = Field(description="a stored voice's id, name or unique id prefix, or an "
+                                          "OpenAI voice name mapped by WAVEFARM_OPENAI_VOICES")
     response_format: str = Field(default="mp3", description=f"one of {', '.join(FORMATS)}")
-    speed: float = Field(default=1.0, ge=0.25, le=4.0, description="only 1.0 (the voice's own pace)")
+    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED,
+                         description="the pace against the voice's own (1.0); pitch kept")
     instructions: str | None = Field(default=None, description="not supported: a voice is its reference")
     stream_format: Literal["audio", "sse"] = Field(default="audio", description="audio only")
     language: StorableStr | None = Field(default=None, description="the input's language tag (default en)")
@@ -66,8 +71,6 @@ def _check(req: SpeechRequest) -> None:
     if req.model not in (MODEL, *MODEL_ALIASES):
         raise NotFound(f"no model {req.model!r}: GET /v1/models lists {MODEL}")
     check_format(req.response_format)
-    if req.speed != 1.0:
-        raise BadInput("speed must be 1.0: wavefarm speaks at the reference voice's own pace")
     if req.instructions:
         raise BadInput("instructions are not supported: the voice is its reference recording")
     if req.stream_format != "audio":
@@ -79,6 +82,7 @@ def _submit(ctx: ApiContext, req: SpeechRequest, priority: int, key: str | None)
     before the submission (`app.api.speech_listeners`)."""
     voice = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
     with ctx.session() as s:
+        voice = speech_voice_id(session=s, ref=voice, mapping=ctx.settings.openai_voice_map())
         existed = key is not None and queries.get_job_by_idempotency_key(session=s, idempotency_key=key)
         job_id = jobs.submit_job(ctx=ctx, session=s, text=req.input, language=req.language,
                                  voice_id=voice, output_format="wav", priority=priority,
@@ -116,8 +120,16 @@ async def create_speech(
         return JSONResponse(status_code=status, content=problem(error, str(exc)), headers=headers)
     if first is None:  # the client left before the first audio; it left its job
         return Response(status_code=499, headers=headers)
-    stream = stream_job(ctx, tail, listener, Encoder(req.response_format), first)
+    samples = await run_in_threadpool(_job_samples, ctx, listener.job_id)
+    stream = stream_job(ctx, tail, listener, encoder(req.response_format, req.speed, samples), first)
     return StreamingResponse(stream, media_type=MEDIA_TYPES[req.response_format], headers=headers)
+
+
+def _job_samples(ctx: ApiContext, job_id: str) -> int | None:
+    """The job's length in samples (its tokens are known once its audio has begun), or None."""
+    with ctx.session() as s:
+        n_tokens = queries.require_job(session=s, job_id=job_id).n_tokens
+    return n_tokens * SAMPLES_PER_TOKEN if n_tokens else None
 
 
 def _no_audio_answer(exc: JobEnded | NoFirstAudio) -> tuple[int, str]:

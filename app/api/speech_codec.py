@@ -5,6 +5,12 @@ pcm is the samples as they are (OpenAI's pcm: 24 kHz, 16-bit signed, little-endi
 header whose sizes say "unknown" (the length is not known when it is sent) followed by those samples;
 flac, mp3, opus (in Ogg) and aac (ADTS) are encoded by PyAV (FFmpeg's encoders, no binary needed) into
 a non-seekable sink. It does not read files or talk to the job: `app.api.speech_stream` does.
+
+A non-seekable FLAC's STREAMINFO says "length unknown" (total samples 0), which libsndfile reads as an
+endless file (soundfile: "array is too big") and ffprobe as no duration. A job's length is known before
+its audio starts (its tokens times 960 samples), so given `total_samples` the FLAC encoder writes that
+into the header and sends exactly that many samples (cut or padded with silence, should the job's audio
+differ). The WAV header keeps the usual "unknown" sizes, which soundfile and FFmpeg read to the end.
 """
 
 from __future__ import annotations
@@ -56,12 +62,25 @@ def wav_stream_header(sample_rate: int = SAMPLE_RATE) -> bytes:
         b"data" + struct.pack("<I", unknown)
 
 
+def with_total_samples(flac: bytes, total: int) -> bytes:
+    """FLAC bytes whose STREAMINFO (the first metadata block) says `total` samples."""
+    # "fLaC", a 4-byte block header, then STREAMINFO: block sizes (4 bytes), frame sizes (6), and 8 bytes
+    # of sample rate (20 bits), channels (3), bits per sample (5) and total samples (36)
+    assert flac[4] & 0x7F == 0 and len(flac) >= 26, "STREAMINFO comes first"
+    packed = int.from_bytes(flac[18:26], "big")
+    packed = (packed & ~((1 << 36) - 1)) | (total & ((1 << 36) - 1))
+    return flac[:18] + packed.to_bytes(8, "big") + flac[26:]
+
+
 class Encoder:
     """feed(pcm bytes) -> encoded bytes ready now; finish() -> the rest. pcm bytes must be whole samples."""
 
-    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE) -> None:
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE, total_samples: int | None = None) -> None:
         self.fmt = check_format(fmt)
         self.sample_rate = sample_rate
+        self.total = total_samples if fmt == "flac" else None
+        self.sent = 0  # samples taken in
+        self.header_due = self.total is not None  # the first bytes out hold STREAMINFO, to be patched
         self.started = False
         self.container: Any = None
         if fmt in ENCODED:
@@ -81,19 +100,31 @@ class Encoder:
             head = wav_stream_header(self.sample_rate) if self.fmt == "wav" else b""
         if self.container is None:
             return head + pcm
+        if self.total is not None:
+            pcm = pcm[:max(0, self.total - self.sent) * 2]
+        self.sent += len(pcm) // 2
         if pcm:
             self._encode(np.frombuffer(pcm, dtype="<i2"))
-        return head + self.sink.take()
+        return head + self._take()
 
     def finish(self) -> bytes:
         head = self.feed(b"") if not self.started else b""
         if self.container is None:
             return head
+        while self.total is not None and self.sent < self.total:  # a second of silence at a time
+            head += self.feed(bytes(2 * min(self.total - self.sent, self.sample_rate)))
         if self.resampler is not None:
             self._mux(self.resampler.resample(None))
         self.container.mux(self.stream.encode(None))
         self.container.close()
-        return head + self.sink.take()
+        return head + self._take()
+
+    def _take(self) -> bytes:
+        out = self.sink.take()
+        if self.header_due and out:
+            assert self.total is not None and out.startswith(b"fLaC"), "the muxer writes its header first"
+            out, self.header_due = with_total_samples(out, self.total), False
+        return out
 
     def _encode(self, samples: np.ndarray) -> None:
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")

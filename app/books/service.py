@@ -134,7 +134,7 @@ def cancel_book(*, session: Session, store: FeatureStore, book_id: str, cancel_t
 def cancel(*, ctx: Context, session: Session, book_id: str) -> Book:
     """Cancel a book as a client asks it (idempotent: a cancelled book stays cancelled); commits.
     Conflict if it had finished otherwise."""
-    require_book(session=session, book_id=book_id)
+    book_id = require_book(session=session, book_id=book_id).id  # an id prefix: its book's id
     cancel_book(session=session, store=ctx.store, book_id=book_id,
                 cancel_ttl_s=ctx.settings.visibility_timeout_s)
     book = queries.require_book(session=session, book_id=book_id)

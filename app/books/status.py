@@ -25,7 +25,7 @@ from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus, utcnow
 from app.errors import NotFound
 from app.speech import TOKEN_RATE
 from app.storage.artifacts import ArtifactStore
-from app.storage.keys import check_job_id, known_id
+from app.storage.keys import ID_PREFIX, check_job_id, known_id, one_by_prefix
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,11 @@ class BookStatusView:
 
 
 def require_book(*, session: Session, book_id: str) -> Book:
-    """The book with this id; NotFound for an unknown or malformed one (book ids are job-shaped UUIDs)."""
+    """The book with this id, or with this unique id prefix (at least 4 characters), as jobs; NotFound
+    for an unknown or malformed one (book ids are job-shaped UUIDs), BadInput for an ambiguous prefix."""
+    if isinstance(book_id, str) and ID_PREFIX.fullmatch(book_id) and len(book_id) < 36:
+        found = queries.book_ids_with_prefix(session=session, prefix=book_id, limit=6)
+        book_id = one_by_prefix(found, book_id, "book") or book_id
     return queries.require_book(session=session, book_id=known_id(book_id, check_job_id, "book"))
 
 
@@ -148,7 +152,7 @@ def _tags(artifacts: ArtifactStore, book_id: str) -> dict[str, Any]:
 
 def output_file(*, session: Session, artifacts: ArtifactStore, book_id: str, name: str) -> Path:
     """A finished output file of a book by its name in the output folder; NotFound otherwise."""
-    require_book(session=session, book_id=book_id)
+    book_id = require_book(session=session, book_id=book_id).id
     path = output_dir(artifacts, book_id) / name
     if not is_output(name) or not path.is_file():
         raise NotFound(f"book {book_id} has no file {name!r} (yet)")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.books.planning.select import parse_chapters
-from app.books.reading.parse import FORMATS
+from app.books.reading.parse import FORMATS, check_file_type
 from app.books.reading.publication import check_publication
 from app.books.reading.source import (
     DEFAULT_LIMITS,
@@ -128,6 +128,8 @@ class Submission:
             raise BadInput("a manifest of tokens or audio has no text to read along; epub3 needs a text book")
         if self.book_format is not None and self.book_format not in FORMATS:
             raise BadInput(f"book format {self.book_format!r} is not one of {', '.join(FORMATS)}")
+        if self.book_format is None:  # the file's name chooses the reader: one there is
+            check_file_type(self.filename)
         for what, value, limit in (("title", self.title, limits.max_title_chars),
                                    ("author", self.author, limits.max_author_chars),
                                    ("narrator", self.narrator, limits.max_author_chars),

@@ -1,4 +1,5 @@
-"""Book commands: render (submit; with --wait follow it and download its files), status, cancel.
+"""Book commands: render (submit; with --wait follow it and download its files), preview, status, cancel,
+list (`app.cli.book_list`).
 
 They speak HTTP to the API, or with `--local` run the book services in this process (`app.api.client`),
 where a manifest may also name source audio files beside it.
@@ -15,12 +16,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.books.files import chapter_file_name
-from app.books.planning.cast import parse_cast
-from app.books.submission import DEFAULT_PREVIEW_S, PREVIEW_PRIORITY
+from app.cli.book_checks import check_preview_chapter
+from app.cli.book_list import add_list_command
 from app.cli.common import add_client_options, client, finished_well, read_file, voice_argument, voice_id_for
 from app.errors import BadInput
 
+# app.books.submission's DEFAULT_PREVIEW_S and PREVIEW_PRIORITY, repeated so that building the parser
+# imports no book service (a quarter of a second or more: every command, `model check` too, paid it);
+# tests/app/cli/test_books.py holds them equal.
+DEFAULT_PREVIEW_S = 20.0
+PREVIEW_PRIORITY = 5
 BAR_ROOM = 64  # what a progress bar needs beside its label: counts, rate, status, audio seconds, ETA
 
 
@@ -59,8 +64,11 @@ def add_commands(sub: Any) -> None:
     preview.add_argument("--seconds", type=float, default=DEFAULT_PREVIEW_S,
                          help=f"about how long (default {DEFAULT_PREVIEW_S:g}; whole segments, at least one)")
     _add_book_options(preview, preview=True)
-    action("status", "show a book's progress", cmd_book_status).add_argument("book_id")
-    action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument("book_id")
+    action("status", "show a book's progress", cmd_book_status).add_argument(
+        "book_id", help="the book's id or a unique prefix of it (the 8 characters `book list` prints)")
+    action("cancel", "cancel a book (finished segments are kept)", cmd_book_cancel).add_argument(
+        "book_id", help="the book's id or a unique prefix of it")
+    add_list_command(action)
 
 
 def _add_book_options(render: argparse.ArgumentParser, preview: bool = False) -> None:
@@ -132,6 +140,8 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
 
 def cast_ids(api: Any, path: Path) -> dict[str, str]:
     """The cast file with every reference audio file uploaded (once each) and named by its voice id."""
+    from app.books.planning.cast import parse_cast
+
     cast = parse_cast(read_file(path, "cast file"), allow_files=True, what=f"the cast {path}")
     out: dict[str, str] = {}
     for name, value in cast.items():
@@ -151,6 +161,7 @@ def cmd_book_preview(args: argparse.Namespace) -> int:
     suffix = args.out.suffix.lower().lstrip(".")
     if suffix not in ("flac", "wav"):
         raise BadInput(f"--out {args.out}: a preview is written as .flac or .wav")
+    check_preview_chapter(read_file(args.book, "book file"), args.book, args.chapter)  # before any upload
     args.book_output, args.chapters = suffix, str(args.chapter)
     form = {**_form(args), "preview_s": str(args.seconds)}
     api, book = _submit(args, form)
@@ -160,6 +171,8 @@ def cmd_book_preview(args: argparse.Namespace) -> int:
     if not finished_well("book", book):
         return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    from app.books.files import chapter_file_name
+
     api.book_file(book["id"], chapter_file_name(0, suffix), args.out)
     print(f"preview of chapter {args.chapter} written to {args.out}")
     return 0

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.cli.audio_out import output_plan, write_output
 from app.cli.common import add_client_options, client, finished_well, print_json, read_file, voice_id_for
 from app.errors import BadInput
 from app.speech import OutputFormat
@@ -31,13 +32,15 @@ def add_commands(sub: Any) -> None:
     what.add_argument("--tokens", type=Path, help="JSON file: [ids] or {\"tokens\": [ids]}")
     what.add_argument("--batch", type=Path, metavar="PATH", help="many jobs: a JSON-lines file or JSON array "
                       "of job requests, or a folder of token files; one line per result, then a summary")
-    what.add_argument("--text", help="text to speak (through the guide voice; a longer text is a book); "
-                      "@FILE reads it from a file")
+    what.add_argument("--text", help="text to speak (through the guide voice), up to about 10 minutes of "
+                      "speech (WAVEFARM_MAX_TEXT_JOB_S); a longer text is refused: render it as a book, "
+                      "wavefarm book render FILE.txt; @FILE reads the text from a file")
     submit.add_argument("--language", help="the text's language tag (default en), e.g. en-GB, de")
-    submit.add_argument("-o", "--output", type=Path, help="where to write the audio (implies --wait)")
+    submit.add_argument("-o", "--output", type=Path, help="where to write the audio (implies --wait); "
+                        "its extension chooses the container: .wav, .flac, .mp3, .opus, .ogg, .m4a")
     submit.add_argument("--seed", type=int)
     submit.add_argument("--format", dest="output_format", choices=[f.value for f in OutputFormat],
-                        default=OutputFormat.WAV.value)
+                        help="the job's own audio format (default wav; with -o, its extension's)")
     submit.add_argument("--priority", type=int, default=0)
     submit.add_argument("--idempotency-key", help="with --batch: the prefix of each item's key")
     submit.add_argument("--wait", action="store_true", help="follow progress until the job finishes")
@@ -66,11 +69,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     text = _text_of(args.text)
     if args.language is not None and text is None:
         raise BadInput("--language goes with --text")
+    output_format = output_plan(args.output, args.output_format) if args.output else args.output_format
     tokens = None if args.tokens is None else parse_tokens(read_file(args.tokens, "tokens file"))
     api = client(args)
     job = api.submit(voice=voice_id_for(api, args.voice), tokens=tokens, text=text, language=args.language,
-                     seed=args.seed, output_format=args.output_format, priority=args.priority,
-                     idempotency_key=args.idempotency_key)
+                     seed=args.seed, output_format=output_format or OutputFormat.WAV.value,
+                     priority=args.priority, idempotency_key=args.idempotency_key)
     print(job["id"])
     if not (args.wait or args.output):
         return 0
@@ -78,7 +82,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not finished_well("job", job):
         return 1
     if args.output:
-        args.output.write_bytes(api.audio(job["id"]))
+        write_output(args.output, api.audio(job["id"]))
         print(f"audio written to {args.output}")
     return 0
 

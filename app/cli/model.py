@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import BadInput, ModelLoadError, first_line
+from app.speech import MODEL_FILES
 
 DEFAULT_REPO = "stepfun-ai/Step-Audio-2-mini"  # MiniCPM-o-4_5 keeps the same files under assets/token2wav
 SUBFOLDER = "token2wav"
@@ -49,11 +50,16 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_model_check(args: argparse.Namespace) -> int:
-    if not args.dir.is_dir():  # said at once: the check's child would import torch (seconds) to say it
-        print(f"{args.dir}: not a folder")
-        print(f"{args.dir}: 1 problem(s) (preset {args.preset or PRESETS[0]})")
-        return 1
-    return run_check(args.dir, *(["--preset", args.preset] if args.preset else []))
+    # Said at once when there is nothing to read: the check's child imports torch (seconds, more on a
+    # loaded machine) before it looks at a file. Its lines, word for word, for these two cases.
+    problems = ([f"{args.dir}: not a folder"] if not args.dir.is_dir() else
+                [f"{args.dir / name}: missing" for name in MODEL_FILES if not (args.dir / name).is_file()])
+    if args.dir.is_dir() and len(problems) < len(MODEL_FILES):  # a file to read: the whole check
+        return run_check(args.dir, *(["--preset", args.preset] if args.preset else []))
+    for problem in problems:
+        print(problem)
+    print(f"{args.dir}: {len(problems)} problem(s) (preset {args.preset or PRESETS[0]})")
+    return 1
 
 
 def cmd_model_pull(args: argparse.Namespace) -> int:

@@ -173,7 +173,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_flower(args: argparse.Namespace) -> int:
     if not os.environ.get("FLOWER_BASIC_AUTH"):
         log.warning("FLOWER_BASIC_AUTH is not set: Flower runs WITHOUT authentication")
+    # Flower answers only once it has imported the CPU worker's task modules (torch among them) and
+    # reached the broker: seconds of silence on a loaded machine, said here so it is not taken for a hang.
+    log.info("starting Flower on http://%s:%d: it answers once it has loaded the CPU worker's tasks "
+             "(torch among them) and reached the broker at %s; its \"Visit me\" line says it is up",
+             args.address, args.port, _redacted(settings().broker_url))
     return _exec("celery", flower_argv(address=args.address, port=args.port))
+
+
+def _redacted(url: str) -> str:
+    """The URL with its password, if any, as ***: for a log line."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

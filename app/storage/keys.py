@@ -10,7 +10,7 @@ import re
 import uuid
 from collections.abc import Callable
 
-from app.errors import NotFound
+from app.errors import BadInput, NotFound
 
 PREFIX = "wf"
 FEATURE_VERSION = 1  # of the stored host features (app.voices.features): bump when any feature's maths
@@ -45,6 +45,19 @@ def known_id(value: str, check: Callable[[str], str], what: str) -> str:
         return check(value)
     except ValueError as exc:
         raise NotFound(f"no {what} {value}") from exc
+
+
+ID_PREFIX = re.compile(r"[0-9a-f][0-9a-f-]{3,35}")  # of a job or book id: what the CLI prints is 8 hex digits
+
+
+def one_by_prefix(found: list[str], ref: str, what: str) -> str | None:
+    """The one id of `found` (the ids beginning with `ref`), None for none; BadInput naming the
+    candidates when several begin with it."""
+    if len(found) > 1:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise BadInput(f"{what} {ref!r} is ambiguous: it begins {len(found)} {what} ids ({shown}); "
+                       "give more of the id")
+    return found[0] if found else None
 
 
 def feature_key(voice_id: str) -> str:

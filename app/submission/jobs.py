@@ -33,7 +33,7 @@ from app.speech import MAX_SEED, OutputFormat, check_tokens
 from app.storage.artifacts import ArtifactStore
 from app.storage.keys import check_job_id, check_voice_id, known_id
 from app.submission import routing
-from app.text.tokens import check_text
+from app.text.tokens import check_text, text_job_tokens
 from app.voices import names as voice_names
 from app.voices import service as voices
 
@@ -176,7 +176,7 @@ def check_request(*, settings: Settings, tokens: Iterable[int] | None, text: str
     token_list = None if tokens is None else check_tokens(tokens, max_tokens=settings.max_tokens)
     if text is not None:
         language = language or "en"
-        check_text(text, language, max_tokens=settings.max_tokens)
+        check_text(text, language, max_tokens=text_job_tokens(settings))
     elif language is not None:
         raise BadInput("language goes with text; tokens have no language")
     request = Request(tokens=token_list, text=text, language=language, seed=seed,

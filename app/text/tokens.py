@@ -18,16 +18,28 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.errors import BadInput
 from app.speech import S3_SAMPLE_RATE, TOKEN_RATE
 from app.text.normalise import TextSegment, segment_paragraph
 
+if TYPE_CHECKING:
+    from app.settings import Settings
+
 MAX_TEXT_CHARS = 100_000  # far above any single job's token limit; bounds the work of checking
+AS_A_BOOK = ("render it as a book, in chapters: wavefarm book render FILE.txt --voice VOICE --out DIR "
+             "(POST /v1/books)")
 _LANGUAGE_RE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}")  # a BCP 47 tag such as en, en-GB
 _PARAGRAPH_RE = re.compile(r"\n\s*\n")
 STAND_IN_NOTE = ("tokens from the stand-in tokenizer (the CPU worker has no WAVEFARM_MODEL_DIR): "
                  "they do not say the text")
+
+
+def text_job_tokens(settings: Settings) -> int:
+    """The estimated tokens a text job may have at submission: `max_text_job_s` of speech, within the
+    job limit (the CPU worker holds its real tokens to `max_tokens`: an estimate a little short passes)."""
+    return min(settings.max_tokens, int(settings.max_text_job_s * TOKEN_RATE))
 
 
 def check_language(language: str) -> str:
@@ -46,8 +58,7 @@ def check_text(text: str, language: str, *, max_tokens: int) -> list[TextSegment
     if not isinstance(text, str) or not text.strip():
         raise BadInput("text is empty")
     if len(text) > MAX_TEXT_CHARS:
-        raise BadInput(f"text of {len(text)} characters is over the limit of {MAX_TEXT_CHARS}; "
-                       "render it as a book (POST /v1/books)")
+        raise BadInput(f"text of {len(text)} characters is over the limit of {MAX_TEXT_CHARS}; {AS_A_BOOK}")
     segments = [segment for i, paragraph in enumerate(_PARAGRAPH_RE.split(text))
                 for segment in segment_paragraph(paragraph, i, language=language)]
     if not segments:
@@ -55,7 +66,7 @@ def check_text(text: str, language: str, *, max_tokens: int) -> list[TextSegment
     estimate = sum(s.est_tokens for s in segments)
     if estimate > max_tokens:
         raise BadInput(f"text is about {estimate} tokens of speech ({estimate // TOKEN_RATE} s), over the "
-                       f"job limit of {max_tokens}; render it as a book (POST /v1/books)")
+                       f"job limit of {max_tokens} ({max_tokens // TOKEN_RATE} s); {AS_A_BOOK}")
     return segments
 
 

@@ -3,7 +3,8 @@
 `find_voice_id` is what every route and command that takes a voice calls before anything else: an exact
 id, then a prefix of at least `MIN_PREFIX` hex digits of one id (what the CLI and the web page print),
 then a name (as stored, else by its key: `ada` finds `Ada`). A prefix shared by several voices is
-refused with the candidates.
+refused with the candidates; a reference that finds nothing is answered with the nearest stored names
+(difflib's ratio over the keys), "did you mean 'Ada'?".
 
 Ids come first, and a name can never spell one: `check_name` refuses a name of hex digits only (in any
 case) that is long enough to be a prefix, since any voice stored later may begin with it. Two names are
@@ -15,6 +16,7 @@ script that looks like a Latin one (ICU's confusable skeleton would; PyICU has n
 
 from __future__ import annotations
 
+import difflib
 import re
 import unicodedata
 
@@ -77,7 +79,16 @@ def find_voice_id(*, session: Session, ref: str) -> str:
     holder = _holder(session, ref) if len(ref) <= NAME_MAX else None
     if holder is not None:  # the same name by its key: `ada` finds `Ada`, as it could not be another's
         return holder[0]
-    raise NotFound(f"no voice {ref[:80]!r} (by id, name or id prefix)")
+    raise NotFound(f"no voice {ref[:80]!r} (by id, name or id prefix){_suggestions(session, ref)}")
+
+
+def _suggestions(session: Session, ref: str) -> str:
+    """"; did you mean 'Ada' or 'Adam'?" for the stored names nearest `ref` (compared by key), or ""."""
+    if len(ref) > NAME_MAX:
+        return ""
+    held = {name_key(name): name for _, name in queries.voice_names(session=session)}
+    near = difflib.get_close_matches(name_key(ref), list(held), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(held[key]) for key in near)}?" if near else ""
 
 
 def resolve_ref(*, session: Session, ref: str | None) -> str | None:

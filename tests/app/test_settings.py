@@ -63,6 +63,8 @@ def test_an_explicit_database_url_wins(monkeypatch: pytest.MonkeyPatch):
         ("MICRO_BATCH_SIZE", "0"),
         ("MODEL_PRESET", "huge"),
         ("VISIBILITY_TIMEOUT_S", "1"),
+        ("OPENAI_VOICES", "alloy"),
+        ("OPENAI_VOICES", "alloy=Ada,=bob"),
     ],
 )
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str):
@@ -76,3 +78,8 @@ def test_get_settings_reads_the_environment_once(monkeypatch: pytest.MonkeyPatch
     first = get_settings()
     monkeypatch.setenv("WAVEFARM_WORKER_SLOTS", "5")
     assert get_settings() is first and first.worker_slots == 3
+
+
+def test_openai_voices_read_as_a_case_folded_mapping(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("WAVEFARM_OPENAI_VOICES", " Alloy=Ada , echo = 3f2a9c01,")
+    assert Settings().openai_voice_map() == {"alloy": "Ada", "echo": "3f2a9c01"}

@@ -32,7 +32,7 @@ def api(cpu_worker: str, worker_settings: Settings,
     logs = tmp_path_factory.mktemp("openai")
     env = {**os.environ, **settings_env(worker_settings), "WAVEFARM_MODEL_PRESET": "tiny",
            "WAVEFARM_WORKER_SLOTS": "4", "WAVEFARM_PROGRESS_INTERVAL_S": "0.3", "OMP_NUM_THREADS": "1",
-           "WAVEFARM_API_TOKEN": TOKEN}
+           "WAVEFARM_API_TOKEN": TOKEN, "WAVEFARM_OPENAI_VOICES": "alloy=Ada"}
     node = f"gpu-oai-{SESSION_TAG}@{os.uname().nodename}"
     port = free_port()
     procs = [services.start_cli(["gpu-worker", "--hostname", node], env=env, log_path=logs / "gpu.log"),
@@ -106,6 +106,20 @@ def test_speech_create_in_every_format_decodes_to_the_jobs_audio(api: str, voice
 
 
 @pytest.mark.timeout(600)
+def test_the_sdks_default_voice_mapped_by_the_operator_speaks_at_the_speed_asked(
+        api: str, voice: str) -> None:
+    """WAVEFARM_OPENAI_VOICES=alloy=Ada: the SDK's `alloy` is Ada; speed 2.0 halves the audio's length."""
+    client = sdk(api)
+    fast = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="wav",
+                                      speed=2.0)
+    done = job(api, fast.response.headers["X-Wavefarm-Job-Id"])
+    assert done["status"] == "succeeded" and done["voice_id"] == voice
+    samples, _ = decode(fast.content, "wav")
+    own = done["n_tokens"] * 960
+    assert abs(samples - own / 2) < 0.05 * own, (samples, own)
+
+
+@pytest.mark.timeout(600)
 def test_audio_streams_while_the_job_renders_and_a_client_that_leaves_cancels_it(
         api: str, voice: str) -> None:
     client = sdk(api)
@@ -129,12 +143,12 @@ def test_refusals_are_4xx_with_a_reason(api: str, voice: str) -> None:
     with pytest.raises(openai.AuthenticationError):
         sdk(api, token="wrong").audio.speech.create(model="tts-1", voice="Ada", input=TEXT)
     with pytest.raises(openai.NotFoundError, match="no voice"):
-        client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
+        client.audio.speech.create(model="tts-1", voice="shimmer", input=TEXT)
     with pytest.raises(openai.UnprocessableEntityError, match="response_format"):
         client.audio.speech.create(model="tts-1", voice="Ada", input=TEXT,
                                    response_format="ogg")  # type: ignore[arg-type]
     with pytest.raises(openai.UnprocessableEntityError, match="speed"):
-        client.audio.speech.create(model="tts-1", voice="Ada", input=TEXT, speed=2.0)
+        client.audio.speech.create(model="tts-1", voice="Ada", input=TEXT, speed=5.0)
     with pytest.raises(openai.NotFoundError, match="no model"):
         client.audio.speech.create(model="whisper-1", voice="Ada", input=TEXT)
     listed = httpx.get(f"{api}/v1/audio/voices", headers={"Authorization": f"Bearer {TOKEN}"}).json()

@@ -21,7 +21,7 @@ from app.reconcile.sweep import sweep
 from app.speech import MEL_PER_TOKEN
 from app.submission.jobs import cancel_job, job_tokens, submit_job
 from app.text.normalise import estimate_tokens
-from app.text.tokens import STAND_IN_NOTE
+from app.text.tokens import STAND_IN_NOTE, text_job_tokens
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
 
@@ -84,12 +84,15 @@ def test_bad_text_requests_are_refused_before_anything_is_stored(
 
 
 def test_the_length_limit_is_the_estimate_the_books_use(ctx: Context, celery: Celery) -> None:
-    """15 characters a second, 25 tokens a second: the limit of 90,000 tokens is about 54,000 characters."""
-    limit = ctx.settings.max_tokens
+    """15 characters a second, 25 tokens a second: a text job's limit of 600 s (15,000 tokens) is about
+    9,000 characters; a longer text is told how to render it as a book."""
+    limit = text_job_tokens(ctx.settings)
+    assert limit == 600 * 25 < ctx.settings.max_tokens
     under, over = "word " * (limit * 15 // 25 // 5 * 9 // 10), "word " * (limit * 15 // 25 // 5 * 11 // 10)
     assert estimate_tokens(under.strip()) < limit < estimate_tokens(over.strip())
     submit(ctx, celery, text=under)
-    with pytest.raises(BadInput, match=f"over the job limit of {limit}; render it as a book"):
+    with pytest.raises(BadInput, match=f"over the job limit of {limit} \\(600 s\\); render it as a book, "
+                                       "in chapters: wavefarm book render FILE.txt"):
         submit(ctx, celery, text=over)
 
 

@@ -274,13 +274,19 @@ function renderNotes(p, notes) {  // a job's or a book's: dummy weights, the sta
   }
 }
 
+function jobProgress(job) {  // floored: a sliver of a job is never "1 %"; an ended job says how it ended
+  const percent = `${Math.floor(job.progress.fraction * 100)} %`;
+  if (job.status !== "cancelled" && job.status !== "failed") return percent;
+  return job.progress.frames_done ? `${job.status} at ${percent}` : `${job.status} before any audio`;
+}
+
 function renderJob(card, job) {
   const p = card.parts;
   p.title.textContent = `Job ${job.id.slice(0, 8)}` + (job.kind === "text" ? ` · “${job.text.slice(0, 60)}”` : "");
   p.progress.max = Math.max(job.progress.frames_total, 1);
   p.progress.value = job.progress.frames_done;
   p.summary.textContent = job.kind === "text" && job.n_tokens === 0 && card.live
-    ? "making speech tokens from the text" : `${Math.round(job.progress.fraction * 100)} % · ` +
+    ? "making speech tokens from the text" : `${jobProgress(job)} · ` +
     `${seconds(job.n_tokens / 25)} of audio · ${job.n_tokens} tokens`;
   if (job.audio_url && !p.body.childElementCount) {
     const name = `${job.id}.${job.output_format}`;

@@ -33,6 +33,18 @@ from app.errors import BadInput
 
 _HTML_START_RE = re.compile(rb"\s*<(!doctype html|html)[\s>]", re.IGNORECASE)
 FORMATS = ("text", "markdown", "epub", "html", "pdf", "docx", "srt", "vtt", "manifest")
+# The file names each reader takes; another extension is refused at submission (a file without one is text).
+SUFFIXES = (".txt", ".text", ".md", ".markdown", ".epub", ".html", ".htm", ".xhtml", ".pdf", ".docx", ".srt",
+            ".vtt", ".json")
+
+
+def check_file_type(filename: str | None) -> None:
+    """BadInput, with the supported extensions, for a file name whose extension no reader takes (an .rtf
+    would otherwise be read as plain text, its control words as the title)."""
+    suffix = Path(filename).suffix.lower() if filename else ""
+    if suffix and suffix not in SUFFIXES:
+        raise BadInput(f"a {suffix} file is not a book wavefarm reads; it reads {', '.join(SUFFIXES)} "
+                       f"(or name the format: book_format, one of {', '.join(FORMATS)})")
 
 
 def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = None, title: str | None = None,
@@ -61,6 +73,9 @@ def parse_book(data: bytes, *, fmt: str | None = None, filename: str | None = No
 
 def sniff_format(data: bytes, filename: str | None = None) -> str:
     suffix = Path(filename).suffix.lower() if filename else ""
+    if data.lstrip(b"\xef\xbb\xbf")[:5] == b"{\\rtf":  # whatever its name: control words are not text
+        raise BadInput(f"the book is an RTF document, which wavefarm does not read; save it as one of "
+                       f"{', '.join(SUFFIXES)}")
     if data[:5] == b"%PDF-" or suffix == ".pdf":
         return "pdf"
     if suffix == ".docx" or (data[:4] == b"PK\x03\x04" and b"word/document.xml" in data[:65536]):

@@ -28,6 +28,7 @@ from app.db.queries._common import ERROR_MAX_CHARS
 from app.db.queries.books import (
     PlannedChapter,
     SegmentState,
+    book_ids_with_prefix,
     book_segment_states,
     count_live_books_with_segment,
     count_rendering_segments,
@@ -124,6 +125,7 @@ from app.db.queries.workers import (
 __all__ = [
     "ERROR_MAX_CHARS",
     "job_ids_with_prefix",
+    "book_ids_with_prefix",
     # stats
     "count_books_by_status",
     "count_live_book_chapters",

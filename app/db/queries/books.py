@@ -64,6 +64,12 @@ def require_book(*, session: Session, book_id: str) -> Book:
     return book
 
 
+def book_ids_with_prefix(*, session: Session, prefix: str, limit: int = 10) -> list[str]:
+    """Ids starting with `prefix` (lowercase hex and hyphens, checked by the caller), at most `limit`."""
+    stmt = select(Book.id).where(Book.id.startswith(prefix, autoescape=True)).order_by(Book.id).limit(limit)
+    return list(session.scalars(stmt))
+
+
 def list_books(*, session: Session, limit: int = 100) -> list[Book]:
     """Newest first."""
     return page_books(session=session, limit=limit)[0]

@@ -122,3 +122,28 @@ def test_a_name_finds_its_voice_whatever_its_case_or_width(client: TestClient, s
     for same in ("Ada", "ada", "ADA", "\uff21\uff44\uff41"):  # one name after NFKC and case folding
         assert client.get(f"/v1/voices/{same}").json()["id"] == a, same
     assert client.get("/v1/voices/Ava").status_code == 404
+
+
+def test_a_name_is_found_in_any_case_and_a_miss_suggests_the_nearest_names(client: TestClient,
+                                                                         settings: Settings) -> None:
+    ids = ["a" * 63 + "1", "a" * 63 + "2", "a" * 63 + "3"]
+    _voice_rows(settings, *ids)
+    for voice_id, name in zip(ids, ("Adelaide", "Adeline", "Zoe"), strict=True):
+        assert client.patch(f"/v1/voices/{voice_id}", json={"name": name}).status_code == 200
+    assert client.get("/v1/voices/ADELAIDE").json()["id"] == ids[0]
+    assert client.get("/v1/voices/ｚｏｅ").json()["id"] == ids[2]  # NFKC: full-width letters
+    missed = client.get("/v1/voices/adelaid")
+    assert missed.status_code == 404
+    assert missed.json()["reason"].endswith("; did you mean 'Adelaide' or 'Adeline'?"), missed.json()
+    far = client.get("/v1/voices/Bartholomew")
+    assert far.status_code == 404 and "did you mean" not in far.json()["reason"]
+
+
+def test_a_book_file_of_a_type_no_reader_takes_is_refused_at_submission(client: TestClient,
+                                                                        reference: bytes) -> None:
+    voice_id = upload_voice(client, reference).json()["id"]
+    refused = client.post("/v1/books", files={"book": ("novel.rtf", b"{\\rtf1\\ansi Hello.}")},
+                          data={"voice_id": voice_id})
+    assert refused.status_code == 422, refused.text
+    assert "a .rtf file is not a book wavefarm reads; it reads .txt, " in refused.json()["reason"]
+    assert client.get("/v1/books").json() == []  # nothing stored

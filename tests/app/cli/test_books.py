@@ -112,7 +112,7 @@ def test_book_preview_asks_for_one_chapters_first_seconds_at_a_high_priority_and
     from app.errors import BadInput
 
     book = tmp_path / "novel.md"
-    book.write_text("# T\n\n## One\n\nHello.\n", encoding="utf-8")
+    book.write_text("# T\n\n## One\n\nHello.\n\n## Two\n\nAgain.\n\n## Three\n\nBye.\n", encoding="utf-8")
     sent: dict = {}
 
     class Api:
@@ -139,6 +139,29 @@ def test_book_preview_asks_for_one_chapters_first_seconds_at_a_high_priority_and
         cli_books.cmd_book_preview(args)
 
 
+def test_book_preview_of_a_chapter_the_book_lacks_fails_before_submitting_with_the_count(
+        monkeypatch, tmp_path) -> None:
+    import pytest
+
+    import app.cli.books as cli_books
+    from app.cli import build_parser
+    from app.errors import BadInput
+
+    book = tmp_path / "novel.md"
+    book.write_text("# T\n\n## One\n\nHello.\n\n## Two\n\nAgain.\n\n## Three\n\nBye.\n", encoding="utf-8")
+    monkeypatch.setattr(cli_books, "client", lambda args: pytest.fail("nothing may be submitted"))
+    args = build_parser().parse_args(["book", "preview", str(book), "--voice", "0" * 64, "--chapter", "7",
+                                      "--out", str(tmp_path / "p.flac")])
+    with pytest.raises(BadInput, match="the book has 3 chapters, so there is no chapter 7"):
+        cli_books.cmd_book_preview(args)
+    rtf = tmp_path / "novel.rtf"
+    rtf.write_bytes(b"{\\rtf1\\ansi Hello.}")
+    args = build_parser().parse_args(["book", "preview", str(rtf), "--voice", "0" * 64,
+                                      "--out", str(tmp_path / "p.flac")])
+    with pytest.raises(BadInput, match=r"a \.rtf file is not a book wavefarm reads; it reads \.txt"):
+        cli_books.cmd_book_preview(args)
+
+
 def test_render_hands_publisher_year_isbn_and_repeated_genres_to_the_api() -> None:
     from app.api.local import _publication
     from app.books.submission import Submission
@@ -155,3 +178,11 @@ def test_render_hands_publisher_year_isbn_and_repeated_genres_to_the_api() -> No
     Submission(**given).check()
     plain = _form(build_parser().parse_args(["book", "render", "novel.epub", "--voice", "0" * 64]))
     assert not {"publisher", "year", "isbn", "genres"} & plain.keys() and _publication(plain) == {}
+
+
+def test_the_preview_defaults_the_parser_shows_are_the_services() -> None:
+    from app.books import submission
+    from app.cli import books
+
+    assert (books.DEFAULT_PREVIEW_S, books.PREVIEW_PRIORITY) == (submission.DEFAULT_PREVIEW_S,
+                                                                  submission.PREVIEW_PRIORITY)

@@ -137,3 +137,23 @@ def test_serve_refuses_several_processes_on_sqlite_and_says_why(
     assert "several API processes need PostgreSQL" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["serve", "--processes", "0"])
+
+
+def test_flower_says_what_its_start_waits_for_and_hides_the_brokers_password(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    execs: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(service_commands, "_exec", lambda module, argv: execs.append((module, argv)) or 0)
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", "user:pass")
+    monkeypatch.setenv("WAVEFARM_BROKER_URL", "redis://:s3cret@10.0.0.5:6379/0")
+    get_settings.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="wavefarm"):
+            assert cli.main(["flower", "--port", "5557"]) == 0
+    finally:
+        get_settings.cache_clear()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "starting Flower on http://127.0.0.1:5557" in said and "torch among them" in said, said
+    assert "redis://:***@10.0.0.5:6379/0" in said and "s3cret" not in said
+    assert execs and execs[0][0] == "celery"
