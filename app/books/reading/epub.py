@@ -63,11 +63,11 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
     toc = _nav_toc(archive, items, href) or _ncx_toc(archive, spine_el.get("toc"), href)
     chapters = _chapters(archive, spine, toc)
     cover, cover_type = _cover(archive, opf, items, href)
-    return finish_book(chapters, title=title or _dc(opf, "title") or "Untitled",
-                       author=author or _author(opf),
-                       language=language or _dc(opf, "language") or "en",
-                       limits=limits, cover=cover, cover_type=cover_type, narrator=_narrator(opf),
-                       description=_description(opf), publication=opf_publication(opf))
+    return finish_book(SourceBook(
+        chapters=tuple(chapters), title=title or _dc(opf, "title") or "Untitled",
+        author=author or _author(opf), language=language or _dc(opf, "language") or "en", cover=cover,
+        cover_type=cover_type, narrator=_narrator(opf), description=_description(opf),
+        publication=opf_publication(opf)), limits=limits)
 
 
 class _NoDtdParser(SafeET.DefusedXMLParser):
