@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from app.api.batch import batch_out, request_fields
-from app.api.schemas import BookOut, JobOut, VoiceOut
+from app.api.schemas import JobOut, VoiceOut
+from app.api.schemas_books import BookOut
 from app.books.reading.publication import split_genre_list
 from app.books.service import BookOptions, BookRequest, Submission, cancel, submit_book, target_lufs_field
 from app.books.status import book_status, output_file

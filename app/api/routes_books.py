@@ -11,7 +11,7 @@ The API never reads a book: what can be refused without reading it (options, siz
 chapter selection, the voice) is a 4xx at once; the upload is stored as it streams and the book answers
 202 in `parsing`; a CPU worker reads it in a bounded child process and the book becomes `queued` or
 `failed` with the reason (`app.books.intake`). Thin HTTP adapters over `app.books.intake`,
-`app.books.service` and `app.books.status`; the bodies are in `app.api.schemas`.
+`app.books.service` and `app.books.status`; the bodies are in `app.api.schemas_books`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from starlette.datastructures import FormData, UploadFile
 
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
-from app.api.schemas import AFTER, BookOut, Problem
-from app.api.schemas import BookRequest as BookBody
+from app.api.schemas import AFTER, Problem
+from app.api.schemas_books import BookOut
+from app.api.schemas_books import BookRequest as BookBody
 from app.books import intake, service, status
 from app.books.planning.cast import MAX_BYTES as CAST_MAX_BYTES
 from app.books.planning.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
