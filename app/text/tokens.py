@@ -9,9 +9,9 @@
                                              S3-tokenized; the segments' tokens in order
 
 The segmentation, normalisation (numbers, abbreviations, compass points) and pauses are the books'
-(`app.text.normalise`), so a sentence sounds the same in a job as in a book. Paragraphs are separated by a
-blank line. With no model folder the S3 tokenizer is the stand-in (`app.s3`): its tokens do not say the
-text, and the job's record says so (`STAND_IN_NOTE`).
+(`app.text.normalise`, `app.text.segment`), so a sentence sounds the same in a job as in a book. Paragraphs
+are separated by a blank line. With no model folder the S3 tokenizer is the stand-in (`app.s3`): its tokens
+do not say the text, and the job's record says so (`STAND_IN_NOTE`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from app.errors import BadInput
 from app.speech import S3_SAMPLE_RATE, TOKEN_RATE
-from app.text.normalise import TextSegment, segment_paragraph
+from app.text.segment import TextSegment, segment_paragraph
 
 MAX_TEXT_CHARS = 100_000  # far above any single job's token limit; bounds the work of checking
 _LANGUAGE_RE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}")  # a BCP 47 tag such as en, en-GB

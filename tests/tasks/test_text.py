@@ -21,7 +21,7 @@ from app.reconcile.sweep import sweep
 from app.speech import MEL_PER_TOKEN
 from app.submission.jobs import cancel_job, job_tokens, submit_job
 from app.submission.request import JobRequest
-from app.text.normalise import estimate_tokens
+from app.text.segment import estimate_tokens
 from app.text.tokens import STAND_IN_NOTE
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes

@@ -21,7 +21,7 @@ from app.books.writing.assemble import BookTags, assemble_chapter, write_m4b, wr
 from app.books.writing.index import write_index
 from app.books.writing.output import BookOutput, assemble_book
 from app.errors import NotFound
-from app.text.normalise import SegmentOptions
+from app.text.segment import SegmentOptions
 from tests.app.books.conftest import tiny_png
 
 SR = 24000
