@@ -100,8 +100,8 @@ def run_once(mode: str, jobs: list[tuple[int, list[int], int]], gap_s: float, wo
             time.sleep(max(0.0, last + gap_s - time.monotonic()) if ids else 0.0)
             last = time.monotonic()
             with sessions() as session:
-                ids.append(submit_job(ctx=ctx, session=session, request=JobRequest(tokens=tokens,
-                                      reference_bytes=reference(voice), seed=seed)))
+                ids.append(submit_job(ctx=ctx, session=session, request=JobRequest(
+                    tokens=tokens, reference_bytes=reference(voice), seed=seed)))
         while True:
             with sessions() as session:
                 rows = [queries.require_job(session=session, job_id=j) for j in ids]

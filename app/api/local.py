@@ -40,8 +40,7 @@ class LocalClient:
         with ctx.session() as s:
             job_id = submit_job(
                 ctx=ctx, session=s, request=JobRequest(
-                    tokens=None if tokens is None else list(tokens), text=text,
-                    language=language,
+                    tokens=None if tokens is None else list(tokens), text=text, language=language,
                     voice_id=None if isinstance(voice, bytes) else voice,
                     reference_bytes=voice if isinstance(voice, bytes) else None, seed=seed,
                     output_format=output_format, priority=priority, idempotency_key=idempotency_key))

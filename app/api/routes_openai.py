@@ -81,9 +81,9 @@ def _submit(ctx: ApiContext, req: SpeechRequest, priority: int, key: str | None)
     voice = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
     with ctx.session() as s:
         existed = key is not None and queries.get_job_by_idempotency_key(session=s, idempotency_key=key)
-        job_id = jobs.submit_job(ctx=ctx, session=s, request=JobRequest(text=req.input, language=req.language,
-                                 voice_id=voice, output_format="wav", priority=priority,
-                                 idempotency_key=key))
+        job_id = jobs.submit_job(ctx=ctx, session=s, request=JobRequest(
+            text=req.input, language=req.language, voice_id=voice, output_format="wav", priority=priority,
+            idempotency_key=key))
     listener = Listener(ctx, job_id, keyed=key is not None, created=not existed)
     listener.join()
     return listener

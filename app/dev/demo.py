@@ -214,8 +214,8 @@ def _submit_samples(settings: Any, jobs_per_voice: int, job_ids: list[str],
             for i in range(jobs_per_voice):
                 interrupted()
                 with ctx.session() as session:
-                    job_ids.append(submit_job(ctx=ctx, session=session, request=JobRequest(tokens=tokens,
-                                              reference_bytes=reference, seed=i)))
+                    job_ids.append(submit_job(ctx=ctx, session=session, request=JobRequest(
+                        tokens=tokens, reference_bytes=reference, seed=i)))
         say(f"submitted {len(job_ids)} jobs: {jobs_per_voice} per voice, {len(SAMPLE_JOBS)} voices")
     finally:
         ctx.close()

@@ -122,8 +122,8 @@ def run_interactive(env, sessions, tokens: list[int], seed: int, priority: int):
     settings, app, store = env
     with sessions() as session:
         job_id = submit_job(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
-                            request=JobRequest(tokens=tokens,
-                            reference_bytes=REFERENCE, seed=seed, priority=priority))
+                            request=JobRequest(
+                                tokens=tokens, reference_bytes=REFERENCE, seed=seed, priority=priority))
     app.AsyncResult(job_id).get(timeout=300)
     with sessions() as session:
         return queries.require_job(session=session, job_id=job_id)

@@ -41,8 +41,7 @@ def test_a_real_cpu_worker_prepares_a_submitted_voice(
                 ctx=context_for(worker_settings, celery, sessions=worker_sessions, store=store,
                                 artifacts=artifacts),
                 session=session,
-                request=JobRequest(tokens=[1, 2, 3],
-                reference_bytes=wav_bytes(freq=440.0)),
+                request=JobRequest(tokens=[1, 2, 3], reference_bytes=wav_bytes(freq=440.0)),
             )
             voice_id = q.require_job(session=session, job_id=job_id).voice_id
 

@@ -88,8 +88,7 @@ def submit(rt: Runtime, sessions, reference: bytes, n_tokens: int, seed: int = 7
     tokens = torch.randint(0, VOCAB_SIZE, (n_tokens,), generator=generator).tolist()
     with sessions() as session:
         return submit_job(ctx=producer_of(rt), session=session, request=JobRequest(
-            tokens=tokens, reference_bytes=reference,
-            seed=seed))
+            tokens=tokens, reference_bytes=reference, seed=seed))
 
 
 def producer_of(rt: Runtime) -> Context:

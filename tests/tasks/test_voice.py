@@ -100,8 +100,7 @@ def submitted_job(ctx: Context, celery: Celery, reference: bytes | None = None) 
     with ctx.sessions() as session:
         job_id = submit_job(
             ctx=ctx, session=session,
-            request=JobRequest(tokens=[1, 2, 3],
-            reference_bytes=reference or wav_bytes()),
+            request=JobRequest(tokens=[1, 2, 3], reference_bytes=reference or wav_bytes()),
         )
         return job_id, q.require_job(session=session, job_id=job_id).voice_id
 

@@ -67,8 +67,7 @@ def _job_in_state(settings: Settings, voice: str, status: JobStatus,
     try:
         with ctx.session() as s:
             job_id = jobs.submit_job(ctx=ctx, session=s, request=JobRequest(
-                text=TEXT, voice_id=voice, output_format="wav",
-                idempotency_key=key))
+                text=TEXT, voice_id=voice, output_format="wav", idempotency_key=key))
             if status in (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.SUCCEEDED):
                 assert lifecycle.finish(session=s, job_id=job_id, status=status, error=error)
             elif status != JobStatus.QUEUED:

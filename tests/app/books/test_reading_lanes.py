@@ -78,11 +78,9 @@ def test_a_small_book_after_worst_case_uploads_is_read_before_any_of_them_runs_t
     sender = QueueSender()
     ctx = replace(ctx, settings=settings, sender=sender)
     hostile = [submit_book(ctx=ctx, session=session, data=inflating_pdf(2), request=book_request(
-        filename=f"h{i}.pdf",
-        reference_bytes=wav_bytes())) for i in range(3)]
+        filename=f"h{i}.pdf", reference_bytes=wav_bytes())) for i in range(3)]
     small = submit_book(ctx=ctx, session=session, data=MARKDOWN_BOOK.encode(), request=book_request(
-        filename="small.md",
-        reference_bytes=wav_bytes()))
+        filename="small.md", reference_bytes=wav_bytes()))
     session.commit()
     assert list(sender.queue) == [*hostile, small]  # the broker's order: the small book's doorbell last
     outcomes = _workers(ctx, sender, 2)

@@ -119,8 +119,7 @@ def test_what_needs_no_reading_is_refused_at_submission_before_anything_is_store
     sender = RecordingSender()
     with pytest.raises(BadInput, match=reason):
         submit_book(ctx=replace(ctx, sender=sender), session=session, data=data, request=book_request(
-            reference_bytes=wav_bytes(),
-            **kw))
+            reference_bytes=wav_bytes(), **kw))
     assert session.scalar(select(func.count()).select_from(Book)) == 0
     assert not [name for name, _, _ in sender.sent if name.startswith("book.")]
     assert not any((artifacts.root / "books").glob("*"))

@@ -149,9 +149,7 @@ def test_a_job_the_broker_refused_is_withdrawn(
     with pytest.raises(ConnectionError):
         submit_job(
             ctx=replace(ctx, sender=BrokenBroker()), session=session,
-            request=JobRequest(tokens=[1],
-            reference_bytes=wav_bytes(),
-            idempotency_key="retry-me"),
+            request=JobRequest(tokens=[1], reference_bytes=wav_bytes(), idempotency_key="retry-me"),
         )
     assert count(session, Job) == 0
     voice = session.scalars(select(Voice)).one()

@@ -55,9 +55,9 @@ def build(fmt: str, folder: Path, data: bytes | None = None, audio=None, own: bo
         described = own_documents(data, source, plan, DEFAULT_LIMITS, folder / "skeleton.zip")
         assert described is not None
         readalong = ReadAlong(readalong.texts, described, folder / "skeleton.zip")
-    out = assemble_book(plan, audio, folder / "out", output=BookOutput(
-        fmt="flac", timed=fmt == "srt", readalong=readalong,
-        cover=source.cover, cover_type=source.cover_type))
+    output = BookOutput(fmt="flac", timed=fmt == "srt", readalong=readalong, cover=source.cover,
+                        cover_type=source.cover_type)
+    out = assemble_book(plan, audio, folder / "out", output=output)
     return plan, audio, out
 
 

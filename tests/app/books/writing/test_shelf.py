@@ -24,8 +24,7 @@ def shelved(tmp_path):
     plan = replace(plan_book(parse_markdown(MARKDOWN_BOOK.encode()), voice_id=VOICE), narrator="Ben Narrow",
                    description="Three short parts.", series="The Lamps", series_part="2")
     out = assemble_book(plan, render(plan, tmp_path / "segments"), tmp_path / "out", output=BookOutput(
-        mp3=True,
-        cover=tiny_png(), cover_type="image/png"))
+        mp3=True, cover=tiny_png(), cover_type="image/png"))
     return plan, out
 
 
