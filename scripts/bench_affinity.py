@@ -42,6 +42,7 @@ from app.speech import VOCAB_SIZE  # noqa: E402
 from app.storage.artifacts import ArtifactStore  # noqa: E402
 from app.storage.feature_store import FeatureStore  # noqa: E402
 from app.submission.jobs import submit_job  # noqa: E402
+from app.submission.request import JobRequest  # noqa: E402
 from app.submission.routing import LIVE_BEAT_S  # noqa: E402
 
 REDIS_DBS = (2, 3, 4)
@@ -99,8 +100,8 @@ def run_once(mode: str, jobs: list[tuple[int, list[int], int]], gap_s: float, wo
             time.sleep(max(0.0, last + gap_s - time.monotonic()) if ids else 0.0)
             last = time.monotonic()
             with sessions() as session:
-                ids.append(submit_job(ctx=ctx, session=session, tokens=tokens,
-                                      reference_bytes=reference(voice), seed=seed))
+                ids.append(submit_job(ctx=ctx, session=session, request=JobRequest(
+                    tokens=tokens, reference_bytes=reference(voice), seed=seed)))
         while True:
             with sessions() as session:
                 rows = [queries.require_job(session=session, job_id=j) for j in ids]

@@ -221,8 +221,9 @@ def seed_books(settings: Settings, voice_id: str, big: int, small: int) -> str:
         chapters = [q.PlannedChapter(f"chapter {i // per_chapter + 1}", keys[i:i + per_chapter],
                                      4.0 * per_chapter) for i in range(0, n, per_chapter)]
         with session_of.begin() as s:
-            q.create_book(session=s, book_id=book_id, voice_id=voice_id, title="bench", author="bench",
-                          language="en", output_format="wav", m4b=False, target_lufs=None, seed=0, priority=5)
+            q.create_book(session=s, new=q.NewBook(
+                id=book_id, voice_id=voice_id, title="bench", author="bench", language="en",
+                output_format="wav", m4b=False, target_lufs=None, seed=0, priority=5))
         with session_of.begin() as s:
             lifecycle.add_book_plan(session=s, book_id=book_id, title="bench", author="bench", language="en",
                                     plan_key=f"books/{book_id}/plan.json", chapters=chapters)

@@ -35,7 +35,7 @@ from service_stack import bench_settings, flush_redis  # noqa: E402
 
 from app.books.files import output_dir  # noqa: E402
 from app.books.reading.source import BookLimits  # noqa: E402
-from app.books.service import BookOptions, submit_book  # noqa: E402
+from app.books.service import BookOptions, BookRequest, Submission, submit_book  # noqa: E402
 from app.books.status import book_status  # noqa: E402
 from app.broker.celery_config import make_celery  # noqa: E402
 from app.context import Context  # noqa: E402
@@ -157,9 +157,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         data = manifest(args.chapters, args.segments, args.tokens)
         t0 = time.monotonic()
         with sessions() as session:
-            book_id = submit_book(ctx=ctx, session=session, data=data, filename="long.json",
-                                  reference_bytes=reference(0), options=BookOptions(),
-                                  limits=BookLimits())
+            request = BookRequest(submission=Submission(options=BookOptions(), filename="long.json"),
+                                  reference_bytes=reference(0))
+            book_id = submit_book(ctx=ctx, session=session, data=data, request=request, limits=BookLimits())
         phases["submit_and_plan_s"] = time.monotonic() - t0
         kill_at = int(args.kill_at * args.segments)
         wait(sessions, artifacts, book_id, lambda v: v.segments_done >= kill_at, args.timeout, cluster)

@@ -69,6 +69,7 @@ from app.storage.artifacts import ArtifactStore  # noqa: E402
 from app.storage.feature_store import FeatureStore  # noqa: E402
 from app.storage.keys import PREFIX  # noqa: E402
 from app.submission.jobs import cancel_job, submit_job  # noqa: E402
+from app.submission.request import JobRequest  # noqa: E402
 from app.submission.routing import LIVE_BEAT_S  # noqa: E402
 
 STAGES = ("queued", "preparing", "running", "delay")
@@ -189,8 +190,9 @@ class Soak:
             for i, voice in enumerate(order):
                 n = self.rng.randint(self.args.min_tokens, self.args.max_tokens)
                 with ctx.session() as session:
-                    job_id = submit_job(ctx=ctx, session=session, reference_bytes=refs[voice], seed=i,
-                                        tokens=[self.rng.randrange(VOCAB_SIZE) for _ in range(n)])
+                    job_id = submit_job(ctx=ctx, session=session, request=JobRequest(
+                        reference_bytes=refs[voice], seed=i,
+                        tokens=[self.rng.randrange(VOCAB_SIZE) for _ in range(n)]))
                 if self.rng.random() < self.args.cancel_fraction:
                     self.cancel_plan[job_id] = (STAGES[self.planned % len(STAGES)], self.rng.uniform(0, 5))
                     self.planned += 1

@@ -1,35 +1,33 @@
-"""Book tasks on the CPU queue: read a book, fan it out into segment jobs, tokenize, assemble chapters and
-the book.
+"""Book tasks on the CPU queue: read a book, fan it out into segment jobs, tokenize, assemble its files.
 
     book.parse(book_id)            read and plan a submitted book in a bounded child process
-                                   (`app.books.intake.read_book`): queued and book.plan sent, or failed
-                                   with the reason
-    book.plan(book_id)             the segments without finished audio of the first chapters, each started
-                                   on its own: a segment whose token source is ready at planning gets its
-                                   job here, rung (`lifecycle.ring`); the others get a book.tokenize
+                                   (`app.books.intake.read_book`): queued and book.plan sent, or failed with
+                                   the reason
+    book.plan(book_id)             the segments without finished audio of the first chapters, each started on
+                                   its own: a segment whose token source is ready at planning gets its job
+                                   here, rung (`lifecycle.ring`); the others get a book.tokenize
     book.tokenize(book_id, key)    the segment's token source (`app.books.planning.tokens`: text through the
-    guide
-                                   voice, or source speech) -> a queued job, rung (`lifecycle.ring`);
+                                   guide voice, or source speech) -> a queued job, rung (`lifecycle.ring`);
                                    returns its id. Redelivered, it makes no second job: it rings a queued
                                    one again and leaves a claimed or finished one alone
     book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.lifecycle.books`: the
-                                   transaction that settles its last segment records it and the settling
-                                   code sends this after its commit; the sweep sends it again until it
-                                   has run): the chapter file, then the next chapters of the window, or,
-                                   after the last chapter, book.assemble. It checks the database, so an
-                                   early, late or repeated call is harmless; one that finds a segment
-                                   rendering again just returns ('waiting'): that segment rings it again;
-                                   one that finds the chapter's render lease held returns ('busy'): two
-                                   renders of one chapter never run at once
+                                   transaction that settles its last segment records it and the settling code
+                                   sends this after its commit; the sweep sends it again until it has run):
+                                   the chapter file, then the next chapters of the window, or, after the last
+                                   chapter, book.assemble. It checks the database, so an early, late or
+                                   repeated call is harmless; one that finds a segment rendering again just
+                                   returns ('waiting'): that segment rings it again; one that finds the
+                                   chapter's render lease held returns ('busy'): two renders of one chapter
+                                   never run at once
     book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
-overtakes every queued segment), and their doorbells are the lifecycle's: `lifecycle.ring` routes each
-job (`app.submission.routing`: the voice's holder's own queue, or the shared gpu queue), records the route and
-when the bell is due again, commits and sends `synth`; the reconciler (`app.reconcile.sweep`) rings a job that
-is still queued then. Every message is sent by name through `app.broker.wire`, so this module imports neither
-the GPU worker nor Celery's canvas. Nothing waits on a segment: no chain, no chord, no polling. The work
-itself (plans, token sources, chapter files, progress) is `app.books`'s; this module schedules it.
+overtakes every queued segment), and their doorbells are the lifecycle's: `lifecycle.ring` routes each job
+(`app.submission.routing`: the voice's holder's own queue, or the shared gpu queue), records the route and
+when the bell is due again, commits and sends `synth`; the reconciler (`app.reconcile.sweep`) rings a job
+that is still queued then. Every message is sent by name through `app.broker.wire`, so this module imports
+neither the GPU worker nor Celery's canvas. Nothing waits on a segment: no chain, no chord, no polling. The
+work itself (plans, token sources, chapter files, progress) is `app.books`'s; this module schedules it.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ from typing import Any
 
 from app.api.batch import batch_out, request_fields
 from app.api.local_database import check_database_file, check_tables
-from app.api.schemas import BookOut, JobOut, VoiceOut
+from app.api.schemas import JobOut, VoiceOut
+from app.api.schemas_books import BookOut
 from app.books.reading.publication import split_genre_list
-from app.books.service import BookOptions, cancel, submit_book, target_lufs_field
+from app.books.service import BookOptions, BookRequest, Submission, cancel, submit_book, target_lufs_field
 from app.books.status import book_status, book_statuses, output_file
 from app.books.writing.encoding import DEFAULT_KBPS
 from app.context import Context
@@ -23,6 +24,7 @@ from app.errors import BadInput
 from app.settings import Settings
 from app.submission.batch import submit_batch
 from app.submission.jobs import audio_path, cancel_job, get_job, submit_job
+from app.submission.request import JobRequest
 from app.voices import names as voice_names
 from app.voices.service import get_voice, register_voice
 
@@ -45,11 +47,11 @@ class LocalClient:
         ctx = self.ctx
         with ctx.session() as s:
             job_id = submit_job(
-                ctx=ctx, session=s, tokens=None if tokens is None else list(tokens), text=text,
-                language=language,
-                voice_id=None if isinstance(voice, bytes) else voice,
-                reference_bytes=voice if isinstance(voice, bytes) else None, seed=seed,
-                output_format=output_format, priority=priority, idempotency_key=idempotency_key)
+                ctx=ctx, session=s, request=JobRequest(
+                    tokens=None if tokens is None else list(tokens), text=text, language=language,
+                    voice_id=None if isinstance(voice, bytes) else voice,
+                    reference_bytes=voice if isinstance(voice, bytes) else None, seed=seed,
+                    output_format=output_format, priority=priority, idempotency_key=idempotency_key))
             return _job_out(get_job(session=s, job_id=job_id))
 
     def submit_batch(self, items: list[Any]) -> dict[str, Any]:
@@ -113,15 +115,8 @@ class LocalClient:
                               target_lufs=target_lufs_field(form.get("target_lufs")),
                               seed=int(form["seed"]), priority=int(form["priority"]))
         with ctx.session() as s:
-            book_id = submit_book(ctx=ctx, session=s, data=data, filename=filename, options=options,
-                                  base_dir=base_dir, voice_id=voice if isinstance(voice, str) else None,
-                                  reference_bytes=voice if isinstance(voice, bytes) else None,
-                                  title=form.get("title"), author=form.get("author"),
-                                  narrator=form.get("narrator"), description=form.get("description"),
-                                  lexicon=form["lexicon"].encode() if form.get("lexicon") else None,
-                                  cast=form["cast"].encode() if form.get("cast") else None,
-                                  language=form.get("language"), chapters=form.get("chapters"),
-                                  publication=_publication(form))
+            book_id = submit_book(ctx=ctx, session=s, data=data, request=_book_request(form, filename, voice,
+                                                                                      options, base_dir))
         return self.book(book_id)
 
     def book(self, book_id: str) -> dict[str, Any]:
@@ -148,6 +143,20 @@ class LocalClient:
 
 def _job_out(job: Any) -> dict[str, Any]:
     return JobOut.of(job).model_dump(mode="json")
+
+
+def _book_request(form: dict[str, str], filename: str, voice: str | bytes, options: BookOptions,
+                  base_dir: Path) -> BookRequest:
+    """The CLI's `--local` book request: the form's fields, the voice (a stored voice or reference audio),
+    and the folder a manifest's audio files are read from."""
+    submission = Submission(options=options, filename=filename, base_dir=str(base_dir.resolve()),
+                            title=form.get("title"), author=form.get("author"), narrator=form.get("narrator"),
+                            description=form.get("description"), language=form.get("language"),
+                            chapters=form.get("chapters"), **_publication(form))
+    return BookRequest(submission=submission, voice_id=voice if isinstance(voice, str) else None,
+                       reference_bytes=voice if isinstance(voice, bytes) else None,
+                       lexicon=form["lexicon"].encode() if form.get("lexicon") else None,
+                       cast=form["cast"].encode() if form.get("cast") else None)
 
 
 def _publication(form: dict[str, str]) -> dict[str, Any]:

@@ -11,14 +11,14 @@ The API never reads a book: what can be refused without reading it (options, siz
 chapter selection, the voice) is a 4xx at once; the upload is stored as it streams and the book answers
 202 in `parsing`; a CPU worker reads it in a bounded child process and the book becomes `queued` or
 `failed` with the reason (`app.books.intake`). Thin HTTP adapters over `app.books.intake`,
-`app.books.service` and `app.books.status`; the bodies are in `app.api.schemas`.
+`app.books.service` and `app.books.status`; the bodies are in `app.api.schemas_books`.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -29,14 +29,16 @@ from starlette.datastructures import FormData, UploadFile
 
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
-from app.api.schemas import AFTER, BookOut, BookRequest, Problem
+from app.api.schemas import AFTER, Problem
+from app.api.schemas_books import BookOut
+from app.api.schemas_books import BookRequest as BookBody
 from app.books import intake, service, status
 from app.books.planning.cast import MAX_BYTES as CAST_MAX_BYTES
 from app.books.planning.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
 from app.books.reading.parse import FORMATS
 from app.books.reading.publication import split_genre_list
 from app.books.reading.source import DEFAULT_LIMITS
-from app.books.submission import BookOptions, Submission, target_lufs_field
+from app.books.submission import BookOptions, BookRequest, Submission, target_lufs_field
 from app.books.writing.encoding import BITRATES, DEFAULT_KBPS, SAMPLE_RATES
 from app.db import queries
 from app.errors import BadInput
@@ -107,7 +109,7 @@ _BOOK_FORM_SCHEMA = {
 }
 BOOK_BODY = {"requestBody": {"required": True, "content": {
     "multipart/form-data": {"schema": _BOOK_FORM_SCHEMA},
-    "application/json": {"schema": BookRequest.model_json_schema()},
+    "application/json": {"schema": BookBody.model_json_schema()},
 }}}
 
 
@@ -116,13 +118,15 @@ def _book_out(ctx: ApiContext, book_id: str) -> BookOut:
         return BookOut.of(status.book_status(session=s, artifacts=ctx.artifacts, book_id=book_id))
 
 
-def _submit(ctx: ApiContext, fields: dict[str, Any]) -> BookOut:
+def _submit(ctx: ApiContext, body: tuple[BinaryIO, BookRequest]) -> BookOut:
+    """Accept a parsed body: (the book's stream, its request)."""
+    source, request = body
     with ctx.session() as s:
-        book_id = intake.accept_book(ctx=ctx, session=s, **fields)
+        book_id = intake.accept_book(ctx=ctx, session=s, source=source, request=request)
     return _book_out(ctx, book_id)
 
 
-async def _json_fields(request: Request) -> dict[str, Any]:
+async def _json_fields(request: Request) -> tuple[BinaryIO, BookRequest]:
     """Read the body up to its limit as it streams (413 past it, before anything is parsed), then parse
     it in a worker thread: a large manifest never holds up the event loop, so other requests go on."""
     body = bytearray()
@@ -134,10 +138,10 @@ async def _json_fields(request: Request) -> dict[str, Any]:
     return await run_in_threadpool(_parse_json, bytes(body))
 
 
-def _parse_json(body: bytes) -> dict[str, Any]:
+def _parse_json(body: bytes) -> tuple[BinaryIO, BookRequest]:
     """The request's JSON (pydantic bounds its nesting); the manifest inside is read by a CPU worker."""
     try:
-        req = BookRequest.model_validate_json(body)
+        req = BookBody.model_validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False)) from exc
     options = BookOptions(output_format=req.output_format, m4b=req.m4b, mp3=req.mp3, timed=req.timed,
@@ -149,12 +153,8 @@ def _parse_json(body: bytes) -> dict[str, Any]:
                             narrator=req.narrator, description=req.description, publisher=req.publisher,
                             year=None if req.year is None else str(req.year), isbn=req.isbn,
                             genres=req.genres)
-    return {"source": io.BytesIO(json.dumps(req.manifest).encode()), "submission": submission,
-            "voice_id": req.voice_id, "lexicon": _json_bytes(req.lexicon), "cast": _json_bytes(req.cast)}
-
-
-def _json_bytes(value: dict[str, Any] | None) -> bytes | None:
-    return None if value is None else json.dumps(value).encode()
+    return io.BytesIO(json.dumps(req.manifest).encode()), BookRequest(
+        submission=submission, voice_id=req.voice_id, lexicon=req.lexicon, cast=req.cast)
 
 
 async def _file_or_text(value: Any, limit: int) -> bytes | None:
@@ -184,7 +184,7 @@ def _flag(text: str | None, default: bool) -> bool:
 
 
 
-async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
+async def _read_form(form: FormData, ctx: ApiContext) -> tuple[BinaryIO, BookRequest]:
     unknown = set(form.keys()) - set(FORM_FIELDS)
     if unknown:
         raise BadInput(f"unknown form fields: {sorted(unknown)}; allowed: {list(FORM_FIELDS)}")
@@ -213,12 +213,12 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
                             isbn=text["isbn"], genres=_genres_field(form))
     # The book's file is handed on as the form spooled it (to disk past 1 MB): copied in chunks to the
     # book's folder, never read whole into this process.
-    return {"source": book.file, "submission": submission,
-            "lexicon": await _file_or_text(form.get("lexicon"), LEXICON_MAX_BYTES),
-            "cast": await _file_or_text(form.get("cast"), CAST_MAX_BYTES),
-            "voice_id": text["voice_id"],
-            "reference_bytes": (await read_upload(reference, ctx.settings.max_reference_bytes,
-                                                  "reference audio")) if reference else None}
+    return book.file, BookRequest(
+        submission=submission, voice_id=text["voice_id"],
+        lexicon=await _file_or_text(form.get("lexicon"), LEXICON_MAX_BYTES),
+        cast=await _file_or_text(form.get("cast"), CAST_MAX_BYTES),
+        reference_bytes=(await read_upload(reference, ctx.settings.max_reference_bytes,
+                                           "reference audio")) if reference else None)
 
 
 @router.post("", status_code=202, response_model=BookOut, openapi_extra=BOOK_BODY,

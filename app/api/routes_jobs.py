@@ -26,6 +26,7 @@ from app.db.models import JobStatus
 from app.errors import BadInput, BadTokens
 from app.speech import MEDIA_TYPES, OutputFormat
 from app.submission import batch, jobs
+from app.submission import request as submission_request
 from app.voices import names as voice_names
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authorize)],
@@ -44,7 +45,7 @@ MULTIPART_SCHEMA = {
         "seed": {"type": "integer", "minimum": 0},
         "output_format": {"type": "string", "enum": list(OutputFormat), "default": OutputFormat.WAV},
         "priority": {"type": "integer", "minimum": 0, "maximum": wire.MAX_PRIORITY, "default": 0},
-        "idempotency_key": {"type": "string", "maxLength": jobs.IDEMPOTENCY_KEY_MAX},
+        "idempotency_key": {"type": "string", "maxLength": submission_request.IDEMPOTENCY_KEY_MAX},
     },
 }
 SUBMIT_BODY = {"requestBody": {"required": True, "content": {
@@ -106,7 +107,8 @@ async def _read_form(form: FormData, ctx: ApiContext) -> dict[str, Any]:
 
 def _submit(ctx: ApiContext, fields: dict[str, Any]) -> JobOut:
     with ctx.session() as s:
-        return JobOut.of(jobs.submit(ctx=ctx, session=s, **fields))  # as submitted: no re-read
+        job = jobs.submit(ctx=ctx, session=s, request=submission_request.JobRequest.of(fields))
+        return JobOut.of(job)  # as submitted: no re-read
 
 
 @router.post("", status_code=202, response_model=JobOut, openapi_extra=SUBMIT_BODY,

@@ -38,6 +38,7 @@ from app.db.models import JobStatus
 from app.errors import BadInput, NotFound
 from app.speech import SAMPLES_PER_TOKEN
 from app.submission import jobs
+from app.submission.request import JobRequest
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})
@@ -84,9 +85,9 @@ def _submit(ctx: ApiContext, req: SpeechRequest, priority: int, key: str | None)
     with ctx.session() as s:
         voice = speech_voice_id(session=s, ref=voice, mapping=ctx.settings.openai_voice_map())
         existed = key is not None and queries.get_job_by_idempotency_key(session=s, idempotency_key=key)
-        job_id = jobs.submit_job(ctx=ctx, session=s, text=req.input, language=req.language,
-                                 voice_id=voice, output_format="wav", priority=priority,
-                                 idempotency_key=key)
+        job_id = jobs.submit_job(ctx=ctx, session=s, request=JobRequest(
+            text=req.input, language=req.language, voice_id=voice, output_format="wav", priority=priority,
+            idempotency_key=key))
     listener = Listener(ctx, job_id, keyed=key is not None, created=not existed)
     listener.join()
     return listener

@@ -1,4 +1,4 @@
-"""The web page at `/`: one server-rendered HTML page, its two scripts and its style sheet
+"""The web page at `/`: one server-rendered HTML page, its three scripts and its style sheet
 (`app/api/web/`).
 
 The page is a client of the JSON API like the CLI is: its script submits books and single jobs, polls
@@ -27,7 +27,8 @@ router = APIRouter(include_in_schema=False)  # pages, not part of the API's cont
 
 WEB = Path(__file__).with_name("web")
 JS, CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
-ASSETS = {"api.js": JS, "app.js": JS, "style.css": CSS}  # api.js first: app.js uses what it declares
+# In the page's order: api.js, then cards.js, then app.js, each using what the ones before declare.
+ASSETS = {"api.js": JS, "cards.js": JS, "app.js": JS, "style.css": CSS}
 # Scripts, styles and requests: this origin only. Media also from blob: URLs (audio fetched with the
 # token, which an <audio src> cannot send).
 CSP = ("default-src 'self'; media-src 'self' blob:; img-src 'self' data:; object-src 'none'; "
@@ -55,7 +56,8 @@ def token_required(settings: Settings) -> bool:
 
 @router.get("/", response_class=HTMLResponse)
 def index(ctx: Ctx) -> HTMLResponse:
-    page = _template().substitute(api_script=asset_url("api.js"), script=asset_url("app.js"),
+    page = _template().substitute(api_script=asset_url("api.js"), cards_script=asset_url("cards.js"),
+                                  script=asset_url("app.js"),
                                   style=asset_url("style.css"),
                                   token_required="true" if token_required(ctx.settings) else "false")
     return HTMLResponse(page, headers=PAGE_HEADERS)

@@ -34,7 +34,7 @@ from app.books.intake_child import OUTCOME, ChildLimits, ParseJob
 from app.books.planning import cast as cast_files
 from app.books.planning import lexicon as lexicon_files
 from app.books.reading.source import DEFAULT_LIMITS, BookLimits
-from app.books.submission import Submission, SubmittedFiles
+from app.books.submission import BookRequest, Submission, SubmittedFiles
 from app.broker import wire
 from app.db import queries
 from app.db.models import BookStatus
@@ -55,16 +55,16 @@ JOB_FILE, LOG_FILE = "parse-job.json", "parse.log"
 
 # The API's half ----------------------------------------------------------------------------------
 
-def accept_book(*, ctx: Context, session: Session, source: BinaryIO, submission: Submission,
-                reference_bytes: bytes | None = None, voice_id: str | None = None,
-                lexicon: bytes | None = None, cast: bytes | None = None,
+def accept_book(*, ctx: Context, session: Session, source: BinaryIO, request: BookRequest,
                 limits: BookLimits = DEFAULT_LIMITS) -> str:
-    """Store a book without reading it and send `book.parse`; returns its id. BadInput (and kin) for
-    what can be refused at once; nothing is left behind when it is refused."""
+    """Store a book (`source`, read in chunks) without reading it and send `book.parse`; returns its id.
+    BadInput (and kin) for what can be refused at once; nothing is left behind when it is refused."""
+    submission, lexicon, cast = request.submission, request.lexicon_bytes, request.cast_bytes
     submission.check(limits)
     _check_size("lexicon", lexicon, lexicon_files.MAX_BYTES)
     _check_size("cast", cast, cast_files.MAX_BYTES)
-    voice = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
+    voice = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=request.reference_bytes,
+                                 voice_id=request.voice_id)
     voices.queue_preparation(ctx=ctx, session=session, voice=voice)
     book_id = str(uuid.uuid4())
     files = SubmittedFiles(book_dir(ctx.artifacts, book_id))
@@ -76,14 +76,13 @@ def accept_book(*, ctx: Context, session: Session, source: BinaryIO, submission:
             if data is not None:
                 path.write_bytes(data)
         options = submission.options
-        queries.create_book(session=session, book_id=book_id, voice_id=voice.id, title=_title(submission),
-                            author=submission.author or "", language=submission.language or "en",
-                            output_format=options.output_format, m4b=options.m4b, mp3=options.mp3,
-                            timed=options.timed, epub3=options.epub3, target_lufs=options.target_lufs,
-                            seed=options.seed, priority=options.priority,
-                            encoding={"bitrate_kbps": options.bitrate_kbps,
-                                      "mp3_bitrate_kbps": options.mp3_bitrate_kbps,
-                                      "sample_rate": options.sample_rate})
+        queries.create_book(session=session, new=queries.NewBook(
+            id=book_id, voice_id=voice.id, title=_title(submission), author=submission.author or "",
+            language=submission.language or "en", output_format=options.output_format, m4b=options.m4b,
+            mp3=options.mp3, timed=options.timed, epub3=options.epub3, target_lufs=options.target_lufs,
+            seed=options.seed, priority=options.priority,
+            encoding={"bitrate_kbps": options.bitrate_kbps, "mp3_bitrate_kbps": options.mp3_bitrate_kbps,
+                      "sample_rate": options.sample_rate}))
         session.commit()
     except BaseException:
         session.rollback()

@@ -32,7 +32,7 @@ from app import lifecycle
 from app.books import files
 from app.books.writing.assemble import ChapterAudio
 from app.books.writing.encoding import Encoding
-from app.books.writing.output import assemble_book, render_chapter
+from app.books.writing.output import BookOutput, assemble_book, render_chapter
 from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES, BookStatus
 from app.db.session import session_scope
@@ -128,9 +128,10 @@ def assemble(*, sessions: sessionmaker[Session], artifacts: ArtifactStore, book_
         encoding = Encoding(book.bitrate_kbps, book.mp3_bitrate_kbps, book.sample_rate)
     cover, cover_type = files.load_cover(artifacts, book_id)
     readalong = files.load_readalong(artifacts, book_id) if epub3 else None
+    output = BookOutput(fmt=fmt, target_lufs=lufs, m4b=m4b, mp3=mp3, timed=timed, cover=cover,
+                        cover_type=cover_type, readalong=readalong, notes=notes, encoding=encoding)
     result = assemble_book(files.load_plan(artifacts, book_id), audio, files.output_dir(artifacts, book_id),
-                           fmt=fmt, target_lufs=lufs, m4b=m4b, mp3=mp3, timed=timed, cover=cover,
-                           cover_type=cover_type, readalong=readalong, notes=notes, encoding=encoding)
+                           output=output)
     with session_scope(sessions) as session:
         for chapter in result.chapters:  # a chapter re-assembled here (its file was gone) is measured anew
             lifecycle.mark_chapter_assembled(session=session, book_id=book_id, index=chapter.index,

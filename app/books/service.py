@@ -17,11 +17,8 @@ segments that were being rendered. Nothing here imports Celery tasks: tasks are 
 from __future__ import annotations
 
 import io
-import json
 import logging
-from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
@@ -29,7 +26,7 @@ from app import lifecycle
 from app.books.intake import accept_book
 from app.books.reading.source import BookLimits
 from app.books.status import require_book
-from app.books.submission import DEFAULT_SEED, BookOptions, Submission, target_lufs_field
+from app.books.submission import DEFAULT_SEED, BookOptions, BookRequest, Submission, target_lufs_field
 from app.db import queries
 from app.db.models import Book, BookStatus
 from app.errors import Conflict, NotFound
@@ -37,49 +34,29 @@ from app.speech import check_tokens
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.submission import jobs
+from app.submission.request import Request
 
 if TYPE_CHECKING:
     from app.context import Context
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_SEED", "BookOptions", "cancel", "cancel_book", "make_segment_job", "submit_book",
-           "target_lufs_field"]
+__all__ = ["DEFAULT_SEED", "BookOptions", "BookRequest", "Submission", "cancel", "cancel_book",
+           "make_segment_job", "submit_book", "target_lufs_field"]
 
 
-def submit_book(*, ctx: Context, session: Session, data: bytes, filename: str | None = None,
-                book_format: str | None = None, reference_bytes: bytes | None = None,
-                voice_id: str | None = None, options: BookOptions | None = None, title: str | None = None,
-                author: str | None = None, language: str | None = None,
-                base_dir: Path | None = None, limits: BookLimits | None = None,
-                chapters: str | None = None, narrator: str | None = None,
-                description: str | None = None, lexicon: bytes | Mapping[str, Any] | None = None,
-                cast: bytes | Mapping[str, Any] | None = None,
-                publication: Mapping[str, Any] | None = None) -> str:
+def submit_book(*, ctx: Context, session: Session, data: bytes, request: BookRequest,
+                limits: BookLimits | None = None) -> str:
     """Accept a book (its bytes in memory) and return its id, `parsing`; what cannot be decided without
     reading it is decided by `book.parse`, which leaves the book `queued` or `failed` with the reason.
 
-    `base_dir` (CLI only) lets a manifest name source audio files inside that folder; `chapters` ("3-7,12",
-    `app.books.planning.select`) renders only those chapters; `lexicon` (a JSON/YAML file's bytes or parsed
-    data, `app.books.planning.lexicon`) is laid over the service's default one; `cast` (JSON/YAML bytes or
-    parsed data, `app.books.planning.cast`) maps the voice names of the text's markup to stored voices, each
-    prepared once;
-    `publication` gives any of publisher, year, isbn, genres (`app.books.reading.publication`) over the
-    book's."""
-    submission = Submission(options=options or BookOptions(), filename=filename, book_format=book_format,
-                            title=title, author=author, language=language, narrator=narrator,
-                            description=description, chapters=chapters, **dict(publication or {}),
-                            base_dir=str(base_dir.resolve()) if base_dir is not None else None)
-    return accept_book(ctx=ctx, session=session, source=io.BytesIO(data), submission=submission,
-                       reference_bytes=reference_bytes, voice_id=voice_id, lexicon=_as_bytes(lexicon),
-                       cast=_as_bytes(cast), **({"limits": limits} if limits is not None else {}))
-
-
-def _as_bytes(data: bytes | Mapping[str, Any] | None) -> bytes | None:
-    """A lexicon or cast as bytes (parsed data, from a JSON request, as JSON): read by the child."""
-    if data is None or isinstance(data, bytes):
-        return data
-    return json.dumps(dict(data)).encode()
+    The request's `base_dir` (CLI only) lets a manifest name source audio files inside that folder;
+    `chapters` ("3-7,12", `app.books.planning.select`) renders only those chapters; its `lexicon`
+    (`app.books.planning.lexicon`) is laid over the service's default one; its `cast`
+    (`app.books.planning.cast`) maps the voice names of the text's markup to stored voices, each prepared
+    once; publisher, year, isbn and genres (`app.books.reading.publication`) stand over the book's."""
+    return accept_book(ctx=ctx, session=session, source=io.BytesIO(data), request=request,
+                       **({"limits": limits} if limits is not None else {}))
 
 
 # Segment jobs ------------------------------------------------------------------------------------
@@ -94,8 +71,10 @@ def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, 
     caller commits, then sends `synth` for a created job."""
     token_list = check_tokens(tokens)
     voice_id = voice_id or book.voice_id
-    job, _ = jobs.new_job(session=session, artifacts=artifacts, voice_id=voice_id, tokens=token_list,
-                          seed=book.seed, output_format=book.output_format, priority=book.priority)
+    request = Request(tokens=token_list, text=None, language=None, seed=book.seed,
+                      output_format=book.output_format, priority=book.priority)
+    job, _ = jobs.new_job(session=session, artifacts=artifacts, voice_id=voice_id, request=request,
+                          seed=book.seed)
     job_id, tokens_path = job.id, job.tokens_path
     if lifecycle.link_segment_job(session=session, key=key, job_id=job_id, replacing=replacing,
                                   n_tokens=len(token_list)):

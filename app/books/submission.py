@@ -3,6 +3,7 @@
     BookOptions       how the book renders (format, M4B, MP3s, timing, loudness, seed, priority)
     Submission        the options and the request's own fields (title, language, chapters ...);
                       `check()` is everything the API decides without reading the book
+    BookRequest       a submission with its voice, lexicon and cast: what `accept_book` takes
     SubmittedFiles    where the upload and its companions lie in the book's folder
 
 The API stores the upload as it arrives (`source`), the request as `request.json`, and a lexicon or
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +168,34 @@ class Submission:
     def from_json(cls, text: str) -> Submission:
         data: dict[str, Any] = json.loads(text)
         return cls(**{**data, "options": BookOptions(**data["options"])})
+
+
+@dataclass(frozen=True)
+class BookRequest:
+    """A book request with its voice and companions, as the API's body, the CLI or a script gives it
+    (the book's bytes apart: they are streamed, never held here). A lexicon or cast is a JSON/YAML file's
+    bytes or data parsed already (a JSON request's), read by the child that reads the book."""
+
+    submission: Submission = field(default_factory=Submission)
+    voice_id: str | None = None  # a stored voice (id, name or id prefix); or
+    reference_bytes: bytes | None = None  # reference audio to make the voice from
+    lexicon: bytes | Mapping[str, Any] | None = None  # `app.books.planning.lexicon`
+    cast: bytes | Mapping[str, Any] | None = None  # `app.books.planning.cast`
+
+    @property
+    def lexicon_bytes(self) -> bytes | None:
+        return _as_bytes(self.lexicon)
+
+    @property
+    def cast_bytes(self) -> bytes | None:
+        return _as_bytes(self.cast)
+
+
+def _as_bytes(data: bytes | Mapping[str, Any] | None) -> bytes | None:
+    """A lexicon or cast as bytes (parsed data, from a JSON request, as JSON): read by the child."""
+    if data is None or isinstance(data, bytes):
+        return data
+    return json.dumps(dict(data)).encode()
 
 
 @dataclass(frozen=True)

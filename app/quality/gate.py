@@ -14,7 +14,7 @@ from app.quality import listeners, signal
 from app.quality.report import Check, Report
 from app.settings import Settings
 
-CHARS_PER_SECOND = 15.0  # the segment planner's estimate of a reader's pace (app.text.normalise)
+CHARS_PER_SECOND = 15.0  # the segment planner's estimate of a reader's pace (app.text.segment)
 
 
 @dataclass(frozen=True)

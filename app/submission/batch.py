@@ -1,7 +1,7 @@
 """Batch submission: many jobs in one request, one transaction and one publish round.
 
-`submit_batch` takes a request's items, each parsed already (the fields `app.submission.jobs.submit_job` takes
-for a JSON submission) or refused by the parser, and answers one `Outcome` per item, in order: accepted (the
+`submit_batch` takes a request's items, each parsed already (the fields of a `JobRequest`, as a JSON
+submission gives them) or refused by the parser, and answers one `Outcome` per item, in order: accepted (the
 job's id and status, and whether an idempotency key named a job that existed) or refused with the error a
 single submission would have raised. A bad item never sinks the others. Per distinct voice, once: its
 lookup, its routing decision (`app.submission.routing.route_voice`), its use count and its preparation check.
@@ -33,6 +33,7 @@ from app.errors import BadInput, Conflict, WavefarmError
 from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.submission import jobs, routing
+from app.submission.request import JobRequest, Request, check_request
 from app.voices import service as voices
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class Outcome:
 @dataclass
 class _Item:
     index: int
-    request: jobs.Request
+    request: Request
     seed: int  # the seed to use (chosen when the request left it open)
     voice_ref: str
     key: str | None
@@ -99,11 +100,7 @@ def submit_batch(*, ctx: Context, session: Session,
 
 def _check(settings: Settings, index: int, fields: dict[str, Any], outcomes: list[Outcome]) -> _Item | None:
     try:
-        request, seed = jobs.check_request(
-            settings=settings, tokens=fields.get("tokens"), text=fields.get("text"),
-            language=fields.get("language"), seed=fields.get("seed"),
-            output_format=str(fields.get("output_format") or "wav"), priority=fields.get("priority", 0),
-            idempotency_key=fields.get("idempotency_key"))
+        request, seed = check_request(settings=settings, request=JobRequest.of(fields))
     except WavefarmError as exc:
         outcomes[index].error = exc
         return None

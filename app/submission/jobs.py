@@ -1,22 +1,19 @@
 """Jobs as a service: submit, look up, cancel, and a job's tokens. Used by the API's routes, the CLI,
 the book pipeline and the GPU worker, so every interface accepts, refuses and cancels a job the same way.
 
-`submit_job` checks the request, stores the reference audio under its content hash, writes the voice
-and job rows, commits, and only then queues `voice.prepare` (cpu queue; skipped when the voice's
-features are in the store already) and `synth` (gpu queue). A job may bring text instead of tokens:
-then `job.tokenize` (cpu queue, `app.text.tokens`) makes its tokens and sends its `synth`. If the
-broker refuses, the job is taken back out, so the client can simply retry. Tasks are sent by name
-(`app.broker.wire`): nothing here imports task code.
+`submit_job` checks the request (a `JobRequest`, `app.submission.request`), stores the reference audio under
+its content hash, writes the voice and job rows, commits, and only then queues `voice.prepare` (cpu queue;
+skipped when the voice's features are in the store already) and `synth` (gpu queue). A job may bring text
+instead of tokens: then `job.tokenize` (cpu queue, `app.text.tokens`) makes its tokens and sends its
+`synth`. If the broker refuses, the job is taken back out, so the client can simply retry. Tasks are sent by
+name (`app.broker.wire`): nothing here imports task code.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import secrets
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,13 +24,12 @@ from app import audio, lifecycle
 from app.broker import wire
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus
-from app.errors import BadInput, BadTokens, Conflict, Gone
+from app.errors import BadInput, Conflict, Gone
 from app.settings import Settings
-from app.speech import MAX_SEED, OutputFormat, check_tokens
 from app.storage.artifacts import ArtifactStore
 from app.storage.keys import check_job_id, check_voice_id, known_id
 from app.submission import routing
-from app.text.tokens import check_text, text_job_tokens
+from app.submission.request import JobRequest, Request, check_request
 from app.voices import names as voice_names
 from app.voices import service as voices
 
@@ -43,48 +39,29 @@ if TYPE_CHECKING:  # the services' bundle of clients; importing it would pull th
 log = logging.getLogger(__name__)
 
 INLINE_TOKENS_MAX = 4096  # longer token lists go to the artifact store instead of the jobs row
-IDEMPOTENCY_KEY_MAX = 128
 
 
-def check_options(*, seed: int | None, output_format: str, priority: int) -> int:
-    """Refuse options outside their ranges (BadInput); returns the seed to use (random when None)."""
-    if output_format not in tuple(OutputFormat):
-        raise BadInput(f"output format {output_format!r} is not one of {[f.value for f in OutputFormat]}")
-    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= wire.MAX_PRIORITY:
-        raise BadInput(f"priority must be an integer 0..{wire.MAX_PRIORITY}")
-    if seed is None:
-        return secrets.randbelow(2**31)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise BadInput("seed must be an integer 0..2**63-1")
-    return seed
-
-
-def _check_idempotency_key(key: str | None) -> None:
-    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= IDEMPOTENCY_KEY_MAX):
-        raise BadInput(f"idempotency key must be a string of 1..{IDEMPOTENCY_KEY_MAX} characters")
-
-
-def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, tokens: list[int] | None, seed: int,
-            output_format: str, priority: int, idempotency_key: str | None = None,
-            text: str | None = None, language: str | None = None,
+def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, request: Request, seed: int,
             route: routing.Route | None = None) -> tuple[Job, bool]:
-    """Insert a queued job for checked `tokens` (a long list goes to the artifact store; `route`: where its
-    `synth` goes, recorded with it), or for checked `text` (tokens None: `job.tokenize` makes them).
+    """Insert a queued job for a checked `request`: its tokens (a long list goes to the artifact store;
+    `route`: where its `synth` goes, recorded with it), or its text (tokens None: `job.tokenize` makes
+    them); `seed` is the one to use.
 
     Returns (job, created); with an idempotency key another submission used first, that job and False."""
     job_id = str(uuid.uuid4())
+    tokens, idempotency_key = request.tokens, request.idempotency_key
     if tokens is None:
-        return queries.create_job(
-            session=session, job_id=job_id, voice_id=voice_id, tokens=None, n_tokens=0, seed=seed,
-            output_format=output_format, priority=priority, idempotency_key=idempotency_key,
-            kind=JobKind.TEXT, text=text, language=language)
+        return queries.create_job(session=session, new=queries.NewJob(
+            id=job_id, voice_id=voice_id, tokens=None, n_tokens=0, seed=seed,
+            output_format=request.output_format, priority=request.priority, idempotency_key=idempotency_key,
+            kind=JobKind.TEXT, text=request.text, language=request.language))
     inline = len(tokens) <= INLINE_TOKENS_MAX
     tokens_path = None if inline else artifacts.put_tokens(job_id, tokens)
-    job, created = queries.create_job(
-        session=session, job_id=job_id, voice_id=voice_id, tokens=tokens if inline else None,
-        n_tokens=len(tokens), seed=seed, output_format=output_format, priority=priority,
+    job, created = queries.create_job(session=session, new=queries.NewJob(
+        id=job_id, voice_id=voice_id, tokens=tokens if inline else None,
+        n_tokens=len(tokens), seed=seed, output_format=request.output_format, priority=request.priority,
         idempotency_key=idempotency_key, tokens_path=tokens_path,
-        routed_to=route.worker if route else None, route=route.reason if route else None)
+        routed_to=route.worker if route else None, route=route.reason if route else None))
     if not created and tokens_path:
         artifacts.remove(tokens_path)
     return job, created
@@ -102,22 +79,12 @@ def store_tokens(*, session: Session, artifacts: ArtifactStore, job_id: str, tok
     return stored
 
 
-def submit_job(*, ctx: Context, session: Session, tokens: Iterable[int] | None = None,
-               reference_bytes: bytes | None = None,
-               voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
-               priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
-               language: str | None = None) -> str:
+def submit_job(*, ctx: Context, session: Session, request: JobRequest) -> str:
     """`submit`, for its job's id."""
-    return submit(ctx=ctx, session=session, tokens=tokens, reference_bytes=reference_bytes, voice_id=voice_id,
-                  seed=seed, output_format=output_format, priority=priority, idempotency_key=idempotency_key,
-                  text=text, language=language).id
+    return submit(ctx=ctx, session=session, request=request).id
 
 
-def submit(*, ctx: Context, session: Session, tokens: Iterable[int] | None = None,
-           reference_bytes: bytes | None = None,
-           voice_id: str | None = None, seed: int | None = None, output_format: str = "wav",
-           priority: int = 0, idempotency_key: str | None = None, text: str | None = None,
-           language: str | None = None) -> Job:
+def submit(*, ctx: Context, session: Session, request: JobRequest) -> Job:
     """Accept one job and return it, as written (an answer needs no re-read): speech `tokens`, or `text`
     (in `language`, default "en") that a CPU worker turns into tokens first. An idempotency key already
     used returns that job if the request is the same (voice, tokens or text and language, output format,
@@ -129,25 +96,22 @@ def submit(*, ctx: Context, session: Session, tokens: Iterable[int] | None = Non
     Commits `session` (workers must see the rows before the tasks arrive). Raises BadTokens, BadAudio,
     BadInput or NotFound before anything is stored."""
     settings, artifacts = ctx.settings, ctx.artifacts
-    request, chosen_seed = check_request(settings=settings, tokens=tokens, text=text, language=language,
-                                         seed=seed, output_format=output_format, priority=priority,
-                                         idempotency_key=idempotency_key)
-    token_list, text, language = request.tokens, request.text, request.language
-    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
-    if idempotency_key is not None:
-        existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key)
+    checked, chosen_seed = check_request(settings=settings, request=request)
+    reference_bytes, priority, key = request.reference_bytes, checked.priority, checked.idempotency_key
+    voice_id = voice_names.resolve_ref(session=session, ref=request.voice_id)  # a name or id prefix: its id
+    if key is not None:
+        existing = queries.get_job_by_idempotency_key(session=session, idempotency_key=key)
         if existing is not None:  # a retry: the same request, or a Conflict
-            replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
+            replayed(existing, checked, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
             return existing
     voice = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
     # Routed before the insert, so the route is written with the row: one commit before any message.
-    route = None if text is not None else routing.route_voice(session=session, settings=settings,
-                                                              voice_id=voice.id)
-    job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
-                           seed=chosen_seed, output_format=output_format, priority=priority,
-                           idempotency_key=idempotency_key, text=text, language=language, route=route)
+    route = None if checked.text is not None else routing.route_voice(session=session, settings=settings,
+                                                                      voice_id=voice.id)
+    job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, request=checked,
+                           seed=chosen_seed, route=route)
     if not created:  # a concurrent submission with the same key won the insert: judged the same way
-        replayed(job, request, voice.id, artifacts)
+        replayed(job, checked, voice.id, artifacts)
         session.commit()
         return job
     queries.add_voice_use(session=session, voice_id=voice.id)
@@ -162,40 +126,6 @@ def submit(*, ctx: Context, session: Session, tokens: Iterable[int] | None = Non
         _withdraw(session=session, artifacts=artifacts, job=job)
         raise
     return job
-
-
-def check_request(*, settings: Settings, tokens: Iterable[int] | None, text: str | None,
-                  language: str | None, seed: int | None, output_format: str, priority: int,
-                  idempotency_key: str | None) -> tuple[Request, int]:
-    """A job request's fields checked, without the database: (the request, the seed to use). Raises
-    BadTokens or BadInput."""
-    if tokens is None and text is None:
-        raise BadTokens("tokens are missing (send tokens, or text)")
-    if tokens is not None and text is not None:
-        raise BadInput("give exactly one of tokens or text")
-    token_list = None if tokens is None else check_tokens(tokens, max_tokens=settings.max_tokens)
-    if text is not None:
-        language = language or "en"
-        check_text(text, language, max_tokens=text_job_tokens(settings))
-    elif language is not None:
-        raise BadInput("language goes with text; tokens have no language")
-    request = Request(tokens=token_list, text=text, language=language, seed=seed,
-                      output_format=output_format, priority=priority)
-    chosen_seed = check_options(seed=seed, output_format=output_format, priority=priority)
-    _check_idempotency_key(idempotency_key)
-    return request, chosen_seed
-
-
-@dataclass(frozen=True)
-class Request:
-    """What defines a job, as a request asked for it (seed None: any seed was fine)."""
-
-    tokens: list[int] | None  # None: a text job
-    text: str | None
-    language: str | None
-    seed: int | None
-    output_format: str
-    priority: int
 
 
 def _voice_id_of(settings: Settings, reference_bytes: bytes | None, voice_id: str | None) -> str:

@@ -9,9 +9,9 @@
                                              S3-tokenized; the segments' tokens in order
 
 The segmentation, normalisation (numbers, abbreviations, compass points) and pauses are the books'
-(`app.text.normalise`), so a sentence sounds the same in a job as in a book. Paragraphs are separated by a
-blank line. With no model folder the S3 tokenizer is the stand-in (`app.s3`): its tokens do not say the
-text, and the job's record says so (`STAND_IN_NOTE`).
+(`app.text.normalise`, `app.text.segment`), so a sentence sounds the same in a job as in a book. Paragraphs
+are separated by a blank line. With no model folder the S3 tokenizer is the stand-in (`app.s3`): its tokens
+do not say the text, and the job's record says so (`STAND_IN_NOTE`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from app.errors import BadInput
 from app.speech import S3_SAMPLE_RATE, TOKEN_RATE
-from app.text.normalise import TextSegment, segment_paragraph
+from app.text.segment import TextSegment, segment_paragraph
 
 if TYPE_CHECKING:
     from app.settings import Settings

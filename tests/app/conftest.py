@@ -15,6 +15,7 @@ from app.settings import Settings, get_settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from tests.app.cli.helpers import TOKEN
 from tests.conftest import SESSION_TAG, make_test_settings, settings_env
 from tests.support.audio import wav_bytes
@@ -29,7 +30,7 @@ def submit(
         if "voice_id" not in kwargs:
             kwargs.setdefault("reference_bytes", wav_bytes())
         return submit_job(
-            ctx=ctx, session=session, **kwargs
+            ctx=ctx, session=session, request=JobRequest(**kwargs)
         )
 
     return _submit

@@ -37,6 +37,7 @@ from app.speech import VOCAB_SIZE
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from tests.conftest import (
     BROKER_DB,
     REPO,
@@ -197,7 +198,7 @@ def send_job(settings: Settings, sessions: sessionmaker[Session], store: Feature
     try:
         with sessions() as session:
             return submit_job(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
-                              tokens=tokens, reference_bytes=reference, seed=seed)
+                              request=JobRequest(tokens=tokens, reference_bytes=reference, seed=seed))
     finally:
         app.close()
 

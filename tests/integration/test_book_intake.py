@@ -21,6 +21,7 @@ from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
+from tests.support.books import book_request
 from tests.support.context import context_for
 from tests.support.hostile import timed_subtitles
 
@@ -45,7 +46,7 @@ def _submit(settings: Settings, sessions: sessionmaker[Session], producer: Any, 
     with sessions() as session:
         return submit_book(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
                            data=data,
-                           reference_bytes=wav_bytes(), **kw)
+                           request=book_request(reference_bytes=wav_bytes(), **kw))
 
 
 def _cancel_and_settle(settings: Settings, sessions: sessionmaker[Session], producer: Any, book_id: str,

@@ -40,9 +40,11 @@ from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.storage.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from tests.app.books.conftest import MARKDOWN_BOOK, make_epub, tiny_png
 from tests.conftest import REPO, SESSION_TAG, settings_env
 from tests.integration.conftest import WorkerProcess, start_gpu_worker
+from tests.support.books import book_request
 from tests.support.context import context_for
 
 REFERENCE = (SAMPLES / "voice_a.wav").read_bytes()
@@ -91,7 +93,7 @@ def submit(env, sessions, data: bytes, **kw) -> str:
     with sessions() as session:
         return submit_book(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
                            data=data,
-                           reference_bytes=REFERENCE, **kw)
+                           request=book_request(reference_bytes=REFERENCE, **kw))
 
 
 def wait_book(settings: Settings, sessions, book_id: str, timeout: float = 420.0,
@@ -120,8 +122,8 @@ def run_interactive(env, sessions, tokens: list[int], seed: int, priority: int):
     settings, app, store = env
     with sessions() as session:
         job_id = submit_job(ctx=context_for(settings, app, sessions=sessions, store=store), session=session,
-                            tokens=tokens,
-                            reference_bytes=REFERENCE, seed=seed, priority=priority)
+                            request=JobRequest(
+                                tokens=tokens, reference_bytes=REFERENCE, seed=seed, priority=priority))
     app.AsyncResult(job_id).get(timeout=300)
     with sessions() as session:
         return queries.require_job(session=session, job_id=job_id)

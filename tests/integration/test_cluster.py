@@ -36,6 +36,7 @@ from app.speech import VOCAB_SIZE
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from app.submission.routing import LIVE_BEAT_S
 from gpu_worker.worker.job import JobRun
 from tests.conftest import REPO, make_test_settings
@@ -101,8 +102,8 @@ def submit_all(settings: Settings, db, store: FeatureStore, jobs) -> list[str]:
     try:
         with db() as session:
             return [submit_job(ctx=context_for(settings, app, sessions=db, store=store), session=session,
-                               tokens=tokens,
-                               reference_bytes=reference(voice), seed=seed) for voice, tokens, seed in jobs]
+                               request=JobRequest(tokens=tokens, reference_bytes=reference(voice), seed=seed))
+                    for voice, tokens, seed in jobs]
     finally:
         app.close()
 
@@ -123,9 +124,8 @@ def render_alone(make_runtime, jobs) -> list[np.ndarray]:
     """The same jobs on one in-process GPU worker (its own database and files), four at a time."""
     rt = make_runtime(model_preset="tiny", voice_cache_capacity=VOICES)
     with rt.sessions() as session:
-        ids = [submit_job(ctx=producer_of(rt), session=session, tokens=tokens,
-                          reference_bytes=reference(voice),
-                          seed=seed)
+        ids = [submit_job(ctx=producer_of(rt), session=session, request=JobRequest(
+            tokens=tokens, reference_bytes=reference(voice), seed=seed))
                for voice, tokens, seed in jobs]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda j: JobRun(rt, RecordingTask(), j).run(), ids))

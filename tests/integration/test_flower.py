@@ -31,6 +31,7 @@ from app.settings import Settings
 from app.speech import VOCAB_SIZE
 from app.storage.feature_store import FeatureStore
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from gpu_worker.worker.process import make_gpu_celery
 from tests.conftest import REPO, SESSION_TAG, settings_env
 from tests.integration.conftest import WorkerProcess, running_gpu_worker
@@ -152,7 +153,8 @@ def test_flower_shows_a_finished_synthesis_job_by_its_id_and_refuses_anonymous_c
         with worker_sessions() as session:
             job_id = submit_job(ctx=context_for(settings, app, sessions=worker_sessions, store=store),
                                 session=session,
-                                tokens=tokens, reference_bytes=REFERENCE, seed=5, output_format="wav")
+                                request=JobRequest(
+                                    tokens=tokens, reference_bytes=REFERENCE, seed=5, output_format="wav"))
         result = app.AsyncResult(job_id).get(timeout=240)
     finally:
         app.close()

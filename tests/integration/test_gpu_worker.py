@@ -16,6 +16,7 @@ from app.speech import VOCAB_SIZE
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from gpu_worker.worker.process import make_gpu_celery
 from tests.integration.conftest import running_gpu_worker
 from tests.support.context import context_for
@@ -52,7 +53,8 @@ def test_synth_tasks_through_a_real_celery_worker(gpu_worker: Settings, sqlite_s
         with sqlite_sessions() as session:
             job_id = submit_job(ctx=context_for(settings, app, sessions=sqlite_sessions, store=store,
                                                 artifacts=artifacts),
-                                session=session, tokens=tokens, reference_bytes=reference, seed=n)
+                                session=session, request=JobRequest(
+                                    tokens=tokens, reference_bytes=reference, seed=n))
         jobs.append((job_id, n))
     try:
         results = {job_id: app.AsyncResult(job_id).get(timeout=240) for job_id, _ in jobs}

@@ -27,6 +27,7 @@ from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.storage.keys import COUNTER_PREP_PATH, COUNTER_PREPARE
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from app.voices.features import PromptHostFeatures
 from gpu_worker.checkpoint.load import load_dummy
 from gpu_worker.engine.decoder import StreamingDecoder
@@ -117,8 +118,9 @@ def test_eight_jobs_three_voices_prepared_once_each_equal_to_decoding_alone(
             with worker_sessions() as session:
                 job_id = submit_job(ctx=context_for(settings, app, sessions=worker_sessions, store=store,
                                                     artifacts=artifacts),
-                                    session=session, tokens=job_tokens(n, seed),
-                                    reference_bytes=REFERENCES[voice], seed=seed, output_format="wav")
+                                    session=session, request=JobRequest(
+                                        tokens=job_tokens(n, seed), reference_bytes=REFERENCES[voice],
+                                        seed=seed, output_format="wav"))
             submitted.append((job_id, voice, n, seed))
         results = {job_id: app.AsyncResult(job_id).get(timeout=480) for job_id, *_ in submitted}
     finally:

@@ -18,6 +18,7 @@ from app.db.models import Job, utcnow
 from app.settings import Settings
 from app.storage.feature_store import FeatureStore
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from tasks.celery_app import make_celery
 from tasks.schedule import SWEEP_TASK, PeriodicSweep, tick
 from tests.integration.conftest import start_worker
@@ -73,7 +74,8 @@ def test_a_cpu_worker_sends_a_job_whose_message_was_lost_again_on_its_own(
     try:
         with sessions() as session:
             job_id = submit_job(ctx=context_for(settings, producer, sessions=sessions, store=store),
-                                session=session, tokens=[1] * 30, reference_bytes=wav_bytes())
+                                session=session, request=JobRequest(
+                                    tokens=[1] * 30, reference_bytes=wav_bytes()))
         assert broker.purge(settings.queue_gpu) == 1  # the message is gone, the job is still queued
         with sessions() as session:
             quiet = utcnow() - timedelta(hours=1)

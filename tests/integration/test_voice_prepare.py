@@ -12,6 +12,7 @@ from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.storage.keys import COUNTER_PREPARE
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from app.voices.features import PromptHostFeatures
 from tasks.celery_app import make_celery
 from tests.support.audio import wav_bytes
@@ -40,8 +41,7 @@ def test_a_real_cpu_worker_prepares_a_submitted_voice(
                 ctx=context_for(worker_settings, celery, sessions=worker_sessions, store=store,
                                 artifacts=artifacts),
                 session=session,
-                tokens=[1, 2, 3],
-                reference_bytes=wav_bytes(freq=440.0),
+                request=JobRequest(tokens=[1, 2, 3], reference_bytes=wav_bytes(freq=440.0)),
             )
             voice_id = q.require_job(session=session, job_id=job_id).voice_id
 

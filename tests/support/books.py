@@ -5,17 +5,19 @@ without a Celery worker.
     RecordingSender                 records what would be sent to the broker
     read_now(...)                   `app.books.intake.read_book` on the test's context
     submit_and_read(...)            `app.books.service.submit_book`, then `read_now`
+    book_request(...)               a `BookRequest` from flat fields: the request's, its submission's,
+                                    its options' (a test names only what it sets)
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.books import intake
-from app.books.service import submit_book
+from app.books.service import BookOptions, BookRequest, Submission, submit_book
 from app.context import Context
 
 
@@ -43,8 +45,23 @@ def submit_and_read(*, ctx: Context, session: Session, data: bytes, sender: Any 
                     **kw: Any) -> tuple[str, str]:
     """(book id, what reading it gave)."""
     ctx = replace(ctx, sender=sender or RecordingSender())
-    book_id = submit_book(ctx=ctx, session=session, data=data, **kw)
+    limits = kw.pop("limits", None)
+    book_id = submit_book(ctx=ctx, session=session, data=data, request=book_request(**kw), limits=limits)
     return book_id, read_now(ctx=ctx, session=session, book_id=book_id, sender=ctx.sender)
+
+
+def book_request(**given: Any) -> BookRequest:
+    """A `BookRequest` from flat fields, each put where it belongs: the request's own (voice, reference,
+    lexicon, cast), its submission's (file name, title, chapters ...; `publication` as a mapping of them),
+    or its options' (format, seed, priority ...; or `options` whole)."""
+    names = {kind: {f.name for f in fields(kind)} for kind in (BookRequest, Submission, BookOptions)}
+    given = {**(given.pop("publication", None) or {}), **given}
+    unknown = set(given) - set().union(*names.values())
+    assert not unknown, f"not a book request's field: {sorted(unknown)}"
+    options = given.pop("options", None) or BookOptions(
+        **{k: v for k, v in given.items() if k in names[BookOptions] and k not in names[Submission]})
+    submission = Submission(options=options, **{k: v for k, v in given.items() if k in names[Submission]})
+    return BookRequest(submission=submission, **{k: v for k, v in given.items() if k in names[BookRequest]})
 
 
 def read_in(ctx: Context, book_id: str) -> str:

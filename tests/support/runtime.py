@@ -24,6 +24,7 @@ from app.settings import Settings
 from app.speech import VOCAB_SIZE
 from app.storage.artifacts import ArtifactStore
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from app.voices.features import host_half
 from gpu_worker.worker.runtime import Runtime, build_runtime
 from tests.conftest import make_test_settings
@@ -86,8 +87,8 @@ def submit(rt: Runtime, sessions, reference: bytes, n_tokens: int, seed: int = 7
     generator = torch.Generator().manual_seed(n_tokens)
     tokens = torch.randint(0, VOCAB_SIZE, (n_tokens,), generator=generator).tolist()
     with sessions() as session:
-        return submit_job(ctx=producer_of(rt), session=session, tokens=tokens, reference_bytes=reference,
-                          seed=seed)
+        return submit_job(ctx=producer_of(rt), session=session, request=JobRequest(
+            tokens=tokens, reference_bytes=reference, seed=seed))
 
 
 def producer_of(rt: Runtime) -> Context:

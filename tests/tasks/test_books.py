@@ -26,6 +26,7 @@ from app.errors import BadInput
 from app.speech import VOCAB_SIZE
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
+from tests.support.books import book_request
 
 
 def manifest_book(chapters: list[list[int]]) -> bytes:
@@ -38,7 +39,8 @@ def submit(ctx: Context, celery: Celery, data: bytes, **kw) -> str:
     """Submit a book and run its `book.parse` here (the reading child process is the real one); a book
     that reading refuses raises BadInput with the book's reason, as the API's status would show it."""
     with ctx.sessions() as session:
-        book_id = submit_book(ctx=ctx, session=session, data=data, reference_bytes=wav_bytes(), **kw)
+        book_id = submit_book(ctx=ctx, session=session, data=data, request=book_request(
+            reference_bytes=wav_bytes(), **kw))
     if books.parse(book_id, ctx) == "failed":
         with ctx.sessions() as session:
             raise BadInput(queries.require_book(session=session, book_id=book_id).error or "")

@@ -25,10 +25,12 @@ from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from app.voices.features import host_half
 from tests.app.helpers import queued
 from tests.conftest import settings_env
 from tests.support.audio import wav_bytes
+from tests.support.books import book_request
 
 
 def run(ctx: Context, **kw):
@@ -37,8 +39,8 @@ def run(ctx: Context, **kw):
 
 def submit(ctx: Context, reference: bytes | None = None, n_tokens: int = 3) -> str:
     with ctx.session() as session:
-        return submit_job(ctx=ctx, session=session, tokens=[1] * n_tokens,
-                          reference_bytes=reference or wav_bytes())
+        return submit_job(ctx=ctx, session=session, request=JobRequest(
+            tokens=[1] * n_tokens, reference_bytes=reference or wav_bytes()))
 
 
 def age(path, seconds: float) -> None:
@@ -75,10 +77,10 @@ def test_a_book_folder_without_a_row_is_removed_and_a_book_whose_reader_died_is_
     stray.mkdir(parents=True)
     (stray / "source").write_bytes(b"a book")
     with sessions() as session:
-        kept = submit_book(ctx=ctx, session=session, data=b"Title\n\nSome text.", filename="b.txt",
-                           reference_bytes=wav_bytes())
-        dying = submit_book(ctx=ctx, session=session, data=b"Title\n\nMore text.", filename="c.txt",
-                            voice_id=queries.require_book(session=session, book_id=kept).voice_id)
+        kept = submit_book(ctx=ctx, session=session, data=b"Title\n\nSome text.", request=book_request(
+            filename="b.txt", reference_bytes=wav_bytes()))
+        dying = submit_book(ctx=ctx, session=session, data=b"Title\n\nMore text.", request=book_request(
+            filename="c.txt", voice_id=queries.require_book(session=session, book_id=kept).voice_id))
         past = utcnow() - timedelta(seconds=settings.book_parse_timeout_s + settings.stuck_job_after_s + 5)
         # a reader started, then died (its claim stamped then, and the book's row not touched since)
         assert lifecycle.claim_reading(session=session, book_id=dying, now=past, stale_before=past) == 1

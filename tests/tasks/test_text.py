@@ -20,7 +20,8 @@ from app.errors import BadInput, BadTokens, Conflict
 from app.reconcile.sweep import sweep
 from app.speech import MEL_PER_TOKEN
 from app.submission.jobs import cancel_job, job_tokens, submit_job
-from app.text.normalise import estimate_tokens
+from app.submission.request import JobRequest
+from app.text.segment import estimate_tokens
 from app.text.tokens import STAND_IN_NOTE, text_job_tokens
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
@@ -38,7 +39,7 @@ def task_celery(celery: Celery, monkeypatch: pytest.MonkeyPatch) -> Celery:
 def submit(ctx: Context, celery: Celery, **kw) -> str:
     kw.setdefault("text", TEXT)
     with ctx.sessions() as session:
-        return submit_job(ctx=ctx, session=session, reference_bytes=wav_bytes(), **kw)
+        return submit_job(ctx=ctx, session=session, request=JobRequest(reference_bytes=wav_bytes(), **kw))
 
 
 def job(ctx: Context, job_id: str) -> Job:

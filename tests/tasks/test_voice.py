@@ -16,6 +16,7 @@ from app.settings import Settings
 from app.storage.feature_store import FeatureStore
 from app.storage.keys import COUNTER_PREPARE
 from app.submission.jobs import submit_job
+from app.submission.request import JobRequest
 from app.voices.features import PromptHostFeatures
 from tasks.celery_app import make_celery
 from tasks.voice import prepare_voice
@@ -99,8 +100,7 @@ def submitted_job(ctx: Context, celery: Celery, reference: bytes | None = None) 
     with ctx.sessions() as session:
         job_id = submit_job(
             ctx=ctx, session=session,
-            tokens=[1, 2, 3],
-            reference_bytes=reference or wav_bytes(),
+            request=JobRequest(tokens=[1, 2, 3], reference_bytes=reference or wav_bytes()),
         )
         return job_id, q.require_job(session=session, job_id=job_id).voice_id
 

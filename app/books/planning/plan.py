@@ -28,7 +28,7 @@ from app.books.reading.publication import Publication, publication_from_dict
 from app.books.reading.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter
 from app.errors import BadInput
 from app.speech import TOKEN_RATE
-from app.text.normalise import (
+from app.text.segment import (
     DEFAULT_OPTIONS,
     SegmentOptions,
     TextSegment,

@@ -23,13 +23,13 @@ from __future__ import annotations
 import posixpath
 import re
 import xml.etree.ElementTree as ET
-from html.parser import HTMLParser
 from urllib.parse import unquote
 
 import defusedxml
 import defusedxml.ElementTree as SafeET
 
 from app.books.reading.blocks import BlockText
+from app.books.reading.epub_toc import TocEntry, nav_entries, ncx_entries
 from app.books.reading.publication import opf_publication
 from app.books.reading.safezip import SafeArchive
 from app.books.reading.source import DEFAULT_LIMITS, BookLimits, SourceBook, SourceChapter, finish_book
@@ -41,9 +41,6 @@ _BLOCKS = {"p", "div", "h1", "h2", "h3", "h4", "h5", "h6", "li", "blockquote", "
            "br", "tr", "dd", "dt", "figcaption", "pre", "aside", "header", "footer", "hr", "table"}
 _SKIPPED = {"script", "style", "head", "title", "rt", "rp", "svg", "math", "nav", "template"}
 _COVER_TYPES = {"image/jpeg", "image/png"}
-
-TocEntry = tuple[str, str | None, str]  # (path in the zip, fragment or None, title)
-
 
 def parse_epub(data: bytes, *, title: str | None = None, author: str | None = None,
                language: str | None = None, limits: BookLimits = DEFAULT_LIMITS) -> SourceBook:
@@ -63,11 +60,11 @@ def parse_epub(data: bytes, *, title: str | None = None, author: str | None = No
     toc = _nav_toc(archive, items, href) or _ncx_toc(archive, spine_el.get("toc"), href)
     chapters = _chapters(archive, spine, toc)
     cover, cover_type = _cover(archive, opf, items, href)
-    return finish_book(chapters, title=title or _dc(opf, "title") or "Untitled",
-                       author=author or _author(opf),
-                       language=language or _dc(opf, "language") or "en",
-                       limits=limits, cover=cover, cover_type=cover_type, narrator=_narrator(opf),
-                       description=_description(opf), publication=opf_publication(opf))
+    return finish_book(SourceBook(
+        chapters=tuple(chapters), title=title or _dc(opf, "title") or "Untitled",
+        author=author or _author(opf), language=language or _dc(opf, "language") or "en", cover=cover,
+        cover_type=cover_type, narrator=_narrator(opf), description=_description(opf),
+        publication=opf_publication(opf)), limits=limits)
 
 
 class _NoDtdParser(SafeET.DefusedXMLParser):
@@ -168,64 +165,19 @@ def _description(opf: ET.Element) -> str:
     return "\n".join(text for kind, text in parser.events if kind == "para")
 
 
-# --- table of contents ---------------------------------------------------------------------------
-
-def _split_href(base: str, target: str) -> tuple[str, str | None]:
-    path, _, fragment = unquote(target).partition("#")
-    return posixpath.normpath(posixpath.join(posixpath.dirname(base), path)), fragment or None
-
+# --- table of contents (`app.books.reading.epub_toc` reads the documents) ------------------------
 
 def _nav_toc(archive: SafeArchive, items: dict, href: dict) -> list[TocEntry]:
     nav_id = next((k for k, i in items.items() if "nav" in i.get("properties", "").split()), None)
     if nav_id is None:
         return []
-    parser = _NavParser()
-    parser.feed(_decode(archive.read(href[nav_id])))
-    return [(*_split_href(href[nav_id], target), title) for target, title in parser.entries if title]
+    return nav_entries(href[nav_id], _decode(archive.read(href[nav_id])))
 
 
 def _ncx_toc(archive: SafeArchive, toc_id: str | None, href: dict) -> list[TocEntry]:
     if not toc_id or toc_id not in href:
         return []
-    ncx = _xml(archive.read(href[toc_id]), href[toc_id])
-    entries: list[TocEntry] = []
-    for point in ncx.iter(f"{{{NS['ncx']}}}navPoint"):  # document order == reading order
-        label = point.find("ncx:navLabel/ncx:text", NS)
-        content = point.find("ncx:content", NS)
-        if label is not None and content is not None and content.get("src"):
-            title = " ".join((label.text or "").split())
-            entries.append((*_split_href(href[toc_id], content.get("src", "")), title))
-    return [e for e in entries if e[2]]
-
-
-class _NavParser(HTMLParser):
-    """Collects (href, text) of the links inside `<nav epub:type="toc">`, in order."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.entries: list[tuple[str, str]] = []
-        self._nav_depth = 0
-        self._link: list[str] | None = None
-        self._target = ""
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = dict(attrs)
-        if tag == "nav":
-            in_toc = self._nav_depth > 0 or "toc" in (a.get("epub:type") or "").split()
-            self._nav_depth += 1 if in_toc else 0
-        elif tag == "a" and self._nav_depth and a.get("href"):
-            self._link, self._target = [], a.get("href") or ""
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "nav" and self._nav_depth:
-            self._nav_depth -= 1
-        elif tag == "a" and self._link is not None:
-            self.entries.append((self._target, " ".join("".join(self._link).split())))
-            self._link = None
-
-    def handle_data(self, data: str) -> None:
-        if self._link is not None:
-            self._link.append(data)
+    return ncx_entries(href[toc_id], _xml(archive.read(href[toc_id]), href[toc_id]), NS["ncx"])
 
 
 # --- content documents ---------------------------------------------------------------------------

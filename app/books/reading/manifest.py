@@ -57,9 +57,10 @@ def parse_manifest(data: bytes, *, limits: BookLimits = DEFAULT_LIMITS,
     count = sum(len(c.items) for c in chapters)
     if count > limits.max_segments:
         raise BadInput(f"the manifest has {count} segments; the limit is {limits.max_segments}")
-    return finish_book(chapters, title=_text(doc, "title", "Untitled"), author=_text(doc, "author", ""),
-                       language=_text(doc, "language", "en"), limits=limits,
-                       narrator=_text(doc, "narrator", ""), description=_text(doc, "description", ""))
+    return finish_book(SourceBook(
+        chapters=tuple(chapters), title=_text(doc, "title", "Untitled"), author=_text(doc, "author", ""),
+        language=_text(doc, "language", "en"), narrator=_text(doc, "narrator", ""),
+        description=_text(doc, "description", "")), limits=limits)
 
 
 def _chapter(raw: Any, index: int, limits: BookLimits, base_dir: Path | None) -> SourceChapter:

@@ -64,8 +64,9 @@ def parse_pdf(data: bytes, *, title: str | None = None, author: str | None = Non
         text = "\n\n".join(p for page in pages for p in page)
         book = parse_text(text.encode(), title=book_title or None, author=book_author, language=language,
                           limits=limits)
-        return finish_book(list(book.chapters), title=book.title, author=book.author, language=book.language,
-                           limits=limits, description=description)
+        return finish_book(SourceBook(
+            chapters=book.chapters, title=book.title, author=book.author, language=book.language,
+            description=description), limits=limits)
     chapters = [SourceChapter(book_title or "Front matter",
                               tuple(p for page in pages[:starts[0][0]] for p in page))]
     for i, (page, chapter_title) in enumerate(starts):
@@ -74,8 +75,9 @@ def parse_pdf(data: bytes, *, title: str | None = None, author: str | None = Non
         if body and _same(body[0], chapter_title):
             body = body[1:]
         chapters.append(SourceChapter(chapter_title, tuple(body)))
-    return finish_book(chapters, title=book_title or "Untitled", author=book_author,
-                       language=language or "en", limits=limits, description=description)
+    return finish_book(SourceBook(
+        chapters=tuple(chapters), title=book_title or "Untitled", author=book_author,
+        language=language or "en", description=description), limits=limits)
 
 
 def line_width(texts: list[str]) -> int:

@@ -159,15 +159,13 @@ def decode_text(data: bytes, limits: BookLimits, what: str = "book") -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def finish_book(chapters: list[SourceChapter], *, title: str, author: str, language: str,
-                limits: BookLimits, cover: bytes | None = None, cover_type: str | None = None,
-                narrator: str = "", description: str = "",
-                publication: Publication | None = None) -> SourceBook:
-    """Drop empty chapters, take out what XML cannot hold (a text file may carry a few control
-    characters) and check the limits every reader shares."""
+def finish_book(book: SourceBook, *, limits: BookLimits) -> SourceBook:
+    """A reader's book as it leaves the reader: empty chapters dropped, what XML cannot hold taken out (a
+    text file may carry a few control characters), the language tag checked (empty: en), and the limits
+    every reader shares checked."""
     chapters = [replace(c, title=xml_text(c.title), paragraphs=tuple(xml_text(p) for p in c.paragraphs))
-                for c in chapters]
-    title, author = xml_text(title), xml_text(author)
+                for c in book.chapters]
+    title, author = xml_text(book.title), xml_text(book.author)
     kept = [c for c in chapters if c.paragraphs or c.items]
     for chapter in kept:
         if chapter.starts_ms and len(chapter.starts_ms) != len(chapter.paragraphs):
@@ -184,11 +182,10 @@ def finish_book(chapters: list[SourceChapter], *, title: str, author: str, langu
             if len(paragraph) > limits.max_paragraph_chars:
                 raise BadInput(f"paragraph {pi + 1} of chapter {ci + 1} ({chapter.title!r}) is "
                                f"{len(paragraph)} characters; the limit is {limits.max_paragraph_chars}")
-    language = check_language_tag(language or "en")
-    book = SourceBook(title=title.strip() or "Untitled", author=author.strip(), language=language,
-                      chapters=tuple(kept), cover=cover, cover_type=cover_type,
-                      publication=_xml_publication(publication or Publication()))
-    return with_metadata(book, narrator=narrator, description=description, limits=limits)
+    language = check_language_tag(book.language or "en")
+    finished = replace(book, title=title.strip() or "Untitled", author=author.strip(), language=language,
+                       chapters=tuple(kept), publication=_xml_publication(book.publication))
+    return with_metadata(finished, narrator=book.narrator, description=book.description, limits=limits)
 
 
 def _xml_publication(own: Publication) -> Publication:

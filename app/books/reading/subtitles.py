@@ -43,8 +43,9 @@ def parse_subtitles(data: bytes, *, fmt: str, title: str | None = None, author: 
     cues.sort(key=lambda c: c[0])
     chapter = SourceChapter(title or "Subtitles", tuple(line for _, line in cues),
                             starts_ms=tuple(start for start, _ in cues))
-    return finish_book([chapter], title=title or "Subtitles", author=author or "", language=language or "en",
-                       limits=limits)
+    return finish_book(SourceBook(
+        chapters=(chapter,), title=title or "Subtitles", author=author or "",
+        language=language or "en"), limits=limits)
 
 
 def _srt(text: str) -> list[tuple[int, str]]:

@@ -50,8 +50,9 @@ def parse_text(data: bytes, *, title: str | None = None, author: str | None = No
         else:
             current.append(paragraph)
     chapters.append(SourceChapter(current_title, tuple(current)))
-    return finish_book(chapters, title=book_title, author=author or "", language=language or "en",
-                       limits=limits)
+    return finish_book(SourceBook(
+        chapters=tuple(chapters), title=book_title, author=author or "",
+        language=language or "en"), limits=limits)
 
 
 # --- Markdown ------------------------------------------------------------------------------------
@@ -116,10 +117,11 @@ def parse_markdown(data: bytes, *, title: str | None = None, author: str | None 
             continue  # the book title line itself
         current.extend(paragraphs_of(_inline(content)) if not level else [content])
     chapters.append(SourceChapter(current_title, tuple(current)))
-    return finish_book(chapters, title=book_title or chapters[0].title,
-                       author=author or meta.get("author", ""),
-                       language=language or meta.get("lang", meta.get("language", "en")), limits=limits,
-                       narrator=meta.get("narrator", ""), description=meta.get("description", ""))
+    return finish_book(SourceBook(
+        chapters=tuple(chapters), title=book_title or chapters[0].title,
+        author=author or meta.get("author", ""),
+        language=language or meta.get("lang", meta.get("language", "en")), narrator=meta.get("narrator", ""),
+        description=meta.get("description", "")), limits=limits)
 
 
 def _markdown_blocks(text: str) -> list[tuple[int, str]]:

@@ -76,11 +76,11 @@ def parse_html(data: bytes, *, title: str | None = None, author: str | None = No
     parser = _PageParser()
     parser.feed(decode_text(data, limits, what="HTML page"))
     parser.close()
-    return finish_book(chapters_at_headings(parser.blocks, " ".join(parser.title.split())),
-                       title=title or " ".join(parser.title.split()) or _first_heading(parser.blocks),
-                       author=author or parser.meta.get("author", ""),
-                       language=language or parser.language or "en", limits=limits,
-                       description=parser.meta.get("description", ""))
+    return finish_book(SourceBook(
+        chapters=tuple(chapters_at_headings(parser.blocks, " ".join(parser.title.split()))),
+        title=title or " ".join(parser.title.split()) or _first_heading(parser.blocks),
+        author=author or parser.meta.get("author", ""), language=language or parser.language or "en",
+        description=parser.meta.get("description", "")), limits=limits)
 
 
 def _first_heading(blocks: list[tuple[int, str]]) -> str:

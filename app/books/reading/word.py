@@ -56,12 +56,13 @@ def parse_docx(data: bytes, *, title: str | None = None, author: str | None = No
         blocks.append((int(heading.group(1)) if heading else 0, text))
     core = document.core_properties
     book_title = title or book_title or " ".join((core.title or "").split())
-    return finish_book(chapters_at_headings(blocks, book_title), title=book_title or "Untitled",
-                       author=author or " ".join((core.author or "").split()),
-                       language=language or (core.language or "").strip() or "en", limits=limits,
-                       description=" ".join((core.subject or "").split()),
-                       publication=Publication(isbn=isbn_of(core.identifier or "", "isbn"),
-                                               genres=genres_of(split_genre_list(core.category or ""))))
+    return finish_book(SourceBook(
+        chapters=tuple(chapters_at_headings(blocks, book_title)), title=book_title or "Untitled",
+        author=author or " ".join((core.author or "").split()),
+        language=language or (core.language or "").strip() or "en",
+        description=" ".join((core.subject or "").split()),
+        publication=Publication(isbn=isbn_of(core.identifier or "", "isbn"),
+                                genres=genres_of(split_genre_list(core.category or "")))), limits=limits)
 
 
 _ENCODINGS = ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")

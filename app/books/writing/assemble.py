@@ -200,11 +200,12 @@ def write_m4a(chapter: ChapterAudio, out: Path, *, bitrate: int = 64000,
             box.mux(packet)
 
 
-def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, tracks: int,
+def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: tuple[int, int],
               cover: bytes | None = None, cover_type: str | None = None, bitrate: int = 64000,
               sample_rate: int | None = None) -> None:
     """One chapter file -> an MP3 (LAME, constant bitrate) with ID3v2.3 tags: the chapter's title, the
-    book's tags, track `track`/`tracks`, the description as a comment, the cover as the front cover.
+    book's tags, `track` (its number, of how many), the description as a comment, the cover as the front
+    cover.
 
     PyAV encodes; mutagen writes the tags (ffmpeg's ID3 writer keeps a comment as a TXXX frame, which
     players do not show as the comment)."""
@@ -219,8 +220,9 @@ def write_mp3(chapter: ChapterAudio, out: Path, *, tags: BookTags, track: int, t
             for packet in stream.encode(None):
                 box.mux(packet)
         common = tags.common()
-        frames: list[id3.Frame] = [id3.TIT2(encoding=3, text=chapter.title or f"Chapter {track}"),
-                  id3.TRCK(encoding=3, text=f"{track}/{tracks}")]
+        number, of = track
+        frames: list[id3.Frame] = [id3.TIT2(encoding=3, text=chapter.title or f"Chapter {number}"),
+                  id3.TRCK(encoding=3, text=f"{number}/{of}")]
         for key, kind in (("album", id3.TALB), ("artist", id3.TPE1), ("album_artist", id3.TPE2),
                            ("composer", id3.TCOM), ("genre", id3.TCON), ("date", id3.TYER)):
             if key in common:

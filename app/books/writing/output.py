@@ -91,16 +91,32 @@ def render_chapter(chapter: PlanChapter, audio: Mapping[str, Path], out_dir: Pat
     return done
 
 
-def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, fmt: str = OutputFormat.FLAC,
-                  sample_rate: int = SAMPLE_RATE, target_lufs: float | None = DEFAULT_TARGET_LUFS,
-                  m4b: bool = True, mp3: bool = False, timed: bool = False,
-                  cover: bytes | None = None, cover_type: str | None = None,
-                  readalong: ReadAlong | Sequence[ChapterText] | None = None,
-                  notes: Sequence[str] = (), encoding: Encoding = DEFAULT_ENCODING) -> BookAudio:
+@dataclass(frozen=True)
+class BookOutput:
+    """What a book's folder holds and how it is encoded: the chapter files' format, rate and loudness,
+    the M4B, the MP3s, cue timing, the cover, the notes in chapters.json, and a read-along text (each
+    chapter's shown text, `app.books.planning.readalong`) for an EPUB 3."""
+
+    fmt: str = OutputFormat.FLAC
+    sample_rate: int = SAMPLE_RATE
+    target_lufs: float | None = DEFAULT_TARGET_LUFS
+    m4b: bool = True
+    mp3: bool = False
+    timed: bool = False
+    cover: bytes | None = None
+    cover_type: str | None = None
+    readalong: ReadAlong | Sequence[ChapterText] | None = None
+    notes: Sequence[str] = ()
+    encoding: Encoding = DEFAULT_ENCODING
+
+
+def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *,
+                  output: BookOutput = BookOutput()) -> BookAudio:
     """Chapter files, the M4B and the index for `plan`; `audio` maps segment keys to rendered files.
-    With `readalong` (each chapter's shown text, `app.books.planning.readalong`) a read-along EPUB 3 too. The
-    M4B,
-    the MP3s and the EPUB's audio are encoded as `encoding` says (recorded in chapters.json)."""
+    With a read-along text a read-along EPUB 3 too. The M4B, the MP3s and the EPUB's audio are encoded
+    as `output.encoding` says (recorded in chapters.json)."""
+    fmt, sample_rate, target_lufs, timed = output.fmt, output.sample_rate, output.target_lufs, output.timed
+    cover, cover_type, encoding, notes = output.cover, output.cover_type, output.encoding, output.notes
     out_dir.mkdir(parents=True, exist_ok=True)
     chapters, reused = [], []
     for chapter in plan.chapters:
@@ -117,26 +133,28 @@ def assemble_book(plan: BookPlan, audio: Mapping[str, Path], out_dir: Path, *, f
     tags = BookTags(plan.title, plan.author, plan.narrator, plan.description, tuple(notes), plan.series,
                     plan.series_part, plan.language, plan.publication)
     book, m4b_reused = None, False
-    if m4b:
+    if output.m4b:
         book = out_dir / "book.m4b"
         m4b_reused = _write_m4b_once(tags, chapters, book, cover=cover, cover_type=cover_type,
                                      encoding=encoding)
     mp3s: list[Path] = []
     mp3s_reused: list[int] = []
-    for done in chapters if mp3 else []:
+    for done in chapters if output.mp3 else []:
         path = out_dir / chapter_file_name(done.index, "mp3")
         if _write_mp3_once(tags, done, path, tracks=len(chapters), cover=cover, cover_type=cover_type,
                            encoding=encoding):
             mp3s_reused.append(done.index)
         mp3s.append(path)
     index_json, index_vtt = out_dir / "chapters.json", out_dir / "chapters.vtt"
+    described = output.m4b or output.mp3 or output.readalong
     index = write_index(chapters, index_json, index_vtt, title=plan.title, author=plan.author, notes=notes,
-                        encoding=encoding.describe(sample_rate, mp3=mp3) if m4b or mp3 or readalong else None)
+                        encoding=encoding.describe(sample_rate, mp3=output.mp3) if described else None)
     write_shelf_files(out_dir, plan, index, cover=cover, cover_type=cover_type)
     _remove_stale(out_dir, {c.path.name for c in chapters} | {p.name for p in mp3s})
     epub, epub_reused, m4as_reused = None, False, tuple[int, ...]()
-    if readalong is not None:
+    if output.readalong is not None:
         epub = out_dir / "book.epub"
+        readalong = output.readalong
         if not isinstance(readalong, ReadAlong):
             readalong = ReadAlong(tuple(readalong))
         epub_reused, m4as_reused = _write_epub_once(plan, readalong, chapters, epub, cover=cover,
@@ -220,7 +238,7 @@ def _write_mp3_once(tags: BookTags, chapter: ChapterAudio, path: Path, *, tracks
     if _up_to_date(path, recipe):
         return True
     _sidecar(path).unlink(missing_ok=True)
-    write_mp3(chapter, path, tags=tags, track=chapter.index + 1, tracks=tracks, cover=cover,
+    write_mp3(chapter, path, tags=tags, track=(chapter.index + 1, tracks), cover=cover,
               cover_type=cover_type, bitrate=encoding.mp3_bitrate_kbps * 1000,
               sample_rate=encoding.sample_rate)
     write_text(_sidecar(path), json.dumps({"recipe": recipe}))

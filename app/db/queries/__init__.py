@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from app.db.queries._common import ERROR_MAX_CHARS
 from app.db.queries.books import (
+    NewBook,
     PlannedChapter,
     SegmentState,
     book_ids_with_prefix,
@@ -151,6 +152,7 @@ __all__ = [
     "require_job",
     "get_job_by_idempotency_key",
     "create_job",
+    "NewBook",
     "NewJob",
     "insert_jobs",
     "jobs_by_idempotency_keys",

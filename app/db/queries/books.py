@@ -36,18 +36,35 @@ class PlannedChapter:
     est_seconds: float
 
 
-def create_book(*, session: Session, book_id: str, voice_id: str, title: str, author: str, language: str,
-                output_format: str, m4b: bool, target_lufs: float | None, seed: int, priority: int,
-                mp3: bool = False, timed: bool = False, epub3: bool = False,
-                encoding: dict[str, Any] | None = None) -> Book:
+@dataclass(frozen=True)
+class NewBook:
+    """A submitted book's row before it is read: its title until then, and how it renders."""
+
+    id: str
+    voice_id: str
+    title: str
+    author: str
+    language: str
+    output_format: str
+    m4b: bool
+    target_lufs: float | None
+    seed: int
+    priority: int
+    mp3: bool = False
+    timed: bool = False
+    epub3: bool = False
+    encoding: dict[str, Any] | None = None  # bitrate_kbps, mp3_bitrate_kbps, sample_rate
+
+
+def create_book(*, session: Session, new: NewBook) -> Book:
     """Insert a submitted book, `parsing`: its chapters and segments come once it is read
     (`add_book_plan`)."""
     now = utcnow()
-    book = Book(id=book_id, voice_id=voice_id, status=BookStatus.PARSING, title=title, author=author,
-                language=language, plan_key="", output_format=output_format, m4b=m4b, mp3=mp3, timed=timed,
-                epub3=epub3, **(encoding or {}),
-                target_lufs=target_lufs, seed=seed, priority=priority, segments_total=0, est_seconds=0.0,
-                submitted_at=now, updated_at=now)
+    book = Book(id=new.id, voice_id=new.voice_id, status=BookStatus.PARSING, title=new.title,
+                author=new.author, language=new.language, plan_key="", output_format=new.output_format,
+                m4b=new.m4b, mp3=new.mp3, timed=new.timed, epub3=new.epub3, **(new.encoding or {}),
+                target_lufs=new.target_lufs, seed=new.seed, priority=new.priority, segments_total=0,
+                est_seconds=0.0, submitted_at=now, updated_at=now)
     session.add(book)
     session.flush()
     return book

@@ -31,46 +31,27 @@ def get_job_by_idempotency_key(*, session: Session, idempotency_key: str) -> Job
     return session.scalars(select(Job).where(Job.idempotency_key == idempotency_key)).one_or_none()
 
 
-def create_job(
-    *,
-    session: Session,
-    job_id: str,
-    voice_id: str,
-    tokens: Sequence[int] | None,
-    n_tokens: int,
-    seed: int,
-    output_format: str,
-    priority: int = 0,
-    idempotency_key: str | None = None,
-    tokens_path: str | None = None,
-    kind: str = JobKind.TOKENS,
-    text: str | None = None,
-    language: str | None = None,
-    routed_to: str | None = None,
-    route: str | None = None,
-) -> tuple[Job, bool]:
+def create_job(*, session: Session, new: NewJob) -> tuple[Job, bool]:
     """Insert a queued job (with its route, when decided: `app.submission.routing`). With an idempotency key
     already used, returns that job instead. A text job has no tokens yet (None, n_tokens 0) until
     `set_job_tokens`.
 
     Returns (job, created)."""
-    row = _rows([NewJob(
-        id=job_id, voice_id=voice_id, tokens=tokens, n_tokens=n_tokens, seed=seed,
-        output_format=output_format, priority=priority, idempotency_key=idempotency_key,
-        tokens_path=tokens_path, kind=kind, text=text, language=language, routed_to=routed_to, route=route)])
+    row = _rows([new])
     stmt = _insert(session, Job).values(row).on_conflict_do_nothing(index_elements=["idempotency_key"])
     # RETURNING the row as a Job: the insert is the only statement (no read after it).
     job = session.scalars(stmt.returning(Job), execution_options={"populate_existing": True}).one_or_none()
     if job is not None:
         return job, True
-    existing = get_job_by_idempotency_key(session=session, idempotency_key=idempotency_key or "")
+    existing = get_job_by_idempotency_key(session=session, idempotency_key=new.idempotency_key or "")
     assert existing is not None, "conflicting insert without a row to conflict with"
     return existing, False
 
 
 @dataclass(frozen=True)
 class NewJob:
-    """One row for `insert_jobs`: a queued job (a text job: tokens None, n_tokens 0, its text)."""
+    """One row for `create_job` or `insert_jobs`: a queued job (a text job: tokens None, n_tokens 0, its
+    text)."""
 
     id: str
     voice_id: str

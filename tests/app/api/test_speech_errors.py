@@ -26,6 +26,7 @@ from app.dev import SAMPLES
 from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.submission import jobs
+from app.submission.request import JobRequest
 from tests.conftest import make_test_settings
 from tests.support.net import serving
 from tests.support.runtime import RecordingSender
@@ -65,8 +66,8 @@ def _job_in_state(settings: Settings, voice: str, status: JobStatus,
     ctx = Context.build(settings, sender=RecordingSender())
     try:
         with ctx.session() as s:
-            job_id = jobs.submit_job(ctx=ctx, session=s, text=TEXT, voice_id=voice, output_format="wav",
-                                     idempotency_key=key)
+            job_id = jobs.submit_job(ctx=ctx, session=s, request=JobRequest(
+                text=TEXT, voice_id=voice, output_format="wav", idempotency_key=key))
             if status in (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.SUCCEEDED):
                 assert lifecycle.finish(session=s, job_id=job_id, status=status, error=error)
             elif status != JobStatus.QUEUED:

@@ -22,6 +22,7 @@ from app.dev import SAMPLES
 from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.submission import jobs
+from app.submission.request import JobRequest
 from tests.conftest import make_test_settings
 from tests.support.net import serving
 from tests.support.runtime import RecordingSender
@@ -98,8 +99,8 @@ def _succeeded_job(settings: Settings, voice: str, audio: np.ndarray, n_tokens: 
     ctx = Context.build(settings, sender=RecordingSender())
     try:
         with ctx.session() as s:
-            job_id = jobs.submit_job(ctx=ctx, session=s, text=TEXT, voice_id=voice, output_format="wav",
-                                     idempotency_key=key)
+            job_id = jobs.submit_job(ctx=ctx, session=s, request=JobRequest(
+                text=TEXT, voice_id=voice, output_format="wav", idempotency_key=key))
             out = io.BytesIO()
             sf.write(out, audio, 24000, format="WAV", subtype="PCM_16")
             final = ArtifactStore(settings.artifact_root).output_path(job_id, "wav")

@@ -44,7 +44,8 @@ def test_the_page_is_html_that_loads_its_own_scripts_and_style(client: TestClien
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     page = r.text
     scripts = re.findall(r'<script src="(/web/(\w+)\.js\?v=[0-9a-f]{12})" defer></script>', page)
-    assert [name for _, name in scripts] == ["api", "app"], page[:600]  # in this order: app uses api
+    assert [name for _, name in scripts] == ["api", "cards", "app"], page[:600]  # in this order: each uses
+    # what the ones before it declare
     style = re.search(r'<link rel="stylesheet" href="(/web/style\.css\?v=[0-9a-f]{12})">', page)
     assert style, page[:600]
     for form in ('id="book-form"', 'id="job-form"', 'id="token"', 'id="reference"', 'id="voice-id"'):
@@ -56,8 +57,8 @@ def test_the_page_is_html_that_loads_its_own_scripts_and_style(client: TestClien
         assert client.get(url).status_code == 200, url
 
 
-@pytest.mark.parametrize(("name", "media"), [("api.js", "text/javascript"), ("app.js", "text/javascript"),
-                                             ("style.css", "text/css")])
+@pytest.mark.parametrize(("name", "media"), [("api.js", "text/javascript"), ("cards.js", "text/javascript"),
+                                             ("app.js", "text/javascript"), ("style.css", "text/css")])
 def test_the_scripts_and_style_are_served_as_what_they_are(client: TestClient, name: str, media: str) -> None:
     r = client.get(f"/web/{name}")
     assert r.status_code == 200 and r.headers["content-type"].startswith(media)

@@ -25,7 +25,7 @@ from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
-from tests.support.books import RecordingSender, read_now, submit_and_read
+from tests.support.books import RecordingSender, book_request, read_now, submit_and_read
 from tests.support.hostile import (
     deep_json,
     deep_outline_pdf,
@@ -43,7 +43,7 @@ def test_a_book_is_accepted_unread_then_read_and_planned_by_the_worker(
         ctx, settings: Settings, session: Session, store: FeatureStore, artifacts: ArtifactStore) -> None:
     sender = RecordingSender()
     book_id = submit_book(ctx=replace(ctx, sender=sender), session=session, data=MARKDOWN_BOOK.encode(),
-                          filename="lighthouse.md", reference_bytes=wav_bytes())
+                          request=book_request(filename="lighthouse.md", reference_bytes=wav_bytes()))
     book = queries.require_book(session=session, book_id=book_id)
     assert (book.status, book.title, book.segments_total) == (BookStatus.PARSING, "lighthouse", 0)
     assert sender.names() == ["voice.prepare", "book.parse"]
@@ -180,10 +180,10 @@ def test_a_refused_submission_leaves_no_folder_behind(
     before = sorted(books.iterdir()) if books.is_dir() else []
     with pytest.raises(NotFound):
         submit_book(ctx=replace(ctx, sender=RecordingSender()), session=session, data=MARKDOWN_BOOK.encode(),
-                    filename="b.md", voice_id="0" * 64)
+                    request=book_request(filename="b.md", voice_id="0" * 64))
     with pytest.raises(BadInput, match="larger than"):
         submit_book(ctx=replace(ctx, sender=RecordingSender()), session=session, data=b"x" * 2000,
-                    filename="b.txt", reference_bytes=wav_bytes(),
+                    request=book_request(filename="b.txt", reference_bytes=wav_bytes()),
                     limits=BookLimits(max_epub_bytes=1000))
     assert (sorted(books.iterdir()) if books.is_dir() else []) == before
 
@@ -192,7 +192,7 @@ def test_a_book_cancelled_while_it_is_read_stops_its_reader(
         ctx, settings: Settings, session: Session, store: FeatureStore, artifacts: ArtifactStore) -> None:
     sender = RecordingSender()
     book_id = submit_book(ctx=replace(ctx, sender=sender), session=session, data=inflating_pdf(3),
-                          filename="b.pdf", reference_bytes=wav_bytes())
+                          request=book_request(filename="b.pdf", reference_bytes=wav_bytes()))
     outcome: list[str] = []
     reader = threading.Thread(target=lambda: outcome.append(read_now(ctx=ctx, session=session,
                                                                      book_id=book_id,

@@ -25,6 +25,7 @@ from app.db import queries
 from app.db.models import BookStatus
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
+from tests.support.books import book_request
 from tests.support.hostile import inflating_pdf
 
 
@@ -76,10 +77,10 @@ def test_a_small_book_after_worst_case_uploads_is_read_before_any_of_them_runs_t
                                                "book_parse_timeout_s": 120.0, "book_parse_long_slots": 1})
     sender = QueueSender()
     ctx = replace(ctx, settings=settings, sender=sender)
-    hostile = [submit_book(ctx=ctx, session=session, data=inflating_pdf(2), filename=f"h{i}.pdf",
-                           reference_bytes=wav_bytes()) for i in range(3)]
-    small = submit_book(ctx=ctx, session=session, data=MARKDOWN_BOOK.encode(), filename="small.md",
-                        reference_bytes=wav_bytes())
+    hostile = [submit_book(ctx=ctx, session=session, data=inflating_pdf(2), request=book_request(
+        filename=f"h{i}.pdf", reference_bytes=wav_bytes())) for i in range(3)]
+    small = submit_book(ctx=ctx, session=session, data=MARKDOWN_BOOK.encode(), request=book_request(
+        filename="small.md", reference_bytes=wav_bytes()))
     session.commit()
     assert list(sender.queue) == [*hostile, small]  # the broker's order: the small book's doorbell last
     outcomes = _workers(ctx, sender, 2)

@@ -25,14 +25,15 @@ from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.support.audio import wav_bytes
-from tests.support.books import RecordingSender, post_and_read, read_in, read_now
+from tests.support.books import RecordingSender, book_request, post_and_read, read_in, read_now
 
 
 def submit(ctx: Context, session, data: bytes, sender=None, **kw) -> str:
     """Submit a book and read it; a book that reading refuses raises BadInput with the book's reason."""
     kw.setdefault("reference_bytes", wav_bytes())
     sender = sender or RecordingSender()
-    book_id = submit_book(ctx=replace(ctx, sender=sender), session=session, data=data, **kw)
+    book_id = submit_book(ctx=replace(ctx, sender=sender), session=session, data=data, request=book_request(
+        **kw))
     if read_now(ctx=ctx, session=session, book_id=book_id, sender=sender) == "failed":
         raise BadInput(queries.require_book(session=session, book_id=book_id).error or "")
     return book_id
@@ -117,8 +118,8 @@ def test_what_needs_no_reading_is_refused_at_submission_before_anything_is_store
         ctx, settings, session, store, artifacts, data: bytes, kw: dict, reason: str) -> None:
     sender = RecordingSender()
     with pytest.raises(BadInput, match=reason):
-        submit_book(ctx=replace(ctx, sender=sender), session=session, data=data, reference_bytes=wav_bytes(),
-                    **kw)
+        submit_book(ctx=replace(ctx, sender=sender), session=session, data=data, request=book_request(
+            reference_bytes=wav_bytes(), **kw))
     assert session.scalar(select(func.count()).select_from(Book)) == 0
     assert not [name for name, _, _ in sender.sent if name.startswith("book.")]
     assert not any((artifacts.root / "books").glob("*"))

@@ -185,8 +185,8 @@ def test_jobs_pages_with_after_and_all(server: str, cli_settings: Settings,
     created = [str(uuid.uuid4()) for _ in range(5)]
     with session_scope(make_sessionmaker(make_engine(cli_settings.database_url))) as s:
         for job_id in created:
-            queries.create_job(session=s, job_id=job_id, voice_id=voice_id, tokens=[1, 2],
-                               n_tokens=2, seed=1, output_format="wav")
+            queries.create_job(session=s, new=queries.NewJob(
+                id=job_id, voice_id=voice_id, tokens=[1, 2], n_tokens=2, seed=1, output_format="wav"))
     with session_scope(make_sessionmaker(make_engine(cli_settings.database_url))) as s:
         # every job of this voice: the sample voice's earlier tests in this module may have left some
         newest_first = [j.id for j in queries.list_jobs(session=s, voice_id=voice_id, limit=1000)]

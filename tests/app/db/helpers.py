@@ -13,13 +13,6 @@ def vid(n: int = 0) -> str:
 
 
 def new_job(session: Session, voice_id: str, key: str | None = None, tokens=(1, 2, 3)):
-    return q.create_job(
-        session=session,
-        job_id=str(uuid.uuid4()),
-        voice_id=voice_id,
-        tokens=list(tokens),
-        n_tokens=len(tokens),
-        seed=7,
-        output_format="wav",
-        idempotency_key=key,
-    )
+    return q.create_job(session=session, new=q.NewJob(
+        id=str(uuid.uuid4()), voice_id=voice_id, tokens=list(tokens), n_tokens=len(tokens), seed=7,
+        output_format="wav", idempotency_key=key))

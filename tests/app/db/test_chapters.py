@@ -24,8 +24,9 @@ A, B, C, D = key("a"), key("b"), key("c"), key("d")
 
 def plan_book(session: Session, voice: str, *chapters: list[str]) -> str:
     book_id = str(uuid.uuid4())
-    q.create_book(session=session, book_id=book_id, voice_id=voice, title="t", author="", language="en",
-                  output_format="wav", m4b=False, target_lufs=None, seed=0, priority=0)
+    q.create_book(session=session, new=q.NewBook(
+        id=book_id, voice_id=voice, title="t", author="", language="en", output_format="wav", m4b=False,
+        target_lufs=None, seed=0, priority=0))
     planned = [q.PlannedChapter(f"c{i}", [(k, "tokens", voice) for k in keys], 1.0)
                for i, keys in enumerate(chapters)]
     assert lifecycle.add_book_plan(session=session, book_id=book_id, title="t", author="", language="en",

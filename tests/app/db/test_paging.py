@@ -33,8 +33,9 @@ def _job_at(session: Session, voice: str, when: datetime) -> str:
 
 
 def _book_at(session: Session, voice: str, when: datetime) -> str:
-    book = q.create_book(session=session, book_id=str(uuid.uuid4()), voice_id=voice, title="t", author="",
-                         language="en", output_format="flac", m4b=True, target_lufs=None, seed=1, priority=0)
+    book = q.create_book(session=session, new=q.NewBook(
+        id=str(uuid.uuid4()), voice_id=voice, title="t", author="", language="en", output_format="flac",
+        m4b=True, target_lufs=None, seed=1, priority=0))
     _stamp(session, Book, book.id, when)
     return book.id
 

@@ -17,6 +17,7 @@ from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.submission.jobs import INLINE_TOKENS_MAX, cancel_job, job_tokens, submit_job
+from app.submission.request import JobRequest
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
 
@@ -148,9 +149,7 @@ def test_a_job_the_broker_refused_is_withdrawn(
     with pytest.raises(ConnectionError):
         submit_job(
             ctx=replace(ctx, sender=BrokenBroker()), session=session,
-            tokens=[1],
-            reference_bytes=wav_bytes(),
-            idempotency_key="retry-me",
+            request=JobRequest(tokens=[1], reference_bytes=wav_bytes(), idempotency_key="retry-me"),
         )
     assert count(session, Job) == 0
     voice = session.scalars(select(Voice)).one()

@@ -2,10 +2,10 @@
 
 import pytest
 
-from app.text.normalise import (
+from app.text.normalise import normalise
+from app.text.segment import (
     SegmentOptions,
     estimate_tokens,
-    normalise,
     segment_chapter,
     segment_paragraph,
     split_sentences,

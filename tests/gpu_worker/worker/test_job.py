@@ -62,9 +62,9 @@ def test_the_job_that_settles_a_chapters_last_segment_sends_its_book_chapter_aft
     jobs = [submit(rt, sessions, VOICE_A, n_tokens=n) for n in (30, 31)]
     book_id, keys = str(uuid.uuid4()), [("k" * 64)[:63] + str(i) for i in range(2)]
     with sessions() as session:  # one chapter of two segments, one of which is each job
-        queries.create_book(session=session, book_id=book_id, voice_id=voice_id, title="t", author="",
-                            language="en", output_format="wav", m4b=False, target_lufs=None, seed=7,
-                            priority=0)
+        queries.create_book(session=session, new=queries.NewBook(
+            id=book_id, voice_id=voice_id, title="t", author="", language="en", output_format="wav",
+            m4b=False, target_lufs=None, seed=7, priority=0))
         lifecycle.add_book_plan(session=session, book_id=book_id, title="t", author="", language="en",
                                 plan_key="p", chapters=[queries.PlannedChapter(
                                   "one", [(k, "tokens", voice_id) for k in keys], 2.0)])

@@ -12,7 +12,7 @@ from app.books.planning.plan import BookPlan, plan_book
 from app.books.reading.manifest import parse_manifest
 from app.books.reading.text import parse_markdown
 from app.errors import BadInput
-from app.text.normalise import SegmentOptions
+from app.text.segment import SegmentOptions
 from tests.app.books.conftest import MARKDOWN_BOOK
 
 VOICE = "ab" * 32

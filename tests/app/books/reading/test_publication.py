@@ -14,7 +14,7 @@ from app.books.reading.publication import Publication, check_isbn
 from app.books.reading.text import parse_markdown
 from app.books.reading.word import parse_docx
 from app.books.submission import BookOptions, Submission, SubmittedFiles
-from app.books.writing.output import assemble_book
+from app.books.writing.output import BookOutput, assemble_book
 from app.errors import BadInput
 from tests.app.books.conftest import MARKDOWN_BOOK, make_docx, make_epub
 from tests.app.books.writing.test_output import VOICE, render
@@ -57,7 +57,8 @@ def test_a_docx_gives_an_isbn_and_genres_from_its_core_properties():
 
 
 def _assembled(plan: BookPlan, tmp_path):
-    out = assemble_book(plan, render(plan, tmp_path / "segments"), tmp_path / "out", mp3=True)
+    out = assemble_book(plan, render(plan, tmp_path / "segments"), tmp_path / "out",
+                        output=BookOutput(mp3=True))
     with av.open(str(out.m4b)) as box:
         m4b = {k.lower(): v for k, v in box.metadata.items()}
     with av.open(str(out.mp3s[0])) as box:

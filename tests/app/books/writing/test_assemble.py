@@ -19,9 +19,9 @@ from app.books.reading.text import parse_markdown
 from app.books.writing import loudness
 from app.books.writing.assemble import BookTags, assemble_chapter, write_m4b, write_mp3
 from app.books.writing.index import write_index
-from app.books.writing.output import assemble_book
+from app.books.writing.output import BookOutput, assemble_book
 from app.errors import NotFound
-from app.text.normalise import SegmentOptions
+from app.text.segment import SegmentOptions
 from tests.app.books.conftest import tiny_png
 
 SR = 24000
@@ -298,7 +298,7 @@ def test_an_mp3_per_chapter_carries_id3_tags_the_cover_and_the_chapters_audio(re
     chapters = [assemble_chapter(c, audio, tmp_path / f"ch{c.index + 1}.flac") for c in plan.chapters]
     for chapter in chapters:
         out = tmp_path / f"ch{chapter.index + 1}.mp3"
-        write_mp3(chapter, out, tags=TAGS, track=chapter.index + 1, tracks=3, cover=tiny_png(),
+        write_mp3(chapter, out, tags=TAGS, track=(chapter.index + 1, 3), cover=tiny_png(),
                   cover_type="image/png")
         id3 = mutagen.id3.ID3(out)
         assert id3.version[:2] == (2, 3)
@@ -324,7 +324,7 @@ def test_an_mp3_per_chapter_carries_id3_tags_the_cover_and_the_chapters_audio(re
 
 def test_assemble_book_writes_every_output_beside_each_other(rendered, tmp_path):
     plan, audio, _ = rendered
-    out = assemble_book(plan, audio, tmp_path / "book", fmt="wav", target_lufs=-20.0)
+    out = assemble_book(plan, audio, tmp_path / "book", output=BookOutput(fmt="wav", target_lufs=-20.0))
     assert sorted(p.name for p in (tmp_path / "book").iterdir()) == [
         "book.m4b",
         "book.m4b.json",
@@ -358,7 +358,7 @@ def test_markdown_to_m4b_with_the_guide_voice_standing_in_for_the_model(markdown
             audio[segment.key] = tmp_path / "segments" / f"{segment.key}.wav"
             audio[segment.key].parent.mkdir(exist_ok=True)
             sf.write(audio[segment.key], speak(segment.text, options), GUIDE_SAMPLE_RATE)
-    out = assemble_book(plan, audio, tmp_path / "out", fmt="flac", target_lufs=-18.0)
+    out = assemble_book(plan, audio, tmp_path / "out", output=BookOutput(fmt="flac", target_lufs=-18.0))
     with av.open(str(out.m4b)) as box:
         marks = box.chapters()
         assert [m["metadata"]["title"] for m in marks] == [c.title for c in plan.chapters]

@@ -10,7 +10,7 @@ import pytest
 from app.books.planning.plan import plan_book
 from app.books.reading.text import parse_markdown
 from app.books.writing.encoding import Encoding
-from app.books.writing.output import assemble_book
+from app.books.writing.output import BookOutput, assemble_book
 from app.errors import BadInput
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.app.books.writing.test_output import VOICE, render
@@ -36,11 +36,11 @@ def test_the_defaults_and_the_acx_mp3_are_accepted():
 def test_the_files_hold_the_encoding_asked_and_the_index_records_it(tmp_path):
     plan = plan_book(parse_markdown(MARKDOWN_BOOK.encode()), voice_id=VOICE)
     audio = render(plan, tmp_path / "segments")
-    first = assemble_book(plan, audio, tmp_path / "out", mp3=True)
+    first = assemble_book(plan, audio, tmp_path / "out", output=BookOutput(mp3=True))
     assert mutagen.mp4.MP4(first.m4b).info.sample_rate == 24000  # the default: as rendered
     assert mutagen.mp3.MP3(first.mp3s[0]).info.bitrate == pytest.approx(64000, abs=500)
     acx = Encoding(bitrate_kbps=96, mp3_bitrate_kbps=192, sample_rate=44100)
-    out = assemble_book(plan, audio, tmp_path / "out", mp3=True, encoding=acx)
+    out = assemble_book(plan, audio, tmp_path / "out", output=BookOutput(mp3=True, encoding=acx))
     assert out.reused == (0, 1, 2) and not out.m4b_reused and out.mp3s_reused == ()  # chapters stay
     for path, chapter in zip(out.mp3s, out.chapters, strict=True):
         info = mutagen.mp3.MP3(path).info
@@ -55,5 +55,5 @@ def test_the_files_hold_the_encoding_asked_and_the_index_records_it(tmp_path):
     assert index["encoding"] == {
         "m4b": {"codec": "aac", "bitrate_kbps": 96, "sample_rate": 44100, "channels": 1},
         "mp3": {"codec": "mp3", "bitrate_kbps": 192, "mode": "cbr", "sample_rate": 44100, "channels": 1}}
-    again = assemble_book(plan, audio, tmp_path / "out", mp3=True, encoding=acx)
+    again = assemble_book(plan, audio, tmp_path / "out", output=BookOutput(mp3=True, encoding=acx))
     assert again.m4b_reused and again.mp3s_reused == (0, 1, 2)

@@ -8,7 +8,7 @@ import soundfile as sf
 
 from app.books.planning.plan import plan_book
 from app.books.reading.text import parse_markdown
-from app.books.writing.output import assemble_book
+from app.books.writing.output import BookOutput, assemble_book
 from tests.app.books.conftest import MARKDOWN_BOOK
 
 SR = 24000
@@ -31,7 +31,7 @@ def render(plan, folder, audio=None):
 def first_run(tmp_path):
     plan = plan_book(parse_markdown(MARKDOWN_BOOK.encode()), voice_id=VOICE)
     audio = render(plan, tmp_path / "segments")
-    out = assemble_book(plan, audio, tmp_path / "out", fmt="flac")
+    out = assemble_book(plan, audio, tmp_path / "out", output=BookOutput(fmt="flac"))
     return plan, audio, out
 
 
@@ -44,7 +44,7 @@ def stamps(out):
 def test_a_second_run_reuses_every_chapter_and_the_m4b(first_run, tmp_path):
     plan, audio, out = first_run
     assert out.reused == () and not out.m4b_reused
-    again = assemble_book(plan, audio, tmp_path / "out", fmt="flac")
+    again = assemble_book(plan, audio, tmp_path / "out", output=BookOutput(fmt="flac"))
     assert again.reused == (0, 1, 2) and again.m4b_reused
     assert stamps(again) == stamps(out)
     assert again.chapters == out.chapters  # timings read back from the sidecars, exactly
@@ -53,7 +53,8 @@ def test_a_second_run_reuses_every_chapter_and_the_m4b(first_run, tmp_path):
 def test_editing_one_paragraph_reassembles_only_its_chapter(first_run, tmp_path):
     plan, audio, out = first_run
     edited = plan_book(parse_markdown(MARKDOWN_BOOK.replace("did not", "never did").encode()), voice_id=VOICE)
-    again = assemble_book(edited, render(edited, tmp_path / "segments", audio), tmp_path / "out", fmt="flac")
+    again = assemble_book(edited, render(edited, tmp_path / "segments", audio), tmp_path / "out",
+                          output=BookOutput(fmt="flac"))
     assert again.reused == (0, 2) and not again.m4b_reused
     assert again.chapters[1].duration != out.chapters[1].duration
     index = json.loads(again.index_json.read_text())
@@ -66,7 +67,7 @@ def test_a_chapter_without_a_matching_sidecar_is_assembled_again(first_run, tmp_
     plan, audio, out = first_run
     (tmp_path / "out" / "chapter-001.flac.json").unlink()  # as if the run died before writing it
     sf.write(out.chapters[2].path, np.zeros(100, np.float32), SR)  # a file that is not what was described
-    again = assemble_book(plan, audio, tmp_path / "out", fmt="flac")
+    again = assemble_book(plan, audio, tmp_path / "out", output=BookOutput(fmt="flac"))
     assert again.reused == (1,)
     assert again.chapters[2].samples == out.chapters[2].samples
     assert again.m4b_reused  # the same chapters as before, once rebuilt
@@ -77,14 +78,14 @@ def test_a_new_title_reencodes_only_the_m4b(first_run, tmp_path):
     renamed = plan_book(
         parse_markdown(MARKDOWN_BOOK.replace("Ada Quill", "A. Quill").encode()), voice_id=VOICE
     )
-    again = assemble_book(renamed, audio, tmp_path / "out", fmt="flac")
+    again = assemble_book(renamed, audio, tmp_path / "out", output=BookOutput(fmt="flac"))
     assert again.reused == (0, 1, 2) and not again.m4b_reused
 
 
 def test_files_of_chapters_that_no_longer_exist_are_removed(first_run, tmp_path):
     plan, audio, _ = first_run
     shorter = plan_book(parse_markdown(MARKDOWN_BOOK.split("## Chapter 3")[0].encode()), voice_id=VOICE)
-    assemble_book(shorter, audio, tmp_path / "out", fmt="wav", m4b=False)
+    assemble_book(shorter, audio, tmp_path / "out", output=BookOutput(fmt="wav", m4b=False))
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert [n for n in names if n.startswith("chapter-")] == [
         "chapter-001.wav",

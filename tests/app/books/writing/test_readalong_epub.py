@@ -21,7 +21,7 @@ from app.books.planning.readalong_source import own_documents
 from app.books.reading.parse import parse_book
 from app.books.reading.source import DEFAULT_LIMITS
 from app.books.submission import BookOptions, Submission
-from app.books.writing.output import assemble_book
+from app.books.writing.output import BookOutput, assemble_book
 from app.errors import BadInput
 from tests.app.books.conftest import MARKDOWN_BOOK, make_docx, make_epub, make_pdf, tiny_png
 from tests.app.books.reading.test_documents import PAGE
@@ -55,8 +55,9 @@ def build(fmt: str, folder: Path, data: bytes | None = None, audio=None, own: bo
         described = own_documents(data, source, plan, DEFAULT_LIMITS, folder / "skeleton.zip")
         assert described is not None
         readalong = ReadAlong(readalong.texts, described, folder / "skeleton.zip")
-    out = assemble_book(plan, audio, folder / "out", fmt="flac", timed=fmt == "srt", readalong=readalong,
-                        cover=source.cover, cover_type=source.cover_type)
+    output = BookOutput(fmt="flac", timed=fmt == "srt", readalong=readalong, cover=source.cover,
+                        cover_type=source.cover_type)
+    out = assemble_book(plan, audio, folder / "out", output=output)
     return plan, audio, out
 
 

@@ -11,7 +11,7 @@ import pytest
 from app.books.planning.plan import plan_book
 from app.books.reading.text import parse_markdown
 from app.books.submission import BookOptions
-from app.books.writing.output import assemble_book
+from app.books.writing.output import BookOutput, assemble_book
 from app.errors import BadInput
 from tests.app.books.conftest import MARKDOWN_BOOK, tiny_png
 from tests.app.books.writing.test_output import VOICE, render
@@ -23,8 +23,8 @@ SEQUENCE_RE = re.compile(r" #([^#\s]+)$")  # how Audiobookshelf takes a sequence
 def shelved(tmp_path):
     plan = replace(plan_book(parse_markdown(MARKDOWN_BOOK.encode()), voice_id=VOICE), narrator="Ben Narrow",
                    description="Three short parts.", series="The Lamps", series_part="2")
-    out = assemble_book(plan, render(plan, tmp_path / "segments"), tmp_path / "out", mp3=True,
-                        cover=tiny_png(), cover_type="image/png")
+    out = assemble_book(plan, render(plan, tmp_path / "segments"), tmp_path / "out", output=BookOutput(
+        mp3=True, cover=tiny_png(), cover_type="image/png"))
     return plan, out
 
 
