@@ -22,6 +22,11 @@ part of the CPU the server could have had, so the rates are a floor. `--profile`
 of 200 submissions at concurrency 1 (the request thread's own time) and prints its top functions; with
 `--batch`, of `--batch-requests` batches instead.
 
+`--floor ROUNDS` measures only submissions, against the least possible app doing the same
+(`scripts/bench_floor.py`), served beside the API on the same database and broker: at each concurrency,
+ROUNDS rounds of `--requests` submissions to wavefarm, then to the floor (A, B, A, B, ...), and per round
+the ratio of their CPU per request (`floor_summary` in the JSON).
+
 `--processes N` (N > 1, PostgreSQL only: `wavefarm serve --processes` refuses SQLite) serves the API
 from N uvicorn processes on the one port, as `wavefarm serve --processes N` does (the request metrics in
 prometheus_client's multiprocess mode); CPU is then the whole process tree's and statements are summed
@@ -58,6 +63,7 @@ from app import lifecycle  # noqa: E402
 from app.dev import SAMPLES, services  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from scripts.bench_api_processes import metrics_check, processes_refusal, serve_processes  # noqa: E402
+from scripts.bench_floor import floor_queue, measure_interleaved, ratio_summary  # noqa: E402
 from scripts.service_stack import bench_settings, env_of, flush_redis  # noqa: E402
 
 
@@ -72,6 +78,7 @@ def _free_port() -> int:
 
 
 PORT = _free_port()
+FLOOR_PORT = _free_port()
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 RABBIT = "amqp://guest:guest@127.0.0.1:5672//"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -197,7 +204,7 @@ def _delete_queues(settings: Settings) -> None:
     app = make_celery(settings)
     try:
         with app.connection_for_write() as conn:
-            for queue in (settings.queue_cpu, settings.queue_gpu):
+            for queue in (settings.queue_cpu, settings.queue_gpu, floor_queue(settings.queue_cpu)):
                 try:
                     conn.default_channel.queue_delete(queue)
                 except Exception as exc:  # noqa: BLE001 - a queue never declared is fine
@@ -347,18 +354,59 @@ def print_profile(path: Path) -> list[str]:
     return lines
 
 
+@contextmanager
+def floor_process(settings: Settings, log: Path) -> Iterator[subprocess.Popen]:
+    """The floor app (`scripts/bench_floor.py`) on FLOOR_PORT, on the API's database and broker."""
+    argv = [sys.executable, str(REPO / "scripts" / "bench_floor.py"), str(FLOOR_PORT)]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        if not services.wait_until(lambda: services.port_open("127.0.0.1", FLOOR_PORT), 120):
+            raise RuntimeError(f"the floor app did not come up:\n{services.log_tail(log)}")
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def store_voice(client: httpx.Client) -> str:
+    sample = SAMPLES / "voice_a.wav"
+    response = client.post("/v1/voices", files={"file": (sample.name, sample.read_bytes(), "audio/wav")})
+    response.raise_for_status()
+    return str(response.json()["id"])
+
+
+def run_floor(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """--floor: wavefarm's submissions against the floor app's, interleaved (module docstring)."""
+    print(f"{name} (against the floor):", flush=True)
+    with backend(name, root / name) as settings:
+        with api_process(settings, root / f"{name}-api.log", None) as api, \
+                floor_process(settings, root / f"{name}-floor.log") as floor, \
+                httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
+            voice = store_voice(client)
+            rows = asyncio.run(measure_interleaved({"wavefarm": api, "floor": floor},
+                                                   {"wavefarm": PORT, "floor": FLOOR_PORT}, voice, args))
+    summary = ratio_summary(rows)
+    for s in summary:
+        print(f"  C={s['concurrency']}: wavefarm / floor CPU per submission {s['cpu_ratio_per_round']}")
+    return {"backend": name, "database": settings.database_url.split(":", 1)[0],
+            "broker": settings.broker_url.split(":", 1)[0], "floor_rows": rows, "floor_summary": summary}
+
+
 def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    if args.floor:
+        return run_floor(name, args, root)
     print(f"{name}:", flush=True)
     with backend(name, root / name) as settings:
         profile = str(root / f"{name}.prof") if args.profile else None
         with api_process(settings, root / f"{name}-api.log", profile, args.null_broker,
                          args.processes) as proc, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
-            sample = SAMPLES / "voice_a.wav"
-            files = {"file": (sample.name, sample.read_bytes(), "audio/wav")}
-            response = client.post("/v1/voices", files=files)
-            response.raise_for_status()
-            voice = response.json()["id"]
+            voice = store_voice(client)
             book = seed_books(settings, voice, args.book_segments, args.books)
             rows = asyncio.run(measure(proc, voice, book, args))
             base = f"http://127.0.0.1:{PORT}"
@@ -389,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                         "round trips): what the service costs without them")
     parser.add_argument("--processes", type=int, default=1,
                         help="API processes (uvicorn workers, as `wavefarm serve --processes`); >1: postgres")
+    parser.add_argument("--floor", type=int, default=0, metavar="ROUNDS",
+                        help="submissions only, interleaved with the floor app's (scripts/bench_floor.py)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
