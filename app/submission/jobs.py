@@ -232,7 +232,7 @@ def replayed(job: Job, request: Request, voice_id: str, artifacts: ArtifactStore
 
 def _withdraw(*, session: Session, artifacts: ArtifactStore, job: Job) -> None:
     """Take a committed job back out (the broker refused it), so that the client's retry starts afresh."""
-    session.delete(job)
+    queries.delete_jobs(session=session, job_ids=[job.id])
     queries.add_voice_use(session=session, voice_id=job.voice_id, delta=-1)
     session.commit()
     if job.tokens_path:
