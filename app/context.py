@@ -4,7 +4,8 @@
     engine, sessions   the database (one short session per unit of work: `ctx.session()`)
     store      the feature store (Redis): features, cancel flags, counters
     artifacts  the artifact root (uploads, tokens, outputs)
-    sender     what queues tasks (`app.broker.wire.TaskSender`: a Celery app)
+    sender     what queues tasks (`app.broker.wire.TaskSender`: a Celery app, or built here a
+               `app.broker.publisher.Publisher` over one: no result subscription, no task-sent event)
     broker     health and queue depths (Redis or RabbitMQ); tasks go through `sender`
 
 The API builds one per app (`app.api.deps.ApiContext` adds its metrics registry), the CLI's `--local`
@@ -52,11 +53,11 @@ class Context:
         """Every client from `settings`; `extra` fills a subclass's own fields."""
         owns_sender = sender is None
         if sender is None:
-            from app.broker.celery_config import (
-                make_celery,  # the producer side only: same queues and options
-            )
+            # the producer side only: same queues and options; messages without result subscriptions
+            from app.broker.celery_config import make_celery
+            from app.broker.publisher import Publisher
 
-            sender = make_celery(settings)
+            sender = Publisher(make_celery(settings))
         engine = make_engine(settings.database_url)
         return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine),
                    store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),
