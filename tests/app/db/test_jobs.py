@@ -43,8 +43,9 @@ def test_a_job_insert_is_compiled_once_and_answers_as_written(session: Session, 
     session.commit()  # a connection reads the log level as it is taken: take the next one in at_level
     with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
         job, created = new_job(session, voice, tokens=[5, 6], key="cached-1")
-    inserts = [i for i, r in enumerate(caplog.records) if r.getMessage().lstrip().startswith("INSERT INTO jobs")]
-    stats = [caplog.records[i + 1].getMessage() for i in inserts]
+    logged = [r.getMessage().lstrip() for r in caplog.records]
+    inserts = [i for i, line in enumerate(logged) if line.startswith("INSERT INTO jobs")]
+    stats = [logged[i + 1] for i in inserts]
     assert created and len(inserts) == 1 and "cached since" in stats[0] and "no key" not in stats[0], stats
     session.commit()
     got = q.require_job(session=session, job_id=job.id)
