@@ -139,7 +139,8 @@ def submit(*, ctx: Context, session: Session, tokens: Iterable[int] | None = Non
         if existing is not None:  # a retry: the same request, or a Conflict
             replayed(existing, request, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
             return existing
-    voice = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
+    # The voice read and its use counted in one statement; taken back below if the job is not new.
+    voice = voices.use_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
     # Routed before the insert, so the route is written with the row: one commit before any message.
     route = None if text is not None else routing.route_voice(session=session, settings=settings,
                                                               voice_id=voice.id)
@@ -147,10 +148,10 @@ def submit(*, ctx: Context, session: Session, tokens: Iterable[int] | None = Non
                            seed=chosen_seed, output_format=output_format, priority=priority,
                            idempotency_key=idempotency_key, text=text, language=language, route=route)
     if not created:  # a concurrent submission with the same key won the insert: judged the same way
+        queries.add_voice_use(session=session, voice_id=voice.id, delta=-1)
         replayed(job, request, voice.id, artifacts)
         session.commit()
         return job
-    queries.add_voice_use(session=session, voice_id=voice.id)
     try:
         voices.queue_preparation(ctx=ctx, session=session, voice=voice, priority=priority)  # commits first
         if route is not None:

@@ -100,6 +100,7 @@ from app.db.queries.voices import (
     referenced_paths,
     require_voice,
     set_voice_name,
+    use_voice,
     voice_ids_with_prefix,
     voice_names,
 )
@@ -137,6 +138,7 @@ __all__ = [
     "voice_names",
     "list_voices",
     "add_voice_use",
+    "use_voice",
     "mark_voice_pending",
     "mark_voice_preparing",
     "mark_voice_ready",
