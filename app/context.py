@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,6 +36,9 @@ from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 
+if TYPE_CHECKING:  # routing reads the database through the queries; the context needs only the type
+    from app.submission.routing import LiveWorkers
+
 
 @dataclass(kw_only=True)
 class Context:
@@ -46,6 +49,7 @@ class Context:
     artifacts: ArtifactStore
     sender: TaskSender
     broker: Broker
+    live_workers: LiveWorkers | None = None  # routing's cache of the live workers (the API keeps one)
     owns_sender: bool = False  # built here (a Celery app with its own connection pool): closed here
 
     @classmethod

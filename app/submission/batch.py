@@ -82,7 +82,8 @@ def submit_batch(*, ctx: Context, session: Session,
         else:
             outcomes[c.index].error = voice
     fresh = _replays(session, artifacts, [c for c in checked if c.voice_id], outcomes)
-    routes = {v: routing.route_voice(session=session, settings=settings, voice_id=v)
+    routes = {v: routing.route_voice(session=session, settings=settings, voice_id=v,
+                                     live_workers=ctx.live_workers)
               for v in {c.voice_id for c in fresh if c.request.tokens is not None}}
     created = _insert(session, artifacts, fresh, routes, outcomes)
     by_id = {v.id: v for v in found.values() if isinstance(v, Voice)}

@@ -142,8 +142,8 @@ def submit(*, ctx: Context, session: Session, tokens: Iterable[int] | None = Non
     # The voice read and its use counted in one statement; taken back below if the job is not new.
     voice = voices.use_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
     # Routed before the insert, so the route is written with the row: one commit before any message.
-    route = None if text is not None else routing.route_voice(session=session, settings=settings,
-                                                              voice_id=voice.id)
+    route = None if text is not None else routing.route_voice(
+        session=session, settings=settings, voice_id=voice.id, live_workers=ctx.live_workers)
     job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, tokens=token_list,
                            seed=chosen_seed, output_format=output_format, priority=priority,
                            idempotency_key=idempotency_key, text=text, language=language, route=route)
