@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -63,7 +64,7 @@ from app import lifecycle  # noqa: E402
 from app.dev import SAMPLES, services  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from scripts.bench_api_processes import metrics_check, processes_refusal, serve_processes  # noqa: E402
-from scripts.bench_floor import floor_queue, measure_interleaved, ratio_summary  # noqa: E402
+from scripts.bench_floor import floor_queue, measure_interleaved, ratio_summary, server_options  # noqa: E402
 from scripts.service_stack import bench_settings, env_of, flush_redis  # noqa: E402
 
 
@@ -121,7 +122,7 @@ def serve_counted(port: int, profile: str | None, null_broker: bool = False) -> 
             return {"profiling": on}
 
         app.add_api_route("/_bench/profile/{on}", toggle, methods=["POST"])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **server_options())
 
 
 def cpu_seconds(pid: int) -> float:
@@ -465,7 +466,10 @@ def main(argv: list[str] | None = None) -> int:
                                   text=True).stdout
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name")), platform.processor())
-        report = {"command": " ".join(sys.argv), "git": revision.strip(), "cpu": cpu, "cores": os.cpu_count(),
+        report = {"command": " ".join(sys.argv), "http": os.environ.get("WAVEFARM_BENCH_HTTP", "auto"),
+                  "httptools_uvloop": [importlib.util.find_spec(m) is not None
+                                       for m in ("httptools", "uvloop")],
+                  "git": revision.strip(), "cpu": cpu, "cores": os.cpu_count(),
                   "load_before": os.getloadavg(), "backends": results}
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

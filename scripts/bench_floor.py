@@ -14,6 +14,7 @@ producer pool (publisher confirms on RabbitMQ, as wavefarm's broker options ask)
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -89,7 +90,14 @@ def serve_floor(port: int) -> None:
 
     settings = get_settings()
     app = make_floor_app(settings.database_url, settings.broker_url, floor_queue(settings.queue_cpu))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **server_options())
+
+
+def server_options() -> dict[str, str]:
+    """uvicorn's HTTP parser and event loop for a benchmark's servers: uvicorn takes httptools and uvloop
+    where they are installed; WAVEFARM_BENCH_HTTP=h11 keeps to the pure-Python pair (h11, asyncio), to
+    measure what the others bring on one installation."""
+    return {"http": "h11", "loop": "asyncio"} if os.environ.get("WAVEFARM_BENCH_HTTP") == "h11" else {}
 
 
 def floor_queue(cpu_queue: str) -> str:
