@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Table, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -76,7 +76,7 @@ def _insert_job(dialect: str) -> Any:
         raise NotImplementedError(f"unsupported database dialect {dialect!r}")
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     # RETURNING the id: whether the row went in (psycopg's rowcount is -1 for it)
-    table = Job.__table__
+    table = cast(Table, Job.__table__)
     return insert(table).on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(table.c.id)
 
 

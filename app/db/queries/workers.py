@@ -115,7 +115,7 @@ def live_worker_beats(*, session: Session, beat_after: datetime) -> list[tuple[L
     stmt = (select(Worker.name, Worker.slots, Worker.last_install_at, Worker.heartbeat_at)
             .where(Worker.heartbeat_at.is_not(None), Worker.heartbeat_at >= beat_after).order_by(Worker.name))
     rows = session.execute(stmt).tuples()
-    return [(LiveWorker(name, slots, last), beat) for name, slots, last, beat in rows]
+    return [(LiveWorker(name, slots, last), beat) for name, slots, last, beat in rows if beat is not None]
 
 
 def voice_holders(*, session: Session, voice_id: str, workers: Sequence[str]) -> set[str]:
