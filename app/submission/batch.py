@@ -6,7 +6,8 @@ job's id and status, and whether an idempotency key named a job that existed) or
 single submission would have raised. A bad item never sinks the others. Per distinct voice, once: its
 lookup, its routing decision (`app.submission.routing.route_voice`), its use count and its preparation check.
 The new jobs are inserted in one statement with their routes, everything is committed once, and only then
-are the messages sent, all over one broker connection (`app.broker.wire.one_connection`). When the broker
+are the messages sent, all over one broker connection as one round (`app.broker.wire.one_round`: on
+RabbitMQ, the publisher confirms awaited once for the round). When the broker
 refuses a message, the jobs not sent yet are taken back out and their items refused (the error kept),
 as a single submission's job would be.
 
@@ -222,8 +223,10 @@ def _publish(ctx: Context, session: Session, send: _Round, outcomes: list[Outcom
     """Send the round over one connection; on the first refusal, take back what was not sent."""
     settings = ctx.settings
     prepared = sent = 0
+    deferred = False
     try:
-        with wire.one_connection(ctx.sender) as one:
+        with wire.one_round(ctx.sender) as one:
+            deferred = getattr(one, "deferred", False)  # sent only once the round's confirms are in
             for voice_id, priority in send.prepare:
                 wire.send_prepare(one, settings, voice_id, priority)
                 prepared += 1
@@ -236,6 +239,8 @@ def _publish(ctx: Context, session: Session, send: _Round, outcomes: list[Outcom
                     wire.send_synth(one, settings, c.job.id, c.job.priority, queue=route.queue)
                 sent += 1
     except Exception as exc:  # noqa: BLE001 - the broker's errors are many kinds; each item gets it
+        if deferred:
+            prepared = sent = 0
         log.exception("batch: the broker refused a message; withdrawing %d of %d new jobs",
                       len(send.created) - sent, len(send.created))
         for voice_id, _ in send.prepare[prepared:]:

@@ -9,9 +9,11 @@ import time
 import uuid
 from typing import Any
 
+import pytest
+
+from app.broker import wire
 from app.broker.celery_config import make_celery
 from app.broker.publisher import Publisher
-from app.broker.wire import SWEEP_TASK
 from app.settings import Settings
 
 
@@ -55,7 +57,7 @@ def test_a_published_task_runs_and_its_worker_events_flow_without_a_sent_event(
         assert events.wait_for(marker, {"task-sent"}, 60, send_marker=True) == {"task-sent"}
         task_id = str(uuid.uuid4())
         publisher = Publisher(app)
-        publisher.send_task(SWEEP_TASK, args=[], task_id=task_id, queue=worker_settings.queue_cpu)
+        publisher.send_task(wire.SWEEP_TASK, args=[], task_id=task_id, queue=worker_settings.queue_cpu)
         assert app.AsyncResult(task_id).get(timeout=120) is not None  # run, and its result stored
         worker_events = {"task-received", "task-started", "task-succeeded"}
         seen = events.wait_for(task_id, worker_events, 60)
@@ -63,3 +65,36 @@ def test_a_published_task_runs_and_its_worker_events_flow_without_a_sent_event(
     finally:
         events.stop = True
         app.close()
+
+
+def test_a_round_on_rabbitmq_publishes_every_message_and_awaits_the_confirms_once(
+        amqp_url: str, worker_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    import amqp
+
+    def one_by_one(*_: Any, **__: Any) -> None:
+        raise AssertionError("a message of the round waited for its own confirm")
+
+    monkeypatch.setattr(amqp.Channel, "basic_publish_confirm", one_by_one)
+    settings = worker_settings.model_copy(update={"broker_url": amqp_url,
+                                                  "queue_gpu": f"round-{uuid.uuid4().hex[:8]}"})
+    publisher = Publisher(make_celery(settings))
+    waits: list[Any] = []
+    real_wait = amqp.Channel.wait
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        waits.append(args)
+        return real_wait(self, *args, **kwargs)
+
+    monkeypatch.setattr(amqp.Channel, "wait", counted)
+    try:
+        with publisher.round() as one:
+            for i in range(300):
+                wire.send_synth(one, settings, f"job-{i}", priority=i % 10)
+        confirm_waits = len(waits)
+        with publisher.app.connection_for_write() as conn:
+            channel = conn.default_channel
+            assert channel.queue_declare(settings.queue_gpu, passive=True).message_count == 300
+            channel.queue_delete(settings.queue_gpu)
+    finally:
+        publisher.close()
+    assert confirm_waits < 300  # the confirms come back many to a frame: not one wait a message
