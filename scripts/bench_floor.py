@@ -94,10 +94,13 @@ def serve_floor(port: int) -> None:
 
 
 def server_options() -> dict[str, str]:
-    """uvicorn's HTTP parser and event loop for a benchmark's servers: uvicorn takes httptools and uvloop
-    where they are installed; WAVEFARM_BENCH_HTTP=h11 keeps to the pure-Python pair (h11, asyncio), to
-    measure what the others bring on one installation."""
-    return {"http": "h11", "loop": "asyncio"} if os.environ.get("WAVEFARM_BENCH_HTTP") == "h11" else {}
+    """uvicorn's options for a benchmark's servers. HTTP parser and event loop: uvicorn takes httptools
+    and uvloop where they are installed; WAVEFARM_BENCH_HTTP=h11 keeps to the pure-Python pair (h11,
+    asyncio), to measure what the others bring on one installation. Keep-alive: while one app of an
+    interleaved pair is measured, the other's connections wait; uvicorn's 5 s default closed them, and a
+    request sent as one closed ended the run (httpx.ReadError)."""
+    chosen = {"http": "h11", "loop": "asyncio"} if os.environ.get("WAVEFARM_BENCH_HTTP") == "h11" else {}
+    return {"timeout_keep_alive": 600, **chosen}
 
 
 def floor_queue(cpu_queue: str) -> str:
