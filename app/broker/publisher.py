@@ -87,7 +87,8 @@ class _Confirms:
     def __init__(self, channel: Any) -> None:
         from amqp import spec
 
-        self.channel, self.published, self.upto, self.single, self.refused = channel, 0, 0, set(), False
+        self.channel, self.published, self.upto, self.refused = channel, 0, 0, False
+        self.single: set[int] = set()  # tags acknowledged one by one, above `upto`
         self.methods = [spec.Basic.Ack, spec.Basic.Nack]
         channel.confirm_select()
         channel._confirm_selected = True
