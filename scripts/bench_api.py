@@ -64,7 +64,7 @@ from app import lifecycle  # noqa: E402
 from app.dev import SAMPLES, services  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from scripts.bench_api_processes import metrics_check, processes_refusal, serve_processes  # noqa: E402
-from scripts.bench_floor import floor_queue, measure_interleaved, ratio_summary, server_options  # noqa: E402
+from scripts.bench_floor import floor_queue, run_floor, server_options  # noqa: E402
 from scripts.service_stack import bench_settings, env_of, flush_redis  # noqa: E402
 
 
@@ -355,25 +355,6 @@ def print_profile(path: Path) -> list[str]:
     return lines
 
 
-@contextmanager
-def floor_process(settings: Settings, log: Path) -> Iterator[subprocess.Popen]:
-    """The floor app (`scripts/bench_floor.py`) on FLOOR_PORT, on the API's database and broker."""
-    argv = [sys.executable, str(REPO / "scripts" / "bench_floor.py"), str(FLOOR_PORT)]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        if not services.wait_until(lambda: services.port_open("127.0.0.1", FLOOR_PORT), 120):
-            raise RuntimeError(f"the floor app did not come up:\n{services.log_tail(log)}")
-        yield proc
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 def store_voice(client: httpx.Client) -> str:
     sample = SAMPLES / "voice_a.wav"
     response = client.post("/v1/voices", files={"file": (sample.name, sample.read_bytes(), "audio/wav")})
@@ -381,26 +362,9 @@ def store_voice(client: httpx.Client) -> str:
     return str(response.json()["id"])
 
 
-def run_floor(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """--floor: wavefarm's submissions against the floor app's, interleaved (module docstring)."""
-    print(f"{name} (against the floor):", flush=True)
-    with backend(name, root / name) as settings:
-        with api_process(settings, root / f"{name}-api.log", None) as api, \
-                floor_process(settings, root / f"{name}-floor.log") as floor, \
-                httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
-            voice = store_voice(client)
-            rows = asyncio.run(measure_interleaved({"wavefarm": api, "floor": floor},
-                                                   {"wavefarm": PORT, "floor": FLOOR_PORT}, voice, args))
-    summary = ratio_summary(rows)
-    for s in summary:
-        print(f"  C={s['concurrency']}: wavefarm / floor CPU per submission {s['cpu_ratio_per_round']}")
-    return {"backend": name, "database": settings.database_url.split(":", 1)[0],
-            "broker": settings.broker_url.split(":", 1)[0], "floor_rows": rows, "floor_summary": summary}
-
-
 def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     if args.floor:
-        return run_floor(name, args, root)
+        return run_floor(name, args, root, FLOOR_PORT)
     print(f"{name}:", flush=True)
     with backend(name, root / name) as settings:
         profile = str(root / f"{name}.prof") if args.profile else None

@@ -14,9 +14,16 @@ producer pool (publisher confirms on RabbitMQ, as wavefarm's broker options ask)
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+import subprocess
+import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -171,9 +178,49 @@ async def measure_interleaved(procs: dict[str, Any], ports: dict[str, int], voic
     return rows
 
 
-if __name__ == "__main__":  # pragma: no cover - started by bench_api.py --floor
-    import sys
-    from pathlib import Path
+@contextmanager
+def floor_process(settings: Any, log: Path, port: int) -> Iterator[subprocess.Popen]:
+    """This app on `port` in a process of its own, on the API's database and broker (`settings`)."""
+    from app.dev import services
+    from scripts.service_stack import env_of
 
+    argv = [sys.executable, str(Path(__file__).resolve()), str(port)]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        if not services.wait_until(lambda: services.port_open("127.0.0.1", port), 120):
+            raise RuntimeError(f"the floor app did not come up:\n{services.log_tail(log)}")
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_floor(name: str, args: Any, root: Path, port: int) -> dict[str, Any]:
+    """`bench_api.py --floor`: wavefarm's submissions against this app's, interleaved, on backend `name`."""
+    import httpx
+
+    from scripts.bench_api import PORT, api_process, backend, store_voice
+
+    print(f"{name} (against the floor):", flush=True)
+    with backend(name, root / name) as settings:
+        with api_process(settings, root / f"{name}-api.log", None) as api, \
+                floor_process(settings, root / f"{name}-floor.log", port) as floor, \
+                httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
+            voice = store_voice(client)
+            rows = asyncio.run(measure_interleaved({"wavefarm": api, "floor": floor},
+                                                   {"wavefarm": PORT, "floor": port}, voice, args))
+    summary = ratio_summary(rows)
+    for s in summary:
+        print(f"  C={s['concurrency']}: wavefarm / floor CPU per submission {s['cpu_ratio_per_round']}")
+    return {"backend": name, "database": settings.database_url.split(":", 1)[0],
+            "broker": settings.broker_url.split(":", 1)[0], "floor_rows": rows, "floor_summary": summary}
+
+
+if __name__ == "__main__":  # pragma: no cover - started by bench_api.py --floor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     serve_floor(int(sys.argv[1]))
