@@ -4,7 +4,8 @@
     engine, sessions   the database (one short session per unit of work: `ctx.session()`)
     store      the feature store (Redis): features, cancel flags, counters
     artifacts  the artifact root (uploads, tokens, outputs)
-    sender     what queues tasks (`app.broker.wire.TaskSender`: a Celery app)
+    sender     what queues tasks (`app.broker.wire.TaskSender`: a Celery app, or built here a
+               `app.broker.publisher.Publisher` over one: no result subscription, no task-sent event)
     broker     health and queue depths (Redis or RabbitMQ); tasks go through `sender`
 
 The API builds one per app (`app.api.deps.ApiContext` adds its metrics registry), the CLI's `--local`
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -35,6 +36,9 @@ from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 
+if TYPE_CHECKING:  # routing reads the database through the queries; the context needs only the type
+    from app.submission.routing import LiveWorkers
+
 
 @dataclass(kw_only=True)
 class Context:
@@ -45,6 +49,7 @@ class Context:
     artifacts: ArtifactStore
     sender: TaskSender
     broker: Broker
+    live_workers: LiveWorkers | None = None  # routing's cache of the live workers (the API keeps one)
     owns_sender: bool = False  # built here (a Celery app with its own connection pool): closed here
 
     @classmethod
@@ -52,11 +57,11 @@ class Context:
         """Every client from `settings`; `extra` fills a subclass's own fields."""
         owns_sender = sender is None
         if sender is None:
-            from app.broker.celery_config import (
-                make_celery,  # the producer side only: same queues and options
-            )
+            # the producer side only: same queues and options; messages without result subscriptions
+            from app.broker.celery_config import make_celery
+            from app.broker.publisher import Publisher
 
-            sender = make_celery(settings)
+            sender = Publisher(make_celery(settings))
         engine = make_engine(settings.database_url)
         return cls(settings=settings, engine=engine, sessions=make_sessionmaker(engine),
                    store=FeatureStore.from_url(settings.feature_store_url, ttl_s=settings.feature_ttl_s),

@@ -22,6 +22,11 @@ part of the CPU the server could have had, so the rates are a floor. `--profile`
 of 200 submissions at concurrency 1 (the request thread's own time) and prints its top functions; with
 `--batch`, of `--batch-requests` batches instead.
 
+`--floor ROUNDS` measures only submissions, against the least possible app doing the same
+(`scripts/bench_floor.py`), served beside the API on the same database and broker: at each concurrency,
+ROUNDS rounds of `--requests` submissions to wavefarm, then to the floor (A, B, A, B, ...), and per round
+the ratio of their CPU per request (`floor_summary` in the JSON).
+
 `--processes N` (N > 1, PostgreSQL only: `wavefarm serve --processes` refuses SQLite) serves the API
 from N uvicorn processes on the one port, as `wavefarm serve --processes N` does (the request metrics in
 prometheus_client's multiprocess mode); CPU is then the whole process tree's and statements are summed
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -58,6 +64,7 @@ from app import lifecycle  # noqa: E402
 from app.dev import SAMPLES, services  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from scripts.bench_api_processes import metrics_check, processes_refusal, serve_processes  # noqa: E402
+from scripts.bench_floor import floor_queue, run_floor, server_options  # noqa: E402
 from scripts.service_stack import bench_settings, env_of, flush_redis  # noqa: E402
 
 
@@ -72,6 +79,7 @@ def _free_port() -> int:
 
 
 PORT = _free_port()
+FLOOR_PORT = _free_port()
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 RABBIT = "amqp://guest:guest@127.0.0.1:5672//"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -114,7 +122,7 @@ def serve_counted(port: int, profile: str | None, null_broker: bool = False) -> 
             return {"profiling": on}
 
         app.add_api_route("/_bench/profile/{on}", toggle, methods=["POST"])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **server_options())
 
 
 def cpu_seconds(pid: int) -> float:
@@ -197,7 +205,7 @@ def _delete_queues(settings: Settings) -> None:
     app = make_celery(settings)
     try:
         with app.connection_for_write() as conn:
-            for queue in (settings.queue_cpu, settings.queue_gpu):
+            for queue in (settings.queue_cpu, settings.queue_gpu, floor_queue(settings.queue_cpu)):
                 try:
                     conn.default_channel.queue_delete(queue)
                 except Exception as exc:  # noqa: BLE001 - a queue never declared is fine
@@ -348,18 +356,23 @@ def print_profile(path: Path) -> list[str]:
     return lines
 
 
+def store_voice(client: httpx.Client) -> str:
+    sample = SAMPLES / "voice_a.wav"
+    response = client.post("/v1/voices", files={"file": (sample.name, sample.read_bytes(), "audio/wav")})
+    response.raise_for_status()
+    return str(response.json()["id"])
+
+
 def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    if args.floor:
+        return run_floor(name, args, root, FLOOR_PORT)
     print(f"{name}:", flush=True)
     with backend(name, root / name) as settings:
         profile = str(root / f"{name}.prof") if args.profile else None
         with api_process(settings, root / f"{name}-api.log", profile, args.null_broker,
                          args.processes) as proc, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
-            sample = SAMPLES / "voice_a.wav"
-            files = {"file": (sample.name, sample.read_bytes(), "audio/wav")}
-            response = client.post("/v1/voices", files=files)
-            response.raise_for_status()
-            voice = response.json()["id"]
+            voice = store_voice(client)
             book = seed_books(settings, voice, args.book_segments, args.books)
             rows = asyncio.run(measure(proc, voice, book, args))
             base = f"http://127.0.0.1:{PORT}"
@@ -390,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                         "round trips): what the service costs without them")
     parser.add_argument("--processes", type=int, default=1,
                         help="API processes (uvicorn workers, as `wavefarm serve --processes`); >1: postgres")
+    parser.add_argument("--floor", type=int, default=0, metavar="ROUNDS",
+                        help="submissions only, interleaved with the floor app's (scripts/bench_floor.py)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
@@ -416,7 +431,10 @@ def main(argv: list[str] | None = None) -> int:
                                   text=True).stdout
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name")), platform.processor())
-        report = {"command": " ".join(sys.argv), "git": revision.strip(), "cpu": cpu, "cores": os.cpu_count(),
+        report = {"command": " ".join(sys.argv), "http": os.environ.get("WAVEFARM_BENCH_HTTP", "auto"),
+                  "httptools_uvloop": [importlib.util.find_spec(m) is not None
+                                       for m in ("httptools", "uvloop")],
+                  "git": revision.strip(), "cpu": cpu, "cores": os.cpu_count(),
                   "load_before": os.getloadavg(), "backends": results}
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

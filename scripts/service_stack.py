@@ -36,8 +36,11 @@ def bench_settings(root: Path, *, preset: str, slots: int, threads: int, redis_d
                    queue: str, database_url: str | None = None, **extra: Any) -> Settings:
     """Settings of a benchmark's service: broker, results and features on `redis_dbs` of the local Redis,
     queues `<queue>-cpu` / `<queue>-gpu`, dummy weights of `preset`, `slots` GPU-worker slots (and
-    micro-batch size), `threads` engine CPU threads (0: torch's default); `extra` overrides the rest."""
-    broker, results, features = (f"redis://127.0.0.1:6379/{db}" for db in redis_dbs)
+    micro-batch size), `threads` engine CPU threads (0: torch's default); `extra` overrides the rest.
+    WAVEFARM_BENCH_REDIS (default redis://127.0.0.1:6379) names another Redis server, so that runs on a
+    shared machine do not flush each other's databases."""
+    base = os.environ.get("WAVEFARM_BENCH_REDIS", "redis://127.0.0.1:6379").rstrip("/")
+    broker, results, features = (f"{base}/{db}" for db in redis_dbs)
     values: dict[str, Any] = {
         "database_url": database_url or f"sqlite:///{root / 'bench.sqlite'}",
         "artifact_root": root / "artifacts", "broker_url": broker, "result_backend": results,

@@ -16,11 +16,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
 from app.context import Context
+from app.submission.routing import LiveWorkers
 
 
 @dataclass
 class ApiContext(Context):
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)  # this app's /metrics
+    # Every submission is routed: the live workers' rows read at most once a second in this process.
+    live_workers: LiveWorkers | None = field(default_factory=LiveWorkers)
 
 
 def context(request: Request) -> ApiContext:

@@ -103,6 +103,19 @@ def one_connection(sender: TaskSender) -> Iterator[TaskSender]:
         yield _OnProducer(sender, producer)
 
 
+@contextmanager
+def one_round(sender: TaskSender) -> Iterator[TaskSender]:
+    """`one_connection`, or the sender's own round when it has one (`app.broker.publisher.Publisher`:
+    RabbitMQ's confirms awaited once for the round, which then raises as it ends if one is missing)."""
+    own = getattr(sender, "round", None)
+    if own is None:
+        with one_connection(sender) as one:
+            yield one
+        return
+    with own() as one:
+        yield one
+
+
 def send_chapter(sender: TaskSender, settings: Settings, book_id: str, index: int) -> None:
     """Ring a chapter's `book.chapter` on a CPU worker: its segments have all settled (a doorbell: the
     task reads the database, so a lost or doubled one is harmless; the sweep rings a lost one again)."""

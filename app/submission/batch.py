@@ -6,7 +6,8 @@ job's id and status, and whether an idempotency key named a job that existed) or
 single submission would have raised. A bad item never sinks the others. Per distinct voice, once: its
 lookup, its routing decision (`app.submission.routing.route_voice`), its use count and its preparation check.
 The new jobs are inserted in one statement with their routes, everything is committed once, and only then
-are the messages sent, all over one broker connection (`app.broker.wire.one_connection`). When the broker
+are the messages sent, all over one broker connection as one round (`app.broker.wire.one_round`: on
+RabbitMQ, the publisher confirms awaited once for the round). When the broker
 refuses a message, the jobs not sent yet are taken back out and their items refused (the error kept),
 as a single submission's job would be.
 
@@ -83,7 +84,8 @@ def submit_batch(*, ctx: Context, session: Session,
         else:
             outcomes[c.index].error = voice
     fresh = _replays(session, artifacts, [c for c in checked if c.voice_id], outcomes)
-    routes = {v: routing.route_voice(session=session, settings=settings, voice_id=v)
+    routes = {v: routing.route_voice(session=session, settings=settings, voice_id=v,
+                                     live_workers=ctx.live_workers)
               for v in {c.voice_id for c in fresh if c.request.tokens is not None}}
     created = _insert(session, artifacts, fresh, routes, outcomes)
     by_id = {v.id: v for v in found.values() if isinstance(v, Voice)}
@@ -218,8 +220,10 @@ def _publish(ctx: Context, session: Session, send: _Round, outcomes: list[Outcom
     """Send the round over one connection; on the first refusal, take back what was not sent."""
     settings = ctx.settings
     prepared = sent = 0
+    deferred = False
     try:
-        with wire.one_connection(ctx.sender) as one:
+        with wire.one_round(ctx.sender) as one:
+            deferred = getattr(one, "deferred", False)  # sent only once the round's confirms are in
             for voice_id, priority in send.prepare:
                 wire.send_prepare(one, settings, voice_id, priority)
                 prepared += 1
@@ -232,6 +236,8 @@ def _publish(ctx: Context, session: Session, send: _Round, outcomes: list[Outcom
                     wire.send_synth(one, settings, c.job.id, c.job.priority, queue=route.queue)
                 sent += 1
     except Exception as exc:  # noqa: BLE001 - the broker's errors are many kinds; each item gets it
+        if deferred:
+            prepared = sent = 0
         log.exception("batch: the broker refused a message; withdrawing %d of %d new jobs",
                       len(send.created) - sent, len(send.created))
         for voice_id, _ in send.prepare[prepared:]:

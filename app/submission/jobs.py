@@ -104,17 +104,18 @@ def submit(*, ctx: Context, session: Session, request: JobRequest) -> Job:
         if existing is not None:  # a retry: the same request, or a Conflict
             replayed(existing, checked, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
             return existing
-    voice = voices.resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
+    # The voice read and its use counted in one statement; taken back below if the job is not new.
+    voice = voices.use_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
     # Routed before the insert, so the route is written with the row: one commit before any message.
-    route = None if checked.text is not None else routing.route_voice(session=session, settings=settings,
-                                                                      voice_id=voice.id)
+    route = None if checked.text is not None else routing.route_voice(
+        session=session, settings=settings, voice_id=voice.id, live_workers=ctx.live_workers)
     job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, request=checked,
                            seed=chosen_seed, route=route)
     if not created:  # a concurrent submission with the same key won the insert: judged the same way
+        queries.add_voice_use(session=session, voice_id=voice.id, delta=-1)
         replayed(job, checked, voice.id, artifacts)
         session.commit()
         return job
-    queries.add_voice_use(session=session, voice_id=voice.id)
     try:
         voices.queue_preparation(ctx=ctx, session=session, voice=voice, priority=priority)  # commits first
         if route is not None:
@@ -162,7 +163,7 @@ def replayed(job: Job, request: Request, voice_id: str, artifacts: ArtifactStore
 
 def _withdraw(*, session: Session, artifacts: ArtifactStore, job: Job) -> None:
     """Take a committed job back out (the broker refused it), so that the client's retry starts afresh."""
-    session.delete(job)
+    queries.delete_jobs(session=session, job_ids=[job.id])
     queries.add_voice_use(session=session, voice_id=job.voice_id, delta=-1)
     session.commit()
     if job.tokens_path:

@@ -77,11 +77,36 @@ def shared(settings: Settings, reason: str) -> Route:
     return Route(settings.queue_gpu, None, reason)
 
 
-def route_voice(*, session: Session, settings: Settings, voice_id: str) -> Route:
-    """Where a job of `voice_id` goes now (module docstring)."""
+class LiveWorkers:
+    """The live GPU workers as one process last read them, read again at most once a second
+    (`READ_EVERY_S`): the API routes every submission, and the workers' rows change at their heartbeats.
+    Liveness is judged again at each use from the heartbeats read, so a worker that dies stops being
+    chosen when its last beat passes `LIVE_BEAT_S`, as without the cache; one that stops (its heartbeat
+    cleared) or starts is seen within a second. Shared by the threads of a process: the rows and the time
+    they were read are replaced together."""
+
+    READ_EVERY_S = 1.0
+
+    def __init__(self) -> None:
+        self._read: tuple[datetime, list[tuple[queries.LiveWorker, datetime]]] | None = None
+
+    def rows(self, session: Session, now: datetime) -> list[queries.LiveWorker]:
+        read = self._read
+        beat_after = now - timedelta(seconds=LIVE_BEAT_S)
+        if read is None or not 0 <= (now - read[0]).total_seconds() < self.READ_EVERY_S:
+            read = self._read = (now, queries.live_worker_beats(session=session, beat_after=beat_after))
+        return [row for row, beat in read[1] if beat >= beat_after]
+
+
+def route_voice(*, session: Session, settings: Settings, voice_id: str,
+                live_workers: LiveWorkers | None = None) -> Route:
+    """Where a job of `voice_id` goes now (module docstring); `live_workers`: the process's cache of the
+    live workers' rows (None: read them now)."""
     if settings.voice_affinity == "off":
         return shared(settings, "shared_off")
-    rows = queries.live_worker_rows(session=session, beat_after=utcnow() - timedelta(seconds=LIVE_BEAT_S))
+    now = utcnow()
+    rows = (live_workers.rows(session, now) if live_workers is not None
+            else queries.live_worker_rows(session=session, beat_after=now - timedelta(seconds=LIVE_BEAT_S)))
     live = [row.name for row in rows]
     if settings.voice_affinity == "auto" and len(live) < 2:
         return shared(settings, "shared_single")

@@ -88,6 +88,21 @@ def resolve_voice(*, ctx: Context, session: Session, reference_bytes: bytes | No
     return queries.require_voice(session=session, voice_id=voice_id or "")
 
 
+def use_voice(*, ctx: Context, session: Session, reference_bytes: bytes | None,
+              voice_id: str | None) -> Voice:
+    """`resolve_voice`, and one more use counted on it (a stored voice: one statement for both)."""
+    if reference_bytes is not None or voice_id is None:
+        voice = resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
+        queries.add_voice_use(session=session, voice_id=voice.id)
+        return voice
+    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
+    try:
+        check_voice_id(voice_id or "")
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    return queries.use_voice(session=session, voice_id=voice_id or "")
+
+
 def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> bool:
     """Whether to queue `voice.prepare` now (this caller holds the claim then); re-arms a voice whose
     features are gone or whose last preparation failed."""

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import nullcontext
 from datetime import timedelta
 
 import pytest
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import lifecycle
 from app.broker.celery_config import make_celery, redis_options
+from app.broker.publisher import Publisher
 from app.broker.queues import is_amqp, open_broker
 from app.broker.wire import send_synth
 from app.db import queries
@@ -69,13 +71,18 @@ def take_all(settings: Settings, queue: str) -> list[str]:
     return ids
 
 
-def test_a_higher_job_priority_is_served_first_on_both_brokers(broker_settings: Settings) -> None:
+@pytest.mark.parametrize("how", ["celery", "publisher", "round"])
+def test_a_higher_job_priority_is_served_first_on_both_brokers(broker_settings: Settings, how: str) -> None:
+    """Sent by Celery (a worker's sends), the API's Publisher, or a Publisher's round (a batch)."""
     settings = broker_settings
     app = make_celery(settings)
     sent = {f"job-{p}-{uuid.uuid4().hex[:6]}": p for p in (0, 9, 5, 0, 3)}
     try:
-        for job_id, priority in sent.items():
-            send_synth(app, settings, job_id, priority)
+        publisher = Publisher(app)
+        with (nullcontext(app) if how == "celery" else nullcontext(publisher) if how == "publisher"
+              else publisher.round()) as sender:
+            for job_id, priority in sent.items():
+                send_synth(sender, settings, job_id, priority)
         broker = open_broker(settings.broker_url)
         try:
             assert broker.queue_depth(settings.queue_gpu) == len(sent)

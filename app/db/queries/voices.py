@@ -21,6 +21,17 @@ def require_voice(*, session: Session, voice_id: str) -> Voice:
     return voice
 
 
+def use_voice(*, session: Session, voice_id: str) -> Voice:
+    """Count one more use of the voice and return it, in one statement; NotFound if there is none."""
+    stmt = (update(Voice).where(Voice.id == voice_id).values(uses=Voice.uses + 1, updated_at=utcnow())
+            .returning(Voice))
+    voice = session.scalars(stmt, execution_options={"populate_existing": True,
+                                                     "synchronize_session": False}).one_or_none()
+    if voice is None:
+        raise NotFound(f"no voice {voice_id}")
+    return voice
+
+
 def get_voice_by_name(*, session: Session, name: str) -> Voice | None:
     return session.scalars(select(Voice).where(Voice.name == name)).one_or_none()
 

@@ -109,6 +109,15 @@ def live_worker_rows(*, session: Session, beat_after: datetime) -> list[LiveWork
     return [LiveWorker(name, slots, last) for name, slots, last in session.execute(stmt).tuples()]
 
 
+def live_worker_beats(*, session: Session, beat_after: datetime) -> list[tuple[LiveWorker, datetime]]:
+    """`live_worker_rows` with each worker's latest heartbeat, for a reader that keeps them a while and
+    judges liveness again at each use (`app.submission.routing.LiveWorkers`)."""
+    stmt = (select(Worker.name, Worker.slots, Worker.last_install_at, Worker.heartbeat_at)
+            .where(Worker.heartbeat_at.is_not(None), Worker.heartbeat_at >= beat_after).order_by(Worker.name))
+    rows = session.execute(stmt).tuples()
+    return [(LiveWorker(name, slots, last), beat) for name, slots, last, beat in rows if beat is not None]
+
+
 def voice_holders(*, session: Session, voice_id: str, workers: Sequence[str]) -> set[str]:
     """Of `workers`, those that hold the voice: installed (`worker_voices`), or with live jobs of it
     claimed or queued on their own queue (the install is under way, or will be); one statement."""

@@ -4,6 +4,8 @@ and the messages of the accepted jobs; idempotency within and across batches; th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -166,3 +168,25 @@ def test_jobs_whose_messages_the_broker_refused_are_taken_back_and_answered_503(
         synth = [args[0] for name, args in sender.sent if name == "synth"]
         assert synth == [r["job_id"] for r in results[:2]]
         assert client.get(f"/v1/voices/{voice}").json()["uses"] == 2
+
+
+class UnconfirmedRound(FailingAfter):
+    """A broker whose round takes every message and then misses a confirm (RabbitMQ's pipelined round:
+    `app.broker.publisher.Publisher.round`)."""
+
+    deferred = True
+
+    @contextmanager
+    def round(self) -> Iterator[UnconfirmedRound]:
+        yield self
+        raise TimeoutError("1 of 5 messages not confirmed by the broker")
+
+
+def test_a_round_whose_confirms_are_missing_takes_every_job_of_the_batch_back(
+        settings: Settings, feature_redis: redis.Redis, reference: bytes) -> None:
+    sender = UnconfirmedRound(10**6)
+    with TestClient(create_app(settings, sender=sender)) as client:
+        voice = upload_voice(client, reference).json()["id"]
+        results = post_batch(client, [{"voice_id": voice, "tokens": TOKENS}] * 4).json()["results"]
+        assert [r["code"] for r in results] == [503] * 4 and len(sender.sent) == 5  # all published
+        assert client.get("/v1/jobs").json() == [] and client.get(f"/v1/voices/{voice}").json()["uses"] == 0

@@ -1,5 +1,6 @@
 """Job queries on both databases: idempotent creation, exclusive claims, progress, the first finisher wins."""
 
+import logging
 import uuid
 from datetime import UTC
 
@@ -8,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import lifecycle
 from app.db import queries as q
-from app.db.models import JobStatus, PrepPath
+from app.db.models import Job, JobStatus, PrepPath
 from app.db.session import session_scope
 from app.errors import NotFound
 from tests.app.db.helpers import new_job
@@ -31,6 +32,25 @@ def test_same_idempotency_key_gives_the_same_job(session: Session, voice: str):
     other, _ = new_job(session, voice, key="k-2")
     session.commit()
     assert created and not created_again and second.id == first.id and other.id != first.id
+
+
+def test_a_job_insert_is_compiled_once_and_answers_as_written(session: Session, voice: str,
+                                                               caplog: pytest.LogCaptureFixture):
+    """The INSERT is a statement SQLAlchemy caches (its log says "cached since", never "no key": an
+    uncacheable one was compiled again for every submission), and the job it returns is the row as read
+    back."""
+    new_job(session, voice)  # compiled here, if no earlier test of this process did it
+    session.commit()  # a connection reads the log level as it is taken: take the next one in at_level
+    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
+        job, created = new_job(session, voice, tokens=[5, 6], key="cached-1")
+    logged = [r.getMessage().lstrip() for r in caplog.records]
+    inserts = [i for i, line in enumerate(logged) if line.startswith("INSERT INTO jobs")]
+    stats = [logged[i + 1] for i in inserts]
+    assert created and len(inserts) == 1 and "cached since" in stats[0] and "no key" not in stats[0], stats
+    session.commit()
+    got = q.require_job(session=session, job_id=job.id)
+    for column in Job.__table__.columns:
+        assert getattr(job, column.key) == getattr(got, column.key), column.key
 
 
 def test_claims_are_exclusive_and_bounded_by_max_attempts(sessions: sessionmaker[Session], voice: str):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from app.db import queries as q
@@ -79,6 +79,29 @@ def test_a_request_that_loses_the_insert_race_for_its_key_is_judged_the_same_way
     with pytest.raises(Conflict, match="which has another tokens"):
         submit(idempotency_key="client-44", seed=5, tokens=[7])
     assert count(session, Job) == 1
+
+
+def test_a_stored_voice_is_read_and_counted_in_one_statement_and_a_replayed_job_counts_no_use(
+    submit, session: Session, monkeypatch: pytest.MonkeyPatch
+):
+    first = submit(idempotency_key="client-45", seed=5)
+    voice_id = q.require_job(session=session, job_id=first).voice_id
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement.lstrip())
+
+    event.listen(session.get_bind(), "before_cursor_execute", seen)
+    try:
+        submit(voice_id=voice_id, seed=6)
+    finally:
+        event.remove(session.get_bind(), "before_cursor_execute", seen)
+    on_voices = [s for s in statements if " voices" in s]
+    assert len(on_voices) == 1 and on_voices[0].startswith("UPDATE voices"), statements
+    monkeypatch.setattr(q, "get_job_by_idempotency_key", lambda **_: None)  # lost the insert race
+    assert submit(idempotency_key="client-45", seed=5, voice_id=voice_id) == first
+    session.expire_all()
+    assert q.require_voice(session=session, voice_id=voice_id).uses == 2  # the first job and the second
 
 
 @pytest.mark.parametrize(

@@ -227,3 +227,28 @@ def test_a_workers_latest_install_is_kept_on_its_row_and_a_new_incarnation_start
     live(session, A)  # restarted: its device memory, and so its installs, are gone
     rows = {row.name: row for row in q.live_worker_rows(session=session, beat_after=utcnow() - timedelta(1))}
     assert rows[A].last_install is None
+
+
+def test_a_processs_live_workers_are_read_at_most_once_a_second_and_a_dead_one_is_dropped_at_once(
+        session: Session, settings: Settings, voices: list[str], monkeypatch: pytest.MonkeyPatch):
+    """The API's cache (`routing.LiveWorkers`): a worker whose last beat passes LIVE_BEAT_S between two
+    reads is no longer chosen; a worker that starts is seen at the next read, a second later."""
+    settings = settings.model_copy(update={"voice_affinity": "auto"})
+    t0 = utcnow()
+    clock = [t0]
+    monkeypatch.setattr(routing, "utcnow", lambda: clock[0])
+    live(session, A, B)
+    session.execute(update(Worker).where(Worker.name == A)
+                    .values(heartbeat_at=t0 - timedelta(seconds=routing.LIVE_BEAT_S - 0.5)))
+    session.commit()
+    cache = routing.LiveWorkers()
+
+    def decide(voice: str) -> routing.Route:
+        return routing.route_voice(session=session, settings=settings, voice_id=voice, live_workers=cache)
+
+    assert (decide(voices[0]).worker, decide(voices[0]).reason) == (A, "placed")  # both idle: A by name
+    live(session, "gpu-c@host")
+    clock[0] = t0 + timedelta(seconds=0.9)  # not read again: A's beat is 30.4 s old now, C not seen yet
+    assert decide(voices[0]).reason == "shared_single"
+    clock[0] = t0 + timedelta(seconds=1.0)  # read again: B and C
+    assert decide(voices[1]).worker in (B, "gpu-c@host")

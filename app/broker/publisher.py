@@ -1,0 +1,128 @@
+"""The producers' sender: a Celery app's task messages, without what a producer that never reads results
+pays for on every message.
+
+`Celery.send_task` subscribes the result backend to each task's result channel (a Redis SUBSCRIBE per
+task, when the backend is Redis), builds an `AsyncResult` whose finaliser unsubscribes it again, and, with
+`task_send_sent_event` on, publishes a `task-sent` event beside the message. The API and the CLI never
+read a task's result (the database is the record), so `Publisher` builds the very message Celery builds
+(the same routing, headers and priorities: `app.broker.celery_config.RabbitPriorities` still applies) and
+publishes it alone. The message still asks for its result to be stored (a worker stores it as before), and
+the workers still send their task-received, task-started and task-succeeded events: Flower follows a job
+from its arrival at a worker on; only the producer's `task-sent` is gone.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+CONFIRM_TIMEOUT_S = 30.0  # a round's confirms, all together
+
+
+class Publisher:
+    """A `TaskSender` over a Celery app (`make_celery`), publishing messages only (module docstring)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def send_task(self, name: str, args: Any = None, *, task_id: str | None = None, producer: Any = None,
+                  **options: Any) -> None:
+        amqp = self.app.amqp
+        task_id = task_id or str(uuid.uuid4())
+        args = list(args or ())
+        options = amqp.router.route(options, name, args, {}, None)  # `queue` -> its exchange and key
+        message = amqp.create_task_message(task_id, name, args, {}, reply_to=self.app.thread_oid,
+                                           create_sent_event=False, **options)
+        with self.app.producer_or_acquire(producer) as pooled:
+            with pooled.connection._reraise_as_library_errors():
+                amqp.send_task_message(pooled, name, message, **options)
+
+    def producer_or_acquire(self, producer: Any = None) -> Any:
+        """One producer from the app's pool for a round of messages (`app.broker.wire.one_connection`)."""
+        return self.app.producer_or_acquire(producer)
+
+    def close(self) -> None:
+        self.app.close()
+
+    @contextmanager
+    def round(self) -> Iterator[Any]:
+        """A sender for many messages at once, over one pooled connection. On RabbitMQ (publisher confirms)
+        they go out on a channel of their own without waiting for each message's confirm, and the round
+        waits for all the confirms once, as it ends: one round trip for the round instead of one a
+        message. Raises, as it ends, if the broker refused a message or did not confirm them all in
+        `CONFIRM_TIMEOUT_S`; then no message of the round may be counted as sent (some may be delivered:
+        their jobs, taken back out, are not found by the workers)."""
+        with self.app.producer_or_acquire() as producer:
+            if not getattr(producer.channel.connection, "confirm_publish", False):  # Redis: no confirms
+                yield _Through(self, producer)
+                return
+            channel = producer.connection.channel()
+            try:
+                confirms = _Confirms(channel)
+                yield _Through(self, type(producer)(channel, auto_declare=False), deferred=True)
+                confirms.wait(CONFIRM_TIMEOUT_S)
+            finally:
+                channel.close()
+
+
+class _Through:
+    """A sender whose every message goes through one producer; `deferred`: none of them counts as sent
+    before the round's confirms are in."""
+
+    def __init__(self, publisher: Publisher, producer: Any, deferred: bool = False) -> None:
+        self.publisher, self.producer, self.deferred = publisher, producer, deferred
+
+    def send_task(self, name: str, args: Any = None, **options: Any) -> None:
+        self.publisher.send_task(name, args, producer=self.producer, **options)
+
+
+class _Confirms:
+    """Publisher confirms of one py-amqp channel, awaited together: the channel's publishes stop waiting
+    for their own confirm (py-amqp waits for each when the connection asks for confirms), and `wait`
+    collects them all. The channel's delivery tags number its messages from 1."""
+
+    def __init__(self, channel: Any) -> None:
+        from amqp import spec
+
+        self.channel, self.published, self.upto, self.refused = channel, 0, 0, False
+        self.single: set[int] = set()  # tags acknowledged one by one, above `upto`
+        self.methods = [spec.Basic.Ack, spec.Basic.Nack]
+        channel.confirm_select()
+        channel._confirm_selected = True
+        publish = channel._basic_publish
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.published += 1
+            return publish(*args, **kwargs)
+
+        channel.basic_publish = counted
+        channel.events["basic_ack"].add(self._ack)
+        channel.events["basic_nack"].add(self._nack)
+
+    def _ack(self, tag: int, multiple: bool) -> None:
+        if multiple:
+            self.upto = max(self.upto, tag)
+        else:
+            self.single.add(tag)
+
+    def _nack(self, tag: int, multiple: bool) -> None:
+        self.refused = True
+
+    def _confirmed(self) -> int:
+        return self.upto + sum(1 for tag in self.single if tag > self.upto)
+
+    def wait(self, timeout_s: float) -> None:
+        from amqp.exceptions import MessageNacked
+
+        deadline = time.monotonic() + timeout_s
+        while not self.refused and self._confirmed() < self.published:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.published - self._confirmed()} of {self.published} messages "
+                                   f"not confirmed by the broker in {timeout_s:.0f} s")
+            self.channel.wait(self.methods, timeout=left)
+        if self.refused:
+            raise MessageNacked("the broker refused a message of the round")
