@@ -80,12 +80,7 @@ def resolve_voice(*, ctx: Context, session: Session, reference_bytes: bytes | No
     if reference_bytes is not None:
         return store_reference(settings=ctx.settings, session=session, artifacts=ctx.artifacts,
                                reference_bytes=reference_bytes)[0]
-    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
-    try:
-        check_voice_id(voice_id or "")
-    except ValueError as exc:
-        raise BadInput(str(exc)) from exc
-    return queries.require_voice(session=session, voice_id=voice_id or "")
+    return queries.require_voice(session=session, voice_id=_stored_id(session, voice_id))
 
 
 def use_voice(*, ctx: Context, session: Session, reference_bytes: bytes | None,
@@ -95,12 +90,17 @@ def use_voice(*, ctx: Context, session: Session, reference_bytes: bytes | None,
         voice = resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
         queries.add_voice_use(session=session, voice_id=voice.id)
         return voice
-    voice_id = voice_names.resolve_ref(session=session, ref=voice_id)  # a name or an id prefix: its id
+    return queries.use_voice(session=session, voice_id=_stored_id(session, voice_id))
+
+
+def _stored_id(session: Session, ref: str | None) -> str:
+    """The id a voice reference names (a name or an id prefix: its id), checked in shape."""
+    voice_id = voice_names.resolve_ref(session=session, ref=ref) or ""
     try:
-        check_voice_id(voice_id or "")
+        check_voice_id(voice_id)
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
-    return queries.use_voice(session=session, voice_id=voice_id or "")
+    return voice_id
 
 
 def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> bool:
