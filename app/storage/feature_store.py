@@ -1,4 +1,5 @@
-"""The feature store: prepared voice features in Redis, plus counters and cancel flags.
+"""The feature store: prepared voice features and text jobs' guide speech in Redis, plus counters and
+cancel flags.
 
 The only module that talks to the feature-store Redis. Values are raw
 safetensors bytes (checked on the way in; nothing else, never pickle).
@@ -71,6 +72,22 @@ class FeatureStore:
         """Seconds left, or None when the key is missing."""
         left = int(self.client.ttl(keys.feature_key(voice_id)))
         return None if left == -2 else left
+
+    # Guide speech of text jobs --------------------------------------------------
+
+    def put_guide_speech(self, job_id: str, data: bytes, ttl_s: int | None = None) -> None:
+        check_safetensors(data)
+        self.client.set(keys.guide_speech_key(job_id), bytes(data), ex=ttl_s or self.ttl_s)
+
+    def get_guide_speech(self, job_id: str) -> bytes | None:
+        value = cast(bytes | None, self.client.get(keys.guide_speech_key(job_id)))
+        return bytes(value) if value is not None else None
+
+    def has_guide_speech(self, job_id: str) -> bool:
+        return bool(self.client.exists(keys.guide_speech_key(job_id)))
+
+    def delete_guide_speech(self, job_id: str) -> None:
+        self.client.delete(keys.guide_speech_key(job_id))
 
     # Preparation claims ---------------------------------------------------------
 
