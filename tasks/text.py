@@ -28,7 +28,7 @@ from app.db.session import session_scope
 from app.errors import WavefarmError
 from app.storage.keys import check_job_id
 from app.submission import routing
-from app.text.tokens import text_speech
+from app.text.tokens import segment_speech, text_speech
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, resources
 
@@ -47,12 +47,14 @@ def tokenize_job(job_id: str, ctx: Context) -> str:
                      "no such job" if job is None else job.status)
             return "stopped"
         done, text, language, priority = queries.is_tokenized(job), job.text, job.language, job.priority
-        voice_id = job.voice_id
+        voice_id, segment = job.voice_id, queries.renders_segment(session=session, job_id=job_id)
     if not done and not ctx.store.has_guide_speech(job_id):
         if text is None:
             raise WavefarmError(f"job {job_id} has neither tokens nor text")
         try:
-            speech = text_speech(text, language or "en", max_tokens=ctx.settings.max_tokens)
+            # a book segment's job (its speech lost from the store) is spoken as the book speaks it
+            speech = (segment_speech(text, language or "en") if segment
+                      else text_speech(text, language or "en", max_tokens=ctx.settings.max_tokens))
         except (WavefarmError, OSError, RuntimeError) as exc:
             with session_scope(ctx.sessions) as session:
                 lifecycle.finish(session=session, job_id=job_id, status=JobStatus.FAILED,

@@ -9,6 +9,8 @@ for a whole text at once.
                                              guide voice (espeak-ng), followed by its pause in silence
                                              (`app.text.guide_speech`); the GPU worker S3-tokenizes the
                                              segments, many in one forward, and joins their tokens in order
+    segment_speech(spoken, language)         one normalised segment as a book speaks it (a book segment's
+                                             job: its pause is the chapter's, not its speech's)
 
 The segmentation, normalisation (numbers, abbreviations, compass points) and pauses are the books'
 (`app.text.normalise`), so a sentence sounds the same in a job as in a book. Paragraphs are separated by a
@@ -27,6 +29,8 @@ from app.speech import S3_SAMPLE_RATE, TOKEN_RATE
 from app.text.normalise import TextSegment, segment_paragraph
 
 if TYPE_CHECKING:  # torch and safetensors load with the speech, on a worker, not at submission
+    import numpy as np
+
     from app.text.guide_speech import GuideSpeech
 
 MAX_TEXT_CHARS = 100_000  # far above any single job's token limit; bounds the work of checking
@@ -71,20 +75,33 @@ def text_speech(text: str, language: str, *, max_tokens: int) -> GuideSpeech:
     `max_tokens`; BadAudio for a segment too short to tokenize."""
     import numpy as np
 
-    from app.text.guide_speech import GuideSpeech
     from app.text.guide_voice import GUIDE_SAMPLE_RATE, options_for, speak
 
     assert GUIDE_SAMPLE_RATE == S3_SAMPLE_RATE
     segments = check_text(text, language, max_tokens=max_tokens)
     options = options_for(language)
-    waves = [np.concatenate([speak(segment.text, options),
-                             np.zeros(S3_SAMPLE_RATE * segment.pause_after_ms // 1000, np.float32)])
-             for segment in segments]
-    try:
-        speech = GuideSpeech.from_waves(waves)
-    except ValueError as exc:
-        raise BadAudio(str(exc)) from exc
+    speech = _guide_speech([np.concatenate([speak(segment.text, options),
+                                            np.zeros(S3_SAMPLE_RATE * segment.pause_after_ms // 1000,
+                                                     np.float32)])
+                            for segment in segments])
     n_tokens = sum(speech.token_counts())
     if n_tokens > max_tokens:
         raise BadTokens(f"the text's speech: {n_tokens} tokens; at most {max_tokens} are accepted")
     return speech
+
+
+def segment_speech(spoken: str, language: str) -> GuideSpeech:
+    """One book segment's guide speech: its normalised text spoken alone, no pause after it. BadInput
+    when the language has no guide voice; BadAudio when it is too short to tokenize."""
+    from app.text.guide_voice import options_for, speak
+
+    return _guide_speech([speak(spoken, options_for(language))])
+
+
+def _guide_speech(waves: list[np.ndarray]) -> GuideSpeech:
+    from app.text.guide_speech import GuideSpeech
+
+    try:
+        return GuideSpeech.from_waves(waves)
+    except ValueError as exc:
+        raise BadAudio(str(exc)) from exc
