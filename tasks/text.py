@@ -16,6 +16,7 @@ number of times.
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import Task
 
@@ -51,6 +52,7 @@ def tokenize_job(job_id: str, ctx: Context) -> str:
     if not done and not ctx.store.has_guide_speech(job_id):
         if text is None:
             raise WavefarmError(f"job {job_id} has neither tokens nor text")
+        started = time.perf_counter()
         try:
             # a book segment's job (its speech lost from the store) is spoken as the book speaks it
             speech = (segment_speech(text, language or "en") if segment
@@ -62,6 +64,8 @@ def tokenize_job(job_id: str, ctx: Context) -> str:
             log.warning("job.tokenize %s: %s: %s", job_id, type(exc).__name__, exc)
             return "failed"
         ctx.store.put_guide_speech(job_id, speech.encode())
+        ctx.store.note_phase(job_id, {"phase": "tokenizing",
+                                      "speak_ms": round((time.perf_counter() - started) * 1000, 1)})
         log.info("job.tokenize %s: %d segments of guide speech (%d tokens) from %d characters", job_id,
                  len(speech.segments), sum(speech.token_counts()), len(text))
     with session_scope(ctx.sessions) as session:

@@ -12,7 +12,7 @@ under volatile-lru.
 from __future__ import annotations
 
 import json
-from typing import cast
+from typing import Any, cast
 
 import redis
 
@@ -88,6 +88,17 @@ class FeatureStore:
 
     def delete_guide_speech(self, job_id: str) -> None:
         self.client.delete(keys.guide_speech_key(job_id))
+
+    def note_phase(self, job_id: str, fields: dict[str, str | int | float]) -> None:
+        """Record a text job's phase and its timings (`keys.job_phase_key`), with the store's TTL."""
+        pipe = self.client.pipeline()
+        pipe.hset(keys.job_phase_key(job_id), mapping=cast(dict[Any, Any], fields))
+        pipe.expire(keys.job_phase_key(job_id), self.ttl_s)
+        pipe.execute()
+
+    def phase(self, job_id: str) -> dict[str, str]:
+        raw = cast(dict[bytes, bytes], self.client.hgetall(keys.job_phase_key(job_id)))
+        return {name.decode(): value.decode() for name, value in raw.items()}
 
     # Preparation claims ---------------------------------------------------------
 

@@ -60,6 +60,12 @@ def guide_speech_key(job_id: str) -> str:
     return f"{PREFIX}:guide:v{GUIDE_SPEECH_VERSION}:{check_job_id(job_id)}"
 
 
+def job_phase_key(job_id: str) -> str:
+    """A text job's phase before it has tokens (a hash: phase, speak_ms, tokenize_ms, segments), for its
+    status (`app.api.schemas.JobOut`); with the guide speech's TTL."""
+    return f"{PREFIX}:phase:{check_job_id(job_id)}"
+
+
 def prepare_claim_key(voice_id: str) -> str:
     """Set while a `voice.prepare` for the voice is queued, so N submissions enqueue it once."""
     return f"{PREFIX}:prep:queued:{check_voice_id(voice_id)}"

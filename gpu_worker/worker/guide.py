@@ -172,6 +172,9 @@ def tokenize_text_job(ctx: Context, lane: TokenizeLane, job_id: str) -> str:
         if stored and lane.stand_in:
             queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
     ctx.store.delete_guide_speech(job_id)
+    took = time.perf_counter() - started
+    ctx.store.note_phase(job_id, {"phase": "tokenized", "tokenize_ms": round(took * 1000, 1),
+                                  "segments": len(per_segment)})
     log.info("synth %s: %d tokens from %d segments of guide speech in %.3f s", job_id, len(tokens),
-             len(per_segment), time.perf_counter() - started)
+             len(per_segment), took)
     return "ready" if stored else "stopped"
