@@ -7,11 +7,12 @@ the book.
     book.plan(book_id)             the segments without finished audio of the first chapters, each started
                                    on its own: a segment whose token source is ready at planning gets its
                                    job here, rung (`lifecycle.ring`); the others get a book.tokenize
-    book.tokenize(book_id, key)    the segment's token source (`app.books.planning.tokens`: text through the
-    guide
-                                   voice, or source speech) -> a queued job, rung (`lifecycle.ring`);
-                                   returns its id. Redelivered, it makes no second job: it rings a queued
-                                   one again and leaves a claimed or finished one alone
+    book.tokenize(book_id, key)    the segment's token source (`app.books.planning.tokens`) -> a queued
+                                   job, rung (`lifecycle.ring`): text through the guide voice makes a text
+                                   job whose speech goes to the feature store and whose `synth` goes at
+                                   once (the GPU worker tokenizes it); source speech, tokens; returns its
+                                   id. Redelivered, it makes no second job: it rings a queued one again
+                                   and leaves a claimed or finished one alone
     book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.lifecycle.books`: the
                                    transaction that settles its last segment records it and the settling
                                    code sends this after its commit; the sweep sends it again until it
