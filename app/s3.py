@@ -2,6 +2,9 @@
 
     S3Quantizer.load(path, device=...)(logmel128 [128, T16]) -> tokens [1, ceil(T16 / 4)] int64
     StandInTokenizer()(logmel128)                            -> the same shape, from quantised log-mel
+    tokenizer.batch([logmel128 [128, T_i], ...])             -> [[ceil(T_i / 4)] int64, ...]: many
+                                                                segments in one forward, each one's
+                                                                tokens those it gets alone
     tokenizer_for(model_dir)                                 -> one of them, built once per process
     speech_tokens(wave16k, tokenizer)                        -> list[int] for a synth job
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,6 +52,12 @@ def _check_logmel(logmel128: Tensor) -> None:
 
 class Tokenizer(Protocol):
     def __call__(self, logmel128: Tensor) -> Tensor: ...
+
+    def batch(self, logmels: Sequence[Tensor]) -> list[Tensor]: ...
+
+
+def _token_count(frames: int) -> int:
+    return -(-frames // FRAMES_PER_TOKEN)
 
 
 class S3Quantizer:
@@ -85,7 +95,24 @@ class S3Quantizer:
         codes, _ = self.module.quantize(mel, length)
         # One utterance: its code length is ceil(T / 4), known here, so it is never read back from the
         # device (a host sync in every install).
-        return codes[:, : -(-mel.size(2) // FRAMES_PER_TOKEN)].long()
+        return codes[:, : _token_count(mel.size(2))].long()
+
+    @torch.inference_mode()
+    def batch(self, logmels: Sequence[Tensor]) -> list[Tensor]:
+        """Many segments in one forward: padded to the longest, each with its length, so the encoder's
+        masks (attention, convolutions, FSMN memory) keep padding out of every segment's tokens."""
+        # logmels: [128, T_i] each -> [ceil(T_i / 4)] int64 each, on the tokenizer's device
+        if not logmels:
+            return []
+        for logmel in logmels:
+            _check_logmel(logmel)
+        frames = [m.size(1) for m in logmels]
+        mel = torch.zeros(len(logmels), S3_MELS, max(frames), device=self.device)
+        for row, logmel in enumerate(logmels):
+            mel[row, :, : frames[row]] = logmel.to(self.device, torch.float32)
+        lengths = torch.tensor(frames, device=self.device, dtype=torch.int32)
+        codes, _ = self.module.quantize(mel, lengths)
+        return [codes[row, : _token_count(n)].long() for row, n in enumerate(frames)]
 
 
 class StandInTokenizer:
@@ -100,7 +127,7 @@ class StandInTokenizer:
         # logmel128: [128, T16] -> [1, ceil(T16 / 4)] int64 ids in 0..6560
         _check_logmel(logmel128)
         frames = logmel128.size(1)
-        n = -(-frames // FRAMES_PER_TOKEN)
+        n = _token_count(frames)
         tail = logmel128[:, -1:].expand(S3_MELS, n * FRAMES_PER_TOKEN - frames)
         padded = torch.cat([logmel128.float(), tail.float()], dim=1)  # [128, 4n]
         groups = padded.reshape(S3_MELS, n, FRAMES_PER_TOKEN).mean(dim=2)  # [128, n]
@@ -109,6 +136,10 @@ class StandInTokenizer:
         levels = ((bands + 1.5) * 3).floor().clamp(0, 8).long()  # [4, n] in 0..8
         weights = torch.tensor([1, 9, 81, 729], dtype=torch.long)[:, None]
         return (levels * weights).sum(dim=0)[None]  # [1, n]: 9^4 ids, VOCAB_SIZE
+
+    def batch(self, logmels: Sequence[Tensor]) -> list[Tensor]:
+        # The stand-in's arithmetic is a few reductions per segment: no forward to share
+        return [self(logmel)[0] for logmel in logmels]
 
 
 _LOCK = threading.Lock()

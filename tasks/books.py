@@ -1,15 +1,17 @@
 """Book tasks on the CPU queue: read a book, fan it out into segment jobs, tokenize, assemble its files.
 
     book.parse(book_id)            read and plan a submitted book in a bounded child process
-                                   (`app.books.intake.read_book`): queued and book.plan sent, or failed with
-                                   the reason
-    book.plan(book_id)             the segments without finished audio of the first chapters, each started on
-                                   its own: a segment whose token source is ready at planning gets its job
-                                   here, rung (`lifecycle.ring`); the others get a book.tokenize
-    book.tokenize(book_id, key)    the segment's token source (`app.books.planning.tokens`: text through the
-                                   guide voice, or source speech) -> a queued job, rung (`lifecycle.ring`);
-                                   returns its id. Redelivered, it makes no second job: it rings a queued
-                                   one again and leaves a claimed or finished one alone
+                                   (`app.books.intake.read_book`): queued and book.plan sent, or failed
+                                   with the reason
+    book.plan(book_id)             the segments without finished audio of the first chapters, each started
+                                   on its own: a segment whose token source is ready at planning gets its
+                                   job here, rung (`lifecycle.ring`); the others get a book.tokenize
+    book.tokenize(book_id, key)    the segment's token source (`app.books.planning.tokens`) -> a queued
+                                   job, rung (`lifecycle.ring`): text through the guide voice makes a text
+                                   job whose speech goes to the feature store and whose `synth` goes at
+                                   once (the GPU worker tokenizes it); source speech, tokens; returns its
+                                   id. Redelivered, it makes no second job: it rings a queued one again
+                                   and leaves a claimed or finished one alone
     book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.lifecycle.books`: the
                                    transaction that settles its last segment records it and the settling code
                                    sends this after its commit; the sweep sends it again until it has run):
@@ -50,6 +52,7 @@ from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
 from app.db.session import session_scope
 from app.errors import WavefarmError
 from app.storage.keys import check_job_id
+from app.text.guide_speech import GuideSpeech
 from app.text.tokens import STAND_IN_NOTE
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, resources
@@ -92,6 +95,7 @@ def _start(ctx: Context, session: Session, book: Book, segment: PlanSegment, voi
     source = source_for(segment)
     if source.ready_at_plan:  # the segment's own tokens: its job is made now
         tokens = source.tokens(segment, BookContext())
+        assert isinstance(tokens, list)  # a source ready at planning speaks nothing
         job_id, created = service.make_segment_job(session=session, artifacts=ctx.artifacts, book=book,
                                                    key=segment.key, tokens=tokens, replacing=state.job_id,
                                                    voice_id=voice_id)
@@ -187,8 +191,9 @@ def tokenize(book_id: str, key: str, ctx: Context) -> str:
         state = queries.segment_state(session=session, key=key)
         if state is None:
             raise WavefarmError(f"segment {key[:12]} is not in book {book_id}")
-        if state.job_id and state.live:
-            lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=state.job_id)
+        if state.job_id and state.live:  # its speech still waiting for the GPU worker: synth, not tokenize
+            lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=state.job_id,
+                           speech_stored=ctx.store.has_guide_speech(state.job_id))
         if state.job_id and (state.live or state.done):
             return state.job_id
     book_plan = files.load_plan(ctx.artifacts, book_id)
@@ -196,20 +201,36 @@ def tokenize(book_id: str, key: str, ctx: Context) -> str:
     context = BookContext(language=book_plan.language, base_dir=files.base_dir_of(ctx.artifacts, book_id),
                           model_dir=ctx.settings.model_dir)
     try:
-        tokens = source_for(segment).tokens(segment, context)
+        made = source_for(segment).tokens(segment, context)
     except (WavefarmError, OSError, RuntimeError) as exc:
         with session_scope(ctx.sessions) as session:
             lifecycle.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
         raise
     with session_scope(ctx.sessions) as session:
-        book = queries.require_book(session=session, book_id=book_id)
-        job_id, _ = service.make_segment_job(session=session, artifacts=ctx.artifacts, book=book, key=key,
-                                             tokens=tokens, replacing=state.job_id,
-                                             voice_id=book_plan.voice_of(segment))
-        if context.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
-            queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
+        job_id = _segment_job(ctx, session, book_id, key, state.job_id, book_plan.voice_of(segment), made,
+                              spoken=segment.spoken)
         session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
-        lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
+        lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id,
+                       speech_stored=isinstance(made, GuideSpeech))
+    return job_id
+
+
+def _segment_job(ctx: Context, session: Session, book_id: str, key: str, replacing: str | None,
+                 voice_id: str, made: list[int] | GuideSpeech, spoken: str) -> str:
+    """The segment's job: of its tokens, or a text job whose guide speech goes to the feature store for the
+    GPU worker (stored before the job is rung; a job another render linked first keeps its own)."""
+    book = queries.require_book(session=session, book_id=book_id)
+    if isinstance(made, GuideSpeech):
+        job_id, created = service.make_segment_job(
+            session=session, artifacts=ctx.artifacts, book=book, key=key, tokens=None, replacing=replacing,
+            voice_id=voice_id, spoken=spoken, n_tokens=sum(made.token_counts()))
+        if created:
+            ctx.store.put_guide_speech(job_id, made.encode())
+        return job_id
+    job_id, _ = service.make_segment_job(session=session, artifacts=ctx.artifacts, book=book, key=key,
+                                         tokens=made, replacing=replacing, voice_id=voice_id)
+    if ctx.settings.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
+        queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
     return job_id
 
 

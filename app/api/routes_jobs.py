@@ -7,8 +7,10 @@ the answer; what a job is, and when one is refused or may be cancelled, is the s
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
+import redis
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +30,8 @@ from app.speech import MEDIA_TYPES, OutputFormat
 from app.submission import batch, jobs
 from app.submission import request as submission_request
 from app.voices import names as voice_names
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(authorize)],
                    responses={401: {"model": Problem}})
@@ -189,7 +193,17 @@ def list_jobs(ctx: Ctx, response: Response, status: JobStatus | None = None,
 @router.get("/{job_id}", response_model=JobOut, responses={404: {"model": Problem}})
 def get_job(job_id: str, ctx: Ctx) -> JobOut:
     with ctx.session() as s:
-        return JobOut.of(jobs.get_job(session=s, job_id=job_id))
+        job = jobs.get_job(session=s, job_id=job_id)
+        return JobOut.of(job, phase=_phase(ctx, job.id) if job.kind == "text" else None)
+
+
+def _phase(ctx: ApiContext, job_id: str) -> dict[str, str] | None:
+    """A text job's phase record; None (not shown) when the feature store does not answer."""
+    try:
+        return ctx.store.phase(job_id)
+    except redis.RedisError as exc:
+        log.warning("job %s: phase not read: %s", job_id, exc)
+        return None
 
 
 @router.get("/{job_id}/audio", response_class=FileResponse, responses={

@@ -112,13 +112,21 @@ class Timings(BaseModel):
     queued_ms: float | None = Field(description="submitted -> started (this attempt)")
     first_audio_ms: float | None = Field(description="started -> first decoded audio")
     run_ms: float | None = Field(description="started -> finished")
+    speak_ms: float | None = Field(None, description="a text job: its guide voice on the CPU worker "
+                                   "(GET /v1/jobs/{id} only)")
+    tokenize_ms: float | None = Field(None, description="a text job: its S3 tokenization on the GPU worker, "
+                                      "waiting for a batch included (GET /v1/jobs/{id} only)")
 
 
 class JobOut(BaseModel):
     id: str
     voice_id: str
     status: str = Field(description="queued | preparing | running | succeeded | failed | cancelled")
-    kind: str = Field(description="tokens | text (tokenized on a CPU worker before it is rendered)")
+    kind: str = Field(description="tokens | text (spoken by the guide voice on a CPU worker, then tokenized "
+                      "on the GPU worker before it is rendered)")
+    phase: str | None = Field(None, description="a queued text job without its tokens (GET /v1/jobs/{id} "
+                              "only): speaking (the guide voice, CPU worker) | tokenizing (S3 tokenizer, "
+                              "GPU worker)")
     n_tokens: int = Field(description="0 for a text job until it is tokenized")
     text: str | None = Field(description="a text job's text")
     language: str | None
@@ -136,11 +144,12 @@ class JobOut(BaseModel):
     audio_url: str | None = Field(description="set once the job succeeded")
 
     @classmethod
-    def of(cls, job: Job) -> JobOut:
+    def of(cls, job: Job, phase: dict[str, str] | None = None) -> JobOut:
+        """`phase`: the text job's phase record (`FeatureStore.phase`), when it was read."""
         total = job.frames_total or 0
-        return cls(
-            id=job.id, voice_id=job.voice_id, status=job.status, kind=job.kind, n_tokens=job.n_tokens,
-            text=job.text, language=job.language, notes=list(job.notes or []),
+        out = cls(
+            id=job.id, voice_id=job.voice_id, status=job.status, kind=job.kind, phase=None,
+            n_tokens=job.n_tokens, text=job.text, language=job.language, notes=list(job.notes or []),
             seed=job.seed, output_format=job.output_format, priority=job.priority,
             idempotency_key=job.idempotency_key,
             progress=Progress(frames_done=job.frames_done, frames_total=total,
@@ -149,10 +158,20 @@ class JobOut(BaseModel):
                 submitted_at=job.submitted_at, started_at=job.started_at, first_audio_at=job.first_audio_at,
                 finished_at=job.finished_at, queued_ms=_ms(job.submitted_at, job.started_at),
                 first_audio_ms=_ms(job.started_at, job.first_audio_at),
-                run_ms=_ms(job.started_at, job.finished_at)),
+                run_ms=_ms(job.started_at, job.finished_at), speak_ms=None, tokenize_ms=None),
             prep_path=job.prep_path, attempts=job.attempts, error=job.error,
             audio_url=f"/v1/jobs/{job.id}/audio" if job.status == "succeeded" else None,
         )
+        if phase is not None and job.kind == "text":
+            if job.n_tokens == 0 and job.status == "queued":
+                out.phase = "tokenizing" if phase.get("phase") == "tokenizing" else "speaking"
+            out.timings.speak_ms = _float(phase.get("speak_ms"))
+            out.timings.tokenize_ms = _float(phase.get("tokenize_ms"))
+        return out
+
+
+def _float(value: str | None) -> float | None:
+    return None if value is None else float(value)
 
 
 class Health(BaseModel):

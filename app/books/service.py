@@ -62,22 +62,28 @@ def submit_book(*, ctx: Context, session: Session, data: bytes, request: BookReq
 # Segment jobs ------------------------------------------------------------------------------------
 
 def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, key: str,
-                     tokens: list[int], replacing: str | None,
-                     voice_id: str | None = None) -> tuple[str, bool]:
+                     tokens: list[int] | None, replacing: str | None,
+                     voice_id: str | None = None, spoken: str | None = None,
+                     n_tokens: int = 0) -> tuple[str, bool]:
     """A queued job rendering `tokens` for segment `key` in `voice_id` (default: the book's voice), linked
-    to the key. Returns (job id, created).
+    to the key; or, with `tokens` None, a text job of the segment's `spoken` text (in the book's language)
+    whose `n_tokens` tokens the GPU worker makes from the guide speech the caller stores. Returns (job id,
+    created).
 
     When another render linked its own job first, that job is returned and nothing is created. The
     caller commits, then sends `synth` for a created job."""
-    token_list = check_tokens(tokens)
+    token_list = check_tokens(tokens) if tokens is not None else None
+    if token_list is None and (spoken is None or n_tokens <= 0):
+        raise ValueError(f"segment {key[:12]}: a job needs tokens, or spoken text and its token count")
     voice_id = voice_id or book.voice_id
-    request = Request(tokens=token_list, text=None, language=None, seed=book.seed,
-                      output_format=book.output_format, priority=book.priority)
+    request = Request(tokens=token_list, text=spoken, language=book.language if token_list is None else None,
+                      seed=book.seed, output_format=book.output_format, priority=book.priority)
     job, _ = jobs.new_job(session=session, artifacts=artifacts, voice_id=voice_id, request=request,
                           seed=book.seed)
+    n_tokens = len(token_list) if token_list is not None else n_tokens
     job_id, tokens_path = job.id, job.tokens_path
     if lifecycle.link_segment_job(session=session, key=key, job_id=job_id, replacing=replacing,
-                                  n_tokens=len(token_list)):
+                                  n_tokens=n_tokens):
         queries.add_voice_use(session=session, voice_id=voice_id)
         return job_id, True
     session.rollback()

@@ -185,9 +185,12 @@ def cancel(*, session: Session, job_id: str) -> bool:
 
 
 def ring(*, session: Session, sender: TaskSender, settings: Settings, job_id: str,
-         route_note: str | None = None) -> str | None:
+         route_note: str | None = None, speech_stored: bool = False) -> str | None:
     """Ring a queued job's doorbell again (module docstring) and note when it is next due; commits, then
-    sends. -> "tokenize" or "synth" (what was sent), None when the job is not queued any more."""
+    sends. -> "tokenize" or "synth" (what was sent), None when the job is not queued any more.
+    `speech_stored`: the caller just stored a text job's guide speech, so its `synth` goes at once (the
+    GPU worker tokenizes it); a later ring of a job still without tokens sends `job.tokenize`, which
+    speaks it again if its speech is gone."""
     job = queries.get_job(session=session, job_id=job_id)
     if job is None or job.status != JobStatus.QUEUED:
         return None
@@ -195,7 +198,7 @@ def ring(*, session: Session, sender: TaskSender, settings: Settings, job_id: st
     wait_s = settings.stuck_job_after_s * 2 ** min(job.rings, RING_BACKOFF_MAX)
     session.execute(update(Job).where(Job.id == job_id)
                     .values(rings=Job.rings + 1, ring_due_at=now + timedelta(seconds=wait_s)))
-    if not queries.is_tokenized(job):
+    if not queries.is_tokenized(job) and not speech_stored:
         session.commit()
         send_tokenize(sender, settings, job_id, job.priority)
         return "tokenize"

@@ -1,4 +1,5 @@
-"""The feature store: prepared voice features in Redis, plus counters and cancel flags.
+"""The feature store: prepared voice features and text jobs' guide speech in Redis, plus counters and
+cancel flags.
 
 The only module that talks to the feature-store Redis. Values are raw
 safetensors bytes (checked on the way in; nothing else, never pickle).
@@ -11,7 +12,7 @@ under volatile-lru.
 from __future__ import annotations
 
 import json
-from typing import cast
+from typing import Any, cast
 
 import redis
 
@@ -71,6 +72,33 @@ class FeatureStore:
         """Seconds left, or None when the key is missing."""
         left = int(self.client.ttl(keys.feature_key(voice_id)))
         return None if left == -2 else left
+
+    # Guide speech of text jobs --------------------------------------------------
+
+    def put_guide_speech(self, job_id: str, data: bytes, ttl_s: int | None = None) -> None:
+        check_safetensors(data)
+        self.client.set(keys.guide_speech_key(job_id), bytes(data), ex=ttl_s or self.ttl_s)
+
+    def get_guide_speech(self, job_id: str) -> bytes | None:
+        value = cast(bytes | None, self.client.get(keys.guide_speech_key(job_id)))
+        return bytes(value) if value is not None else None
+
+    def has_guide_speech(self, job_id: str) -> bool:
+        return bool(self.client.exists(keys.guide_speech_key(job_id)))
+
+    def delete_guide_speech(self, job_id: str) -> None:
+        self.client.delete(keys.guide_speech_key(job_id))
+
+    def note_phase(self, job_id: str, fields: dict[str, str | int | float]) -> None:
+        """Record a text job's phase and its timings (`keys.job_phase_key`), with the store's TTL."""
+        pipe = self.client.pipeline()
+        pipe.hset(keys.job_phase_key(job_id), mapping=cast(dict[Any, Any], fields))
+        pipe.expire(keys.job_phase_key(job_id), self.ttl_s)
+        pipe.execute()
+
+    def phase(self, job_id: str) -> dict[str, str]:
+        raw = cast(dict[bytes, bytes], self.client.hgetall(keys.job_phase_key(job_id)))
+        return {name.decode(): value.decode() for name, value in raw.items()}
 
     # Preparation claims ---------------------------------------------------------
 

@@ -17,6 +17,8 @@ FEATURE_VERSION = 1  # of the stored host features (app.voices.features): bump w
 # changes,
 # and entries written by older builds are no longer read (their keys differ)
 
+GUIDE_SPEECH_VERSION = 1  # of the stored guide speech (app.text.guide_speech)
+
 _VOICE_ID = re.compile(r"[0-9a-f]{64}")
 
 
@@ -63,6 +65,18 @@ def one_by_prefix(found: list[str], ref: str, what: str) -> str | None:
 def feature_key(voice_id: str) -> str:
     """Prepared host features of a voice (safetensors bytes, with a TTL)."""
     return f"{PREFIX}:feat:v{FEATURE_VERSION}:{check_voice_id(voice_id)}"
+
+
+def guide_speech_key(job_id: str) -> str:
+    """A text job's guide-voice speech (safetensors bytes, with a TTL), from the CPU worker that spoke it
+    to the GPU worker that tokenizes it (`app.text.guide_speech`); deleted once the tokens are stored."""
+    return f"{PREFIX}:guide:v{GUIDE_SPEECH_VERSION}:{check_job_id(job_id)}"
+
+
+def job_phase_key(job_id: str) -> str:
+    """A text job's phase before it has tokens (a hash: phase, speak_ms, tokenize_ms, segments), for its
+    status (`app.api.schemas.JobOut`); with the guide speech's TTL."""
+    return f"{PREFIX}:phase:{check_job_id(job_id)}"
 
 
 def prepare_claim_key(voice_id: str) -> str:

@@ -1,38 +1,47 @@
-"""Text -> speech tokens for a single job: the books' `text` token source, for a whole text at once.
+"""Text -> guide speech for a single job, the speech its tokens are made of: the books' `text` source,
+for a whole text at once.
 
     check_text(text, language, max_tokens)   at submission, cheap (no torch, no speech): the text
                                              normalised and cut into segments, its language tag checked
                                              and spoken by a guide voice (espeak-ng is asked, not run),
                                              its estimated length within the job limit; BadInput if not
-    text_tokens(text, language, model_dir)   on a CPU worker (`job.tokenize`): each segment spoken by the
-                                             guide voice (espeak-ng), followed by its pause in silence,
-                                             S3-tokenized; the segments' tokens in order
+    text_speech(text, language)              on a CPU worker (`job.tokenize`): each segment spoken by the
+                                             guide voice (espeak-ng), followed by its pause in silence
+                                             (`app.text.guide_speech`); the GPU worker S3-tokenizes the
+                                             segments, many in one forward, and joins their tokens in order
+    segment_speech(spoken, language)         one normalised segment as a book speaks it (a book segment's
+                                             job: its pause is the chapter's, not its speech's)
 
 The segmentation, normalisation (numbers, abbreviations, compass points) and pauses are the books'
 (`app.text.normalise`, `app.text.segment`), so a sentence sounds the same in a job as in a book. Paragraphs
 are separated by a blank line. With no model folder the S3 tokenizer is the stand-in (`app.s3`): its tokens
-do not say the text, and the job's record says so (`STAND_IN_NOTE`).
+do not say the text, and the job's record says so (`STAND_IN_NOTE`). The token count is known from the
+speech's length, so speech over the job's limit fails on the CPU worker, before it is stored.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.errors import BadInput
+from app.errors import BadAudio, BadInput, BadTokens
 from app.speech import S3_SAMPLE_RATE, TOKEN_RATE
 from app.text.segment import TextSegment, segment_paragraph
 
 if TYPE_CHECKING:
     from app.settings import Settings
 
+if TYPE_CHECKING:  # torch and safetensors load with the speech, on a worker, not at submission
+    import numpy as np
+
+    from app.text.guide_speech import GuideSpeech
+
 MAX_TEXT_CHARS = 100_000  # far above any single job's token limit; bounds the work of checking
 AS_A_BOOK = ("render it as a book, in chapters: wavefarm book render FILE.txt --voice VOICE --out DIR "
              "(POST /v1/books)")
 _LANGUAGE_RE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}")  # a BCP 47 tag such as en, en-GB
 _PARAGRAPH_RE = re.compile(r"\n\s*\n")
-STAND_IN_NOTE = ("tokens from the stand-in tokenizer (the CPU worker has no WAVEFARM_MODEL_DIR): "
+STAND_IN_NOTE = ("tokens from the stand-in tokenizer (the worker that made them has no WAVEFARM_MODEL_DIR): "
                  "they do not say the text")
 
 
@@ -49,7 +58,7 @@ def check_language(language: str) -> str:
 
 
 def check_text(text: str, language: str, *, max_tokens: int) -> list[TextSegment]:
-    """The text's segments, as `text_tokens` will speak them; BadInput for no text, a bad language tag
+    """The text's segments, as `text_speech` will speak them; BadInput for no text, a bad language tag
     or an estimated length over `max_tokens` (such a text is a book: POST /v1/books)."""
     check_language(language)
     from app.text.guide_voice import options_for  # loads espeak-ng's library once per process
@@ -70,22 +79,39 @@ def check_text(text: str, language: str, *, max_tokens: int) -> list[TextSegment
     return segments
 
 
-def text_tokens(text: str, language: str, model_dir: str | Path | None, *, max_tokens: int) -> list[int]:
-    """The job's speech tokens: every segment through the guide voice and the S3 tokenizer, each with its
-    pause (silence) after it. BadInput when the language has no guide voice; BadTokens when the speech is
-    longer than `max_tokens`."""
+def text_speech(text: str, language: str, *, max_tokens: int) -> GuideSpeech:
+    """The job's guide speech: every segment through the guide voice, each with its pause (silence).
+    BadInput when the language has no guide voice; BadTokens when the speech is longer than
+    `max_tokens`; BadAudio for a segment too short to tokenize."""
     import numpy as np
 
-    from app.s3 import speech_tokens, tokenizer_for
-    from app.speech import check_tokens
     from app.text.guide_voice import GUIDE_SAMPLE_RATE, options_for, speak
 
     assert GUIDE_SAMPLE_RATE == S3_SAMPLE_RATE
     segments = check_text(text, language, max_tokens=max_tokens)
-    options, tokenizer = options_for(language), tokenizer_for(model_dir)
-    tokens: list[int] = []
-    for segment in segments:
-        pause = np.zeros(S3_SAMPLE_RATE * segment.pause_after_ms // 1000, np.float32)
-        tokens += speech_tokens(np.concatenate([speak(segment.text, options), pause]), tokenizer)
-    return check_tokens(tokens, max_tokens=max_tokens, where="the text's speech")
+    options = options_for(language)
+    speech = _guide_speech([np.concatenate([speak(segment.text, options),
+                                            np.zeros(S3_SAMPLE_RATE * segment.pause_after_ms // 1000,
+                                                     np.float32)])
+                            for segment in segments])
+    n_tokens = sum(speech.token_counts())
+    if n_tokens > max_tokens:
+        raise BadTokens(f"the text's speech: {n_tokens} tokens; at most {max_tokens} are accepted")
+    return speech
 
+
+def segment_speech(spoken: str, language: str) -> GuideSpeech:
+    """One book segment's guide speech: its normalised text spoken alone, no pause after it. BadInput
+    when the language has no guide voice; BadAudio when it is too short to tokenize."""
+    from app.text.guide_voice import options_for, speak
+
+    return _guide_speech([speak(spoken, options_for(language))])
+
+
+def _guide_speech(waves: list[np.ndarray]) -> GuideSpeech:
+    from app.text.guide_speech import GuideSpeech
+
+    try:
+        return GuideSpeech.from_waves(waves)
+    except ValueError as exc:
+        raise BadAudio(str(exc)) from exc

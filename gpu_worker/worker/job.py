@@ -1,5 +1,7 @@
 """One `synth` task's body: a job from its claim to its file, in numbered steps (`JobRun.run`).
 
+0. a text job's tokens, from the guide speech a CPU worker stored, tokenized on this worker's lane with
+other jobs' segments and stored before any claim (`gpu_worker.worker.guide`);
 1. claim the job's next attempt in the database, leased (`app.lifecycle`: nothing to do when it finished,
 was cancelled or an attempt holds its lease); 2. open its output's temp file; 3. hand it to the engine
 (`EngineLoop.submit`); 4. write its audio as it arrives, report progress (database, throttled, which
@@ -46,6 +48,7 @@ from gpu_worker.engine.streams import (
     VoiceReady,
     plan_chunks,
 )
+from gpu_worker.worker.guide import tokenize_text_job
 from gpu_worker.worker.output import Output, drop_partials
 from gpu_worker.worker.runtime import Runtime, dummy_weights_note
 
@@ -77,6 +80,8 @@ class JobRun:
     def run(self) -> dict[str, Any]:
         if self.rt.loop.running(self.job_id):  # a duplicate delivery while the job streams here
             return {"job_id": self.job_id, "status": "skipped", "worker": self.rt.worker_id}
+        if self._tokenize() == "failed":  # 0. a text job's tokens (its row says why not)
+            return {"job_id": self.job_id, "status": "failed", "worker": self.rt.worker_id}
         job = self._claim()  # 1. claim the attempt (None: finished, cancelled or taken)
         if job is None:
             return {"job_id": self.job_id, "status": "skipped", "worker": self.rt.worker_id}
@@ -100,6 +105,13 @@ class JobRun:
                 self._finish(JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
             raise
 
+    def _tokenize(self) -> str:
+        try:
+            return tokenize_text_job(self.rt, self.rt.guide, self.job_id)
+        except TRANSIENT as exc:
+            log.warning("synth %s: %s while tokenizing; back to the queue", self.job_id, exc)
+            raise Reject(f"{type(exc).__name__}: {exc}", requeue=True) from exc
+
     def _claim(self) -> tuple[EngineJob, str] | None:
         settings = self.rt.settings
         with session_scope(self.rt.sessions) as session:
@@ -107,8 +119,9 @@ class JobRun:
             if found is None:
                 log.warning("synth %s: no such job (withdrawn, or a worker on another database)", self.job_id)
                 return None
-            if not queries.is_tokenized(found):  # job.tokenize sends synth once the tokens exist
-                log.warning("synth %s: a text job not tokenized yet (job.tokenize sends it)", self.job_id)
+            if not queries.is_tokenized(found):  # no speech stored: job.tokenize stores it, sends synth again
+                log.warning("synth %s: a text job without its guide speech (job.tokenize stores it)",
+                            self.job_id)
                 return None
             row = lifecycle.claim(session=session, job_id=self.job_id, worker=self.rt.worker_id,
                                   max_attempts=settings.job_max_attempts, lease_s=settings.job_lease_s)

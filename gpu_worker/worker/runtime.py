@@ -8,7 +8,10 @@ and the long-lived runtime around them.
     build_engine(settings, features, preparer) -> Engine, with its `EngineConfig` from the settings
     build_runtime(settings, worker_id)         -> Runtime: connections, this worker's install records, the
                                                   engine thread (`loop`) and its metrics (`metrics`), its
-                                                  row in `workers` and the heartbeat (`presence`)
+                                                  row in `workers` and the heartbeat (`presence`), the
+                                                  text jobs' tokenizer lane (`guide`)
+    guide_tokenizer(settings)                  -> the S3 tokenizer on the device (the stand-in without a
+                                                  model folder)
     runtime(worker_id, sender)                 the process's runtime, built on first use
 
 The `synth` tasks (`gpu_worker.worker.job`, `gpu_worker.worker.process`) are thin adapters over the runtime.
@@ -35,8 +38,9 @@ from app.broker.wire import TaskSender
 from app.context import Context
 from app.db import queries
 from app.db.session import session_scope
+from app.s3 import S3Quantizer, StandInTokenizer, Tokenizer
 from app.settings import Settings, get_settings
-from app.speech import PROMPT_FRAMES
+from app.speech import PROMPT_FRAMES, TOKENIZER_ONNX
 from gpu_worker import fallbacks
 from gpu_worker.accel.flow_graphs import graph_flow
 from gpu_worker.accel.graphs import graph_hift
@@ -52,6 +56,7 @@ from gpu_worker.voices.prompt import Speaker, StandInSpeaker, install_voice, ins
 from gpu_worker.voices.speaker import SpeakerFrontend
 from gpu_worker.worker.adapters import ReferencePreparer, StoreFeatures
 from gpu_worker.worker.bookkeeping import Bookkeeper, InstallRecords
+from gpu_worker.worker.guide import TokenizeLane
 from gpu_worker.worker.loop import EngineLoop
 from gpu_worker.worker.metrics import WorkerMetrics
 
@@ -104,6 +109,14 @@ def build_model(settings: Settings, dtype: torch.dtype | None = None) -> tuple[C
         # a wrapper with the module's call signature and attributes, not a HiFTGenerator subclass
         model.hift = graph_hift(model.hift, settings.micro_batch_size)  # type: ignore[assignment]
     return model, speaker
+
+
+def guide_tokenizer(settings: Settings) -> Tokenizer:
+    """The tokenizer of text jobs' guide speech, on the worker's device: the model folder's S3 tokenizer
+    (a copy of its own beside the speaker models': the lane's thread runs it), or the stand-in."""
+    if settings.model_dir is None:
+        return StandInTokenizer()
+    return S3Quantizer.load(settings.model_dir / TOKENIZER_ONNX, device=settings.device)
 
 
 def build_engine(settings: Settings, features: FeatureSource, preparer: InlinePreparer) -> Engine:
@@ -207,9 +220,11 @@ class Runtime(Context):
     metrics: WorkerMetrics
     presence: Presence
     cpu_backlog: CpuBacklog
+    guide: TokenizeLane
 
     def close(self) -> None:
         self.loop.stop()
+        self.guide.close()
         self.presence.stop()
         self.book.drain()
         try:  # its device memory goes with the process: no job should be routed here for these voices
@@ -238,6 +253,7 @@ def build_runtime(settings: Settings, worker_id: str, engine_factory: EngineFact
         installs = InstallRecords(book, ctx.sessions, worker_id)
         metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry(), engine.snapshot)
         loop = EngineLoop(engine, installs.on_voice_event, metrics)
+        guide = TokenizeLane(guide_tokenizer(settings), device=settings.device)
         loop.start()
     except BaseException:  # no runtime: its heartbeat must not outlive it (the next build registers anew)
         if presence is not None:
@@ -247,7 +263,8 @@ def build_runtime(settings: Settings, worker_id: str, engine_factory: EngineFact
     log.info("GPU worker %s ready: device %s, preset %s, %d slots, micro-batch %d", worker_id,
              settings.device, settings.model_preset, settings.worker_slots, settings.micro_batch_size)
     return Runtime(**ctx.clients(), worker_id=worker_id, loop=loop, book=book, installs=installs,
-                   metrics=metrics, presence=presence, cpu_backlog=CpuBacklog(settings, ctx.broker))
+                   metrics=metrics, presence=presence, cpu_backlog=CpuBacklog(settings, ctx.broker),
+                   guide=guide)
 
 
 def runtime(worker_id: str, sender: TaskSender) -> Runtime:

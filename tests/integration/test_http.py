@@ -123,9 +123,10 @@ def test_end_to_end_cancel_while_running_stops_the_worker_and_leaves_no_file(
 
 
 @pytest.mark.timeout(400)
-def test_a_text_job_is_tokenized_on_the_cpu_worker_and_says_how_its_audio_was_made(
+def test_a_text_job_is_spoken_on_the_cpu_worker_tokenized_on_the_gpu_worker_and_says_how(
         live_api: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Text in, speech out: the guide voice and the S3 tokenizer on the CPU worker, then the GPU worker.
+    """Text in, speech out: the guide voice on the CPU worker, the S3 tokenizer and the decoder on the GPU
+    worker.
     Both run without a model folder here, and the job's record and the CLI's follower say so."""
     client = HttpClient(live_api)
     job = client.submit(voice=(SAMPLES / "voice_a.wav").read_bytes(), tokens=None,

@@ -22,7 +22,7 @@ from app.db.models import Job, JobStatus, utcnow
 from app.submission import routing
 from tests.app.books.conftest import MARKDOWN_BOOK
 from tests.app.helpers import queued
-from tests.tasks.test_books import manifest_book, render_live_jobs, submit
+from tests.tasks.test_books import manifest_book, render_live_jobs, submit, tokenize_live_jobs
 
 A, B = "gpu-a@host", "gpu-b@host"
 BOOK_PRIORITY = 9  # a book at the default priority 0: served last (`wire.broker_priority`)
@@ -99,6 +99,7 @@ def test_book_tokenize_makes_the_segments_job_and_rings_it_and_a_redelivery_make
         assert queries.require_job(session=session, job_id=job_id).rings == 2
     assert len(synths(broker, ctx.settings.queue_gpu)) == 2  # a duplicate doorbell: one skipped claim
 
+    tokenize_live_jobs(ctx, book_id)  # the GPU worker tokenizes the job's speech before its claim
     with ctx.sessions() as session:
         assert lifecycle.claim(session=session, job_id=job_id, worker=A, max_attempts=3, lease_s=30)
         session.commit()

@@ -21,12 +21,29 @@ from app.books.service import BookOptions, submit_book
 from app.books.status import book_status
 from app.context import Context
 from app.db import queries
-from app.db.models import BookStatus, JobStatus
+from app.db.models import BookStatus, JobKind, JobStatus
 from app.errors import BadInput
+from app.s3 import StandInTokenizer
 from app.speech import VOCAB_SIZE
+from app.text.guide_speech import GuideSpeech
+from app.text.tokens import STAND_IN_NOTE
+from gpu_worker.worker.guide import TokenizeLane, tokenize_text_job
 from tests.app.books.conftest import MARKDOWN_BOOK
+from tests.app.helpers import queued
 from tests.support.audio import wav_bytes
 from tests.support.books import book_request
+
+
+def tokenize_live_jobs(ctx: Context, book_id: str) -> None:
+    with ctx.sessions() as session:
+        live = [s.job_id for s in queries.book_segment_states(session=session, book_id=book_id)
+                if s.live and s.job_id]
+    lane = TokenizeLane(StandInTokenizer())
+    try:
+        for job_id in live:
+            assert tokenize_text_job(ctx, lane, job_id) == "ready"
+    finally:
+        lane.close()
 
 
 def manifest_book(chapters: list[list[int]]) -> bytes:
@@ -48,7 +65,9 @@ def submit(ctx: Context, celery: Celery, data: bytes, **kw) -> str:
 
 
 def render_live_jobs(ctx: Context, book_id: str) -> int:
-    """Play the GPU worker: every live segment job gets 960 samples of sine per token and succeeds."""
+    """Play the GPU worker: every live segment job is tokenized from its guide speech if it is a text
+    segment's (as the GPU worker's lane does), then gets 960 samples of sine per token and succeeds."""
+    tokenize_live_jobs(ctx, book_id)
     with ctx.sessions() as session:
         states = queries.book_segment_states(session=session, book_id=book_id)
         done = 0
@@ -167,7 +186,8 @@ def test_a_failed_segment_fails_the_book_with_its_reason_and_a_new_render_retrie
     assert books.plan(retry, ctx) == 1  # the failed one; the other is still queued from the first render
 
 
-def test_text_segments_are_tokenized_into_jobs_once(ctx: Context, celery: Celery) -> None:
+def test_text_segments_are_spoken_into_jobs_once_and_tokenized_on_the_gpu_worker(
+        ctx: Context, celery: Celery, broker) -> None:
     book_id = submit(ctx, celery, MARKDOWN_BOOK.encode(), filename="book.md")
     sent = books.plan(book_id, ctx)
     with ctx.sessions() as session:
@@ -175,10 +195,20 @@ def test_text_segments_are_tokenized_into_jobs_once(ctx: Context, celery: Celery
     assert sent == len(keys) > 3
     job = books.tokenize(book_id, keys[0], ctx)
     assert books.tokenize(book_id, keys[0], ctx) == job  # a redelivery reuses the job
+    stored = GuideSpeech.decode(ctx.store.get_guide_speech(job) or b"", max_tokens=ctx.settings.max_tokens)
     with ctx.sessions() as session:
         row = queries.require_job(session=session, job_id=job)
-        assert row.n_tokens > 10 and all(0 <= t < 6561 for t in row.tokens)
-        assert queries.get_segment(session=session, key=keys[0]).jobs_created == 1
+        segment = queries.get_segment(session=session, key=keys[0])
+        assert (row.kind, row.n_tokens, row.language) == (JobKind.TEXT, 0, "en") and segment.jobs_created == 1
+        assert segment.n_tokens == sum(stored.token_counts()) > 10  # known before any tokenizer ran
+        assert queries.segment_state(session=session, key=keys[0]).n_tokens == segment.n_tokens
+    synths = [m for m in queued(broker, ctx.settings.queue_gpu) if m["args"] == [job]]
+    assert [m["task"] for m in synths] == ["synth", "synth"]  # at once, and again on the redelivery
+    tokenize_live_jobs(ctx, book_id)  # the GPU worker's part
+    with ctx.sessions() as session:
+        row = queries.require_job(session=session, job_id=job)
+        assert row.n_tokens == segment.n_tokens and row.notes == [STAND_IN_NOTE]
+    assert row.tokens == StandInTokenizer()(stored.logmels()[0])[0].tolist()  # as tokenized alone
 
 
 VOICED_BOOK = b"""# Crossing
@@ -290,7 +320,7 @@ def test_an_epub3_book_is_read_planned_and_assembled_into_a_read_along_epub(ctx:
 
 def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_lengths(
         ctx: Context, celery: Celery) -> None:
-    """The stand-in tokenizer's note (book.tokenize) and the GPU worker's dummy-weights note reach the
+    """The stand-in tokenizer's note (the GPU worker's lane) and its dummy-weights note reach the
     book: its status, chapters.json and the M4B's comment. Speech rendered is shorter than the M4B by
     exactly the pauses between segments: both figures are given, each named."""
     from app.db.models import Job
@@ -304,7 +334,8 @@ def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_len
     plan = output_plan(ctx, book_id)
     for _, segment in plan.segments():
         books.tokenize(book_id, segment.key, ctx)
-    with ctx.sessions() as session:  # the GPU worker's part: it notes dummy weights on each job it claims
+    tokenize_live_jobs(ctx, book_id)  # the GPU worker's part: it tokenizes, then notes dummy weights
+    with ctx.sessions() as session:  # on each job it claims
         for job in session.query(Job).filter(Job.status == JobStatus.QUEUED):
             queries.add_job_note(session=session, job_id=job.id, note=dummy_weights_note(ctx.settings))
         session.commit()

@@ -1,7 +1,9 @@
 """Text jobs: submission (a queued job without tokens, `job.tokenize` on the cpu queue and no `synth`),
-refusals before anything is stored, idempotency by text; the `job.tokenize` task in process (tokens
-stored, the stand-in's note, `synth` sent; a cancelled job left alone; a redelivery; a language without a
-guide voice fails the job); the sweep sends a lost `job.tokenize` again. Real Redis, both databases."""
+refusals before anything is stored, idempotency by text; the `job.tokenize` task in process (guide
+speech stored, `synth` sent, the GPU worker's lane tokenizes it into the tokens each segment gets alone,
+with the stand-in's note; a cancelled job left alone; a redelivery on either side; speech over the limit
+and a language without a guide voice fail the job); the sweep sends a lost `job.tokenize` again. Real
+Redis, both databases."""
 
 from __future__ import annotations
 
@@ -18,11 +20,14 @@ from app.db import queries
 from app.db.models import Job, JobKind, JobStatus, Voice, utcnow
 from app.errors import BadInput, BadTokens, Conflict
 from app.reconcile.sweep import sweep
+from app.s3 import StandInTokenizer, speech_tokens
 from app.speech import MEL_PER_TOKEN
 from app.submission.jobs import cancel_job, job_tokens, submit_job
 from app.submission.request import JobRequest
+from app.text.guide_speech import GuideSpeech
 from app.text.segment import estimate_tokens
 from app.text.tokens import STAND_IN_NOTE, text_job_tokens
+from gpu_worker.worker.guide import TokenizeLane, tokenize_text_job
 from tests.app.helpers import count, queued
 from tests.support.audio import wav_bytes
 
@@ -108,22 +113,45 @@ def test_an_idempotency_key_names_the_text_and_its_language(ctx: Context, celery
         submit(ctx, celery, idempotency_key="text-1", seed=3, text=None, tokens=[1, 2])
 
 
-def test_tokenize_stores_the_tokens_notes_the_stand_in_and_sends_synth(
+def test_tokenize_stores_the_guide_speech_and_sends_synth_and_the_gpu_worker_tokenizes_it_once(
         ctx: Context, celery: Celery, task_celery: Celery, broker) -> None:
     job_id = submit(ctx, celery, priority=2)
     assert text_task.tokenize_job(job_id, ctx) == "sent"
-    row = job(ctx, job_id)
-    tokens = job_tokens(job=row, artifacts=ctx.artifacts)
-    # Two paragraphs, about 5 s of guide speech with pauses: 25 tokens per second of it.
-    assert 60 < row.n_tokens == len(tokens) < 400 and row.frames_total == MEL_PER_TOKEN * row.n_tokens
-    assert row.notes == [STAND_IN_NOTE] and row.status == JobStatus.QUEUED
+    assert job(ctx, job_id).n_tokens == 0 and ctx.store.has_guide_speech(job_id)  # the GPU tokenizes
     gpu = queued(broker, ctx.settings.queue_gpu)
     assert [(m["task"], m["args"], m["id"], m["priority"]) for m in gpu] == [("synth", [job_id], job_id, 7)]
-    # A redelivery (the worker died after storing the tokens) sends synth again and keeps the tokens.
-    assert text_task.tokenize_job(job_id, ctx) == "sent"
+    stored = GuideSpeech.decode(ctx.store.get_guide_speech(job_id) or b"", max_tokens=ctx.settings.max_tokens)
+    lane = TokenizeLane(StandInTokenizer())
+    try:
+        assert tokenize_text_job(ctx, lane, job_id) == "ready"
+        row = job(ctx, job_id)
+        tokens = job_tokens(job=row, artifacts=ctx.artifacts)
+        # Two paragraphs, about 5 s of guide speech with pauses: 25 tokens per second of it.
+        assert 60 < row.n_tokens == len(tokens) < 400 and row.frames_total == MEL_PER_TOKEN * row.n_tokens
+        # The same tokens as each segment of its speech tokenized alone on the CPU (the path before this)
+        alone = [t for seg in stored.segments for t in speech_tokens(seg / 32768.0, StandInTokenizer())]
+        assert tokens == alone and lane.stats["segments"] == len(stored.segments) == 2
+        assert row.notes == [STAND_IN_NOTE] and row.status == JobStatus.QUEUED
+        assert not ctx.store.has_guide_speech(job_id)  # done with once the tokens are stored
+        # Redelivered on either side: synth is sent again; nothing is spoken or tokenized twice
+        assert text_task.tokenize_job(job_id, ctx) == "sent" and not ctx.store.has_guide_speech(job_id)
+        assert tokenize_text_job(ctx, lane, job_id) == "ready"
+        assert lane.stats["segments"] == len(stored.segments)
+    finally:
+        lane.close()
     again = job(ctx, job_id)
     assert job_tokens(job=again, artifacts=ctx.artifacts) == tokens and again.notes == [STAND_IN_NOTE]
     assert len(queued(broker, ctx.settings.queue_gpu)) == 2  # the GPU worker claims the job once
+
+
+def test_speech_over_the_token_limit_fails_the_job_on_the_cpu_worker(
+        ctx: Context, celery: Celery, task_celery: Celery, broker) -> None:
+    job_id = submit(ctx, celery)
+    ctx.settings = ctx.settings.model_copy(update={"max_tokens": 50})
+    assert text_task.tokenize_job(job_id, ctx) == "failed"
+    row = job(ctx, job_id)
+    assert row.status == JobStatus.FAILED and "over the job limit of 50" in (row.error or "")
+    assert not ctx.store.has_guide_speech(job_id) and queued(broker, ctx.settings.queue_gpu) == []
 
 
 def test_a_cancelled_text_job_is_not_tokenized(ctx: Context, celery: Celery, task_celery: Celery,

@@ -1,13 +1,15 @@
 """Where a segment's speech tokens come from: the token source its kind names.
 
     tokens  the segment carries them (a manifest's inline tokens): ready at planning time
-    text    its normalised text, spoken by the guide voice (espeak-ng), then S3-tokenized
-    audio   a source recording (a manifest's file, CLI only) to re-voice, S3-tokenized
+    text    its normalised text, spoken by the guide voice (espeak-ng) on a CPU worker: its guide speech
+            (`app.text.guide_speech`), which the GPU worker S3-tokenizes in batches with other segments'
+    audio   a source recording (a manifest's file, CLI only) to re-voice, S3-tokenized on the CPU worker
 
 `source_for(segment)` gives the source; `ready_at_plan` says whether its tokens can be had while the book
 is planned (then the segment's job is made at once) or need a CPU task of their own (`book.tokenize`).
-Tokens come out as an ordinary synth job's input, 25 per second. The S3 tokenizer is the model folder's,
-or the loud stand-in with dummy weights (`app.s3`).
+`tokens` gives token ids or guide speech (then the segment's job is a text job whose tokens the GPU worker
+makes). Tokens come out as an ordinary synth job's input, 25 per second. The S3 tokenizer is the model
+folder's, or the loud stand-in with dummy weights (`app.s3`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from app.books.planning.plan import PlanSegment
 from app.errors import BadInput
 from app.s3 import speech_tokens, tokenizer_for
 from app.speech import S3_SAMPLE_RATE
-from app.text.guide_voice import options_for, speak
+from app.text.guide_speech import GuideSpeech
+from app.text.tokens import segment_speech
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,9 @@ class BookContext:
 class TokenSource(Protocol):
     ready_at_plan: bool
 
-    def tokens(self, segment: PlanSegment, book: BookContext) -> list[int]:
-        """The segment's speech token ids; BadInput (and kin) when they cannot be made."""
+    def tokens(self, segment: PlanSegment, book: BookContext) -> list[int] | GuideSpeech:
+        """The segment's speech token ids, or its guide speech for the GPU worker to tokenize; BadInput
+        (and kin) when they cannot be made."""
         ...
 
 
@@ -57,8 +61,8 @@ class OwnTokens:
 class GuideVoiceText:
     ready_at_plan = False
 
-    def tokens(self, segment: PlanSegment, book: BookContext) -> list[int]:
-        return _tokenize(speak(segment.spoken, options_for(book.language)), book)
+    def tokens(self, segment: PlanSegment, book: BookContext) -> GuideSpeech:
+        return segment_speech(segment.spoken, book.language)
 
 
 class SourceSpeech:

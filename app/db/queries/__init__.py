@@ -42,6 +42,7 @@ from app.db.queries.books import (
     list_unsent_chapters,
     page_books,
     reading_candidates,
+    renders_segment,
     require_book,
     segment_renders,
     segment_state,
@@ -215,6 +216,7 @@ __all__ = [
     "gather_book_notes",
     "segment_state",
     "get_segment",
+    "renders_segment",
     "segment_renders",
     # chapter counters and the outbox of book.chapter
     "ChapterRow",

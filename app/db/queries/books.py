@@ -158,11 +158,16 @@ class SegmentState:
         return self.job_status in LIVE_JOB_STATUSES
 
 
+def _n_tokens() -> Any:
+    """The job's token count, or the segment's while its text job waits for the GPU worker's tokens."""
+    return func.coalesce(func.nullif(Job.n_tokens, 0), Segment.n_tokens)
+
+
 def book_segment_states(*, session: Session, book_id: str, chapter: int | None = None) -> list[SegmentState]:
     """Each distinct segment of a book (or one chapter) with its job's state, in reading order."""
     stmt = (
         select(Segment.key, Segment.kind, Segment.job_id, Job.status, Job.output_path,
-               func.coalesce(Job.n_tokens, Segment.n_tokens), func.coalesce(Job.error, Segment.error))
+               _n_tokens(), func.coalesce(Job.error, Segment.error))
         .join(BookSegment, BookSegment.key == Segment.key)
         .outerjoin(Job, Job.id == Segment.job_id)
         .where(BookSegment.book_id == book_id)
@@ -192,9 +197,14 @@ def gather_book_notes(*, session: Session, book_id: str, job_ids: Sequence[str])
 def segment_state(*, session: Session, key: str) -> SegmentState | None:
     row = session.execute(
         select(Segment.key, Segment.kind, Segment.job_id, Job.status, Job.output_path,
-               func.coalesce(Job.n_tokens, Segment.n_tokens), func.coalesce(Job.error, Segment.error))
+               _n_tokens(), func.coalesce(Job.error, Segment.error))
         .outerjoin(Job, Job.id == Segment.job_id).where(Segment.key == key)).first()
     return None if row is None else SegmentState(*row)
+
+
+def renders_segment(*, session: Session, job_id: str) -> bool:
+    """Whether the job is (or was) a book segment's render."""
+    return session.execute(select(Segment.key).where(Segment.job_id == job_id).limit(1)).first() is not None
 
 
 def get_segment(*, session: Session, key: str) -> Segment | None:

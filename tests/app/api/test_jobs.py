@@ -258,3 +258,28 @@ def test_unknown_ids_are_404(client: TestClient, method: str, path: str) -> None
 def test_submit_with_an_unknown_voice_is_404(client: TestClient) -> None:
     response = submit(client, "f" * 64)
     assert response.status_code == 404 and response.json()["error"] == "NotFound"
+
+
+def test_a_text_jobs_status_shows_where_it_is_before_its_tokens_and_how_long_each_half_took(
+        client: TestClient, reference: bytes) -> None:
+    import tasks.text as text_task
+    from app.s3 import StandInTokenizer
+    from gpu_worker.worker.guide import TokenizeLane, tokenize_text_job
+
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    voice_id = upload_voice(client, reference).json()["id"]
+    job_id = client.post("/v1/jobs", json={"voice_id": voice_id, "text": "Hello there."}).json()["id"]
+    view = client.get(f"/v1/jobs/{job_id}").json()
+    assert (view["phase"], view["timings"]["speak_ms"], view["timings"]["tokenize_ms"]) == (
+        "speaking", None, None)
+    assert text_task.tokenize_job(job_id, ctx) == "sent"  # the CPU worker's half
+    view = client.get(f"/v1/jobs/{job_id}").json()
+    assert view["phase"] == "tokenizing" and view["timings"]["speak_ms"] > 0 and view["n_tokens"] == 0
+    lane = TokenizeLane(StandInTokenizer())
+    try:
+        assert tokenize_text_job(ctx, lane, job_id) == "ready"  # the GPU worker's half
+    finally:
+        lane.close()
+    view = client.get(f"/v1/jobs/{job_id}").json()
+    assert view["phase"] is None and view["n_tokens"] > 0 and view["timings"]["tokenize_ms"] > 0
+    assert client.get("/v1/jobs").json()[0]["phase"] is None  # lists read no phase

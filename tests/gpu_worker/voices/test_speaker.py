@@ -95,3 +95,19 @@ def test_quantize_and_embed_turns_host_features_of_a_6s_prompt_into_150_tokens(f
     assert embedding.shape == (1, 192) and embedding.device == tokens.device
     again = SpeakerFrontend(tokenizer, campplus).quantize_and_embed(features.logmel128, features.fbank80)
     assert torch.equal(again[0], tokens) and torch.equal(again[1], embedding)
+
+
+def test_s3_quantizer_batch_gives_each_segment_the_tokens_it_gets_alone(tokenizer):
+    # Lengths that are not multiples of 4 frames, one over twice another: padding is most of a short row
+    mels = [s3tokenizer.log_mel_spectrogram(_wave(s, 16000, seed=i), n_mels=128)
+            for i, s in enumerate((1.0, 0.31, 1.7, 0.62))]
+    batched = tokenizer.batch(mels)
+    alone = [tokenizer(mel)[0] for mel in mels]
+    assert [t.numel() for t in batched] == [-(-m.size(1) // 4) for m in mels]
+    assert all(torch.equal(b, a) for b, a in zip(batched, alone, strict=True))
+    # The lengths are what keeps padding out: the short row read as if it were padded speech differs
+    padded = torch.zeros(1, 128, mels[2].size(1))
+    padded[0, :, : mels[1].size(1)] = mels[1]
+    codes, _ = tokenizer.module.quantize(padded, torch.tensor([padded.size(2)], dtype=torch.int32))
+    assert not torch.equal(codes[0, : alone[1].numel()].long(), alone[1])
+    assert tokenizer.batch([]) == []
