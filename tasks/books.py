@@ -10,15 +10,13 @@
                                    guide voice, or source speech) -> a queued job, rung (`lifecycle.ring`);
                                    returns its id. Redelivered, it makes no second job: it rings a queued
                                    one again and leaves a claimed or finished one alone
-    book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.lifecycle.books`: the
-                                   transaction that settles its last segment records it and the settling code
-                                   sends this after its commit; the sweep sends it again until it has run):
-                                   the chapter file, then the next chapters of the window, or, after the last
-                                   chapter, book.assemble. It checks the database, so an early, late or
-                                   repeated call is harmless; one that finds a segment rendering again just
-                                   returns ('waiting'): that segment rings it again; one that finds the
-                                   chapter's render lease held returns ('busy'): two renders of one chapter
-                                   never run at once
+    book.chapter(book_id, index)   rung once the chapter is recorded ready (by the transaction settling its
+                                   last segment, sent after its commit, and by the sweep until it has run):
+                                   the quality gate (`app.books.quality`: 'waiting' while a failed segment
+                                   renders again), the chapter file, then the next chapters of the window, or
+                                   book.assemble. It checks the database: an early, late or repeated call is
+                                   harmless ('waiting' while a segment renders: that segment rings it again;
+                                   'busy' while another holds the chapter's render lease)
     book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
@@ -40,7 +38,7 @@ from celery.exceptions import Ignore
 from sqlalchemy.orm import Session
 
 from app import lifecycle
-from app.books import files, intake, render, service
+from app.books import files, intake, quality, render, service
 from app.books.planning.plan import BookPlan, PlanSegment
 from app.books.planning.tokens import BookContext, source_for
 from app.broker import wire
@@ -219,6 +217,8 @@ def check_chapter(book_id: str, index: int, ctx: Context) -> str:
     """'waiting' (segments still rendering), 'failed', 'stopped' (book not live), 'busy' (another
     book.chapter holds the chapter's render lease and renders it) or 'assembled'; after the book's last
     chapter, book.assemble is sent, else the window of chapters moves on."""
+    if quality.hold_chapter(ctx, book_id, index):
+        return "waiting"
     outcome, last = render.settle_chapter(sessions=ctx.sessions, artifacts=ctx.artifacts, book_id=book_id,
                                           index=index)
     if last:

@@ -63,18 +63,20 @@ def submit_book(*, ctx: Context, session: Session, data: bytes, request: BookReq
 
 def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, key: str,
                      tokens: list[int], replacing: str | None,
-                     voice_id: str | None = None) -> tuple[str, bool]:
-    """A queued job rendering `tokens` for segment `key` in `voice_id` (default: the book's voice), linked
+                     voice_id: str | None = None, seed: int | None = None) -> tuple[str, bool]:
+    """A queued job rendering `tokens` for segment `key` in `voice_id` (default: the book's voice) with
+    `seed` (default: the book's; the quality gate renders a failed segment again with another), linked
     to the key. Returns (job id, created).
 
     When another render linked its own job first, that job is returned and nothing is created. The
     caller commits, then sends `synth` for a created job."""
     token_list = check_tokens(tokens)
     voice_id = voice_id or book.voice_id
-    request = Request(tokens=token_list, text=None, language=None, seed=book.seed,
+    seed = book.seed if seed is None else seed
+    request = Request(tokens=token_list, text=None, language=None, seed=seed,
                       output_format=book.output_format, priority=book.priority)
     job, _ = jobs.new_job(session=session, artifacts=artifacts, voice_id=voice_id, request=request,
-                          seed=book.seed)
+                          seed=seed)
     job_id, tokens_path = job.id, job.tokens_path
     if lifecycle.link_segment_job(session=session, key=key, job_id=job_id, replacing=replacing,
                                   n_tokens=len(token_list)):

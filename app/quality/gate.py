@@ -54,8 +54,10 @@ def _to_16k(wave: np.ndarray, rate: int) -> np.ndarray:
 
 def check_audio(wave: np.ndarray, rate: int, *, text: str | None = None, reference: np.ndarray | None = None,
                 reference_rate: int | None = None, language: str = "en",
-                expected_s: float | None = None, thresholds: Thresholds = Thresholds()) -> Report:
-    """Every check on one mono clip; `expected_s` (from a token count) wins over the text's estimate."""
+                expected_s: float | None = None, thresholds: Thresholds = Thresholds(),
+                listen: bool = True) -> Report:
+    """Every check on one mono clip; `expected_s` (from a token count) wins over the text's estimate.
+    `listen=False` runs the signal checks alone (microseconds, where the listeners take seconds)."""
     th = thresholds
     wave = np.asarray(wave, dtype=np.float32).reshape(-1)
     checks = [signal.finite(wave)]
@@ -68,6 +70,9 @@ def check_audio(wave: np.ndarray, rate: int, *, text: str | None = None, referen
                              low=th.min_length_ratio, high=th.max_length_ratio)]
     if checks[1].failed:
         return Report(checks + [Check(n, "skipped", reason="the clip is silence")
+                                for n in ("quality", "voice", "words")])
+    if not listen:
+        return Report(checks + [Check(n, "skipped", reason="the listeners were not asked for")
                                 for n in ("quality", "voice", "words")])
     clip = _to_16k(wave, rate)
     checks.append(listeners.quality(clip, min_mos=th.min_mos))
