@@ -34,7 +34,7 @@ from app.db import queries
 from app.db.models import LIVE_BOOK_STATUSES
 from app.db.queries import SegmentState
 from app.db.session import session_scope
-from app.quality.gate import Thresholds, check_audio
+from app.quality.gate import Thresholds, check_audio, check_signal
 from app.quality.report import Report
 from app.settings import Settings
 from app.speech import MAX_SEED, TOKEN_RATE
@@ -65,8 +65,10 @@ def hear(path: Path, *, n_tokens: int | None, text: str, language: str, threshol
          listen: bool) -> Report:
     wave, rate = sf.read(str(path), dtype="float32", always_2d=True)
     expected_s = n_tokens / TOKEN_RATE if n_tokens else None
+    if not listen:
+        return check_signal(wave.mean(axis=1), rate, expected_s=expected_s, thresholds=thresholds)
     return check_audio(wave.mean(axis=1), rate, text=text or None, language=language, expected_s=expected_s,
-                       thresholds=thresholds, listen=listen)
+                       thresholds=thresholds)
 
 
 def hold_chapter(ctx: Context, book_id: str, index: int) -> int:
