@@ -13,9 +13,11 @@ from celery import Celery
 import app.books.quality as gate
 import tasks.books as books
 from app import lifecycle
+from app.books.quality_view import book_quality
 from app.context import Context
 from app.db import queries
 from app.db.models import JobStatus, Segment
+from tests.app.api.helpers import make_client
 from tests.tasks.test_books import manifest_book, submit
 
 
@@ -72,6 +74,9 @@ def test_a_silent_segment_is_rendered_again_with_another_seed_and_then_passes(
     passed = _segment(ctx, second[40])
     assert (passed.quality_verdict, passed.quality_attempts) == ("pass", 2)
     assert _segment(ctx, first[30]).quality_verdict == "pass"
+    with ctx.sessions() as session:
+        totals = book_quality(session=session, artifacts=ctx.artifacts, book_id=book_id).totals
+    assert totals == {"passed": 1, "rerendered": 1, "failed": 0, "unheard": 0}
 
 
 def test_a_segment_failing_every_render_is_kept_marked_after_the_rerenders(
@@ -87,6 +92,17 @@ def test_a_segment_failing_every_render_is_kept_marked_after_the_rerenders(
     kept = _segment(ctx, jobs[-1])
     assert (kept.job_id, kept.quality_verdict, kept.quality_attempts) == (jobs[-1], "fail", 3)
     assert books.check_chapter(book_id, 0, ctx) == "assembled"  # heard once: no fourth render
+    for client in make_client(ctx.settings):  # the report names it, its reason and where to play it
+        answer = client.get(f"/v1/books/{book_id[:8]}/quality")
+        assert answer.status_code == 200, answer.text
+        report = answer.json()
+        assert report["totals"] == {"passed": 1, "rerendered": 0, "failed": 1, "unheard": 0}
+        assert report["chapters"] == [{"index": 0, "passed": 1, "rerendered": 0, "failed": 1, "unheard": 0}]
+        [worst] = report["worst"]
+        assert worst["attempts"] == 3 and worst["audio"] == f"/v1/jobs/{jobs[-1]}/audio"
+        assert any(r.startswith("silence:") for r in worst["reasons"])
+        assert client.get(worst["audio"]).status_code == 200
+        assert client.get("/v1/books/00000000-0000-4000-8000-000000000000/quality").status_code == 404
 
 
 def test_with_dummy_weights_the_gate_reports_and_never_renders_again(ctx: Context, celery: Celery) -> None:

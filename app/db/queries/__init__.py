@@ -87,7 +87,7 @@ from app.db.queries.maintenance import (
     list_expired_leases,
     list_queued_on_gone_workers,
 )
-from app.db.queries.quality import HeardSegment, heard_segments
+from app.db.queries.quality import HeardSegment, SegmentQuality, book_segment_quality, heard_segments
 from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.voices import (
     add_voice_use,
@@ -223,4 +223,6 @@ __all__ = [
     # the quality gate's reads
     "HeardSegment",
     "heard_segments",
+    "SegmentQuality",
+    "book_segment_quality",
 ]
