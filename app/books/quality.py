@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import redis
 import soundfile as sf
 
 from app import lifecycle
@@ -38,6 +39,7 @@ from app.quality.gate import Thresholds, check_audio, check_signal
 from app.quality.report import Report
 from app.settings import Settings
 from app.speech import MAX_SEED, TOKEN_RATE
+from app.storage.keys import COUNTER_QUALITY
 from app.submission import jobs
 
 if TYPE_CHECKING:
@@ -102,6 +104,15 @@ def _unheard(ctx: Context, book_id: str, index: int) -> list[SegmentState]:
     return [s for s in states if s.key not in heard or heard[s.key].job_id != s.job_id]
 
 
+def _count(ctx: Context, report: Report) -> None:
+    """The metrics' counters (wavefarm_quality_checks_total); best effort: a Redis away costs a count."""
+    try:
+        for check in report.checks:
+            ctx.store.incr(COUNTER_QUALITY, f"{check.name}:{check.verdict}")
+    except redis.RedisError as exc:
+        log.warning("quality counters not counted: %s", exc)
+
+
 def _judge(ctx: Context, book_id: str, state: SegmentState, report: Report, policy: GatePolicy) -> int:
     """Record the verdict; a failure with re-renders left is rendered again (1), else it is kept (0)."""
     assert state.job_id is not None
@@ -109,6 +120,8 @@ def _judge(ctx: Context, book_id: str, state: SegmentState, report: Report, poli
         attempts = lifecycle.record_quality(session=session, key=state.key, job_id=state.job_id,
                                             verdict="pass" if report.passed else "fail",
                                             report=report.to_dict())
+        if attempts is not None:
+            _count(ctx, report)
         if attempts is None or report.passed or attempts > policy.rerenders:
             if attempts is not None and not report.passed:
                 log.warning("book %s: segment %s kept after %d renders: %s", book_id, state.key[:12],

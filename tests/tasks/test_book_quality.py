@@ -17,6 +17,7 @@ from app.books.quality_view import book_quality
 from app.context import Context
 from app.db import queries
 from app.db.models import JobStatus, Segment
+from app.storage.keys import COUNTER_QUALITY
 from tests.app.api.helpers import make_client
 from tests.tasks.test_books import manifest_book, submit
 
@@ -81,6 +82,7 @@ def test_a_silent_segment_is_rendered_again_with_another_seed_and_then_passes(
 
 def test_a_segment_failing_every_render_is_kept_marked_after_the_rerenders(
         ctx: Context, celery: Celery, real_weights_policy: None) -> None:
+    silent_before = ctx.store.counters(COUNTER_QUALITY).get("silence:fail", 0)
     book_id = submit(ctx, celery, manifest_book([[30, 40]]))
     books.plan(book_id, ctx)
     jobs = [_render(ctx, book_id, silent={40})[40]]
@@ -103,6 +105,10 @@ def test_a_segment_failing_every_render_is_kept_marked_after_the_rerenders(
         assert any(r.startswith("silence:") for r in worst["reasons"])
         assert client.get(worst["audio"]).status_code == 200
         assert client.get("/v1/books/00000000-0000-4000-8000-000000000000/quality").status_code == 404
+        metrics = client.get("/metrics").text  # every check and verdict, counted by the CPU worker
+        assert 'wavefarm_quality_checks_total{check="words",verdict="pass"} ' in metrics
+        silent = f'wavefarm_quality_checks_total{{check="silence",verdict="fail"}} {silent_before + 3}.0'
+        assert silent in metrics
 
 
 def test_with_dummy_weights_the_gate_reports_and_never_renders_again(ctx: Context, celery: Celery) -> None:
