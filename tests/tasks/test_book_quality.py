@@ -13,6 +13,7 @@ from celery import Celery
 import app.books.quality as gate
 import tasks.books as books
 from app import lifecycle
+from app.api.local import LocalClient
 from app.books.quality_view import book_quality
 from app.context import Context
 from app.db import queries
@@ -109,6 +110,11 @@ def test_a_segment_failing_every_render_is_kept_marked_after_the_rerenders(
         assert 'wavefarm_quality_checks_total{check="words",verdict="pass"} ' in metrics
         silent = f'wavefarm_quality_checks_total{{check="silence",verdict="fail"}} {silent_before + 3}.0'
         assert silent in metrics
+    local = LocalClient(ctx.settings)  # `wavefarm book status --local` reads the same report
+    try:
+        assert local.book_quality(book_id[:8]) == report
+    finally:
+        local.ctx.close()
 
 
 def test_with_dummy_weights_the_gate_reports_and_never_renders_again(ctx: Context, celery: Celery) -> None:
