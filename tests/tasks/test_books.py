@@ -290,11 +290,9 @@ def test_an_epub3_book_is_read_planned_and_assembled_into_a_read_along_epub(ctx:
 
 def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_lengths(
         ctx: Context, celery: Celery) -> None:
-    """The stand-in tokenizer's note (book.tokenize), the GPU worker's dummy-weights note and the quality
-    gate's (it only reports on dummy weights) reach the book: its status, chapters.json and the M4B's
-    comment. Speech rendered is shorter than the M4B by exactly the pauses between segments: both figures
-    are given, each named."""
-    from app.books.quality import REPORT_ONLY_NOTE
+    """The stand-in tokenizer's note (book.tokenize) and the GPU worker's dummy-weights note reach the
+    book: its status, chapters.json and the M4B's comment. Speech rendered is shorter than the M4B by
+    exactly the pauses between segments: both figures are given, each named."""
     from app.db.models import Job
     from app.text.tokens import STAND_IN_NOTE
     from gpu_worker.worker.runtime import dummy_weights_note
@@ -315,7 +313,7 @@ def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_len
     assert books.assemble(book_id, ctx) == "succeeded"
     with ctx.sessions() as session:
         view = book_status(session=session, artifacts=ctx.artifacts, book_id=book_id)
-    expected = [REPORT_ONLY_NOTE, STAND_IN_NOTE, dummy_weights_note(ctx.settings)]  # the gate's: once
+    expected = [STAND_IN_NOTE, dummy_weights_note(ctx.settings)]
     assert view.notes == expected
     out = output_dir(ctx.artifacts, book_id)
     index = json.loads((out / "chapters.json").read_text())
