@@ -47,9 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REPORT_ONLY_NOTE = ("quality gate: report only, nothing rendered again (dummy weights: the audio is noise, "
-                    "so only the signal checks ran; GET /v1/books/{id}/quality has their verdicts)")
-
 
 @dataclass(frozen=True)
 class GatePolicy:
@@ -82,9 +79,6 @@ def hold_chapter(ctx: Context, book_id: str, index: int) -> int:
     if not unheard:
         return 0
     policy = policy_of(ctx.settings)
-    if not policy.rerenders:
-        with session_scope(ctx.sessions) as session:
-            queries.add_book_note(session=session, book_id=book_id, note=REPORT_ONLY_NOTE)
     book_plan = files.load_plan(ctx.artifacts, book_id)
     texts = {s.key: s.say or s.text for s in book_plan.chapters[index].segments}
     thresholds = Thresholds.from_settings(ctx.settings)

@@ -87,13 +87,7 @@ from app.db.queries.maintenance import (
     list_expired_leases,
     list_queued_on_gone_workers,
 )
-from app.db.queries.quality import (
-    HeardSegment,
-    SegmentQuality,
-    add_book_note,
-    book_segment_quality,
-    heard_segments,
-)
+from app.db.queries.quality import HeardSegment, SegmentQuality, book_segment_quality, heard_segments
 from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.voices import (
     add_voice_use,
@@ -231,5 +225,4 @@ __all__ = [
     "heard_segments",
     "SegmentQuality",
     "book_segment_quality",
-    "add_book_note",
 ]

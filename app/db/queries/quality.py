@@ -1,5 +1,5 @@
-"""The quality gate's reads on book segments: what the gate last heard of each (its verdicts are
-written by `app.lifecycle.quality`), and the book's note that the gate only reported."""
+"""The quality gate's reads on book segments: what the gate last heard of each (its writes:
+`app.lifecycle.quality`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Book, BookSegment, Segment
+from app.db.models import BookSegment, Segment
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,3 @@ def book_segment_quality(*, session: Session, book_id: str) -> list[SegmentQuali
         seen.setdefault((int(chapter), str(key)),
                         SegmentQuality(int(chapter), str(key), job_id, verdict, int(attempts or 0), report))
     return list(seen.values())
-
-
-def add_book_note(*, session: Session, book_id: str, note: str) -> None:
-    """Add a sentence to the book's notes (how its audio was made), once."""
-    book = session.get(Book, book_id)
-    if book is not None and note not in (book.notes or []):
-        book.notes = [*(book.notes or []), note]
-        session.flush()
