@@ -194,6 +194,8 @@ class Settings(BaseSettings):
     quality_min_length_ratio: float = Field(default=0.4, gt=0, description="duration / the text's estimate")
     quality_max_length_ratio: float = Field(default=2.5, gt=0)
     quality_min_dbfs: float = Field(default=-50.0, le=0, description="a quieter clip is silence")
+    quality_rerenders: int = Field(default=2, ge=0, le=10, description="a book's segment that fails the gate "
+                                   "is rendered again with another seed this many times, then kept marked")
 
     @model_validator(mode="after")
     def _default_database_url(self) -> Settings:

@@ -7,20 +7,15 @@
                                    on its own: a segment whose token source is ready at planning gets its
                                    job here, rung (`lifecycle.ring`); the others get a book.tokenize
     book.tokenize(book_id, key)    the segment's token source (`app.books.planning.tokens`) -> a queued
-                                   job, rung (`lifecycle.ring`): text through the guide voice makes a text
-                                   job whose speech goes to the feature store and whose `synth` goes at
-                                   once (the GPU worker tokenizes it); source speech, tokens; returns its
-                                   id. Redelivered, it makes no second job: it rings a queued one again
-                                   and leaves a claimed or finished one alone
-    book.chapter(book_id, index)   rung once the chapter is recorded ready (`app.lifecycle.books`: the
-                                   transaction that settles its last segment records it and the settling code
-                                   sends this after its commit; the sweep sends it again until it has run):
-                                   the chapter file, then the next chapters of the window, or, after the last
-                                   chapter, book.assemble. It checks the database, so an early, late or
-                                   repeated call is harmless; one that finds a segment rendering again just
-                                   returns ('waiting'): that segment rings it again; one that finds the
-                                   chapter's render lease held returns ('busy'): two renders of one chapter
-                                   never run at once
+                                   job, rung: text through the guide voice makes a text job whose speech
+                                   goes to the feature store and whose `synth` goes at once (the GPU worker
+                                   tokenizes it). Redelivered, it makes no second job
+    book.chapter(book_id, index)   rung once the chapter is recorded ready (by the transaction settling its
+                                   last segment, and by the sweep until it has run): the quality gate
+                                   (`app.books.quality`: 'waiting' while a failed segment renders again),
+                                   the chapter file, then the next chapters of the window, or book.assemble.
+                                   An early, late or repeated call is harmless ('waiting' while a segment
+                                   renders; 'busy' while another holds the chapter's render lease)
     book.assemble(book_id)         chapter files (reused), M4B, chapter index -> book succeeded
 
 Segment jobs are ordinary jobs at the book's priority (default 0, the lowest: any job asking for more
@@ -42,7 +37,7 @@ from celery.exceptions import Ignore
 from sqlalchemy.orm import Session
 
 from app import lifecycle
-from app.books import files, intake, render, service
+from app.books import files, intake, quality, render, service
 from app.books.planning.plan import BookPlan, PlanSegment
 from app.books.planning.tokens import BookContext, source_for
 from app.broker import wire
@@ -53,7 +48,6 @@ from app.db.session import session_scope
 from app.errors import WavefarmError
 from app.storage.keys import check_job_id
 from app.text.guide_speech import GuideSpeech
-from app.text.tokens import STAND_IN_NOTE
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, resources
 
@@ -97,7 +91,7 @@ def _start(ctx: Context, session: Session, book: Book, segment: PlanSegment, voi
         tokens = source.tokens(segment, BookContext())
         assert isinstance(tokens, list)  # a source ready at planning speaks nothing
         job_id, created = service.make_segment_job(session=session, artifacts=ctx.artifacts, book=book,
-                                                   key=segment.key, tokens=tokens, replacing=state.job_id,
+                                                   key=segment.key, content=tokens, replacing=state.job_id,
                                                    voice_id=voice_id)
         session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
         if not created:
@@ -207,30 +201,12 @@ def tokenize(book_id: str, key: str, ctx: Context) -> str:
             lifecycle.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
         raise
     with session_scope(ctx.sessions) as session:
-        job_id = _segment_job(ctx, session, book_id, key, state.job_id, book_plan.voice_of(segment), made,
-                              spoken=segment.spoken)
+        job_id = service.segment_job_of(ctx=ctx, session=session, book_id=book_id, key=key,
+                                        replacing=state.job_id, voice_id=book_plan.voice_of(segment),
+                                        made=made, spoken=segment.spoken)
         session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
         lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id,
                        speech_stored=isinstance(made, GuideSpeech))
-    return job_id
-
-
-def _segment_job(ctx: Context, session: Session, book_id: str, key: str, replacing: str | None,
-                 voice_id: str, made: list[int] | GuideSpeech, spoken: str) -> str:
-    """The segment's job: of its tokens, or a text job whose guide speech goes to the feature store for the
-    GPU worker (stored before the job is rung; a job another render linked first keeps its own)."""
-    book = queries.require_book(session=session, book_id=book_id)
-    if isinstance(made, GuideSpeech):
-        job_id, created = service.make_segment_job(
-            session=session, artifacts=ctx.artifacts, book=book, key=key, tokens=None, replacing=replacing,
-            voice_id=voice_id, spoken=spoken, n_tokens=sum(made.token_counts()))
-        if created:
-            ctx.store.put_guide_speech(job_id, made.encode())
-        return job_id
-    job_id, _ = service.make_segment_job(session=session, artifacts=ctx.artifacts, book=book, key=key,
-                                         tokens=made, replacing=replacing, voice_id=voice_id)
-    if ctx.settings.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
-        queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
     return job_id
 
 
@@ -240,6 +216,8 @@ def check_chapter(book_id: str, index: int, ctx: Context) -> str:
     """'waiting' (segments still rendering), 'failed', 'stopped' (book not live), 'busy' (another
     book.chapter holds the chapter's render lease and renders it) or 'assembled'; after the book's last
     chapter, book.assemble is sent, else the window of chapters moves on."""
+    if quality.hold_chapter(ctx, book_id, index):
+        return "waiting"
     outcome, last = render.settle_chapter(sessions=ctx.sessions, artifacts=ctx.artifacts, book_id=book_id,
                                           index=index)
     if last:

@@ -93,7 +93,7 @@ STATE_COLUMNS = {
              "parse_lane"},
     "BookChapter": {"scheduled_at", "ready_at", "rung_at", "checked_at", "assembled_at", "render_owner",
                     "render_until"},
-    "Segment": {"job_id", "error"},
+    "Segment": {"job_id", "error", "quality_verdict", "quality_report", "quality_job_id", "quality_attempts"},
 }
 STATE_OWNER = "app/lifecycle"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from app.api.batch import batch_out, request_fields
 from app.api.local_database import check_database_file, check_tables
 from app.api.schemas import JobOut, VoiceOut
 from app.api.schemas_books import BookOut
+from app.books.quality_view import book_quality
 from app.books.reading.publication import split_genre_list
 from app.books.service import BookOptions, BookRequest, Submission, cancel, submit_book, target_lufs_field
 from app.books.status import book_status, book_statuses, output_file
@@ -123,6 +125,10 @@ class LocalClient:
         with self.ctx.session() as s:
             view = book_status(session=s, artifacts=self.ctx.artifacts, book_id=book_id)
             return BookOut.of(view).model_dump(mode="json")
+
+    def book_quality(self, book_id: str) -> dict[str, Any]:
+        with self.ctx.session() as s:
+            return asdict(book_quality(session=s, artifacts=self.ctx.artifacts, book_id=book_id))
 
     def books_page(self, *, after: str | None, limit: int) -> tuple[list[dict[str, Any]], str | None]:
         with self.ctx.session() as s:

@@ -14,6 +14,8 @@ the tests, never collide). State metrics are read at scrape time, not kept in th
   wavefarm_gpu_workers_live            GPU workers whose heartbeat in the database is recent
   wavefarm_books{status}               books in the database by status (every status, 0 included)
   wavefarm_book_chapters{state}        chapters of the books not ended yet: assembled, pending
+  wavefarm_quality_checks_total{check, verdict}  the book quality gate's checks on CPU workers
+                                       (feature-store counters; app.quality.report's CHECKS x VERDICTS)
   wavefarm_sweep_found_total{kind}     what maintenance sweeps found and put back (`app.reconcile.sweep`)
   wavefarm_feature_store_used_bytes    memory the feature-store Redis uses, and its maxmemory limit in
   wavefarm_feature_store_max_bytes     wavefarm_feature_store_max_bytes (0: unlimited)
@@ -53,6 +55,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.broker.queues import Broker
+from app.quality.report import CHECKS, VERDICTS
 from app.storage import keys
 from app.storage.feature_store import FeatureStore
 
@@ -67,6 +70,7 @@ GPU_WORKERS_LIVE = "wavefarm_gpu_workers_live"
 BOOKS = "wavefarm_books"
 BOOK_CHAPTERS = "wavefarm_book_chapters"
 SWEEP_FOUND = "wavefarm_sweep_found"
+QUALITY_CHECKS = "wavefarm_quality_checks"
 STORE_USED = "wavefarm_feature_store_used_bytes"
 STORE_MAX = "wavefarm_feature_store_max_bytes"
 SOURCE_UP = "wavefarm_source_up"
@@ -140,9 +144,20 @@ class StateCollector(Collector):
             for value, count in sorted(counts.items()):
                 family.add_metric([value], count)
             yield family
+        yield self._quality()
         used, limit = self.store.memory()
         yield GaugeMetricFamily(STORE_USED, "memory the feature-store Redis uses", value=used)
         yield GaugeMetricFamily(STORE_MAX, "the feature-store Redis's maxmemory (0: unlimited)", value=limit)
+
+    def _quality(self) -> Metric:
+        """Every check and verdict, 0 included; a field outside that closed set is not exported."""
+        family = CounterMetricFamily(QUALITY_CHECKS, "the book quality gate's checks on CPU workers",
+                                     labels=["check", "verdict"])
+        counts = self.store.counters(keys.COUNTER_QUALITY)
+        for check in CHECKS:
+            for verdict in VERDICTS:
+                family.add_metric([check, verdict], counts.get(f"{check}:{verdict}", 0))
+        return family
 
     def _database(self) -> Iterator[Metric]:
         counts = self.db_counts()

@@ -4,6 +4,7 @@
                                       voice (`voice_id` or `reference` file); or JSON with an inline
                                       `manifest` of speech tokens and a `voice_id`
     GET  /v1/books, /v1/books/{id}    progress per book and chapter (segments, audio seconds, ETA)
+    GET  /v1/books/{id}/quality       the quality gate's verdicts per chapter and the worst segments
     POST /v1/books/{id}/cancel
     GET  /v1/books/{id}/files/{name}  chapter-001.flac ..., book.m4b, chapters.json, chapters.vtt
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import asdict
 from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
@@ -32,7 +34,7 @@ from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import AFTER, Problem
 from app.api.schemas_books import BookOut
 from app.api.schemas_books import BookRequest as BookBody
-from app.books import intake, service, status
+from app.books import intake, quality_view, service, status
 from app.books.planning.cast import MAX_BYTES as CAST_MAX_BYTES
 from app.books.planning.lexicon import MAX_BYTES as LEXICON_MAX_BYTES
 from app.books.reading.parse import FORMATS
@@ -259,6 +261,13 @@ def list_books(ctx: Ctx, response: Response, after: Annotated[str | None, Query(
 @router.get("/{book_id}", response_model=BookOut, responses={404: {"model": Problem}})
 def get_book(book_id: str, ctx: Ctx) -> BookOut:
     return _book_out(ctx, book_id)
+
+
+@router.get("/{book_id}/quality", responses={404: {"model": Problem}})
+def get_quality(book_id: str, ctx: Ctx) -> dict[str, Any]:
+    """Per chapter its segments passed, re-rendered, failed (kept) and not heard; the worst, to play."""
+    with ctx.session() as s:
+        return asdict(quality_view.book_quality(session=s, artifacts=ctx.artifacts, book_id=book_id))
 
 
 @router.post("/{book_id}/cancel", response_model=BookOut,

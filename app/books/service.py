@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
@@ -35,14 +36,16 @@ from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
 from app.submission import jobs
 from app.submission.request import Request
+from app.text.tokens import STAND_IN_NOTE
 
 if TYPE_CHECKING:
     from app.context import Context
+    from app.text.guide_speech import GuideSpeech
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_SEED", "BookOptions", "BookRequest", "Submission", "cancel", "cancel_book",
-           "make_segment_job", "submit_book", "target_lufs_field"]
+           "SpokenSegment", "make_segment_job", "submit_book", "target_lufs_field"]
 
 
 def submit_book(*, ctx: Context, session: Session, data: bytes, request: BookRequest,
@@ -61,26 +64,36 @@ def submit_book(*, ctx: Context, session: Session, data: bytes, request: BookReq
 
 # Segment jobs ------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class SpokenSegment:
+    """A text segment's job before its tokens: its text, in the book's language, and the token count of
+    the guide speech the caller stores for the GPU worker to tokenize."""
+
+    text: str
+    n_tokens: int
+
+
 def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, key: str,
-                     tokens: list[int] | None, replacing: str | None,
-                     voice_id: str | None = None, spoken: str | None = None,
-                     n_tokens: int = 0) -> tuple[str, bool]:
-    """A queued job rendering `tokens` for segment `key` in `voice_id` (default: the book's voice), linked
-    to the key; or, with `tokens` None, a text job of the segment's `spoken` text (in the book's language)
-    whose `n_tokens` tokens the GPU worker makes from the guide speech the caller stores. Returns (job id,
-    created).
+                     content: list[int] | SpokenSegment, replacing: str | None,
+                     voice_id: str | None = None, seed: int | None = None) -> tuple[str, bool]:
+    """A queued job for segment `key` in `voice_id` (default: the book's voice) with `seed` (default: the
+    book's; the quality gate renders a failed segment again with another), linked to the key: rendering
+    `content`'s speech tokens, or a text job of a `SpokenSegment`. Returns (job id, created).
 
     When another render linked its own job first, that job is returned and nothing is created. The
     caller commits, then sends `synth` for a created job."""
-    token_list = check_tokens(tokens) if tokens is not None else None
-    if token_list is None and (spoken is None or n_tokens <= 0):
-        raise ValueError(f"segment {key[:12]}: a job needs tokens, or spoken text and its token count")
+    spoken = content if isinstance(content, SpokenSegment) else None
+    token_list = None if isinstance(content, SpokenSegment) else check_tokens(content)
+    if spoken is not None and spoken.n_tokens <= 0:
+        raise ValueError(f"segment {key[:12]}: a text job needs its token count")
     voice_id = voice_id or book.voice_id
-    request = Request(tokens=token_list, text=spoken, language=book.language if token_list is None else None,
-                      seed=book.seed, output_format=book.output_format, priority=book.priority)
+    seed = book.seed if seed is None else seed
+    request = Request(tokens=token_list, text=spoken.text if spoken else None,
+                      language=book.language if spoken else None, seed=seed,
+                      output_format=book.output_format, priority=book.priority)
     job, _ = jobs.new_job(session=session, artifacts=artifacts, voice_id=voice_id, request=request,
-                          seed=book.seed)
-    n_tokens = len(token_list) if token_list is not None else n_tokens
+                          seed=seed)
+    n_tokens = spoken.n_tokens if spoken is not None else len(token_list or [])
     job_id, tokens_path = job.id, job.tokens_path
     if lifecycle.link_segment_job(session=session, key=key, job_id=job_id, replacing=replacing,
                                   n_tokens=n_tokens):
@@ -93,6 +106,26 @@ def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, 
     if segment is None or segment.job_id is None:
         raise NotFound(f"segment {key[:12]} lost its job while linking")
     return segment.job_id, False
+
+
+def segment_job_of(*, ctx: Context, session: Session, book_id: str, key: str, replacing: str | None,
+                   voice_id: str, made: list[int] | GuideSpeech, spoken: str) -> str:
+    """`book.tokenize`'s job for a segment, from what its token source `made`: its tokens, or a text job
+    whose guide speech goes to the feature store for the GPU worker (stored before the job is rung; a job
+    another render linked first keeps its own). The caller commits, then rings it."""
+    book = queries.require_book(session=session, book_id=book_id)
+    if not isinstance(made, list):
+        job_id, created = make_segment_job(
+            session=session, artifacts=ctx.artifacts, book=book, key=key, replacing=replacing,
+            voice_id=voice_id, content=SpokenSegment(spoken, sum(made.token_counts())))
+        if created:
+            ctx.store.put_guide_speech(job_id, made.encode())
+        return job_id
+    job_id, _ = make_segment_job(session=session, artifacts=ctx.artifacts, book=book, key=key,
+                                 content=made, replacing=replacing, voice_id=voice_id)
+    if ctx.settings.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
+        queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
+    return job_id
 
 
 # Cancel ------------------------------------------------------------------------------------------

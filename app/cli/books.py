@@ -231,7 +231,8 @@ def follow_book(api: Any, book_id: str, poll_s: float = 1.0) -> dict[str, Any]:
 
 
 def cmd_book_status(args: argparse.Namespace) -> int:
-    book = client(args).book(args.book_id)
+    api = client(args)
+    book = api.book(args.book_id)
     eta = f"  ETA {book['eta_s']:.0f} s" if book.get("eta_s") else ""
     length = f", {book['seconds']:.2f} s with pauses (M4B)" if book.get("seconds") is not None else ""
     print(f"{book['id']}  {book['status']}  {book['segments_done']}/{book['segments_total']} segments  "
@@ -245,9 +246,22 @@ def cmd_book_status(args: argparse.Namespace) -> int:
         length = f" ({c['seconds']:.2f} s with pauses)" if c.get("seconds") is not None else ""
         print(f"  {c['index'] + 1:>3}. {c['segments_done']:>4}/{c['segments_total']:<4} "
               f"{c['audio_seconds']:>7.1f} s speech{length}  {c['title']}{loud}")
+    _print_quality(api.book_quality(book["id"]))
     if book.get("error"):
         print(f"  error: {book['error']}")
     return 0
+
+
+def _print_quality(quality: dict) -> None:
+    """The quality gate's totals, and each failed segment kept: why, what it says, where to play it."""
+    t = quality["totals"]
+    if any(t.values()):
+        print(f"  quality: {t['passed']} passed, {t['rerendered']} re-rendered, {t['failed']} failed (kept), "
+              f"{t['unheard']} not heard")
+    for w in quality["worst"]:
+        text = f"; {w['text'][:60]!r}" if w["text"] else ""
+        print(f"    chapter {w['chapter'] + 1}, segment {w['key'][:12]}, {w['attempts']} renders: "
+              f"{'; '.join(w['reasons'])}{text}  {w['audio']}")
 
 
 def cmd_book_cancel(args: argparse.Namespace) -> int:

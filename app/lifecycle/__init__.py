@@ -9,6 +9,7 @@ these functions. docs/RELIABILITY.md draws the state diagrams.
            every change of a segment's outcome moves
     chapters  a chapter's render as a lease: claimed, renewed, released, expired
     readings  a book's reading claimed (an attempt), and moved to the long lane
+    quality   the quality gate's verdict on a segment's render
     outbox    settling a job, then sending the follow-up its transaction recorded (a ready chapter's
               `book.chapter`)
 
@@ -54,13 +55,14 @@ from app.lifecycle.jobs import (
     settle,
 )
 from app.lifecycle.outbox import settle_and_send
+from app.lifecycle.quality import record_quality
 from app.lifecycle.readings import LONG, QUICK, claim_reading, demote_reading
 
 __all__ = [
     "CLAIMED", "LONG", "QUICK", "RENDER_LEASE_S", "RING_BACKOFF_MAX", "Settled", "add_book_plan", "cancel",
     "claim", "claim_next_chapter", "claim_reading", "claim_render", "count_outcome", "demote_reading",
     "expire_renders", "fail_segment", "finish", "is_leased", "link_segment_job", "mark_chapter_assembled",
-    "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_ready", "release",
-    "release_render", "renew", "renew_render", "reopen_failed_segments", "ring", "set_book_status",
-    "settle", "settle_and_send", "touch_chapter", "unlink_segment_job",
+    "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_quality", "record_ready",
+    "release", "release_render", "renew", "renew_render", "reopen_failed_segments", "ring",
+    "set_book_status", "settle", "settle_and_send", "touch_chapter", "unlink_segment_job",
 ]

@@ -1,4 +1,5 @@
-"""Run every check on one clip: `check_audio(wave, rate, text=..., reference=..., thresholds=...)`.
+"""Run every check on one clip: `check_audio(wave, rate, text=..., reference=..., thresholds=...)`, or the
+signal checks alone: `check_signal(wave, rate, expected_s=..., thresholds=...)`.
 
 The signal checks run first; a clip that holds NaN/Inf or is silence is not listened to (the listeners
 would only add noise to the reasons). Defaults and how they were chosen: docs/QUALITY.md.
@@ -52,20 +53,36 @@ def _to_16k(wave: np.ndarray, rate: int) -> np.ndarray:
     return resample(wave, rate, listeners.RATE).numpy()
 
 
+def _signal_checks(wave: np.ndarray, rate: int, expected_s: float | None, th: Thresholds) -> list[Check]:
+    checks = [signal.finite(wave)]
+    if checks[0].failed:
+        return checks + [Check(n, "skipped", reason="the clip holds NaN/Inf")
+                         for n in ("silence", "clipping", "length", "quality", "voice", "words")]
+    return checks + [signal.silence(wave, rate, min_dbfs=th.min_dbfs, max_quiet_share=th.max_quiet_share),
+                     signal.clipping(wave, max_share=th.max_clipped_share),
+                     signal.length(wave.size / rate, expected_s, low=th.min_length_ratio,
+                                   high=th.max_length_ratio)]
+
+
+def check_signal(wave: np.ndarray, rate: int, *, expected_s: float | None = None,
+                 thresholds: Thresholds = Thresholds()) -> Report:
+    """The signal checks alone (microseconds a clip, where the listeners take seconds); the listeners'
+    checks are reported skipped."""
+    checks = _signal_checks(np.asarray(wave, dtype=np.float32).reshape(-1), rate, expected_s, thresholds)
+    done = {c.name for c in checks}
+    return Report(checks + [Check(n, "skipped", reason="the listeners were not asked for")
+                            for n in ("quality", "voice", "words") if n not in done])
+
+
 def check_audio(wave: np.ndarray, rate: int, *, text: str | None = None, reference: np.ndarray | None = None,
                 reference_rate: int | None = None, language: str = "en",
                 expected_s: float | None = None, thresholds: Thresholds = Thresholds()) -> Report:
     """Every check on one mono clip; `expected_s` (from a token count) wins over the text's estimate."""
     th = thresholds
     wave = np.asarray(wave, dtype=np.float32).reshape(-1)
-    checks = [signal.finite(wave)]
+    checks = _signal_checks(wave, rate, expected_s or (expected_seconds(text) if text else None), th)
     if checks[0].failed:
-        return Report(checks + [Check(n, "skipped", reason="the clip holds NaN/Inf")
-                                for n in ("silence", "clipping", "length", "quality", "voice", "words")])
-    checks += [signal.silence(wave, rate, min_dbfs=th.min_dbfs, max_quiet_share=th.max_quiet_share),
-               signal.clipping(wave, max_share=th.max_clipped_share),
-               signal.length(wave.size / rate, expected_s or (expected_seconds(text) if text else None),
-                             low=th.min_length_ratio, high=th.max_length_ratio)]
+        return Report(checks)
     if checks[1].failed:
         return Report(checks + [Check(n, "skipped", reason="the clip is silence")
                                 for n in ("quality", "voice", "words")])

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Verdict = Literal["pass", "fail", "skipped"]
+VERDICTS = ("pass", "fail", "skipped")
+CHECKS = ("finite", "silence", "clipping", "length", "quality", "voice", "words")  # every report's, in order
 
 
 @dataclass(frozen=True)

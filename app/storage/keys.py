@@ -114,6 +114,7 @@ DEMO_LEASE_KEY = f"{PREFIX}:demo:lease"
 # Counter groups: each is one hash whose fields are the counted outcomes.
 COUNTER_PREP_PATH = "prep_path"  # fields: app.db.models.PrepPath values
 COUNTER_PREPARE = "prepare"  # fields: prepared, noop, failed, retried
+COUNTER_QUALITY = "quality"  # fields: "<check>:<verdict>", app.quality.report's CHECKS x VERDICTS
 COUNTER_SWEEP = "sweep"  # fields: app.reconcile.report.SWEEP_FINDINGS (what a sweep found and put back)
 
 

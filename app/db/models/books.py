@@ -142,6 +142,12 @@ class Segment(Base):
     n_tokens: Mapped[int | None] = mapped_column(Integer)  # known once tokenized
     jobs_created: Mapped[int] = mapped_column(Integer, default=0)  # renders asked for, over all time
     error: Mapped[str | None] = mapped_column(Text)
+    # The quality gate's word on the audio of `quality_job_id` (app.books.quality): 'pass' or 'fail'
+    # (NULL: not checked), the report as JSON, and how many renders the gate has heard for this key.
+    quality_verdict: Mapped[str | None] = mapped_column(String(8))
+    quality_report: Mapped[dict | None] = mapped_column(JSON)
+    quality_job_id: Mapped[str | None] = mapped_column(String(36))
+    quality_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

@@ -16,6 +16,7 @@ DO NOTHING (SQLite and PostgreSQL both have it).
                  `app.lifecycle.books`)
     chapters     the chapter counters' reads and locks, the outbox's reads (the counting itself:
                  `app.lifecycle.books`)
+    quality      what the quality gate last heard of each book segment
     stats        books by status and the chapters of live books, for the API's metrics
     _common      private helpers (error clipping, UPDATE row counts, dialect INSERTs)
 
@@ -87,6 +88,7 @@ from app.db.queries.maintenance import (
     list_expired_leases,
     list_queued_on_gone_workers,
 )
+from app.db.queries.quality import HeardSegment, SegmentQuality, book_segment_quality, heard_segments
 from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.voices import (
     add_voice_use,
@@ -224,4 +226,9 @@ __all__ = [
     "chapter_ready_at",
     "list_unchecked_chapters",
     "count_live_books_with_segment",
+    # the quality gate's reads
+    "HeardSegment",
+    "heard_segments",
+    "SegmentQuality",
+    "book_segment_quality",
 ]

@@ -151,11 +151,11 @@ def test_cancel_stops_the_books_live_segment_jobs_but_not_one_another_live_book_
     jobs = {}
     for key in load_plan(artifacts, first).unique_keys():
         jobs[key], created = make_segment_job(session=session, artifacts=artifacts, book=book, key=key,
-                                              tokens=[1] * 25, replacing=None)
+                                              content=[1] * 25, replacing=None)
         assert created
     session.commit()
     again, created = make_segment_job(session=session, artifacts=artifacts, book=book, key=key,
-                                      tokens=[1] * 25, replacing=None)
+                                      content=[1] * 25, replacing=None)
     assert (again, created) == (jobs[key], False)  # another render linked it first
     assert cancel_book(session=session, store=store, book_id=first, cancel_ttl_s=60)
     statuses = {k: queries.require_job(session=session, job_id=j).status for k, j in jobs.items()}

@@ -92,15 +92,26 @@ def test_book_status_names_its_two_lengths_and_says_how_the_audio_was_made(monke
             "audio_seconds": 17.6, "seconds": 25.04, "eta_s": 0.0, "title": "T", "chapters": [chapter],
             "notes": [note], "error": None}
 
+    worst = {"chapter": 0, "key": "ab" * 32, "attempts": 3, "reasons": ["silence: the clip's level is -inf"],
+             "text": "It was a dark night.", "audio": "/v1/jobs/j1/audio"}
+    quality = {"totals": {"passed": 4, "rerendered": 0, "failed": 1, "unheard": 0}, "worst": [worst]}
+
     class Api:
         def book(self, book_id):
             return book
+
+        def book_quality(self, book_id):
+            assert book_id == book["id"]
+            return quality
 
     monkeypatch.setattr(cli_books, "client", lambda args: Api())
     assert cli_books.cmd_book_status(build_parser().parse_args(["book", "status", book["id"]])) == 0
     printed = capsys.readouterr().out
     assert "17.6 s speech, 25.04 s with pauses (M4B)" in printed
     assert "17.6 s speech (25.04 s with pauses)" in printed and f"note: {note}" in printed
+    assert "quality: 4 passed, 0 re-rendered, 1 failed (kept), 0 not heard" in printed
+    assert ("chapter 1, segment abababababab, 3 renders: silence: the clip's level is -inf; "
+            "'It was a dark night.'  /v1/jobs/j1/audio") in printed
 
 
 def test_book_preview_asks_for_one_chapters_first_seconds_at_a_high_priority_and_writes_its_file(

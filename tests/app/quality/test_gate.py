@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.quality import listeners
-from app.quality.gate import Thresholds, check_audio
+from app.quality.gate import Thresholds, check_audio, check_signal
 
 RATE = 16000
 
@@ -68,3 +68,20 @@ def test_clipping_is_caught_and_words_are_skipped_for_other_languages(librivox) 
     assert got["clipping"] == "fail"
     words = next(c for c in report.checks if c.name == "words")
     assert words.verdict == "skipped" and "English only" in words.reason
+
+
+def test_the_signal_checks_alone_judge_level_and_length_and_leave_the_listeners_unrun(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def no_listening(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("a listener ran")
+
+    monkeypatch.setattr(listeners, "quality", no_listening)
+    t = np.arange(2 * RATE) / RATE
+    tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    fine = check_signal(tone, RATE, expected_s=2.0)
+    assert fine.passed and verdicts(fine) == {"finite": "pass", "silence": "pass", "clipping": "pass",
+                                              "length": "pass", "quality": "skipped", "voice": "skipped",
+                                              "words": "skipped"}
+    assert verdicts(check_signal(np.zeros_like(tone), RATE, expected_s=2.0))["silence"] == "fail"
+    assert verdicts(check_signal(tone, RATE, expected_s=10.0))["length"] == "fail"
+    nan = check_signal(np.full_like(tone, np.nan), RATE)
+    assert verdicts(nan)["finite"] == "fail" and len(nan.checks) == 7

@@ -1,0 +1,127 @@
+"""The quality gate in books (issue 46): before a chapter is assembled, `book.chapter` hears its segments;
+a failing one is rendered again with another seed up to WAVEFARM_QUALITY_RERENDERS times, then kept with
+its failure recorded; with dummy weights the gate reports and never re-renders. The GPU worker is played
+in process: a 'broken' segment's job gets digital silence, the signal checks' plainest failure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+from celery import Celery
+
+import app.books.quality as gate
+import tasks.books as books
+from app import lifecycle
+from app.api.local import LocalClient
+from app.books.quality_view import book_quality
+from app.context import Context
+from app.db import queries
+from app.db.models import JobStatus, Segment
+from app.storage.keys import COUNTER_QUALITY
+from tests.app.api.helpers import make_client
+from tests.tasks.test_books import manifest_book, submit
+
+
+def _render(ctx: Context, book_id: str, silent: set[int]) -> dict[int, str]:
+    """Finish every live segment job: silence for segments of `silent` token counts, a sine for the rest;
+    -> {token count: job id} of the jobs finished."""
+    finished = {}
+    with ctx.sessions() as session:
+        for s in queries.book_segment_states(session=session, book_id=book_id):
+            if not (s.live and s.job_id):
+                continue
+            job = queries.require_job(session=session, job_id=s.job_id)
+            relpath = ctx.artifacts.output_relpath(job.id, job.output_format)
+            t = np.arange(job.n_tokens * 960) / 24000
+            wave = np.zeros_like(t) if job.n_tokens in silent else 0.3 * np.sin(2 * np.pi * 220 * t)
+            sf.write(ctx.artifacts.path(relpath), wave, 24000, format=job.output_format.upper())
+            assert lifecycle.finish(session=session, job_id=job.id, status=JobStatus.SUCCEEDED,
+                                    output_path=relpath)
+            finished[job.n_tokens] = job.id
+        session.commit()
+    return finished
+
+
+def _segment(ctx: Context, job_id: str) -> Segment:
+    with ctx.sessions() as session:
+        row = session.query(Segment).filter(Segment.quality_job_id == job_id).one()
+        session.expunge(row)
+        return row
+
+
+@pytest.fixture
+def real_weights_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy of real weights (re-render twice), without the listeners: sine is not speech."""
+    monkeypatch.setattr(gate, "policy_of", lambda settings: gate.GatePolicy(rerenders=2, listen=False))
+
+
+def test_a_silent_segment_is_rendered_again_with_another_seed_and_then_passes(
+        ctx: Context, celery: Celery, real_weights_policy: None) -> None:
+    book_id = submit(ctx, celery, manifest_book([[30, 40]]))
+    books.plan(book_id, ctx)
+    first = _render(ctx, book_id, silent={40})
+    assert books.check_chapter(book_id, 0, ctx) == "waiting"  # not assembled with a silent segment
+    heard = _segment(ctx, first[40])
+    assert (heard.quality_verdict, heard.quality_attempts) == ("fail", 1)
+    assert heard.quality_report is not None and heard.quality_report["checks"]["silence"]["verdict"] == "fail"
+    assert heard.job_id != first[40]  # a new job renders it
+    with ctx.sessions() as session:
+        again = queries.require_job(session=session, job_id=heard.job_id or "")
+        old = queries.require_job(session=session, job_id=first[40])
+        assert again.status == JobStatus.QUEUED and again.seed != old.seed
+    second = _render(ctx, book_id, silent=set())
+    assert list(second) == [40]  # only the failed segment was rendered again
+    assert books.check_chapter(book_id, 0, ctx) == "assembled"
+    passed = _segment(ctx, second[40])
+    assert (passed.quality_verdict, passed.quality_attempts) == ("pass", 2)
+    assert _segment(ctx, first[30]).quality_verdict == "pass"
+    with ctx.sessions() as session:
+        totals = book_quality(session=session, artifacts=ctx.artifacts, book_id=book_id).totals
+    assert totals == {"passed": 1, "rerendered": 1, "failed": 0, "unheard": 0}
+
+
+def test_a_segment_failing_every_render_is_kept_marked_after_the_rerenders(
+        ctx: Context, celery: Celery, real_weights_policy: None) -> None:
+    silent_before = ctx.store.counters(COUNTER_QUALITY).get("silence:fail", 0)
+    book_id = submit(ctx, celery, manifest_book([[30, 40]]))
+    books.plan(book_id, ctx)
+    jobs = [_render(ctx, book_id, silent={40})[40]]
+    for _ in range(2):  # WAVEFARM_QUALITY_RERENDERS' default
+        assert books.check_chapter(book_id, 0, ctx) == "waiting"
+        jobs.append(_render(ctx, book_id, silent={40})[40])
+    assert len(set(jobs)) == 3
+    assert books.check_chapter(book_id, 0, ctx) == "assembled"  # kept, its failure recorded
+    kept = _segment(ctx, jobs[-1])
+    assert (kept.job_id, kept.quality_verdict, kept.quality_attempts) == (jobs[-1], "fail", 3)
+    assert books.check_chapter(book_id, 0, ctx) == "assembled"  # heard once: no fourth render
+    for client in make_client(ctx.settings):  # the report names it, its reason and where to play it
+        answer = client.get(f"/v1/books/{book_id[:8]}/quality")
+        assert answer.status_code == 200, answer.text
+        report = answer.json()
+        assert report["totals"] == {"passed": 1, "rerendered": 0, "failed": 1, "unheard": 0}
+        assert report["chapters"] == [{"index": 0, "passed": 1, "rerendered": 0, "failed": 1, "unheard": 0}]
+        [worst] = report["worst"]
+        assert worst["attempts"] == 3 and worst["audio"] == f"/v1/jobs/{jobs[-1]}/audio"
+        assert any(r.startswith("silence:") for r in worst["reasons"])
+        assert client.get(worst["audio"]).status_code == 200
+        assert client.get("/v1/books/00000000-0000-4000-8000-000000000000/quality").status_code == 404
+        metrics = client.get("/metrics").text  # every check and verdict, counted by the CPU worker
+        assert 'wavefarm_quality_checks_total{check="words",verdict="pass"} ' in metrics
+        silent = f'wavefarm_quality_checks_total{{check="silence",verdict="fail"}} {silent_before + 3}.0'
+        assert silent in metrics
+    local = LocalClient(ctx.settings)  # `wavefarm book status --local` reads the same report
+    try:
+        assert local.book_quality(book_id[:8]) == report
+    finally:
+        local.ctx.close()
+
+
+def test_with_dummy_weights_the_gate_reports_and_never_renders_again(ctx: Context, celery: Celery) -> None:
+    assert ctx.settings.model_dir is None
+    book_id = submit(ctx, celery, manifest_book([[30, 40]]))
+    books.plan(book_id, ctx)
+    first = _render(ctx, book_id, silent={40})
+    assert books.check_chapter(book_id, 0, ctx) == "assembled"
+    heard = _segment(ctx, first[40])
+    assert (heard.job_id, heard.quality_verdict, heard.quality_attempts) == (first[40], "fail", 1)
