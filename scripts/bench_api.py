@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -61,11 +60,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from app import lifecycle  # noqa: E402
-from app.dev import SAMPLES, services  # noqa: E402
+from app.dev import SAMPLES  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from scripts.bench_api_processes import metrics_check, processes_refusal, serve_processes  # noqa: E402
 from scripts.bench_floor import floor_queue, run_floor, server_options  # noqa: E402
-from scripts.service_stack import bench_settings, env_of, flush_redis  # noqa: E402
+from scripts.service_stack import bench_settings, flush_redis, served  # noqa: E402
 
 
 def _free_port() -> int:
@@ -154,19 +153,8 @@ def api_process(settings: Settings, log: Path, profile: str | None,
     argv = [sys.executable, __file__, "--serve", str(PORT)] + (["--profile-out", profile] if profile else [])
     argv += ["--null-broker"] if null_broker else []
     argv += ["--serve-processes", str(processes)] if processes > 1 else []
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        if not services.wait_until(lambda: services.port_open("127.0.0.1", PORT), 180):
-            raise RuntimeError(f"the API did not come up:\n{services.log_tail(log)}")
+    with served(argv, settings, log, PORT, what="the API", wait_s=180) as proc:
         yield proc
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 # -- backends -----------------------------------------------------------------------------------------------

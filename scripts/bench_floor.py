@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -181,23 +180,11 @@ async def measure_interleaved(procs: dict[str, Any], ports: dict[str, int], voic
 @contextmanager
 def floor_process(settings: Any, log: Path, port: int) -> Iterator[subprocess.Popen]:
     """This app on `port` in a process of its own, on the API's database and broker (`settings`)."""
-    from app.dev import services
-    from scripts.service_stack import env_of
+    from scripts.service_stack import served
 
     argv = [sys.executable, str(Path(__file__).resolve()), str(port)]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        if not services.wait_until(lambda: services.port_open("127.0.0.1", port), 120):
-            raise RuntimeError(f"the floor app did not come up:\n{services.log_tail(log)}")
+    with served(argv, settings, log, port, what="the floor app") as proc:
         yield proc
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def run_floor(name: str, args: Any, root: Path, port: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ group. Used by scripts/bench_service.py and scripts/bench_book.py.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -57,6 +58,26 @@ def env_of(settings: Settings) -> dict[str, str]:
         env[f"WAVEFARM_{name.upper()}"] = str(value.get_secret_value() if hasattr(value, "get_secret_value")
                                               else value)
     return env
+
+
+@contextmanager
+def served(argv: list[str], settings: Settings, log: Path, port: int, *, what: str,
+           wait_s: float = 120) -> Iterator[subprocess.Popen]:
+    """`argv` in a process group of its own with `settings`' environment, its output in `log`, until it
+    listens on `port`; stopped (SIGTERM, then SIGKILL after 30 s) when the block ends."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env_of(settings), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        if not services.wait_until(lambda: services.port_open("127.0.0.1", port), wait_s):
+            raise RuntimeError(f"{what} did not come up:\n{services.log_tail(log)}")
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def flush_redis(settings: Settings) -> None:
