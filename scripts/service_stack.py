@@ -81,10 +81,10 @@ def served(argv: list[str], settings: Settings, log: Path, port: int, *, what: s
 
 
 def flush_redis(settings: Settings) -> None:
-    """Empty the benchmark's Redis databases (broker, results, features): every run starts bare."""
+    """Empty the benchmark's Redis databases (broker, results, features) on the server their URLs name
+    (WAVEFARM_BENCH_REDIS included): every run starts bare."""
     for url in dict.fromkeys((settings.broker_url, settings.result_backend, settings.feature_store_url)):
-        db = url.rsplit("/", 1)[1]
-        subprocess.run(["redis-cli", "-n", db, "flushdb"], check=False, capture_output=True)
+        subprocess.run(["redis-cli", "-u", url, "flushdb"], check=False, capture_output=True)
 
 
 def _ping(settings: Settings, nodes: list[str]) -> bool:
