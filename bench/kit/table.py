@@ -69,6 +69,22 @@ def sweep_rows(r: Report) -> list[str]:
                      f"{_f(d.get('first_audio_s', {}).get('p95'), '.3f'):>12s} s  "
                      f"{_f(d.get('step_s', {}).get('p50'), '.4f'):>8s} s  "
                      f"{_f(d.get('peak_allocated_mib'), '.0f'):>8s}")
+    return lines + tokenize_rows(r["results"].get("tokenize") or {})
+
+
+def tokenize_rows(tok: dict[str, Any]) -> list[str]:
+    """The S3 tokenizer's batches beside the decoder, a line per attention: segments/s by batch size, and
+    the largest batch's share of what a second of audio costs (tokenize + decode)."""
+    lines = []
+    for attention in ("written_out", "sdpa"):
+        batches = {k: p for k, p in (tok.get(attention) or {}).items() if isinstance(p, dict)}
+        if not batches:
+            continue
+        rates = " ".join(f"{k} {_f(p.get('segments_per_s'))}" for k, p in batches.items())
+        last = list(batches.values())[-1]
+        share = last.get("share_of_step")
+        lines.append(f"  tokenize ({attention}) segments/s: {rates}; share of a step "
+                     f"{_f(None if share is None else 100 * share)} %")
     return lines
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.kit import table
+from bench.kit import table, tokenize
 from bench.kit.plan import PARTS, PRESETS
 from tests.support import device_env
 
@@ -156,3 +156,27 @@ def test_the_verdict_line_names_each_failing_part_first() -> None:
     assert text.splitlines()[0] == ("FAILED: 1 smoke failed: gpu_check: no vocoder CUDA graph captured; "
                                     "6 compile killed: runner: killed at its budget, 40 s")
     assert table.verdict_line([ok]) == "PASSED: every part ok"
+
+
+def test_the_sweep_tokenizes_batches_of_segments_beside_the_decoder(rehearsal) -> None:
+    _, out = rehearsal
+    sweep = part(out, "sweep")
+    tok = sweep["results"]["tokenize"]
+    fastest = max(sweep["results"]["engine"].items(), key=lambda kv: kv[1]["fps"])
+    assert tok["decoder"] == {"point": fastest[0], "fps": fastest[1]["fps"]}
+    for attention in ("written_out", "sdpa"):
+        points = tok[attention]
+        assert set(points) == {"parameters_m"} | {f"B{b}" for b in tokenize.BATCHES["tiny"]}
+        for p in (points[f"B{b}"] for b in tokenize.BATCHES["tiny"]):
+            assert p["segments_per_s"] > 0 and p["audio_s"] > 0
+            assert 0 < p["share_of_step"] < 1 and p["against"] == fastest[0]
+    assert "tokenize (written_out) segments/s: B1 " in json.loads((out / "summary.json").read_text())["table"]
+
+
+def test_the_tokenizers_share_is_its_time_per_second_of_audio_against_the_decoders() -> None:
+    # 800 s of speech tokenized per second; the decoder at 20,000 codec frames/s (800 s of audio per s)
+    assert tokenize.share(800.0, 20_000.0) == {"tokenize_per_decode": 1.0, "share_of_step": 0.5}
+    # the estimate: tokenizing costs 3.1 % of decoding
+    got = tokenize.share(800.0 / 0.031, 20_000.0)
+    assert abs(got["tokenize_per_decode"] - 0.031) < 1e-12
+    assert abs(got["share_of_step"] - 0.031 / 1.031) < 1e-12
