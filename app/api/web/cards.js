@@ -182,7 +182,7 @@ function renderQuality(card, report) {  // GET /v1/books/{id}/quality, as the qu
     player(w.audio, p.mediaError)));
   p.quality.replaceChildren(
     el("p", {class: "quality-summary"}, `Quality gate ${report.mode}: ${counts}`),
-    ...report.notes.map((note) => el("p", {class: "notes"}, `Note: ${note}`)),
+    ...report.notes.map((note) => el("p", {class: "quality-note"}, `Note: ${note}`)),
     el("ul", {class: "checks"}, ...checks),
     worst.length ? el("p", {class: "label"}, "Kept with a failure (worst first)") : null,
     worst.length ? el("ol", {class: "worst"}, ...worst) : null);

@@ -108,7 +108,7 @@ def test_the_book_card_shows_the_gates_totals_its_note_and_the_kept_failure_to_p
     quality = browser_page.locator(f"#items article.book[data-id='{book_id}'] .quality")
     expect(quality.locator(".quality-summary")).to_have_text(
         "Quality gate on: 2 passed · 1 re-rendered · 1 failed (kept) · 0 not heard")
-    expect(quality.locator(".notes")).to_have_text(f"Note: {DUMMY_NOTE}")
+    expect(quality.locator(".quality-note")).to_have_text(f"Note: {DUMMY_NOTE}")
     expect(quality.locator("li[data-check=silence]")).to_have_text("silence: 3 passed, 1 failed")
     expect(quality.locator("li[data-check=quality]")).to_have_text("quality: 4 skipped")
     [worst] = report["worst"]
