@@ -196,6 +196,11 @@ class Settings(BaseSettings):
     quality_min_dbfs: float = Field(default=-50.0, le=0, description="a quieter clip is silence")
     quality_rerenders: int = Field(default=2, ge=0, le=10, description="a book's segment that fails the gate "
                                    "is rendered again with another seed this many times, then kept marked")
+    test_quiet_renders: str | None = Field(
+        default=None, pattern=r"^\d+(@\d+)?(,\d+(@\d+)?)*$",
+        description="a test hook for the quality gate's tests, inert unset: token counts, N (every seed) or "
+        "N@SEED (that seed only), comma-separated; the GPU worker writes a job of N tokens 60 dB quieter "
+        "(the gate hears silence)")
 
     @model_validator(mode="after")
     def _default_database_url(self) -> Settings:

@@ -115,7 +115,8 @@ class LocalClient:
                               mp3_bitrate_kbps=int(form.get("mp3_bitrate_kbps") or DEFAULT_KBPS),
                               sample_rate=int(form["sample_rate"]) if form.get("sample_rate") else None,
                               target_lufs=target_lufs_field(form.get("target_lufs")),
-                              seed=int(form["seed"]), priority=int(form["priority"]))
+                              seed=int(form["seed"]), priority=int(form["priority"]),
+                              quality=form.get("quality") or "on")
         with ctx.session() as s:
             book_id = submit_book(ctx=ctx, session=s, data=data, request=_book_request(form, filename, voice,
                                                                                       options, base_dir))

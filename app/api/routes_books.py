@@ -32,7 +32,7 @@ from starlette.datastructures import FormData, UploadFile
 from app.api.deps import ApiContext, Ctx, authorize
 from app.api.forms import number_field, read_upload, text_field
 from app.api.schemas import AFTER, Problem
-from app.api.schemas_books import BookOut
+from app.api.schemas_books import QUALITY_HELP, BookOut
 from app.api.schemas_books import BookRequest as BookBody
 from app.books import intake, quality_view, service, status
 from app.books.planning.cast import MAX_BYTES as CAST_MAX_BYTES
@@ -44,6 +44,7 @@ from app.books.submission import BookOptions, BookRequest, Submission, target_lu
 from app.books.writing.encoding import BITRATES, DEFAULT_KBPS, SAMPLE_RATES
 from app.db import queries
 from app.errors import BadInput
+from app.quality.report import GateMode
 from app.speech import MEDIA_TYPES as AUDIO_MEDIA_TYPES
 from app.speech import OutputFormat
 
@@ -53,7 +54,7 @@ router = APIRouter(prefix="/v1/books", tags=["books"], dependencies=[Depends(aut
 FORM_FIELDS = ("book", "voice_id", "reference", "book_format", "output_format", "m4b", "mp3", "timed",
                "epub3", "target_lufs", "seed", "priority", "title", "author", "narrator", "description",
                "language", "chapters", "lexicon", "cast", "bitrate_kbps", "mp3_bitrate_kbps", "sample_rate",
-               "series", "series_part", "preview_s", "publisher", "year", "isbn", "genres")
+               "series", "series_part", "preview_s", "publisher", "year", "isbn", "genres", "quality")
 # A JSON book is a manifest at its size limit and a few small fields around it.
 JSON_BODY_MAX = DEFAULT_LIMITS.max_text_bytes + 64 * 1024
 MEDIA_TYPES = {**{f".{fmt}": media for fmt, media in AUDIO_MEDIA_TYPES.items()}, ".m4b": "audio/mp4",
@@ -107,6 +108,8 @@ _BOOK_FORM_SCHEMA = {
                  "description": "voices for the names the text's markup uses: name -> voice id (JSON, YAML)"},
         "language": {"type": "string", "description": "of the text, for the guide voice (e.g. en)"},
         "chapters": {"type": "string", "description": "render only these chapters, counted from 1: 3-7,12"},
+        "quality": {"type": "string", "enum": [m.value for m in GateMode], "default": "on",
+                    "description": QUALITY_HELP},
     },
 }
 BOOK_BODY = {"requestBody": {"required": True, "content": {
@@ -150,7 +153,8 @@ def _parse_json(body: bytes) -> tuple[BinaryIO, BookRequest]:
                           epub3=req.epub3, bitrate_kbps=req.bitrate_kbps,
                           mp3_bitrate_kbps=req.mp3_bitrate_kbps, sample_rate=req.sample_rate,
                           series=req.series, series_part=req.series_part, preview_s=req.preview_s,
-                          target_lufs=req.target_lufs, seed=req.seed, priority=req.priority)
+                          target_lufs=req.target_lufs, seed=req.seed, priority=req.priority,
+                          quality=req.quality)
     submission = Submission(options=options, book_format="manifest", chapters=req.chapters,
                             narrator=req.narrator, description=req.description, publisher=req.publisher,
                             year=None if req.year is None else str(req.year), isbn=req.isbn,
@@ -199,7 +203,7 @@ async def _read_form(form: FormData, ctx: ApiContext) -> tuple[BinaryIO, BookReq
     text = {name: text_field(form.get(name), name) for name in
             ("voice_id", "book_format", "output_format", "title", "author", "narrator", "description",
              "language", "m4b", "mp3", "timed", "epub3", "chapters", "series", "series_part", "publisher",
-             "year", "isbn")}
+             "year", "isbn", "quality")}
     options = BookOptions(output_format=text["output_format"] or OutputFormat.FLAC,
                           m4b=_flag(text["m4b"], True), mp3=_flag(text["mp3"], False),
                           timed=_flag(text["timed"], False), epub3=_flag(text["epub3"], False),
@@ -207,7 +211,8 @@ async def _read_form(form: FormData, ctx: ApiContext) -> tuple[BinaryIO, BookReq
                           seed=number_field(form.get("seed"), "seed", int) or 0,
                           **_encoding_fields(form), series=text["series"], series_part=text["series_part"],
                           preview_s=number_field(form.get("preview_s"), "preview_s", float),
-                          priority=number_field(form.get("priority"), "priority", int) or 0)
+                          priority=number_field(form.get("priority"), "priority", int) or 0,
+                          quality=text["quality"] or GateMode.ON)
     submission = Submission(options=options, filename=book.filename, book_format=text["book_format"],
                             title=text["title"], author=text["author"], narrator=text["narrator"],
                             description=text["description"], language=text["language"],

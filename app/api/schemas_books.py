@@ -4,17 +4,26 @@ progress as answered, built from `app.books.status`'s view. The shared fields ar
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
 from app.api.schemas import SEED_MAX, OutputFormatField, StorableStr
 from app.books.writing.loudness import DEFAULT_TARGET_LUFS
 from app.broker.wire import MAX_PRIORITY
+from app.quality.report import GateMode
 from app.speech import OutputFormat
 
 if TYPE_CHECKING:  # annotations only: a client command does not load SQLAlchemy and Alembic for them
     from app.books.status import BookStatusView
+
+
+QUALITY_HELP = ("the quality gate: on (hear each segment, render a failing one again, report), report (hear "
+                "and report only, never render again) or off (not heard)")
+
+
+# Its schema inline, as OutputFormatField's (an enum $ref would not resolve in the published form body).
+GateModeField = Annotated[GateMode, WithJsonSchema({"type": "string", "enum": [m.value for m in GateMode]})]
 
 
 class BookRequest(BaseModel):
@@ -58,6 +67,7 @@ class BookRequest(BaseModel):
                                 description="of the segment jobs; 0 (default) yields to every other job")
     chapters: str | None = Field(None, min_length=1, max_length=1000,
                                  description="render only these chapters, counted from 1: e.g. 3-7,12")
+    quality: GateModeField = Field(GateMode.ON, description=QUALITY_HELP)
 
 
 class ChapterOut(BaseModel):
@@ -102,6 +112,7 @@ class BookOut(BaseModel):
     sample_rate: int | None = Field(description="of the M4B and MP3s; null: the render's own (24000)")
     target_lufs: float | None = Field(description="chapter loudness target (LUFS); null: measured only")
     priority: int
+    quality: str = Field("on", description=QUALITY_HELP)
     chapters_selected: str | None = Field(description="the chapters of the source this render holds "
                                           "(e.g. 3-7,12); null: all of them")
     segments_total: int = Field(description="distinct segments (a repeated sentence renders once)")
@@ -141,7 +152,7 @@ class BookOut(BaseModel):
                    language=b.language, output_format=b.output_format, m4b=b.m4b, mp3=b.mp3, timed=b.timed,
                    epub3=b.epub3, bitrate_kbps=b.bitrate_kbps, mp3_bitrate_kbps=b.mp3_bitrate_kbps,
                    sample_rate=b.sample_rate,
-                   target_lufs=b.target_lufs, priority=b.priority,
+                   target_lufs=b.target_lufs, priority=b.priority, quality=b.quality,
                    chapters_selected=b.chapters_selected, segments_total=view.segments_total,
                    segments_done=view.segments_done,
                    audio_seconds=round(view.audio_seconds, 2), seconds=view.seconds, notes=view.notes,

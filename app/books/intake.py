@@ -80,7 +80,7 @@ def accept_book(*, ctx: Context, session: Session, source: BinaryIO, request: Bo
             id=book_id, voice_id=voice.id, title=_title(submission), author=submission.author or "",
             language=submission.language or "en", output_format=options.output_format, m4b=options.m4b,
             mp3=options.mp3, timed=options.timed, epub3=options.epub3, target_lufs=options.target_lufs,
-            seed=options.seed, priority=options.priority,
+            seed=options.seed, priority=options.priority, quality=options.quality,
             encoding={"bitrate_kbps": options.bitrate_kbps, "mp3_bitrate_kbps": options.mp3_bitrate_kbps,
                       "sample_rate": options.sample_rate}))
         session.commit()

@@ -34,6 +34,7 @@ from app.books.writing.encoding import DEFAULT_KBPS, Encoding
 from app.books.writing.loudness import DEFAULT_TARGET_LUFS
 from app.broker import wire
 from app.errors import BadInput
+from app.quality.report import GateMode
 from app.speech import MAX_SEED, OutputFormat
 
 _SERIES_PART_RE = re.compile(r"[^\s#]{1,20}")
@@ -60,6 +61,7 @@ class BookOptions:
     series: str | None = None  # for the tags and metadata.json (Audiobookshelf): the series' name
     series_part: str | None = None  # and the book's place in it: "1", "2.5", "3a"
     preview_s: float | None = None  # a preview: the first chapter chosen, cut to about this many seconds
+    quality: str = GateMode.ON  # the quality gate: on, report (never render again) or off (not heard)
 
     @property
     def encoding(self) -> Encoding:
@@ -85,6 +87,9 @@ class BookOptions:
             raise BadInput(f"a preview is 1 to {MAX_PREVIEW_S:g} seconds long")
         if self.series_part is not None and self.series is None:
             raise BadInput("series_part needs a series")
+        if self.quality not in tuple(GateMode):
+            raise BadInput(f"quality {str(self.quality)[:40]!r} is not one of {[m.value for m in GateMode]}: "
+                           "on (hear, render failures again, report), report (hear and report only) or off")
 
 
 def target_lufs_field(text: str | None) -> float | None:

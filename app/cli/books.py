@@ -84,6 +84,9 @@ def _add_book_options(render: argparse.ArgumentParser, preview: bool = False) ->
     render.add_argument("--target-lufs", help="chapter loudness in LUFS (default -20, true peak at most "
                         "-1 dBTP), or off: measure, do not normalise")
     render.add_argument("--seed", type=int, default=0)
+    render.add_argument("--quality", choices=("on", "report", "off"), help="the quality gate (default on: "
+                        "hear each segment, render a failing one again, report; report: hear and report "
+                        "only; off: not heard)")
     if preview:
         render.set_defaults(book_output="flac", mp3=False, timed=False, epub3=False, **dict.fromkeys(
             ("title", "author", "narrator", "description", "bitrate", "mp3_bitrate", "sample_rate", "series",
@@ -126,7 +129,7 @@ def _form(args: argparse.Namespace) -> dict[str, str]:
                                         ("mp3_bitrate_kbps", args.mp3_bitrate),
                                         ("sample_rate", args.sample_rate), ("series", args.series),
                                         ("series_part", args.series_part), ("publisher", args.publisher),
-                                        ("year", args.year), ("isbn", args.isbn))
+                                        ("year", args.year), ("isbn", args.isbn), ("quality", args.quality))
                  if v is not None})
     if args.genre is not None:
         form["genres"] = ",".join(args.genre)
@@ -253,11 +256,15 @@ def cmd_book_status(args: argparse.Namespace) -> int:
 
 
 def _print_quality(quality: dict) -> None:
-    """The quality gate's totals, and each failed segment kept: why, what it says, where to play it."""
+    """The book's gate and its totals, its notes, and each failed segment kept: why, what it says, where
+    to play it."""
     t = quality["totals"]
-    if any(t.values()):
-        print(f"  quality: {t['passed']} passed, {t['rerendered']} re-rendered, {t['failed']} failed (kept), "
-              f"{t['unheard']} not heard")
+    gate = quality.get("mode", "on")
+    if any(t.values()) or gate != "on":
+        print(f"  quality (gate {gate}): {t['passed']} passed, {t['rerendered']} re-rendered, {t['failed']} "
+              f"failed (kept), {t['unheard']} not heard")
+    for note in quality.get("notes") or []:
+        print(f"  quality note: {note}")
     for w in quality["worst"]:
         text = f"; {w['text'][:60]!r}" if w["text"] else ""
         print(f"    chapter {w['chapter'] + 1}, segment {w['key'][:12]}, {w['attempts']} renders: "

@@ -65,12 +65,13 @@ def _signal_checks(wave: np.ndarray, rate: int, expected_s: float | None, th: Th
 
 
 def check_signal(wave: np.ndarray, rate: int, *, expected_s: float | None = None,
-                 thresholds: Thresholds = Thresholds()) -> Report:
+                 thresholds: Thresholds = Thresholds(),
+                 unheard_reason: str = "the listeners were not asked for") -> Report:
     """The signal checks alone (microseconds a clip, where the listeners take seconds); the listeners'
-    checks are reported skipped."""
+    checks are reported skipped, for `unheard_reason`."""
     checks = _signal_checks(np.asarray(wave, dtype=np.float32).reshape(-1), rate, expected_s, thresholds)
     done = {c.name for c in checks}
-    return Report(checks + [Check(n, "skipped", reason="the listeners were not asked for")
+    return Report(checks + [Check(n, "skipped", reason=unheard_reason)
                             for n in ("quality", "voice", "words") if n not in done])
 
 

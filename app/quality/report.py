@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Verdict = Literal["pass", "fail", "skipped"]
 VERDICTS = ("pass", "fail", "skipped")
 CHECKS = ("finite", "silence", "clipping", "length", "quality", "voice", "words")  # every report's, in order
+
+
+class GateMode(enum.StrEnum):
+    """A book's quality gate, chosen when it is submitted (`app.books.quality` honours it)."""
+
+    ON = "on"  # hear every segment, render a failing one again (up to WAVEFARM_QUALITY_RERENDERS), report
+    REPORT = "report"  # hear and report only: nothing is rendered again
+    OFF = "off"  # not heard: the report says the gate was off
 
 
 @dataclass(frozen=True)

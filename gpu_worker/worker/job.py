@@ -49,7 +49,7 @@ from gpu_worker.engine.streams import (
     plan_chunks,
 )
 from gpu_worker.worker.guide import tokenize_text_job
-from gpu_worker.worker.output import Output, drop_partials
+from gpu_worker.worker.output import Output, drop_partials, quiet_gain
 from gpu_worker.worker.runtime import Runtime, dummy_weights_note
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ class JobRun:
         output: Output | None = None
         submitted = False
         try:
-            output = Output(self.rt.artifacts, self.job_id, fmt)  # 2. open the output's temp file
+            output = Output(self.rt.artifacts, self.job_id, fmt, gain=quiet_gain(  # 2. open its temp file
+                self.rt.settings.test_quiet_renders, len(engine_job.tokens), engine_job.seed))
             events = self.rt.loop.submit(engine_job)  # 3. hand the job to the engine
             submitted = True
             return self._stream(events, output, engine_job)  # 4. write audio until the end

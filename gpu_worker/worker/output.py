@@ -1,6 +1,9 @@
 """A job's audio file, written as its audio arrives: beside its final name, renamed into place at the end
 (`gpu_worker.worker.job` writes it). It watches what it writes (finite? the lowest and highest sample) so
 that audio that is not audio is never committed as a success.
+
+`quiet_gain` is a test hook (`WAVEFARM_TEST_QUIET_RENDERS`, unset in service): the quality gate's tests
+make a chosen segment's render silence to the ear, on one seed or on all, to see it rendered again or kept.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ class Output:
     """The job's audio file, written incrementally beside its final name and renamed into place; it
     watches what it writes (finite? the lowest and highest sample) so that garbage is not committed."""
 
-    def __init__(self, artifacts: ArtifactStore, job_id: str, fmt: str) -> None:
+    def __init__(self, artifacts: ArtifactStore, job_id: str, fmt: str, gain: float = 1.0) -> None:
+        self.gain = gain  # 1.0 but under the test hook `quiet_gain`
         self.relpath = artifacts.output_relpath(job_id, fmt)
         self.path: Path = artifacts.path(self.relpath)
         drop_partials(artifacts, job_id)  # a killed earlier attempt's
@@ -27,7 +31,7 @@ class Output:
         self.samples, self.finite, self.low, self.high = 0, True, math.inf, -math.inf
 
     def write(self, samples: Any) -> None:
-        pcm = samples.numpy()
+        pcm = samples.numpy() if self.gain == 1.0 else samples.numpy() * self.gain
         if pcm.size:
             self.samples += pcm.size
             self.finite = self.finite and bool(np.isfinite(pcm).all())
@@ -61,3 +65,18 @@ def drop_partials(artifacts: ArtifactStore, job_id: str) -> None:
     outputs = artifacts.output_path(job_id, "wav").parent
     for stale in outputs.glob(f".{job_id}.*.part"):
         stale.unlink(missing_ok=True)
+
+
+# -60 dB: speech falls under the gate's -50 dBFS, yet stays above 16-bit zero (one value throughout would
+# fail the job itself: `Output.defect`).
+QUIET_GAIN = 1e-3
+
+
+def quiet_gain(spec: str | None, n_tokens: int, seed: int) -> float:
+    """The test hook's gain for a job of `n_tokens` tokens rendered with `seed`: QUIET_GAIN when `spec`
+    ("40,52@0": every render of 40 tokens, and renders of 52 tokens with seed 0) names it, else 1.0."""
+    for item in (spec or "").split(","):
+        count, _, only_seed = item.partition("@")
+        if count and int(count) == n_tokens and (not only_seed or int(only_seed) == seed):
+            return QUIET_GAIN
+    return 1.0

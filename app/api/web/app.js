@@ -64,7 +64,7 @@ function bookForm(form, submitter) {
   data.append("book", form.elements.book.files[0]);
   for (const name of ["title", "author", "narrator", "language", "chapters", "output_format", "target_lufs",
                       "bitrate_kbps", "mp3_bitrate_kbps", "sample_rate", "series", "series_part",
-                      "publisher", "year", "isbn", "genres"]) {
+                      "publisher", "year", "isbn", "genres", "quality"]) {
     const value = form.elements[name].value.trim();
     if (value) data.append(name, value);
   }

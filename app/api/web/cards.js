@@ -116,6 +116,14 @@ function renderBook(card, book) {
     p.body.append(p.chapters, p.whole, p.files);
   }
   for (const chapter of book.chapters) renderChapter(card, chapter);
+  // The gate hears a chapter before it is assembled: its report is fetched again when a chapter is
+  // assembled or the status changes, not on every poll (it is O(segments) on the server).
+  const heard = `${book.status}:${book.chapters.filter((c) => c.seconds !== null).length}`;
+  if (book.status !== "parsing" && p.body.dataset.heard !== heard) {
+    p.body.dataset.heard = heard;
+    getJson(`/v1/books/${book.id}/quality`).then((report) => renderQuality(card, report),
+                                                  (err) => show(p.error, err));
+  }
   const m4b = book.files["book.m4b"];
   if (m4b && !p.whole.childElementCount) {
     p.whole.append(el("span", {class: "label"}, "Whole book"), player(m4b, p.mediaError));
@@ -149,6 +157,35 @@ function renderChapter(card, chapter) {
     media.dataset.url = chapter.file_url;
     media.replaceChildren(player(chapter.file_url, card.parts.mediaError));
   }
+}
+
+const OUTCOME_WORDS = [["passed", "passed"], ["rerendered", "re-rendered"], ["failed", "failed (kept)"],
+                       ["unheard", "not heard"]];
+
+function renderQuality(card, report) {  // GET /v1/books/{id}/quality, as the quality gate heard the book
+  const p = card.parts;
+  if (!p.quality) {
+    p.quality = el("section", {class: "quality"});
+    p.body.insertBefore(p.quality, p.whole);
+  }
+  const t = report.totals;
+  const counts = OUTCOME_WORDS.map(([key, words]) => `${t[key]} ${words}`).join(" · ");
+  const checks = Object.entries(report.checks)
+    .filter(([, v]) => v.pass + v.fail + v.skipped > 0)
+    .map(([name, v]) => el("li", {"data-check": name}, `${name}: ` +
+      [[v.pass, "passed"], [v.fail, "failed"], [v.skipped, "skipped"]]
+        .filter(([n]) => n > 0).map(([n, w]) => `${n} ${w}`).join(", ")));
+  const worst = report.worst.map((w) => el("li", {class: "worst", "data-key": w.key},
+    el("span", {}, `Chapter ${w.chapter + 1}, segment ${w.key.slice(0, 12)} · ${w.attempts} renders · ` +
+      w.reasons.join("; ")),
+    w.text ? el("q", {class: "text"}, w.text) : null,
+    player(w.audio, p.mediaError)));
+  p.quality.replaceChildren(
+    el("p", {class: "quality-summary"}, `Quality gate ${report.mode}: ${counts}`),
+    ...report.notes.map((note) => el("p", {class: "quality-note"}, `Note: ${note}`)),
+    el("ul", {class: "checks"}, ...checks),
+    worst.length ? el("p", {class: "label"}, "Kept with a failure (worst first)") : null,
+    worst.length ? el("ol", {class: "worst"}, ...worst) : null);
 }
 
 function renderNotes(p, notes) {  // a job's or a book's: dummy weights, the stand-in tokenizer

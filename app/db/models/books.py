@@ -21,6 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db.models.base import Base, one_of, utcnow
+from app.quality.report import GateMode
 from app.speech import OutputFormat
 
 
@@ -53,6 +54,7 @@ class Book(Base):
         CheckConstraint(one_of("status", BookStatus), name="status"),
         CheckConstraint(one_of("output_format", OutputFormat), name="output_format"),
         CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
+        CheckConstraint(one_of("quality", GateMode), name="quality"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
@@ -80,6 +82,7 @@ class Book(Base):
     target_lufs: Mapped[float | None]
     seed: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0)
+    quality: Mapped[str] = mapped_column(String(8), default=GateMode.ON, server_default=GateMode.ON.value)
     segments_total: Mapped[int] = mapped_column(Integer, default=0)  # planned, repeats included
     est_seconds: Mapped[float] = mapped_column(default=0.0)  # planned speech, before rendering
     chapters_selected: Mapped[str | None] = mapped_column(Text)  # "3-7,12" (`app.books.planning.select`);

@@ -53,6 +53,7 @@ class NewBook:
     mp3: bool = False
     timed: bool = False
     epub3: bool = False
+    quality: str = "on"  # the quality gate: on, report or off (app.quality.report.GateMode)
     encoding: dict[str, Any] | None = None  # bitrate_kbps, mp3_bitrate_kbps, sample_rate
 
 
@@ -62,7 +63,8 @@ def create_book(*, session: Session, new: NewBook) -> Book:
     now = utcnow()
     book = Book(id=new.id, voice_id=new.voice_id, status=BookStatus.PARSING, title=new.title,
                 author=new.author, language=new.language, plan_key="", output_format=new.output_format,
-                m4b=new.m4b, mp3=new.mp3, timed=new.timed, epub3=new.epub3, **(new.encoding or {}),
+                m4b=new.m4b, mp3=new.mp3, timed=new.timed, epub3=new.epub3, quality=new.quality,
+                **(new.encoding or {}),
                 target_lufs=new.target_lufs, seed=new.seed, priority=new.priority, segments_total=0,
                 est_seconds=0.0, submitted_at=now, updated_at=now)
     session.add(book)

@@ -104,3 +104,17 @@ def test_every_field_the_page_sends_with_a_book_is_on_its_form_and_one_the_api_t
     assert form
     for name in names:
         assert f'name="{name}"' in form.group(1) and name in FORM_FIELDS, name
+
+
+def test_the_book_forms_quality_select_offers_every_gate_mode_and_the_page_sends_it() -> None:
+    from app.quality.report import GateMode
+
+    form = re.search(r'<form id="book-form">(.*?)</form>', (WEB / "index.html").read_text(encoding="utf-8"),
+                     re.S)
+    assert form
+    select = re.search(r'<select name="quality"[^>]*>(.*?)</select>', form.group(1), re.S)
+    assert select, "the book form's quality select"
+    assert re.findall(r'<option value="(\w+)"', select.group(1)) == [m.value for m in GateMode]
+    listed = re.search(r"function bookForm\(.*?for \(const name of \[(.*?)\]\)",
+                       (WEB / "app.js").read_text(encoding="utf-8"), re.S)
+    assert listed and '"quality"' in listed.group(1)

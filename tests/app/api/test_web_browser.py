@@ -164,6 +164,10 @@ def test_a_book_uploaded_through_the_page_renders_and_every_chapter_plays_and_do
     notes = card.locator(".notes")  # no model folder here: the card says what the audio is
     expect(notes).to_contain_text("Note: rendered with dummy weights")
     expect(notes).to_contain_text("Note: tokens from the stand-in tokenizer")
+    quality = card.locator(".quality")  # the gate heard every segment: its signal checks only, and says so
+    expect(quality.locator(".quality-summary")).to_contain_text(
+        f"Quality gate on: {book['segments_total']} passed · 0 re-rendered · 0 failed (kept) · 0 not heard")
+    expect(quality.locator(".quality-note")).to_contain_text("Note: dummy weights: only the signal checks")
     for i, name in enumerate(names):
         href = links.nth(i).get_attribute("href")
         assert httpx.get(f"{stack}{href}", headers=AUTH).status_code == 200, href

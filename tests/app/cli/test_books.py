@@ -94,7 +94,9 @@ def test_book_status_names_its_two_lengths_and_says_how_the_audio_was_made(monke
 
     worst = {"chapter": 0, "key": "ab" * 32, "attempts": 3, "reasons": ["silence: the clip's level is -inf"],
              "text": "It was a dark night.", "audio": "/v1/jobs/j1/audio"}
-    quality = {"totals": {"passed": 4, "rerendered": 0, "failed": 1, "unheard": 0}, "worst": [worst]}
+    gate_note = "dummy weights: only the signal checks ran (...)"
+    quality = {"mode": "report", "totals": {"passed": 4, "rerendered": 0, "failed": 1, "unheard": 0},
+               "worst": [worst], "notes": [gate_note]}
 
     class Api:
         def book(self, book_id):
@@ -109,7 +111,8 @@ def test_book_status_names_its_two_lengths_and_says_how_the_audio_was_made(monke
     printed = capsys.readouterr().out
     assert "17.6 s speech, 25.04 s with pauses (M4B)" in printed
     assert "17.6 s speech (25.04 s with pauses)" in printed and f"note: {note}" in printed
-    assert "quality: 4 passed, 0 re-rendered, 1 failed (kept), 0 not heard" in printed
+    assert "quality (gate report): 4 passed, 0 re-rendered, 1 failed (kept), 0 not heard" in printed
+    assert printed.count(gate_note) == 1 and f"quality note: {gate_note}" in printed
     assert ("chapter 1, segment abababababab, 3 renders: silence: the clip's level is -inf; "
             "'It was a dark night.'  /v1/jobs/j1/audio") in printed
 
