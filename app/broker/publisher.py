@@ -48,7 +48,11 @@ class Publisher:
         message = amqp.create_task_message(task_id, name, args, {}, reply_to=self.app.thread_oid,
                                            create_sent_event=False, ignore_result=ignore_result,
                                            argsrepr=_args_repr(amqp, args), kwargsrepr="{}", **options)
-        with self.app.producer_or_acquire(producer) as pooled:
+        if producer is not None:  # a round's: used as it is (what `producer_or_acquire` does, for less)
+            with producer.connection._reraise_as_library_errors():
+                amqp.send_task_message(producer, name, message, **options)
+            return
+        with self.app.producer_or_acquire() as pooled:
             with pooled.connection._reraise_as_library_errors():
                 amqp.send_task_message(pooled, name, message, **options)
 
