@@ -207,3 +207,36 @@ def test_a_round_on_redis_whose_pipeline_fails_raises_as_it_ends_and_counts_noth
         assert raw_messages(settings, settings.queue_gpu) == []
     finally:
         publisher.close()
+
+
+def test_a_round_on_rabbitmq_writes_its_messages_a_chunk_at_a_time(
+        amqp_url: str, worker_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """py-amqp writes each message with a system call of its own; a round's 300 go out in a few writes, and
+    all reach the queue, in order."""
+    settings = worker_settings.model_copy(update={"broker_url": amqp_url,
+                                                  "queue_gpu": f"chunks-{uuid.uuid4().hex[:8]}"})
+    publisher = Publisher(make_celery(settings))
+    try:
+        with publisher.round() as one:  # connected, and the queue declared, before the writes are counted
+            wire.send_synth(one, settings, "job-first", priority=0)
+            transport = one.producer.channel.connection.transport
+        writes = []
+        real_write = transport._write  # the socket's sendall, which py-amqp's every write goes through
+
+        def write(data: Any) -> Any:
+            writes.append(len(data))
+            return real_write(data)
+
+        monkeypatch.setattr(transport, "_write", write)
+        with publisher.round() as one:
+            assert one.producer.channel.connection.transport is transport  # the pool's one connection
+            for i in range(300):
+                wire.send_synth(one, settings, f"job-{i}", priority=0)
+        monkeypatch.undo()
+        assert sum(writes) > 300 * 100 and len(writes) < 30, (len(writes), sum(writes))
+        taken = [m.headers["id"] for m in raw_messages(settings, settings.queue_gpu)]
+        assert taken == ["job-first"] + [f"job-{i}" for i in range(300)]
+        with publisher.app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(settings.queue_gpu)
+    finally:
+        publisher.close()
