@@ -9,6 +9,10 @@ read a task's result (the database is the record), so `Publisher` builds the ver
 publishes it alone. The message still asks for its result to be stored (a worker stores it as before), and
 the workers still send their task-received, task-started and task-succeeded events: Flower follows a job
 from its arrival at a worker on; only the producer's `task-sent` is gone.
+
+`Publisher.round` sends many messages (a batch's) as one round: on Redis one pipeline, on RabbitMQ the
+frames written a chunk at a time and the confirms awaited once. Not here: which tasks exist and how they
+are named (`app.broker.wire`), the Celery app's configuration (`app.broker.celery_config`).
 """
 
 from __future__ import annotations
