@@ -7,7 +7,7 @@ single submission would have raised. A bad item never sinks the others. Per dist
 lookup, its routing decision (`app.submission.routing.route_voice`), its use count and its preparation check.
 The new jobs are inserted in one statement with their routes, everything is committed once, and only then
 are the messages sent, all over one broker connection as one round (`app.broker.wire.one_round`: on
-RabbitMQ, the publisher confirms awaited once for the round). When the broker
+RabbitMQ, the publisher confirms awaited once for the round; on Redis, one pipeline). When the broker
 refuses a message, the jobs not sent yet are taken back out and their items refused (the error kept),
 as a single submission's job would be.
 

@@ -56,6 +56,9 @@ class Request:
     idempotency_key: str | None = None
 
 
+OUTPUT_FORMATS = frozenset(f.value for f in OutputFormat)  # a set, not `tuple(OutputFormat)` at each check
+
+
 def check_request(*, settings: Settings, request: JobRequest) -> tuple[Request, int]:
     """A job request's fields checked, without the database: (the request, the seed to use). Raises
     BadTokens or BadInput."""
@@ -81,7 +84,7 @@ def check_request(*, settings: Settings, request: JobRequest) -> tuple[Request, 
 
 def check_options(*, seed: int | None, output_format: str, priority: int) -> int:
     """Refuse options outside their ranges (BadInput); returns the seed to use (random when None)."""
-    if output_format not in tuple(OutputFormat):
+    if not isinstance(output_format, str) or output_format not in OUTPUT_FORMATS:
         raise BadInput(f"output format {output_format!r} is not one of {[f.value for f in OutputFormat]}")
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= wire.MAX_PRIORITY:
         raise BadInput(f"priority must be an integer 0..{wire.MAX_PRIORITY}")

@@ -103,3 +103,140 @@ def test_a_round_on_rabbitmq_publishes_every_message_and_awaits_the_confirms_onc
     finally:
         publisher.close()
     assert events.count("publish") == 300 and events.index("confirm") == 300, events[:5]
+
+
+def raw_messages(settings: Settings, queue: str) -> list[Any]:
+    """The queue's messages as a worker's consumer receives them (each acknowledged), oldest first."""
+    from kombu import Connection, Queue
+
+    from app.broker.celery_config import redis_options
+    from app.broker.queues import is_amqp
+
+    options = {} if is_amqp(settings.broker_url) else redis_options(settings)
+    taken = []
+    with Connection(settings.broker_url, transport_options=options) as conn:
+        bound = Queue(queue)(conn.channel())
+        while (message := bound.get()) is not None:
+            taken.append(message)
+            message.ack()
+    return taken
+
+
+def test_the_publishers_messages_are_celerys_own(worker_settings: Settings) -> None:
+    """A task sent by Celery's `send_task` and the same task sent by the Publisher, alone or in a round
+    (Redis's pipelined one), arrive as the same message: headers (`argsrepr` included, which the
+    Publisher writes without Celery's saferepr for plain ids), body and properties."""
+    settings = worker_settings.model_copy(update={"queue_gpu": f"same-{uuid.uuid4().hex[:8]}"})
+    app = make_celery(settings)
+    publisher = Publisher(app)
+    args_of = {"plain": ["7f0c1d2e-aaaa-bbbb-cccc-0123456789ab"], "escaped": ["it's \\ é"],
+               "mixed": ["b-1", 3]}
+    try:
+        for how in ("alone", "round"):
+            for kind, args in args_of.items():
+                task_id = f"{how}-{kind}-{uuid.uuid4().hex[:6]}"
+                app.send_task(wire.SYNTH_TASK, args=args, task_id=task_id, queue=settings.queue_gpu,
+                              priority=wire.broker_priority(6))
+                if how == "alone":
+                    publisher.send_task(wire.SYNTH_TASK, args=args, task_id=task_id, queue=settings.queue_gpu,
+                                        priority=wire.broker_priority(6))
+                else:
+                    with publisher.round() as one:
+                        one.send_task(wire.SYNTH_TASK, args=args, task_id=task_id, queue=settings.queue_gpu,
+                                      priority=wire.broker_priority(6))
+                celerys, ours = raw_messages(settings, settings.queue_gpu)
+                assert ours.headers == celerys.headers
+                assert ours.decode() == celerys.decode()
+                mine, theirs = ({k: v for k, v in m.properties.items() if k != "delivery_tag"}
+                                for m in (ours, celerys))
+                assert mine == theirs and mine["priority"] == wire.broker_priority(6)
+    finally:
+        publisher.close()
+
+
+def test_a_round_on_redis_is_one_pipeline_and_a_worker_runs_every_task_of_it(
+        cpu_worker: str, worker_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of the round reaches Redis before it ends, then every message goes in one pipeline (one
+    round trip), and the session's CPU worker consumes and runs each one."""
+    import redis.client
+
+    executed: list[list[str]] = []
+    real_execute = redis.client.Pipeline.execute
+
+    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        executed.append([str(c[0][0]) for c in self.command_stack])
+        return real_execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+    app = make_celery(worker_settings)
+    publisher = Publisher(app)
+    task_ids = [f"round-{i}-{uuid.uuid4()}" for i in range(8)]
+    try:
+        with publisher.round() as one:
+            for task_id in task_ids:
+                one.send_task(wire.SWEEP_TASK, args=[], task_id=task_id, queue=worker_settings.queue_cpu,
+                              priority=wire.broker_priority(5))
+            assert executed == []
+        assert executed == [["LPUSH"] * len(task_ids)]
+        for task_id in task_ids:
+            assert app.AsyncResult(task_id).get(timeout=120) is not None  # run, and its result stored
+    finally:
+        publisher.close()
+
+
+def test_a_round_on_redis_whose_pipeline_fails_raises_as_it_ends_and_counts_nothing_sent(
+        worker_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its sender is `deferred` (no message counts as sent before the round ends), and the pipeline's
+    failure raises out of the round: `app.submission.batch` then takes every job of the batch back."""
+    import redis.client
+
+    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise redis.exceptions.ConnectionError("the broker went away")
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+    settings = worker_settings.model_copy(update={"queue_gpu": f"failed-{uuid.uuid4().hex[:8]}"})
+    publisher = Publisher(make_celery(settings))
+    try:
+        with pytest.raises(Exception) as raised:
+            with publisher.round() as one:
+                assert getattr(one, "deferred", False)
+                for i in range(3):
+                    wire.send_synth(one, settings, f"job-{i}", priority=i)
+        assert isinstance(raised.value.__cause__, redis.exceptions.ConnectionError)
+        monkeypatch.undo()
+        assert raw_messages(settings, settings.queue_gpu) == []
+    finally:
+        publisher.close()
+
+
+def test_a_round_on_rabbitmq_writes_its_messages_a_chunk_at_a_time(
+        amqp_url: str, worker_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """py-amqp writes each message with a system call of its own; a round's 300 go out in a few writes, and
+    all reach the queue, in order."""
+    settings = worker_settings.model_copy(update={"broker_url": amqp_url,
+                                                  "queue_gpu": f"chunks-{uuid.uuid4().hex[:8]}"})
+    publisher = Publisher(make_celery(settings))
+    try:
+        with publisher.round() as one:  # connected, and the queue declared, before the writes are counted
+            wire.send_synth(one, settings, "job-first", priority=0)
+            transport = one.producer.channel.connection.transport
+        writes = []
+        real_write = transport._write  # the socket's sendall, which py-amqp's every write goes through
+
+        def write(data: Any) -> Any:
+            writes.append(len(data))
+            return real_write(data)
+
+        monkeypatch.setattr(transport, "_write", write)
+        with publisher.round() as one:
+            assert one.producer.channel.connection.transport is transport  # the pool's one connection
+            for i in range(300):
+                wire.send_synth(one, settings, f"job-{i}", priority=0)
+        monkeypatch.undo()
+        assert sum(writes) > 300 * 100 and len(writes) < 30, (len(writes), sum(writes))
+        taken = [m.headers["id"] for m in raw_messages(settings, settings.queue_gpu)]
+        assert taken == ["job-first"] + [f"job-{i}" for i in range(300)]
+        with publisher.app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(settings.queue_gpu)
+    finally:
+        publisher.close()

@@ -2,6 +2,7 @@
 
 import logging
 import uuid
+from dataclasses import replace
 from datetime import UTC
 
 import pytest
@@ -9,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import lifecycle
 from app.db import queries as q
-from app.db.models import Job, JobStatus, PrepPath
+from app.db.models import Job, JobKind, JobStatus, PrepPath
 from app.db.session import session_scope
 from app.errors import NotFound
 from tests.app.db.helpers import new_job
@@ -51,6 +52,37 @@ def test_a_job_insert_is_compiled_once_and_answers_as_written(session: Session, 
     got = q.require_job(session=session, job_id=job.id)
     for column in Job.__table__.columns:
         assert getattr(job, column.key) == getattr(got, column.key), column.key
+
+
+def test_a_batch_insert_writes_each_row_as_a_single_insert_does_and_skips_taken_keys(session: Session,
+                                                                                     voice: str):
+    """`insert_jobs` (one statement for a batch: an unnest of arrays on PostgreSQL) writes every column as
+    `create_job` writes the same job, and leaves out a job whose idempotency key is taken."""
+    taken, _ = new_job(session, voice, key="taken")
+
+    def job(**fields) -> q.NewJob:
+        fields.setdefault("output_format", "wav")
+        return q.NewJob(id=str(uuid.uuid4()), voice_id=voice, **fields)
+
+    batch = [job(tokens=[1, 2, 3], n_tokens=3, seed=2**40, priority=9, idempotency_key="b-1",
+                 routed_to="gpu-1", route="warm"),
+             job(tokens=None, n_tokens=0, seed=8, output_format="flac", kind=JobKind.TEXT,
+                 text="Hello 'quoted'", language="en"),
+             job(tokens=None, n_tokens=5000, seed=9, tokens_path="tokens/long.json"),
+             job(tokens=[4], n_tokens=1, seed=10, idempotency_key="taken")]
+    created = q.insert_jobs(session=session, jobs=batch)
+    singles = [q.create_job(session=session, new=replace(new, id=str(uuid.uuid4()), idempotency_key=(
+        new.idempotency_key and new.idempotency_key + "-single")))[0] for new in batch[:3]]
+    session.commit()
+    assert created == {new.id for new in batch[:3]}
+    assert q.require_job(session=session, job_id=taken.id).tokens == [1, 2, 3]
+    own = {"id", "idempotency_key", "submitted_at", "updated_at"}
+    for new, single in zip(batch[:3], singles, strict=True):
+        got = q.require_job(session=session, job_id=new.id)
+        assert got.idempotency_key == new.idempotency_key and got.submitted_at.tzinfo is UTC
+        for column in Job.__table__.columns:
+            if column.key not in own:
+                assert getattr(got, column.key) == getattr(single, column.key), column.key
 
 
 def test_claims_are_exclusive_and_bounded_by_max_attempts(sessions: sessionmaker[Session], voice: str):
