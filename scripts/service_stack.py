@@ -8,7 +8,7 @@
 Dummy weights (no model folder), SQLite under `root` unless a database URL is given, the local Redis.
 Processes are started with `wavefarm serve | cpu-worker | gpu-worker` (`app.dev.services.start_cli`), so they
 read their settings from WAVEFARM_* variables exactly as a deployment does, and are stopped by process
-group. Used by scripts/bench_service.py and scripts/bench_book.py.
+group. Used by scripts/bench_service.py, scripts/bench_book.py and scripts/bench_book_pipeline.py.
 """
 
 from __future__ import annotations
