@@ -8,7 +8,8 @@
 - bells due (`ring_due`): a queued job not claimed within `stuck_job_after_s` of its last ring (then
   twice as long, and so on) is rung again: its message may have been lost (a broker that lost its data,
   a kill between the commit and the send, a consumer killed before its claim); a text job without tokens
-  gets its `job.tokenize`;
+  gets its `synth` while its guide speech is stored (the GPU worker tokenizes it), else its `job.tokenize`
+  (which speaks it again);
 - abandoned voices (`reclaim_voices`): features still stored for a voice whose every job was cancelled
   are reclaimed.
 """
@@ -54,7 +55,10 @@ def ring_due(*, ctx: Context, report: SweepReport) -> None:
             session=session, now=now, quiet_before=now - timedelta(seconds=ctx.settings.stuck_job_after_s))]
     for job_id in due:
         with session_scope(ctx.sessions) as session:
-            sent = lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
+            # a text job whose guide speech is still stored goes to the GPU worker, which tokenizes it:
+            # `job.tokenize` would only send the same `synth` after a CPU task's round trips
+            sent = lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id,
+                                  speech_stored=ctx.store.has_guide_speech(job_id))
         if sent is not None:
             log.warning("maintenance: job %s was not claimed in time; its %s sent again", job_id, sent)
             report.jobs_requeued.append(job_id)

@@ -244,3 +244,29 @@ def test_the_partial_output_a_killed_worker_left_of_a_job_cancelled_since_goes_o
     report = run(ctx)  # orphan grace: the default hour
     assert report.orphans_removed == [f"outputs/.{cancelled}.wav.k1ll3d.part"]
     assert not partials[cancelled].exists() and partials[recent].exists() and partials[live].exists()
+
+
+def test_a_text_job_due_is_rung_on_the_gpu_queue_while_its_speech_is_stored_else_spoken_again(
+        ctx, settings, sessions, artifacts, store, broker, celery) -> None:
+    from app.text.guide_speech import GuideSpeech
+
+    def text_job() -> str:
+        with ctx.session() as session:
+            return submit_job(ctx=ctx, session=session, request=JobRequest(
+                text="A sentence.", language="en", reference_bytes=wav_bytes()))
+
+    stored, lost = text_job(), text_job()
+    cpu = open_broker(settings.broker_url)
+    cpu.purge(settings.queue_cpu)
+    lose_messages(settings)
+    speech = GuideSpeech.from_waves([np.full(16_000, 0.1, dtype=np.float32)])
+    store.put_guide_speech(stored, speech.encode())
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id.in_([stored, lost]))
+                        .values(updated_at=utcnow() - timedelta(hours=2)))
+        session.commit()
+    assert sorted(run(ctx).jobs_requeued) == sorted([stored, lost])
+    # the stored speech's job goes straight to the GPU worker; the other is spoken again on a CPU worker
+    assert depth(settings) == 1 and cpu.queue_depth(settings.queue_cpu) == 1
+    with sessions() as session:
+        assert {queries.require_job(session=session, job_id=j).rings for j in (stored, lost)} == {1}
