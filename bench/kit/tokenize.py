@@ -121,7 +121,7 @@ def attention_points(ctx: PartRun, sdpa: bool, best: tuple[str, float] | None) -
 def sweep(ctx: PartRun, engine: dict[str, Any] | None) -> dict[str, Any]:
     best = fastest(engine)
     with torch.inference_mode():
-        result = {"written_out": attention_points(ctx, False, best)}
+        result: dict[str, Any] = {"written_out": attention_points(ctx, False, best)}
         if ctx.left() > 10.0:
             result["sdpa"] = attention_points(ctx, True, best)
         else:
