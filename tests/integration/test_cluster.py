@@ -29,6 +29,7 @@ import soundfile as sf
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.broker.celery_config import make_celery
+from app.broker.queues import is_amqp
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, JobStatus, utcnow
 from app.settings import Settings
@@ -159,11 +160,14 @@ def test_two_cpu_and_two_gpu_workers_one_killed_mid_run_every_job_ends_once_as_o
     final = rows(db, every)
     assert {j: r.status for j, r in final.items()} == dict.fromkeys(every, JobStatus.SUCCEEDED)
     # A job g1 recorded as succeeded just before the kill, before Celery said so, has no "succeeded"
-    # line; its message, never acknowledged, is delivered to g2 (RabbitMQ at once; on Redis the peer puts
-    # it back once g1 is gone), which finds it done and says "skipped".
+    # line; its message was never acknowledged. RabbitMQ requeues it as g1's connection closes, and g2
+    # finds the job done and says "skipped". kombu's Redis transport gives a dead consumer's unacknowledged
+    # message back only after the visibility timeout (hours, longer than the longest job), when its
+    # delivery is skipped the same way: not waited for here (a full run met that race on Redis).
     said = _said(cluster)
-    wait_for(lambda: all(_said(cluster)["skipped"][j] for j in set(every) - set(said["succeeded"])), 150,
-             "the redelivery of a job g1 finished as it was killed", cluster)
+    if is_amqp(settings.broker_url):
+        wait_for(lambda: all(_said(cluster)["skipped"][j] for j in set(every) - set(said["succeeded"])), 150,
+                 "the redelivery of a job g1 finished as it was killed", cluster)
     said = _said(cluster)
     assert max(said["succeeded"].values()) == 1, "a job succeeded twice"
     unsaid = set(every) - set(said["succeeded"])
