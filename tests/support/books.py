@@ -11,14 +11,20 @@ without a Celery worker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
+import numpy as np
+import soundfile as sf
 from sqlalchemy.orm import Session
 
+from app import lifecycle
 from app.books import intake
 from app.books.service import BookOptions, BookRequest, Submission, submit_book
 from app.context import Context
+from app.db import queries
+from app.db.models import JobStatus
 
 
 class RecordingSender:
@@ -79,3 +85,24 @@ def post_and_read(client: Any, **request: Any) -> Any:
         read_in(client.app.state.ctx, response.json()["id"])
         response.book = client.get(f"/v1/books/{response.json()['id']}").json()
     return response
+
+
+def finish_segments(ctx: Context, book_id: str, silent: Callable[[str, int], bool]) -> dict[int, str]:
+    """Finish every live segment job of the book as a GPU worker would (the worker played in process):
+    digital silence where `silent(segment key, token count)`, a 220 Hz sine elsewhere; -> {token count:
+    job id} of the jobs finished."""
+    finished = {}
+    with ctx.sessions() as session:
+        for s in queries.book_segment_states(session=session, book_id=book_id):
+            if not (s.live and s.job_id):
+                continue
+            job = queries.require_job(session=session, job_id=s.job_id)
+            relpath = ctx.artifacts.output_relpath(job.id, job.output_format)
+            t = np.arange(job.n_tokens * 960) / 24000
+            wave = np.zeros_like(t) if silent(s.key, job.n_tokens) else 0.3 * np.sin(2 * np.pi * 220 * t)
+            sf.write(ctx.artifacts.path(relpath), wave, 24000, format=job.output_format.upper())
+            assert lifecycle.finish(session=session, job_id=job.id, status=JobStatus.SUCCEEDED,
+                                    output_path=relpath)
+            finished[job.n_tokens] = job.id
+        session.commit()
+    return finished

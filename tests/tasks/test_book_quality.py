@@ -7,12 +7,9 @@ run on dummy weights (no model folder): the signal checks are what they exercise
 
 from __future__ import annotations
 
-import numpy as np
-import soundfile as sf
 from celery import Celery
 
 import tasks.books as books
-from app import lifecycle
 from app.api.local import LocalClient
 from app.books.quality_view import DUMMY_NOTE, DUMMY_REASON, OFF_NOTE, book_quality
 from app.books.service import BookOptions
@@ -22,27 +19,13 @@ from app.db import queries
 from app.db.models import JobStatus, Segment
 from app.storage.keys import COUNTER_QUALITY
 from tests.app.api.helpers import make_client
+from tests.support.books import finish_segments
 from tests.tasks.test_books import manifest_book, submit
 
 
 def _render(ctx: Context, book_id: str, silent: set[int]) -> dict[int, str]:
-    """Finish every live segment job: silence for segments of `silent` token counts, a sine for the rest;
-    -> {token count: job id} of the jobs finished."""
-    finished = {}
-    with ctx.sessions() as session:
-        for s in queries.book_segment_states(session=session, book_id=book_id):
-            if not (s.live and s.job_id):
-                continue
-            job = queries.require_job(session=session, job_id=s.job_id)
-            relpath = ctx.artifacts.output_relpath(job.id, job.output_format)
-            t = np.arange(job.n_tokens * 960) / 24000
-            wave = np.zeros_like(t) if job.n_tokens in silent else 0.3 * np.sin(2 * np.pi * 220 * t)
-            sf.write(ctx.artifacts.path(relpath), wave, 24000, format=job.output_format.upper())
-            assert lifecycle.finish(session=session, job_id=job.id, status=JobStatus.SUCCEEDED,
-                                    output_path=relpath)
-            finished[job.n_tokens] = job.id
-        session.commit()
-    return finished
+    """Finish every live segment job: silence for segments of `silent` token counts, a sine for the rest."""
+    return finish_segments(ctx, book_id, lambda _key, n_tokens: n_tokens in silent)
 
 
 def _segment(ctx: Context, job_id: str) -> Segment:

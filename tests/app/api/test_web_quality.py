@@ -14,18 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
-import soundfile as sf
 from celery import Celery
 
 import tasks.books as books
-from app import lifecycle
 from app.books.quality_view import DUMMY_NOTE
 from app.context import Context
-from app.db import queries
-from app.db.models import JobStatus
 from tests.conftest import service_missing
+from tests.support.books import finish_segments
 from tests.support.net import serving
 from tests.tasks.test_books import output_plan, submit, tokenize_live_jobs
 
@@ -45,18 +41,7 @@ def _render(ctx: Context, book_id: str, silent: set[str]) -> None:
     """Finish every live segment job: digital silence for the segments keyed in `silent`, a sine for
     the rest (the GPU worker played in process)."""
     tokenize_live_jobs(ctx, book_id)
-    with ctx.sessions() as session:
-        for s in queries.book_segment_states(session=session, book_id=book_id):
-            if not (s.live and s.job_id):
-                continue
-            job = queries.require_job(session=session, job_id=s.job_id)
-            relpath = ctx.artifacts.output_relpath(job.id, job.output_format)
-            t = np.arange(job.n_tokens * 960) / 24000
-            wave = np.zeros_like(t) if s.key in silent else 0.3 * np.sin(2 * np.pi * 220 * t)
-            sf.write(ctx.artifacts.path(relpath), wave, 24000, format=job.output_format.upper())
-            assert lifecycle.finish(session=session, job_id=job.id, status=JobStatus.SUCCEEDED,
-                                    output_path=relpath)
-        session.commit()
+    finish_segments(ctx, book_id, lambda key, _n_tokens: key in silent)
 
 
 def _heard_book(ctx: Context, celery: Celery) -> tuple[str, str]:
