@@ -6,10 +6,12 @@
     book.plan(book_id)             the segments without finished audio of the first chapters, each started
                                    on its own: a segment whose token source is ready at planning gets its
                                    job here, rung (`lifecycle.ring`); the others get a book.tokenize
-    book.tokenize(book_id, key)    the segment's token source (`app.books.planning.tokens`) -> a queued
-                                   job, rung: text through the guide voice makes a text job whose speech
-                                   goes to the feature store and whose `synth` goes at once (the GPU worker
-                                   tokenizes it). Redelivered, it makes no second job
+    book.tokenize(book_id, keys)   a group of up to 8 of a chapter's segments (`app.books.segment_jobs`):
+                                   each segment's token source (`app.books.planning.tokens`) -> a queued
+                                   job; the group's jobs are made in one transaction and rung together:
+                                   text through the guide voice makes a text job whose speech goes to the
+                                   feature store and whose `synth` goes at once (the GPU worker tokenizes
+                                   it). Redelivered, it makes no second job
     book.chapter(book_id, index)   rung once the chapter is recorded ready (by the transaction settling its
                                    last segment, and by the sweep until it has run): the quality gate
                                    (`app.books.quality`: 'waiting' while a failed segment renders again),
@@ -37,27 +39,21 @@ from celery.exceptions import Ignore
 from sqlalchemy.orm import Session
 
 from app import lifecycle
-from app.books import files, intake, quality, render, service
+from app.books import files, intake, quality, render, segment_jobs, service
 from app.books.planning.plan import BookPlan, PlanSegment
 from app.books.planning.tokens import BookContext, source_for
+from app.books.segment_jobs import BookStopped
 from app.broker import wire
 from app.context import Context
 from app.db import queries
-from app.db.models import LIVE_BOOK_STATUSES, Book, BookStatus
+from app.db.models import Book, BookStatus
 from app.db.session import session_scope
 from app.errors import WavefarmError
 from app.storage.keys import check_job_id
-from app.text.guide_speech import GuideSpeech
 from tasks.celery_app import celery_app
 from tasks.voice import TRANSIENT_ERRORS, resources
 
 log = logging.getLogger(__name__)
-
-
-class BookStopped(WavefarmError):
-    """The book was cancelled or failed meanwhile: the task stops without failing the book again, logs
-    one INFO line and is ignored (Celery's `Ignore`: acknowledged, logged at INFO without a traceback, and
-    a message of the old format does not send its chained `synth`)."""
 
 
 # Chapters are sent in order while fewer segments than this wait to render: the gpu queue holds a
@@ -76,16 +72,16 @@ def parse(book_id: str, ctx: Context) -> str:
 # book.plan ---------------------------------------------------------------------------------------
 
 def _start(ctx: Context, session: Session, book: Book, segment: PlanSegment, voice_id: str,
-           state: queries.SegmentState) -> bool:
-    """Send what renders one segment; False when nothing needs sending (done, or already rendering). A
-    segment whose token source is ready at planning gets its job now, rung through `lifecycle.ring`
-    (routed job by job: the chapter's next line of the voice finds this one queued on its worker, so a
-    voice's lines keep to its holder until its slots are full); the others get a `book.tokenize`, which
-    makes the job and rings it."""
+           state: queries.SegmentState) -> str | None:
+    """Start what renders one segment: "rung" or "tokenize" (the caller sends its key in a `book.tokenize`
+    group, which makes the job and rings it); None when nothing needs sending (done, or already
+    rendering). A segment whose token source is ready at planning gets its job now, rung through
+    `lifecycle.ring` (routed job by job: the chapter's next line of the voice finds this one queued on its
+    worker, so a voice's lines keep to its holder until its slots are full)."""
     if state.done and ctx.artifacts.path(state.output_path or "").is_file():
-        return False
+        return None
     if state.live:
-        return False  # queued or rendering from an earlier submission: its settling counts this chapter too
+        return None  # queued or rendering from an earlier submission: its settling counts this chapter too
     source = source_for(segment)
     if source.ready_at_plan:  # the segment's own tokens: its job is made now
         tokens = source.tokens(segment, BookContext())
@@ -95,15 +91,14 @@ def _start(ctx: Context, session: Session, book: Book, segment: PlanSegment, voi
                                                    voice_id=voice_id)
         session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
         if not created:
-            return False  # another render linked its job first, and rings it
+            return None  # another render linked its job first, and rings it
         lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id)
-        return True
+        return "rung"
     if state.job_id is not None or state.error is not None:  # done but its audio is gone: start afresh
         lifecycle.unlink_segment_job(session=session, key=segment.key, job_id=state.job_id or "")
         lifecycle.fail_segment(session=session, key=segment.key, error=None)
         session.commit()
-    wire.send_book_tokenize(ctx.sender, ctx.settings, book.id, segment.key, book.priority)
-    return True
+    return "tokenize"
 
 
 def _send_chapter(ctx: Context, book: Book, book_plan: BookPlan, index: int, seen: set[str]) -> int:
@@ -112,6 +107,7 @@ def _send_chapter(ctx: Context, book: Book, book_plan: BookPlan, index: int, see
     (`app.lifecycle.books`). A chapter whose segments had all settled already is recorded ready
     here and its book.chapter sent. Returns how many segments were sent."""
     sent = 0
+    to_tokenize: list[str] = []
     with session_scope(ctx.sessions) as session:
         for segment in book_plan.chapters[index].segments:
             if segment.key in seen:
@@ -119,7 +115,12 @@ def _send_chapter(ctx: Context, book: Book, book_plan: BookPlan, index: int, see
             seen.add(segment.key)
             state = queries.segment_state(session=session, key=segment.key)
             assert state is not None  # create_book inserted every key
-            sent += _start(ctx, session, book, segment, book_plan.voice_of(segment), state)
+            how = _start(ctx, session, book, segment, book_plan.voice_of(segment), state)
+            sent += how is not None
+            if how == "tokenize":
+                to_tokenize.append(segment.key)
+    for group in segment_jobs.groups(to_tokenize):
+        wire.send_book_tokenize(ctx.sender, ctx.settings, book.id, group, book.priority)
     with session_scope(ctx.sessions) as session:
         ready = lifecycle.record_ready(session=session, book_id=book.id, index=index)
     if ready:
@@ -174,40 +175,10 @@ def plan(book_id: str, ctx: Context) -> int:
 
 # book.tokenize -----------------------------------------------------------------------------------
 
-def tokenize(book_id: str, key: str, ctx: Context) -> str:
-    """Tokens for one segment -> its queued job (reusing one another render made meanwhile), rung through
-    `lifecycle.ring`; returns the job id. Redelivered: the segment's job is not made twice; a queued one
-    is rung again (a duplicate doorbell costs one claim that finds it taken), a claimed or finished one
-    is left alone (`ring` sends nothing for a job that is not queued)."""
-    with session_scope(ctx.sessions) as session:
-        if queries.require_book(session=session, book_id=book_id).status not in LIVE_BOOK_STATUSES:
-            raise BookStopped(f"book {book_id} was cancelled or failed; segment {key[:12]} is not rendered")
-        state = queries.segment_state(session=session, key=key)
-        if state is None:
-            raise WavefarmError(f"segment {key[:12]} is not in book {book_id}")
-        if state.job_id and state.live:  # its speech still waiting for the GPU worker: synth, not tokenize
-            lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=state.job_id,
-                           speech_stored=ctx.store.has_guide_speech(state.job_id))
-        if state.job_id and (state.live or state.done):
-            return state.job_id
-    book_plan = files.load_plan(ctx.artifacts, book_id)
-    segment = next(s for _, s in book_plan.segments() if s.key == key)
-    context = BookContext(language=book_plan.language, base_dir=files.base_dir_of(ctx.artifacts, book_id),
-                          model_dir=ctx.settings.model_dir)
-    try:
-        made = source_for(segment).tokens(segment, context)
-    except (WavefarmError, OSError, RuntimeError) as exc:
-        with session_scope(ctx.sessions) as session:
-            lifecycle.fail_segment(session=session, key=key, error=f"tokenize: {type(exc).__name__}: {exc}")
-        raise
-    with session_scope(ctx.sessions) as session:
-        job_id = service.segment_job_of(ctx=ctx, session=session, book_id=book_id, key=key,
-                                        replacing=state.job_id, voice_id=book_plan.voice_of(segment),
-                                        made=made, spoken=segment.spoken)
-        session.commit()  # the job stays made if its ring fails: the reconciler rings it when due
-        lifecycle.ring(session=session, sender=ctx.sender, settings=ctx.settings, job_id=job_id,
-                       speech_stored=isinstance(made, GuideSpeech))
-    return job_id
+def tokenize(book_id: str, keys: list[str], ctx: Context) -> list[str]:
+    """Tokens (or guide speech) for a group of segments -> their queued jobs, rung together
+    (`app.books.segment_jobs`); returns the job ids in the order of `keys`."""
+    return segment_jobs.make_jobs(book_id, keys, ctx)
 
 
 # book.chapter ------------------------------------------------------------------------------------
@@ -279,12 +250,15 @@ def plan_task(self: Task, book_id: str) -> int:
 
 
 @celery_app.task(name=wire.BOOK_TOKENIZE_TASK, bind=True, max_retries=MAX_RETRIES)
-def tokenize_task(self: Task, book_id: str, key: str, routed_to: str | None = None,
-                  route: str | None = None) -> str:
-    """-> the segment's job id. `routed_to` and `route` are ignored: a message sent before the job was rung
-    here (`book.tokenize | synth`, the route chosen at planning) still runs after an upgrade; its chained
+def tokenize_task(self: Task, book_id: str, keys: str | list[str], routed_to: str | None = None,
+                  route: str | None = None) -> str | list[str]:
+    """-> the segments' job ids (a group of keys), or the one job id (a message of the old format, one
+    key). `routed_to` and `route` are ignored: a message sent before the job was rung here
+    (`book.tokenize | synth`, the route chosen at planning) still runs after an upgrade; its chained
     `synth` gets the job id returned here, a duplicate doorbell."""
-    return str(_run(self, book_id, lambda ctx: tokenize(book_id, key, ctx)))
+    group = [keys] if isinstance(keys, str) else list(keys)  # a message of the old format names one key
+    made = _run(self, book_id, lambda ctx: tokenize(book_id, group, ctx))
+    return str(made[0]) if isinstance(keys, str) else [str(job_id) for job_id in made]
 
 
 @celery_app.task(name=wire.BOOK_CHAPTER_TASK, bind=True, max_retries=MAX_RETRIES)

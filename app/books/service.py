@@ -108,12 +108,11 @@ def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, 
     return segment.job_id, False
 
 
-def segment_job_of(*, ctx: Context, session: Session, book_id: str, key: str, replacing: str | None,
+def segment_job_of(*, ctx: Context, session: Session, book: Book, key: str, replacing: str | None,
                    voice_id: str, made: list[int] | GuideSpeech, spoken: str) -> str:
     """`book.tokenize`'s job for a segment, from what its token source `made`: its tokens, or a text job
     whose guide speech goes to the feature store for the GPU worker (stored before the job is rung; a job
     another render linked first keeps its own). The caller commits, then rings it."""
-    book = queries.require_book(session=session, book_id=book_id)
     if not isinstance(made, list):
         job_id, created = make_segment_job(
             session=session, artifacts=ctx.artifacts, book=book, key=key, replacing=replacing,

@@ -29,7 +29,7 @@ JOB_TOKENIZE_TASK = "job.tokenize"  # cpu queue, tasks/text.py: a text job's tok
 SWEEP_TASK = "maintenance.sweep"  # cpu queue (tasks/maintenance.py)
 BOOK_PARSE_TASK = "book.parse"  # cpu queue, tasks/books.py: read and plan a submitted book (bounded child)
 BOOK_PLAN_TASK = "book.plan"  # cpu queue, tasks/books.py: start or resume a book
-BOOK_TOKENIZE_TASK = "book.tokenize"  # cpu queue, tasks/books.py: a segment's tokens -> its job, rung
+BOOK_TOKENIZE_TASK = "book.tokenize"  # cpu queue, tasks/books.py: segments' tokens -> their jobs, rung
 BOOK_CHAPTER_TASK = "book.chapter"  # cpu queue: a chapter recorded ready (app.lifecycle.books)
 BOOK_ASSEMBLE_TASK = "book.assemble"  # cpu queue, tasks/books.py: chapter files, M4B -> book succeeded
 
@@ -122,10 +122,11 @@ def send_chapter(sender: TaskSender, settings: Settings, book_id: str, index: in
     sender.send_task(BOOK_CHAPTER_TASK, args=[book_id, index], queue=settings.queue_cpu)
 
 
-def send_book_tokenize(sender: TaskSender, settings: Settings, book_id: str, key: str, priority: int) -> None:
-    """Queue a book segment's token source on a CPU worker (at the book's `priority`); the task makes the
-    segment's job and rings it (`app.lifecycle.ring`)."""
-    sender.send_task(BOOK_TOKENIZE_TASK, args=[book_id, key], queue=settings.queue_cpu,
+def send_book_tokenize(sender: TaskSender, settings: Settings, book_id: str, keys: list[str],
+                       priority: int) -> None:
+    """Queue a group of a book's segments on a CPU worker (at the book's `priority`): the task speaks
+    them, makes their jobs and rings them (`app.books.segment_jobs`)."""
+    sender.send_task(BOOK_TOKENIZE_TASK, args=[book_id, list(keys)], queue=settings.queue_cpu,
                      priority=broker_priority(priority))
 
 

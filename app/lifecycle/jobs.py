@@ -41,14 +41,14 @@ from typing import Any
 from sqlalchemy import func, or_, update
 from sqlalchemy.orm import Session
 
-from app.broker.wire import TaskSender, send_tokenize
+from app.broker.wire import TaskSender, one_round, send_synth, send_tokenize
 from app.db import queries
 from app.db.models import DONE_JOB_STATUSES, LIVE_JOB_STATUSES, Job, JobStatus, PrepPath, utcnow
 from app.db.queries import chapters
 from app.db.queries._common import _clip, _rowcount
 from app.lifecycle.books import count_outcome
 from app.settings import Settings
-from app.submission.routing import send_routed
+from app.submission.routing import Route, route_voice, send_routed
 
 CLAIMED = (JobStatus.PREPARING, JobStatus.RUNNING)
 RING_BACKOFF_MAX = 5  # the wait between rings doubles up to 2**5 times stuck_job_after_s
@@ -208,3 +208,33 @@ def ring(*, session: Session, sender: TaskSender, settings: Settings, job_id: st
         queries.set_job_route(session=session, job_ids=[job_id], routed_to=None, route=route_note)
         session.commit()
     return "synth"
+
+
+def ring_made(*, session: Session, sender: TaskSender, settings: Settings, job_ids: list[str]) -> int:
+    """`ring` for a group of jobs whose input was just stored (a `book.tokenize` group: tokens, or guide
+    speech the GPU worker tokenizes), at once: one UPDATE of their rings for each ring count among them,
+    one routing decision per voice (as a batch submission routes), the routes recorded and committed
+    once, then their `synth` messages in one broker round. Jobs no longer queued are left alone, as
+    `ring` leaves them. -> how many were rung."""
+    jobs = queries.get_jobs(session=session, job_ids=job_ids)
+    queued = [job for job in jobs if job.status == JobStatus.QUEUED]
+    if not queued:
+        return 0
+    now = utcnow()
+    for rings in sorted({job.rings for job in queued}):
+        wait_s = settings.stuck_job_after_s * 2 ** min(rings, RING_BACKOFF_MAX)
+        ids = [job.id for job in queued if job.rings == rings]
+        session.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
+                        .values(rings=Job.rings + 1, ring_due_at=now + timedelta(seconds=wait_s)))
+    routes: dict[str, Route] = {}
+    for job in queued:
+        if job.voice_id not in routes:
+            routes[job.voice_id] = route_voice(session=session, settings=settings, voice_id=job.voice_id)
+    for route in set(routes.values()):
+        queries.set_job_route(session=session, routed_to=route.worker, route=route.reason,
+                              job_ids=[job.id for job in queued if routes[job.voice_id] == route])
+    session.commit()  # the routes are on the rows before any message can be delivered
+    with one_round(sender) as one:
+        for job in queued:
+            send_synth(one, settings, job.id, job.priority, queue=routes[job.voice_id].queue)
+    return len(queued)

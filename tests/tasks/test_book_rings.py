@@ -15,6 +15,7 @@ from celery import Celery
 
 import tasks.books as books
 from app import lifecycle
+from app.books.segment_jobs import GROUP
 from app.broker.queues import open_broker
 from app.context import Context
 from app.db import queries
@@ -76,37 +77,71 @@ def test_a_planned_segments_synth_goes_where_routing_chose_with_its_route_and_ri
     assert synths(broker, ctx.settings.queue_gpu) == []
 
 
-def test_book_tokenize_makes_the_segments_job_and_rings_it_and_a_redelivery_makes_no_second_job(
+LONG_CHAPTER = "# Long\n\n## One\n\n" + "\n\n".join(f"Line number {n} of the chapter." for n in range(11))
+
+
+def test_book_tokenize_goes_in_groups_of_a_chapters_segments_in_reading_order(
         ctx: Context, celery: Celery, broker: redis.Redis) -> None:
+    book_id = submit(ctx, celery, LONG_CHAPTER.encode(), filename="book.md")
+    open_broker(ctx.settings.broker_url).purge(ctx.settings.queue_cpu)
+    books.plan(book_id, ctx)
+    with ctx.sessions() as session:
+        keys = [s.key for s in queries.book_segment_states(session=session, book_id=book_id)]
+    messages = [m for m in queued(broker, ctx.settings.queue_cpu) if m["task"] == "book.tokenize"]
+    assert len(keys) > GROUP  # more than one group
+    assert [m["args"] for m in messages] == [[book_id, keys[start:start + GROUP]]
+                                             for start in range(0, len(keys), GROUP)]
+    assert {m["priority"] for m in messages} == {BOOK_PRIORITY}
+
+
+def test_book_tokenize_makes_a_groups_jobs_at_once_and_a_redelivery_makes_no_second_job(
+        ctx: Context, celery: Celery, broker: redis.Redis, workers: list[str]) -> None:
+    """A group's jobs are made together and routed as a batch is, once per voice: all to the worker
+    placed for it (not job by job, as planned segments are); each rung once, its `synth` sent."""
     book_id = submit(ctx, celery, MARKDOWN_BOOK.encode(), filename="book.md")
     open_broker(ctx.settings.broker_url).purge(ctx.settings.queue_cpu)
     books.plan(book_id, ctx)
     with ctx.sessions() as session:
-        key = queries.book_segment_states(session=session, book_id=book_id)[0].key
-    tokenize = [m for m in queued(broker, ctx.settings.queue_cpu) if m["task"] == "book.tokenize"]
-    assert tokenize[0]["args"] == [book_id, key] and tokenize[0]["priority"] == BOOK_PRIORITY
-    assert synths(broker, ctx.settings.queue_gpu) == []  # no job yet: nothing to render
+        keys = [s.key for s in queries.book_segment_states(session=session, book_id=book_id)]
+    group = [m["args"] for m in queued(broker, ctx.settings.queue_cpu) if m["task"] == "book.tokenize"][0][1]
+    assert group == keys[:len(group)] and len(group) >= 2
+    assert synths(broker, routing.worker_queue(ctx.settings, A)) == []  # no job yet: nothing to render
 
-    job_id = books.tokenize(book_id, key, ctx)
+    made = books.tokenize(book_id, group, ctx)
+    jobs = jobs_of(ctx, book_id)
+    assert [j.id for j in jobs] == made and len(set(made)) == len(group)
+    assert [(j.status, j.rings, j.routed_to, j.route) for j in jobs] == [
+        (JobStatus.QUEUED, 1, A, "placed")] * len(group)
+    assert synths(broker, routing.worker_queue(ctx.settings, A)) == [(j, j, BOOK_PRIORITY) for j in made]
+
+    assert books.tokenize(book_id, group, ctx) == made  # redelivered, queued: rung again, nothing made
+    with ctx.sessions() as session:
+        assert [queries.get_segment(session=session, key=k).jobs_created for k in group] == [1] * len(group)
+        assert [queries.require_job(session=session, job_id=j).rings for j in made] == [2] * len(group)
+    again = [m for w in (A, B) for m in synths(broker, routing.worker_queue(ctx.settings, w))]
+    assert len(again) == 2 * len(group)  # each rung again where routing says now, job by job
+
+
+def test_a_redelivered_book_tokenize_leaves_a_claimed_or_finished_job_alone(
+        ctx: Context, celery: Celery, broker: redis.Redis) -> None:
+    book_id = submit(ctx, celery, MARKDOWN_BOOK.encode(), filename="book.md")
+    books.plan(book_id, ctx)
+    with ctx.sessions() as session:
+        key = queries.book_segment_states(session=session, book_id=book_id)[0].key
+    job_id = books.tokenize(book_id, [key], ctx)[0]
     (job,) = jobs_of(ctx, book_id)
     assert (job.id, job.status, job.rings, job.routed_to, job.route) == (
         job_id, JobStatus.QUEUED, 1, None, "shared_single")  # no live GPU worker: nothing to choose
     assert synths(broker, ctx.settings.queue_gpu) == [(job_id, job_id, BOOK_PRIORITY)]
 
-    assert books.tokenize(book_id, key, ctx) == job_id  # redelivered, queued: rung again
-    with ctx.sessions() as session:
-        assert queries.get_segment(session=session, key=key).jobs_created == 1
-        assert queries.require_job(session=session, job_id=job_id).rings == 2
-    assert len(synths(broker, ctx.settings.queue_gpu)) == 2  # a duplicate doorbell: one skipped claim
-
     tokenize_live_jobs(ctx, book_id)  # the GPU worker tokenizes the job's speech before its claim
     with ctx.sessions() as session:
         assert lifecycle.claim(session=session, job_id=job_id, worker=A, max_attempts=3, lease_s=30)
         session.commit()
-    assert books.tokenize(book_id, key, ctx) == job_id  # redelivered, claimed: nothing sent
+    assert books.tokenize(book_id, [key], ctx)[0] == job_id  # redelivered, claimed: nothing sent
     assert render_live_jobs(ctx, book_id) == 1
-    assert books.tokenize(book_id, key, ctx) == job_id  # redelivered, done: nothing sent
-    assert len(synths(broker, ctx.settings.queue_gpu)) == 2
+    assert books.tokenize(book_id, [key], ctx)[0] == job_id  # redelivered, done: nothing sent
+    assert len(synths(broker, ctx.settings.queue_gpu)) == 1
     with ctx.sessions() as session:
         assert queries.get_segment(session=session, key=key).jobs_created == 1
 

@@ -193,8 +193,8 @@ def test_text_segments_are_spoken_into_jobs_once_and_tokenized_on_the_gpu_worker
     with ctx.sessions() as session:
         keys = [s.key for s in queries.book_segment_states(session=session, book_id=book_id)]
     assert sent == len(keys) > 3
-    job = books.tokenize(book_id, keys[0], ctx)
-    assert books.tokenize(book_id, keys[0], ctx) == job  # a redelivery reuses the job
+    job = books.tokenize(book_id, [keys[0]], ctx)[0]
+    assert books.tokenize(book_id, [keys[0]], ctx)[0] == job  # a redelivery reuses the job
     stored = GuideSpeech.decode(ctx.store.get_guide_speech(job) or b"", max_tokens=ctx.settings.max_tokens)
     with ctx.sessions() as session:
         row = queries.require_job(session=session, job_id=job)
@@ -236,7 +236,7 @@ def test_a_cast_members_lines_render_in_their_voice_and_recasting_renders_only_t
     by_text = {s.text: s for _, s in plan.segments()}
     jobs = {}
     for text, segment in by_text.items():
-        job_id = books.tokenize(book_id, segment.key, ctx)
+        job_id = books.tokenize(book_id, [segment.key], ctx)[0]
         with ctx.sessions() as session:
             jobs[text] = queries.require_job(session=session, job_id=job_id).voice_id
     assert jobs == {"One": narrator, "The ferry left at dawn.": narrator, "I see gulls": alice,
@@ -272,7 +272,7 @@ def test_a_timed_subtitle_book_places_each_cue_at_its_start(ctx: Context, celery
     book_id = submit(ctx, celery, SUBTITLES, filename="film.srt", options=BookOptions(timed=True, m4b=False))
     assert books.plan(book_id, ctx) == 2
     for _, segment in output_plan(ctx, book_id).segments():
-        books.tokenize(book_id, segment.key, ctx)
+        books.tokenize(book_id, [segment.key], ctx)
     render_live_jobs(ctx, book_id)
     assert books.check_chapter(book_id, 0, ctx) == "assembled" and books.assemble(book_id, ctx) == "succeeded"
     index = json.loads((output_dir(ctx.artifacts, book_id) / "chapters.json").read_text())
@@ -291,7 +291,7 @@ def test_an_epub3_book_is_read_planned_and_assembled_into_a_read_along_epub(ctx:
     book_id = submit(ctx, celery, MARKDOWN_BOOK.encode(), filename="book.md", options=BookOptions(epub3=True))
     books.plan(book_id, ctx)
     for _, segment in output_plan(ctx, book_id).segments():
-        books.tokenize(book_id, segment.key, ctx)
+        books.tokenize(book_id, [segment.key], ctx)
     render_live_jobs(ctx, book_id)
     assert [books.check_chapter(book_id, i, ctx) for i in range(3)] == ["assembled"] * 3
     assert books.assemble(book_id, ctx) == "succeeded"
@@ -306,7 +306,7 @@ def test_an_epub3_book_is_read_planned_and_assembled_into_a_read_along_epub(ctx:
     own = submit(ctx, celery, make_epub(), filename="tales.epub", options=BookOptions(epub3=True))
     books.plan(own, ctx)
     for _, segment in output_plan(ctx, own).segments():
-        books.tokenize(own, segment.key, ctx)
+        books.tokenize(own, [segment.key], ctx)
     render_live_jobs(ctx, own)
     assert all(books.check_chapter(own, i, ctx) == "assembled" for i in range(4))
     assert books.assemble(own, ctx) == "succeeded"
@@ -333,7 +333,7 @@ def test_a_book_made_without_the_model_says_so_everywhere_and_labels_its_two_len
     books.plan(book_id, ctx)
     plan = output_plan(ctx, book_id)
     for _, segment in plan.segments():
-        books.tokenize(book_id, segment.key, ctx)
+        books.tokenize(book_id, [segment.key], ctx)
     tokenize_live_jobs(ctx, book_id)  # the GPU worker's part: it tokenizes, then notes dummy weights
     with ctx.sessions() as session:  # on each job it claims
         for job in session.query(Job).filter(Job.status == JobStatus.QUEUED):
@@ -371,7 +371,7 @@ def test_a_preview_renders_one_chapters_first_seconds_first_and_the_whole_book_r
     assert sum(s.est_tokens for s in kept) / 25 <= 3.0 or len(kept) == 1  # whole segments, at least one
     sent = books.plan(preview, ctx)
     for _, segment in cut.segments():
-        books.tokenize(preview, segment.key, ctx)
+        books.tokenize(preview, [segment.key], ctx)
     with ctx.sessions() as session:
         jobs = [queries.require_job(session=session, job_id=s.job_id)
                 for s in queries.book_segment_states(session=session, book_id=preview)]
@@ -401,7 +401,7 @@ def test_a_cancelled_book_tokenizes_nothing_more_and_its_chapters_stop_waiting(c
         key = queries.book_segment_states(session=session, book_id=book_id)[0].key
         assert cancel_book(session=session, store=ctx.store, book_id=book_id, cancel_ttl_s=60)
     with pytest.raises(books.BookStopped):
-        books.tokenize(book_id, key, ctx)
+        books.tokenize(book_id, [key], ctx)
     assert books.check_chapter(book_id, 0, ctx) == "stopped"
     with ctx.sessions() as session:
         assert queries.segment_state(session=session, key=key).job_id is None

@@ -71,6 +71,7 @@ from app.db.queries.jobs import (
     delete_jobs,
     get_job,
     get_job_by_idempotency_key,
+    get_jobs,
     insert_jobs,
     is_tokenized,
     job_ids_with_prefix,
@@ -155,6 +156,7 @@ __all__ = [
     "referenced_paths",
     # jobs
     "get_job",
+    "get_jobs",
     "require_job",
     "get_job_by_idempotency_key",
     "create_job",

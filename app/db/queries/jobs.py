@@ -23,6 +23,13 @@ def get_job(*, session: Session, job_id: str) -> Job | None:
     return session.get(Job, job_id, populate_existing=True)
 
 
+def get_jobs(*, session: Session, job_ids: Sequence[str]) -> list[Job]:
+    """The jobs of `job_ids` that exist, as the database has them now, in the order given."""
+    found = {job.id: job for job in session.scalars(
+        select(Job).where(Job.id.in_(list(job_ids))).execution_options(populate_existing=True))}
+    return [found[job_id] for job_id in job_ids if job_id in found]
+
+
 def require_job(*, session: Session, job_id: str) -> Job:
     job = get_job(session=session, job_id=job_id)
     if job is None:

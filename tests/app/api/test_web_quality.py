@@ -51,7 +51,7 @@ def _heard_book(ctx: Context, celery: Celery) -> tuple[str, str]:
     books.plan(book_id, ctx)
     segments = [s for _, s in output_plan(ctx, book_id).segments()]
     for segment in segments:
-        books.tokenize(book_id, segment.key, ctx)
+        books.tokenize(book_id, [segment.key], ctx)
     assert len(segments) == 4
     once, always = segments[2].key, segments[3].key
     _render(ctx, book_id, silent={once, always})
