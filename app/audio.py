@@ -13,6 +13,7 @@ the API and the CLI import this module, and a client command must start without 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -21,7 +22,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import soundfile as sf
@@ -113,14 +114,25 @@ def _check_header(sample_rate: int, channels: int, limits: AudioLimits) -> None:
 
 
 def resample(pcm: np.ndarray | torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
-    """Band-limited resampling (torchaudio's windowed sinc, its defaults); pcm: [..., T]."""
+    """Band-limited resampling (torchaudio's windowed sinc, its defaults); pcm: [..., T]. The same numbers
+    as `torchaudio.functional.resample`, with the kernel of each pair of rates built once."""
     import torch
-    import torchaudio.functional as AF
 
     wave = torch.as_tensor(pcm, dtype=torch.float32)
     if orig_sr == new_sr:
         return wave
-    return AF.resample(wave, orig_sr, new_sr)
+    return cast("torch.Tensor", _resampler(int(orig_sr), int(new_sr))(wave))
+
+
+@functools.lru_cache(maxsize=32)
+def _resampler(orig_sr: int, new_sr: int) -> torch.nn.Module:
+    """torchaudio's resampler between two rates in float32: its windowed-sinc kernel, which
+    `torchaudio.functional.resample` builds again on every call (a fifth of the CPU of a guide-voice
+    segment, issue 44), built once. Its forward keeps no state, so threads may share it."""
+    import torch
+    import torchaudio.transforms as T
+
+    return T.Resample(orig_sr, new_sr, dtype=torch.float32)
 
 
 def reference_notes(pcm: np.ndarray, sample_rate: int) -> list[str]:

@@ -287,12 +287,14 @@ def flush(settings: Any) -> None:
         client.close()
 
 
-def submit(client: Any, text: str, reference: bytes, timeout_s: float) -> tuple[str, float]:
+def submit(client: Any, text: str, reference: bytes, timeout_s: float,
+           quality: str | None = None) -> tuple[str, float]:
     from bench_book import wait_book
 
     t0 = time.time()
     response = client.post("/v1/books", files={"book": ("book.txt", text.encode(), "text/plain"),
-                                               "reference": ("voice.wav", reference, "audio/wav")})
+                                               "reference": ("voice.wav", reference, "audio/wav")},
+                           data={"quality": quality} if quality else None)
     response.raise_for_status()
     book_id = response.json()["id"]
     view = wait_book(client, book_id, timeout_s)
@@ -355,12 +357,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sessions = make_sessionmaker(make_engine(settings.database_url))
         try:
             submit(client, book_text(args.warmup, salt + 1), (SAMPLES / "voice_b.wav").read_bytes(),
-                   args.timeout)
+                   args.timeout, args.quality)
             with Sampler(sids) as sampler:
                 time.sleep(args.idle_s)  # the idle workers' own CPU rate
                 load = [round(x, 2) for x in os.getloadavg()]
                 book_id, t0 = submit(client, book_text(args.segments, salt),
-                                     (SAMPLES / "voice_a.wav").read_bytes(), args.timeout)
+                                     (SAMPLES / "voice_a.wav").read_bytes(), args.timeout, args.quality)
                 load_after = [round(x, 2) for x in os.getloadavg()]
             record = collect(sessions, celery, store, book_id, t0)
         finally:
@@ -382,21 +384,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tokenizer": "full", "model": model,
             "settings": {"segments_asked": args.segments, "cpu_concurrency": args.cpu_concurrency,
                          "slots": args.slots, "engine_threads": args.threads, "warmup_segments": args.warmup,
-                         "database": "sqlite", "quality_gate": gate or "none in this revision"},
+                         "database": "sqlite", "quality_gate": gate or "none in this revision",
+                         "book_quality": args.quality or "the default"},
             "report": report, "book_id": book_id, "logs": str(root / "logs")}
 
 
 def _cpu_model() -> str:
+    """The model name with its family and model numbers ("AMD EPYC" alone names several generations)."""
+    fields: dict[str, str] = {}
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    if "model name" not in fields:
+        return platform.processor()
+    family, model = fields.get("cpu family", "?"), fields.get("model", "?")
+    return f"{fields['model name']} (family {family}, model {model})"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--segments", type=int, default=320, help="one-sentence paragraphs of the book")
     parser.add_argument("--warmup", type=int, default=6, help="paragraphs of the warm-up book")
+    parser.add_argument("--quality", choices=("on", "report", "off"),
+                        help="the books' quality gate (default: the service's, on); 'off' skips the "
+                             "listeners that hear every segment after the last, which no figure to the "
+                             "last segment includes")
     parser.add_argument("--model-dir", default="/tmp/h44/model", help="written there once, then reused")
     parser.add_argument("--work-dir", default=None, help="the service's database, artifacts and logs")
     parser.add_argument("--cpu-concurrency", type=int, default=2, help="CPU worker processes")

@@ -150,3 +150,21 @@ def test_an_unreadable_file_is_refused_in_libsndfile_words_without_a_python_obje
     message = str(info.value)
     assert "object at 0x" not in message and "<_io" not in message, message
     assert message.startswith("not a readable audio file (WAV, FLAC, OGG or MP3): ") and len(message) > 52
+
+
+@pytest.mark.parametrize(("orig_sr", "new_sr"),
+                         [(22050, 16000), (48000, 24000), (8000, 24000), (16000, 22050)])
+def test_resampling_with_the_kernel_built_once_gives_torchaudios_numbers_bit_for_bit(orig_sr, new_sr):
+    """The guide voice (22,050 Hz) and every reference are resampled through a cached kernel: the same
+    samples as `torchaudio.functional.resample`, for a mono and a batched signal, call after call."""
+    import torch
+    import torchaudio.functional as AF
+
+    from app.audio import resample
+
+    rng = np.random.default_rng(orig_sr + new_sr)
+    for shape in ((orig_sr // 3,), (2, orig_sr // 5)):
+        pcm = rng.standard_normal(shape).astype(np.float32)
+        for _ in range(2):  # the first call builds the kernel, the second uses it
+            expected = AF.resample(torch.from_numpy(pcm), orig_sr, new_sr)
+            assert torch.equal(resample(pcm, orig_sr, new_sr), expected)
