@@ -6,7 +6,7 @@ speech by the guide voice (about 3 ms of CPU a second of audio) and, per task, C
 book's checks, the plan's read, a transaction and a ring: about as much again per segment when each
 segment was a task of its own (docs/SCALING.md, issue 44). A group pays that once: the book read once,
 the segments' jobs made in one transaction, routed once per voice and their `synth` messages sent in one
-broker round (`lifecycle.ring_made`).
+broker round (`lifecycle.ring_many`).
 
 Redelivered (or sent twice), a group makes no second job: a segment whose job is queued is rung again, one
 claimed or finished is left alone, and only the others are spoken. A segment that cannot be spoken is
@@ -88,6 +88,7 @@ def _speak_and_make(book_id: str, replacing: dict[str, str | None], ctx: Context
                                             spoken=segments[key].spoken)
                 for key, job_id in replacing.items()}
         session.commit()  # the jobs stay made if the ring fails: the reconciler rings them when due
-        lifecycle.ring_made(session=session, sender=ctx.sender, settings=ctx.settings,
-                            job_ids=list(dict.fromkeys(jobs.values())))
+        made_ids = list(dict.fromkeys(jobs.values()))
+        lifecycle.ring_many(session=session, sender=ctx.sender, settings=ctx.settings, job_ids=made_ids,
+                            speech_stored=made_ids)  # each made from its speech or with its tokens
     return jobs

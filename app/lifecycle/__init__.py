@@ -3,7 +3,7 @@ those columns (`tests/test_layering.py` checks it); routes, tasks, the GPU worke
 these functions. docs/RELIABILITY.md draws the state diagrams.
 
     jobs   claim (a lease), mark_running, renew, release, settle/finish, cancel, ring (a queued job's
-           doorbell), ring_made (a group of jobs just made, at once)
+           doorbell), ring_many (a group of jobs at once)
     books  a book's reading, plan and status; chapters scheduled, ready (the outbox of `book.chapter`),
            rung, checked, assembled; segments linked to a job, failed, reopened, and the chapter counters
            every change of a segment's outcome moves
@@ -52,7 +52,7 @@ from app.lifecycle.jobs import (
     release,
     renew,
     ring,
-    ring_made,
+    ring_many,
     settle,
 )
 from app.lifecycle.outbox import settle_and_send
@@ -64,6 +64,6 @@ __all__ = [
     "claim", "claim_next_chapter", "claim_reading", "claim_render", "count_outcome", "demote_reading",
     "expire_renders", "fail_segment", "finish", "is_leased", "link_segment_job", "mark_chapter_assembled",
     "mark_chapter_checked", "mark_chapter_rung", "mark_running", "record_quality", "record_ready",
-    "release", "release_render", "renew", "renew_render", "reopen_failed_segments", "ring", "ring_made",
+    "release", "release_render", "renew", "renew_render", "reopen_failed_segments", "ring", "ring_many",
     "set_book_status", "settle", "settle_and_send", "touch_chapter", "unlink_segment_job",
 ]

@@ -34,6 +34,7 @@ race are single conditional UPDATEs: of two processes, one wins.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -210,31 +211,40 @@ def ring(*, session: Session, sender: TaskSender, settings: Settings, job_id: st
     return "synth"
 
 
-def ring_made(*, session: Session, sender: TaskSender, settings: Settings, job_ids: list[str]) -> int:
-    """`ring` for a group of jobs whose input was just stored (a `book.tokenize` group: tokens, or guide
-    speech the GPU worker tokenizes), at once: one UPDATE of their rings for each ring count among them,
-    one routing decision per voice (as a batch submission routes), the routes recorded and committed
-    once, then their `synth` messages in one broker round. Jobs no longer queued are left alone, as
-    `ring` leaves them. -> how many were rung."""
+def ring_many(*, session: Session, sender: TaskSender, settings: Settings, job_ids: list[str],
+              speech_stored: Collection[str] = ()) -> dict[str, str]:
+    """`ring` for a group of jobs at once (a `book.tokenize` group; the reconciler's due jobs, a few at a
+    time): one UPDATE of their rings for each ring count among them, one routing decision per voice (as
+    a batch submission routes), the routes recorded and committed once, then their messages in one
+    broker round. `speech_stored`: ids of text jobs whose guide speech is stored (their `synth` goes, as
+    `ring`'s `speech_stored`). Jobs no longer queued are left alone. -> job id: what was sent
+    ("tokenize" or "synth"), for each job rung."""
     jobs = queries.get_jobs(session=session, job_ids=job_ids)
     queued = [job for job in jobs if job.status == JobStatus.QUEUED]
     if not queued:
-        return 0
+        return {}
     now = utcnow()
     for rings in sorted({job.rings for job in queued}):
         wait_s = settings.stuck_job_after_s * 2 ** min(rings, RING_BACKOFF_MAX)
         ids = [job.id for job in queued if job.rings == rings]
         session.execute(update(Job).where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
                         .values(rings=Job.rings + 1, ring_due_at=now + timedelta(seconds=wait_s)))
+    stored = set(speech_stored)
+    sent = {job.id: "synth" if queries.is_tokenized(job) or job.id in stored else "tokenize"
+            for job in queued}
     routes: dict[str, Route] = {}
     for job in queued:
-        if job.voice_id not in routes:
+        if sent[job.id] == "synth" and job.voice_id not in routes:
             routes[job.voice_id] = route_voice(session=session, settings=settings, voice_id=job.voice_id)
     for route in set(routes.values()):
         queries.set_job_route(session=session, routed_to=route.worker, route=route.reason,
-                              job_ids=[job.id for job in queued if routes[job.voice_id] == route])
+                              job_ids=[job.id for job in queued
+                                       if sent[job.id] == "synth" and routes[job.voice_id] == route])
     session.commit()  # the routes are on the rows before any message can be delivered
     with one_round(sender) as one:
         for job in queued:
-            send_synth(one, settings, job.id, job.priority, queue=routes[job.voice_id].queue)
-    return len(queued)
+            if sent[job.id] == "synth":
+                send_synth(one, settings, job.id, job.priority, queue=routes[job.voice_id].queue)
+            else:
+                send_tokenize(one, settings, job.id, job.priority)
+    return sent

@@ -20,10 +20,12 @@ from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus, VoiceStatus, Worker, utcnow
 from app.reconcile.dead_workers import WORKER_GONE_S
+from app.reconcile.jobs import RING_GROUP
 from app.reconcile.sweep import sweep
 from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.feature_store import FeatureStore
+from app.submission import routing
 from app.submission.jobs import submit_job
 from app.submission.request import JobRequest
 from app.voices.features import host_half
@@ -132,6 +134,34 @@ def test_a_queued_job_not_claimed_in_time_is_rung_again_with_growing_waits(
     assert job.rings == 2 and job.status == JobStatus.QUEUED
     assert before + 2 * grace <= job.ring_due_at <= after + 2 * grace  # the wait doubles
     assert depth(settings) == 2  # a duplicate doorbell: its delivery finds the job claimed and is skipped
+
+
+def test_many_due_jobs_are_rung_a_group_at_a_time_each_once_and_spread_over_the_live_workers(
+        ctx, settings, sessions, artifacts, store, broker, celery) -> None:
+    """A sweep that finds a long backlog due (a book's chapter waiting behind the GPU) rings it RING_GROUP
+    jobs at a time: each job once, its ring recorded, and each group routed after the one before it was
+    committed, so one voice's backlog still spills over to the free worker, as job-by-job rings did."""
+    workers = ["gpu-a@host", "gpu-b@host"]
+    with sessions() as session:
+        for name in workers:
+            queries.register_worker(session=session, name=name, slots=2)
+        session.commit()
+    jobs = [submit(ctx) for _ in range(2 * RING_GROUP + 3)]
+    queues = [settings.queue_gpu, *(routing.worker_queue(settings, name) for name in workers)]
+    for queue in queues:
+        open_broker(settings.broker_url).purge(queue)
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id.in_(jobs)).values(updated_at=utcnow() - timedelta(hours=2)))
+        session.commit()
+    assert sorted(run(ctx).jobs_requeued) == sorted(jobs)
+    with sessions() as session:
+        rows = [queries.require_job(session=session, job_id=job_id) for job_id in jobs]
+    assert {(row.status, row.rings) for row in rows} == {(JobStatus.QUEUED, 1)}
+    assert {row.routed_to for row in rows} == set(workers)  # the backlog spread over both
+    sent = [m["args"][0] for queue in queues for m in queued(broker, queue) if m["task"] == "synth"]
+    assert sorted(sent) == sorted(jobs)  # one doorbell each
+    for row in rows:  # each job's doorbell went where its row says
+        assert row.id in [m["args"][0] for m in queued(broker, routing.worker_queue(settings, row.routed_to))]
 
 
 def test_a_claimed_job_whose_lease_passed_is_queued_and_rung_again_and_a_leased_one_is_left_alone(
