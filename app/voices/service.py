@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 PREPARE_CLAIM_TTL_S = 600  # N submissions of one voice within this window queue one preparation
 
+VoiceState = Voice | queries.VoiceUse  # what the preparation's checks read: the voice's id and status
+
 
 def reference_limits(settings: Settings) -> audio.AudioLimits:
     return audio.AudioLimits(max_bytes=settings.max_reference_bytes,
@@ -84,8 +86,9 @@ def resolve_voice(*, ctx: Context, session: Session, reference_bytes: bytes | No
 
 
 def use_voice(*, ctx: Context, session: Session, reference_bytes: bytes | None,
-              voice_id: str | None) -> Voice:
-    """`resolve_voice`, and one more use counted on it (a stored voice: one statement for both)."""
+              voice_id: str | None) -> VoiceState:
+    """`resolve_voice`, and one more use counted on it; returns its id and status (a stored voice: one
+    statement for both, without loading the Voice)."""
     if reference_bytes is not None or voice_id is None:
         voice = resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
         queries.add_voice_use(session=session, voice_id=voice.id)
@@ -103,7 +106,7 @@ def _stored_id(session: Session, ref: str | None) -> str:
     return voice_id
 
 
-def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> bool:
+def needs_prepare(*, session: Session, store: FeatureStore, voice: VoiceState) -> bool:
     """Whether to queue `voice.prepare` now (this caller holds the claim then); re-arms a voice whose
     features are gone or whose last preparation failed."""
     if voice.status == VoiceStatus.READY and store.exists(voice.id):
@@ -115,7 +118,7 @@ def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> boo
     return store.claim_prepare(voice.id, PREPARE_CLAIM_TTL_S)
 
 
-def queue_preparation(*, ctx: Context, session: Session, voice: Voice, priority: int = 0) -> bool:
+def queue_preparation(*, ctx: Context, session: Session, voice: VoiceState, priority: int = 0) -> bool:
     """Commit `session` (the worker must find the rows), then queue the voice's preparation if it needs
     one; returns whether it was queued. If the broker refuses, the claim is released, so the next upload
     or job queues it again, and the error is raised."""
