@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from app.context import Context
 from app.submission.routing import LiveWorkers
+from app.voices.service import StoredFeatures
 
 
 @dataclass
@@ -24,6 +25,8 @@ class ApiContext(Context):
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)  # this app's /metrics
     # Every submission is routed: the live workers' rows read at most once a second in this process.
     live_workers: LiveWorkers | None = field(default_factory=LiveWorkers)
+    # Every submission of a ready voice asks whether its features are stored: a find trusted for a second.
+    stored_features: StoredFeatures | None = field(default_factory=StoredFeatures)
 
 
 def context(request: Request) -> ApiContext:
