@@ -29,7 +29,13 @@ class ApiContext(Context):
     stored_features: StoredFeatures | None = field(default_factory=StoredFeatures)
 
 
-def context(request: Request) -> ApiContext:
+async def context(request: Request) -> ApiContext:
+    """`async`, as `authorize` is, though neither awaits anything: FastAPI runs a plain `def` dependency
+    in its thread pool, a hand-off there and back on every request (two a request with both)."""
+    return _of(request)
+
+
+def _of(request: Request) -> ApiContext:
     ctx: ApiContext = request.app.state.ctx
     return ctx
 
@@ -39,10 +45,10 @@ Ctx = Annotated[ApiContext, Depends(context)]
 _bearer = HTTPBearer(auto_error=False, description="settings.api_token, when one is set")
 
 
-def authorize(request: Request,
-              credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+async def authorize(request: Request,
+                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """Refuse the request unless it carries the configured bearer token (no token set: open API)."""
-    expected = context(request).settings.api_token
+    expected = _of(request).settings.api_token
     if expected is None or not expected.get_secret_value():  # empty, as compose passes "unset"
         return
     given = credentials.credentials if credentials is not None else ""
