@@ -38,6 +38,7 @@ from app.storage.feature_store import FeatureStore
 
 if TYPE_CHECKING:  # routing reads the database through the queries; the context needs only the type
     from app.submission.routing import LiveWorkers
+    from app.voices.service import StoredFeatures
 
 
 @dataclass(kw_only=True)
@@ -50,6 +51,7 @@ class Context:
     sender: TaskSender
     broker: Broker
     live_workers: LiveWorkers | None = None  # routing's cache of the live workers (the API keeps one)
+    stored_features: StoredFeatures | None = None  # voices recently found prepared (the API keeps one)
     owns_sender: bool = False  # built here (a Celery app with its own connection pool): closed here
 
     @classmethod

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from app.context import Context
 from app.submission.routing import LiveWorkers
+from app.voices.service import StoredFeatures
 
 
 @dataclass
@@ -24,9 +25,17 @@ class ApiContext(Context):
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)  # this app's /metrics
     # Every submission is routed: the live workers' rows read at most once a second in this process.
     live_workers: LiveWorkers | None = field(default_factory=LiveWorkers)
+    # Every submission of a ready voice asks whether its features are stored: a find trusted for a second.
+    stored_features: StoredFeatures | None = field(default_factory=StoredFeatures)
 
 
-def context(request: Request) -> ApiContext:
+async def context(request: Request) -> ApiContext:
+    """`async`, as `authorize` is, though neither awaits anything: FastAPI runs a plain `def` dependency
+    in its thread pool, a hand-off there and back on every request (two a request with both)."""
+    return _of(request)
+
+
+def _of(request: Request) -> ApiContext:
     ctx: ApiContext = request.app.state.ctx
     return ctx
 
@@ -36,10 +45,10 @@ Ctx = Annotated[ApiContext, Depends(context)]
 _bearer = HTTPBearer(auto_error=False, description="settings.api_token, when one is set")
 
 
-def authorize(request: Request,
-              credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+async def authorize(request: Request,
+                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """Refuse the request unless it carries the configured bearer token (no token set: open API)."""
-    expected = context(request).settings.api_token
+    expected = _of(request).settings.api_token
     if expected is None or not expected.get_secret_value():  # empty, as compose passes "unset"
         return
     given = credentials.credentials if credentials is not None else ""

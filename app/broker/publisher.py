@@ -17,12 +17,15 @@ are named (`app.broker.wire`), the Celery app's configuration (`app.broker.celer
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from celery.app.routes import MapRoute
 
 CONFIRM_TIMEOUT_S = 30.0  # a round's confirms, all together
 PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]*")  # an argument whose repr is Celery's saferepr (no escapes)
@@ -35,6 +38,7 @@ class Publisher:
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self.shapes: dict[tuple[Any, ...], _Shape] = {}  # messages built once, by task and options
 
     def send_task(self, name: str, args: Any = None, *, task_id: str | None = None, producer: Any = None,
                   declared: set[str] | None = None, **options: Any) -> None:
@@ -43,16 +47,21 @@ class Publisher:
         amqp = self.app.amqp
         task_id = task_id or str(uuid.uuid4())
         args = list(args or ())
-        options = amqp.router.route(options, name, args, {}, None)  # `queue` -> its exchange and key
+        argsrepr = _args_repr(amqp, args)
+        if argsrepr is not None and (shape := self._shape(name, options)) is not None:
+            options = dict(shape.options)
+            message = shape.message(task_id, args, argsrepr, reply_to=self.app.thread_oid)
+        else:
+            options = amqp.router.route(options, name, args, {}, None)  # `queue` -> its exchange and key
+            ignore_result = options.pop("ignore_result", None)  # as `Celery.send_task` writes it
+            message = amqp.create_task_message(task_id, name, args, {}, reply_to=self.app.thread_oid,
+                                               create_sent_event=False, ignore_result=ignore_result,
+                                               argsrepr=argsrepr, kwargsrepr="{}", **options)
         if declared is not None:
             queue = str(getattr(options.get("queue"), "name", options.get("queue")))
             if queue in declared:
                 options["declare"] = []
             declared.add(queue)
-        ignore_result = options.pop("ignore_result", None)  # as `Celery.send_task` writes it
-        message = amqp.create_task_message(task_id, name, args, {}, reply_to=self.app.thread_oid,
-                                           create_sent_event=False, ignore_result=ignore_result,
-                                           argsrepr=_args_repr(amqp, args), kwargsrepr="{}", **options)
         if producer is not None:  # a round's: used as it is (what `producer_or_acquire` does, for less)
             with producer.connection._reraise_as_library_errors():
                 amqp.send_task_message(producer, name, message, **options)
@@ -60,6 +69,26 @@ class Publisher:
         with self.app.producer_or_acquire() as pooled:
             with pooled.connection._reraise_as_library_errors():
                 amqp.send_task_message(pooled, name, message, **options)
+
+    def _shape(self, name: str, options: dict[str, Any]) -> _Shape | None:
+        """The task's message as Celery builds it for these options (queue, priority), built once per
+        process; None when the options are not plain values or the routes could depend on the arguments
+        (only `task_routes` maps are known not to)."""
+        if not all(type(v) in (str, int, type(None)) for v in options.values()):
+            return None
+        key = (name, os.getpid(), *sorted(options.items()))  # the message names its process (`origin`)
+        shape = self.shapes.get(key)
+        if shape is None:
+            amqp = self.app.amqp
+            if not all(isinstance(route, MapRoute) for route in amqp.router.routes):
+                return None
+            routed = amqp.router.route(dict(options), name, [], {}, None)
+            ignore_result = routed.pop("ignore_result", None)
+            template = amqp.create_task_message("", name, [], {}, reply_to="",
+                                                create_sent_event=False, ignore_result=ignore_result,
+                                                argsrepr="[]", kwargsrepr="{}", **routed)
+            shape = self.shapes[key] = _Shape(routed, template)
+        return shape
 
     def producer_or_acquire(self, producer: Any = None) -> Any:
         """One producer from the app's pool for a round of messages (`app.broker.wire.one_connection`)."""
@@ -107,6 +136,23 @@ def _args_repr(amqp: Any, args: list[Any]) -> str | None:
         if len(text) <= amqp.argsrepr_maxsize:
             return text
     return None
+
+
+class _Shape:
+    """One task's message for one set of options, built by Celery once: each job's copy differs in its id
+    (headers `id` and `root_id`, the `correlation_id` property), its arguments (the body) and `argsrepr`,
+    which are all that Celery's `create_task_message` writes from them, and in `reply_to`, the sending
+    thread's id in the app (`Celery.thread_oid`). Every part a message is sent with is copied, since
+    Celery's `send_task_message` updates its headers and properties in place."""
+
+    def __init__(self, options: dict[str, Any], template: Any) -> None:
+        self.options, self.template = options, template
+
+    def message(self, task_id: str, args: list[Any], argsrepr: str, reply_to: str) -> Any:
+        headers, properties, (_, kwargs, embed), sent_event = self.template
+        headers = {**headers, "id": task_id, "root_id": task_id, "argsrepr": argsrepr}
+        properties = {**properties, "correlation_id": task_id, "reply_to": reply_to}
+        return type(self.template)(headers, properties, (args, dict(kwargs), dict(embed)), sent_event)
 
 
 class _Through:

@@ -92,7 +92,8 @@ def submit_batch(*, ctx: Context, session: Session,
     prepare = []
     for voice_id, n in Counter(c.voice_id for c in created).items():
         queries.add_voice_use(session=session, voice_id=voice_id, delta=n)
-        if voices.needs_prepare(session=session, store=ctx.store, voice=by_id[voice_id]):
+        if voices.needs_prepare(session=session, store=ctx.store, voice=by_id[voice_id],
+                                stored=ctx.stored_features):
             prepare.append((voice_id, max(c.request.priority for c in created if c.voice_id == voice_id)))
     session.commit()  # the workers find the rows (and the routes) before any message
     _publish(ctx, session, _Round(created, prepare, routes), outcomes)

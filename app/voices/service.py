@@ -11,6 +11,8 @@ installs.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from app.context import Context
 
 PREPARE_CLAIM_TTL_S = 600  # N submissions of one voice within this window queue one preparation
+
+VoiceState = Voice | queries.VoiceUse  # what the preparation's checks read: the voice's id and status
 
 
 def reference_limits(settings: Settings) -> audio.AudioLimits:
@@ -84,8 +88,9 @@ def resolve_voice(*, ctx: Context, session: Session, reference_bytes: bytes | No
 
 
 def use_voice(*, ctx: Context, session: Session, reference_bytes: bytes | None,
-              voice_id: str | None) -> Voice:
-    """`resolve_voice`, and one more use counted on it (a stored voice: one statement for both)."""
+              voice_id: str | None) -> VoiceState:
+    """`resolve_voice`, and one more use counted on it; returns its id and status (a stored voice: one
+    statement for both, without loading the Voice)."""
     if reference_bytes is not None or voice_id is None:
         voice = resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
         queries.add_voice_use(session=session, voice_id=voice.id)
@@ -103,11 +108,48 @@ def _stored_id(session: Session, ref: str | None) -> str:
     return voice_id
 
 
-def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> bool:
+class StoredFeatures:
+    """The voices whose features one process found in the feature store within the last `TRUST_S`: a
+    submission of a ready voice found here skips the store's EXISTS (a Redis round trip a submission).
+
+    The store evicts features by itself (their TTL, or its LRU under `maxmemory`), so a hit here may be
+    up to `TRUST_S` old: a voice evicted in that time is not re-armed by this process until the entry runs
+    out, and its jobs meanwhile reach the GPU worker without features (the voice's row still ready, so
+    no hint): they wait `prep_wait_ms` for them and are then prepared inline, which stores the features
+    again (`gpu_worker.engine.resolver`, prep path `inline`). The first submission after the entry runs
+    out re-arms the voice as before. Only ready voices are remembered: a voice whose features this
+    service deletes (`reclaim_abandoned_voice`) goes back to pending in the same commit, and a pending or
+    failed voice is checked against the store every time. Shared by a process's threads."""
+
+    TRUST_S = 1.0
+    KEEP_MAX = 4096  # entries kept; past it the ones run out are dropped
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._until: dict[str, float] = {}
+
+    def recent(self, voice_id: str) -> bool:
+        return self._until.get(voice_id, 0.0) > self.clock()
+
+    def found(self, voice_id: str) -> None:
+        now = self.clock()
+        if len(self._until) >= self.KEEP_MAX:
+            self._until = {v: until for v, until in self._until.items() if until > now}
+        self._until[voice_id] = now + self.TRUST_S
+
+
+def needs_prepare(*, session: Session, store: FeatureStore, voice: VoiceState,
+                  stored: StoredFeatures | None = None) -> bool:
     """Whether to queue `voice.prepare` now (this caller holds the claim then); re-arms a voice whose
-    features are gone or whose last preparation failed."""
-    if voice.status == VoiceStatus.READY and store.exists(voice.id):
-        return False
+    features are gone or whose last preparation failed. `stored`: the process's recent finds of features
+    (`StoredFeatures`; None: ask the store every time)."""
+    if voice.status == VoiceStatus.READY:
+        if stored is not None and stored.recent(voice.id):
+            return False
+        if store.exists(voice.id):
+            if stored is not None:
+                stored.found(voice.id)
+            return False
     if voice.status in (VoiceStatus.READY, VoiceStatus.FAILED):
         queries.mark_voice_pending(session=session, voice_id=voice.id)
         store.release_prepare(voice.id)
@@ -115,11 +157,11 @@ def needs_prepare(*, session: Session, store: FeatureStore, voice: Voice) -> boo
     return store.claim_prepare(voice.id, PREPARE_CLAIM_TTL_S)
 
 
-def queue_preparation(*, ctx: Context, session: Session, voice: Voice, priority: int = 0) -> bool:
+def queue_preparation(*, ctx: Context, session: Session, voice: VoiceState, priority: int = 0) -> bool:
     """Commit `session` (the worker must find the rows), then queue the voice's preparation if it needs
     one; returns whether it was queued. If the broker refuses, the claim is released, so the next upload
     or job queues it again, and the error is raised."""
-    prepare = needs_prepare(session=session, store=ctx.store, voice=voice)
+    prepare = needs_prepare(session=session, store=ctx.store, voice=voice, stored=ctx.stored_features)
     voice_id = voice.id
     session.commit()
     if prepare:

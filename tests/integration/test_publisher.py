@@ -154,6 +154,50 @@ def test_the_publishers_messages_are_celerys_own(worker_settings: Settings) -> N
         publisher.close()
 
 
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_messages_copied_from_one_built_message_are_each_celerys_own(
+        broker: str, worker_settings: Settings, request: pytest.FixtureRequest) -> None:
+    """The Publisher builds a task's message once per queue and priority and copies it with each job's
+    id and arguments: every copy, interleaved across queues and priorities (a worker's own queue, which
+    Celery adds as it routes, among them) and on both brokers (RabbitMQ's priorities turned around), is
+    the message Celery's `send_task` sends for that job, in the thread that sends it."""
+    url = request.getfixturevalue("amqp_url") if broker == "rabbitmq" else worker_settings.broker_url
+    tag = uuid.uuid4().hex[:8]
+    settings = worker_settings.model_copy(update={"broker_url": url, "queue_gpu": f"copies-{tag}"})
+    own = f"copies-own-{tag}"  # not among the app's queues, as a GPU worker's own queue is not
+    app = make_celery(settings)
+    publisher = Publisher(app)
+    sends = [(settings.queue_gpu, 6), (own, 6), (settings.queue_gpu, 2), (settings.queue_gpu, 6), (own, 6),
+             (settings.queue_gpu, 2)]
+    try:
+        for i, (queue, priority) in enumerate(sends):
+            job_id, args = str(uuid.uuid4()), [f"job-{i}-{tag}"]
+
+            def send_both(job_id: str = job_id, args: list[str] = args, queue: str = queue,
+                          priority: int = priority) -> None:
+                for sender in (app, publisher):
+                    sender.send_task(wire.SYNTH_TASK, args=args, task_id=job_id, queue=queue,
+                                     priority=wire.broker_priority(priority))
+
+            if i % 2:  # from a thread of its own, as the API's thread pool sends (`reply_to` is per thread)
+                thread = threading.Thread(target=send_both)
+                thread.start()
+                thread.join()
+            else:
+                send_both()
+            celerys, ours = raw_messages(settings, queue)
+            assert ours.headers == celerys.headers and ours.headers["id"] == job_id
+            assert ours.decode() == celerys.decode() and ours.decode()[0] == args
+            assert ({k: v for k, v in ours.properties.items() if k != "delivery_tag"}
+                    == {k: v for k, v in celerys.properties.items() if k != "delivery_tag"})
+        assert len(publisher.shapes) == 3  # built once for each queue and priority, then copied
+        with app.connection_for_write() as conn:
+            for queue in (settings.queue_gpu, own):
+                conn.default_channel.queue_delete(queue)
+    finally:
+        publisher.close()
+
+
 def test_a_round_on_redis_is_one_pipeline_and_a_worker_runs_every_task_of_it(
         cpu_worker: str, worker_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing of the round reaches Redis before it ends, then every message goes in one pipeline (one

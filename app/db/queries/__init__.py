@@ -92,6 +92,7 @@ from app.db.queries.maintenance import (
 from app.db.queries.quality import HeardSegment, SegmentQuality, book_segment_quality, heard_segments
 from app.db.queries.stats import count_books_by_status, count_live_book_chapters
 from app.db.queries.voices import (
+    VoiceUse,
     add_voice_use,
     count_live_jobs,
     get_or_create_voice,
@@ -147,6 +148,7 @@ __all__ = [
     "list_voices",
     "add_voice_use",
     "use_voice",
+    "VoiceUse",
     "mark_voice_pending",
     "mark_voice_preparing",
     "mark_voice_ready",

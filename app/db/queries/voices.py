@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+import functools
+from typing import Any, NamedTuple, cast
+
+from sqlalchemy import Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import LIVE_JOB_STATUSES, Job, JobStatus, Voice, VoiceStatus, utcnow
@@ -21,15 +24,31 @@ def require_voice(*, session: Session, voice_id: str) -> Voice:
     return voice
 
 
-def use_voice(*, session: Session, voice_id: str) -> Voice:
-    """Count one more use of the voice and return it, in one statement; NotFound if there is none."""
-    stmt = (update(Voice).where(Voice.id == voice_id).values(uses=Voice.uses + 1, updated_at=utcnow())
-            .returning(Voice))
-    voice = session.scalars(stmt, execution_options={"populate_existing": True,
-                                                     "synchronize_session": False}).one_or_none()
-    if voice is None:
+class VoiceUse(NamedTuple):
+    """What a submission reads of the voice it used: its id and how far its preparation got."""
+
+    id: str
+    status: str
+
+
+def use_voice(*, session: Session, voice_id: str) -> VoiceUse:
+    """Count one more use of the voice and return its id and status, in one statement; NotFound if there is
+    none. Loads no Voice entity (a Voice already in the session keeps its old `uses` until refreshed)."""
+    row = session.execute(_use_voice(), {"voice_id": voice_id, "now": utcnow()}).first()
+    if row is None:
         raise NotFound(f"no voice {voice_id}")
-    return voice
+    return VoiceUse(row[0], row[1])
+
+
+@functools.cache
+def _use_voice() -> Any:
+    """The submission's voice UPDATE, built once as Core with its values as parameters: SQLAlchemy compiles
+    it once per dialect, and the row comes back as a tuple of two columns (through the ORM, `RETURNING`
+    the whole Voice built an entity and filled the identity map on every submission)."""
+    table = cast(Table, Voice.__table__)
+    return (update(table).where(table.c.id == bindparam("voice_id"))
+            .values(uses=table.c.uses + 1, updated_at=bindparam("now"))
+            .returning(table.c.id, table.c.status))
 
 
 def get_voice_by_name(*, session: Session, name: str) -> Voice | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -151,6 +152,31 @@ def test_every_route_but_health_and_metrics_needs_the_token(settings: Settings, 
             assert response.status_code == 401, (method, path, header, response.text)
             assert response.json()["error"] == "Unauthorized"
         assert c.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_the_token_check_and_the_context_run_on_the_event_loop(
+        settings: Settings, feature_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A submission hands off to the thread pool once, for its own work: the route's dependencies (the
+    token check, the context) are async, where a plain `def` one is a hand-off there and back each."""
+    import anyio.to_thread
+
+    handed: list[str] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        handed.append(getattr(getattr(func, "func", func), "__name__", repr(func)))
+        return await run_sync(func, *args, **kwargs)
+
+    locked = settings.model_copy(update={"api_token": SecretStr("s3cret")})
+    with TestClient(create_app(locked, sender=RecordingSender())) as c:
+        token = {"Authorization": "Bearer s3cret"}
+        reference = ("ref.wav", (SAMPLES / "voice_a.wav").read_bytes(), "audio/wav")
+        voice_id = c.post("/v1/voices", files={"reference": reference}, headers=token).json()["id"]
+        monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+        response = c.post("/v1/jobs", json={"voice_id": voice_id, "tokens": [1, 2, 3]}, headers=token)
+        assert response.status_code == 202, response.text
+        assert handed == ["_submit"]
+        assert c.post("/v1/jobs", json={"voice_id": voice_id, "tokens": [1]}).status_code == 401
 
 
 def test_a_worker_message_with_a_malformed_voice_id_is_refused(settings: Settings) -> None:

@@ -1,5 +1,6 @@
 """Voice queries: creation, the preparation lifecycle, abandoned voices, the artifact paths rows point at."""
 
+import logging
 from datetime import UTC
 
 import pytest
@@ -64,3 +65,25 @@ def test_a_voice_is_abandoned_only_when_all_its_jobs_were_cancelled(session: Ses
     assert not q.is_voice_abandoned(session=session, voice_id=voice)
     lifecycle.cancel(session=session, job_id=b)
     assert q.is_voice_abandoned(session=session, voice_id=voice)
+
+
+def test_using_a_voice_counts_it_and_answers_its_id_and_status_from_one_cached_statement(
+        session: Session, voice: str, caplog: pytest.LogCaptureFixture):
+    """One UPDATE both counts the use and reads what a submission needs (no Voice entity), compiled once
+    (SQLAlchemy's log: "cached since", never "no key"); an unknown voice is NotFound and changes nothing."""
+    before = q.require_voice(session=session, voice_id=voice).updated_at
+    assert q.use_voice(session=session, voice_id=voice) == (voice, VoiceStatus.PENDING)  # compiled here
+    q.mark_voice_ready(session=session, voice_id=voice, prepare_ms=1.0, feature_nbytes=1)
+    session.commit()  # a connection reads the log level as it is taken: take the next one in at_level
+    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
+        used = q.use_voice(session=session, voice_id=voice)
+    logged = [r.getMessage().lstrip() for r in caplog.records]
+    stats = [logged[i + 1] for i, line in enumerate(logged) if line.startswith("UPDATE voices SET uses")]
+    assert len(stats) == 1 and "cached since" in stats[0] and "no key" not in stats[0], stats
+    assert used == (voice, VoiceStatus.READY) and used.id == voice and used.status == "ready"
+    with pytest.raises(NotFound):
+        q.use_voice(session=session, voice_id=vid(7))
+    session.commit()
+    session.expire_all()
+    got = q.require_voice(session=session, voice_id=voice)
+    assert got.uses == 2 and got.updated_at >= before and got.updated_at.tzinfo is UTC
