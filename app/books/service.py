@@ -109,22 +109,20 @@ def make_segment_job(*, session: Session, artifacts: ArtifactStore, book: Book, 
 
 
 def segment_job_of(*, ctx: Context, session: Session, book: Book, key: str, replacing: str | None,
-                   voice_id: str, made: list[int] | GuideSpeech, spoken: str) -> str:
+                   voice_id: str, made: list[int] | GuideSpeech, spoken: str) -> tuple[str, bool]:
     """`book.tokenize`'s job for a segment, from what its token source `made`: its tokens, or a text job
-    whose guide speech goes to the feature store for the GPU worker (stored before the job is rung; a job
-    another render linked first keeps its own). The caller commits, then rings it."""
+    whose guide speech the caller stores in the feature store for the GPU worker before it rings the job.
+    Returns (job id, created): a job another render linked first is returned, and nothing is made (the
+    transaction is rolled back, as `make_segment_job` does). The caller commits, then rings it."""
     if not isinstance(made, list):
-        job_id, created = make_segment_job(
-            session=session, artifacts=ctx.artifacts, book=book, key=key, replacing=replacing,
-            voice_id=voice_id, content=SpokenSegment(spoken, sum(made.token_counts())))
-        if created:
-            ctx.store.put_guide_speech(job_id, made.encode())
-        return job_id
-    job_id, _ = make_segment_job(session=session, artifacts=ctx.artifacts, book=book, key=key,
-                                 content=made, replacing=replacing, voice_id=voice_id)
+        return make_segment_job(session=session, artifacts=ctx.artifacts, book=book, key=key,
+                                replacing=replacing, voice_id=voice_id,
+                                content=SpokenSegment(spoken, sum(made.token_counts())))
+    job_id, created = make_segment_job(session=session, artifacts=ctx.artifacts, book=book, key=key,
+                                       content=made, replacing=replacing, voice_id=voice_id)
     if ctx.settings.model_dir is None:  # the tokens say nothing: the job's notes (and so the book's) say so
         queries.add_job_note(session=session, job_id=job_id, note=STAND_IN_NOTE)
-    return job_id
+    return job_id, created
 
 
 # Cancel ------------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@
   `orphan_grace_s`, are removed (the age guard keeps a file whose row is still being committed, or one
   being written);
 - bells due (`ring_due`): a queued job not claimed within `stuck_job_after_s` of its last ring (then
-  twice as long, and so on) is rung again, a group of `RING_GROUP` at a time: its message may have been lost (a broker that lost its data,
-  a kill between the commit and the send, a consumer killed before its claim); a text job without tokens
-  gets its `synth` while its guide speech is stored (the GPU worker tokenizes it), else its `job.tokenize`
-  (which speaks it again);
+  twice as long, and so on) is rung again, `RING_GROUP` at a time: its message may have been lost (a
+  broker that lost its data, a kill between the commit and the send, a consumer killed before its claim);
+  a text job without tokens gets its `synth` while its guide speech is stored (the GPU worker tokenizes
+  it), else its `job.tokenize` (which speaks it again);
 - abandoned voices (`reclaim_voices`): features still stored for a voice whose every job was cancelled
   are reclaimed.
 """

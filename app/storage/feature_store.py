@@ -79,6 +79,14 @@ class FeatureStore:
         check_safetensors(data)
         self.client.set(keys.guide_speech_key(job_id), bytes(data), ex=ttl_s or self.ttl_s)
 
+    def put_guide_speeches(self, speech: dict[str, bytes], ttl_s: int | None = None) -> None:
+        """`put_guide_speech` for many jobs (job id -> bytes) in one round trip (a `book.tokenize` group)."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id, data in speech.items():
+            check_safetensors(data)
+            pipe.set(keys.guide_speech_key(job_id), bytes(data), ex=ttl_s or self.ttl_s)
+        pipe.execute()
+
     def get_guide_speech(self, job_id: str) -> bytes | None:
         value = cast(bytes | None, self.client.get(keys.guide_speech_key(job_id)))
         return bytes(value) if value is not None else None

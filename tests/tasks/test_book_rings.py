@@ -15,6 +15,7 @@ from celery import Celery
 
 import tasks.books as books
 from app import lifecycle
+from app.books import segment_jobs, service
 from app.books.segment_jobs import GROUP
 from app.broker.queues import open_broker
 from app.context import Context
@@ -163,3 +164,39 @@ def test_an_old_format_book_tokenize_with_the_planned_route_still_renders_its_se
     assert outcome.result == job.id
     assert (job.status, job.rings, job.routed_to, job.route) == (JobStatus.QUEUED, 1, A, "placed")
     assert synths(broker, routing.worker_queue(ctx.settings, A)) == [(job.id, job.id, BOOK_PRIORITY)]
+
+
+def test_a_segment_another_render_linked_meanwhile_keeps_its_job_and_the_groups_others_keep_theirs(
+        ctx: Context, celery: Celery, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a group is spoken, another render links its own job to the group's last segment: that
+    segment keeps the other job (nothing made for it here), and the group's other segments keep the
+    jobs made for them, queued and rung (the lost link undoes only its own segment's job)."""
+    book_id = submit(ctx, celery, MARKDOWN_BOOK.encode(), filename="book.md")
+    books.plan(book_id, ctx)
+    with ctx.sessions() as session:
+        group = [s.key for s in queries.book_segment_states(session=session, book_id=book_id)][:3]
+    real = segment_jobs.source_for
+    other: list[str] = []
+
+    def racing(segment):  # the other render links the last segment's job as this group speaks it
+        if segment.key == group[-1] and not other:
+            with ctx.sessions() as session:
+                book = queries.require_book(session=session, book_id=book_id)
+                job_id, created = service.make_segment_job(
+                    session=session, artifacts=ctx.artifacts, book=book, key=segment.key, content=[5, 6, 7],
+                    replacing=None)
+                session.commit()
+                assert created
+                other.append(job_id)
+        return real(segment)
+
+    monkeypatch.setattr(segment_jobs, "source_for", racing)
+    made = books.tokenize(book_id, group, ctx)
+    assert made[-1] == other[0] and len(set(made)) == 3
+    with ctx.sessions() as session:
+        for key, job_id in zip(group, made, strict=True):
+            assert queries.get_segment(session=session, key=key).job_id == job_id
+            assert queries.require_job(session=session, job_id=job_id).status == JobStatus.QUEUED
+        rings = [queries.require_job(session=session, job_id=job_id).rings for job_id in made]
+    assert rings == [1, 1, 1]  # the other render's job rung too (as a redelivery rings a queued job)
+    assert [s[1] for s in synths(broker, ctx.settings.queue_gpu)] == made
