@@ -37,8 +37,9 @@ for.
 
 Who routes: a submission (`app.submission.jobs`; `app.submission.batch`, one decision per voice of a batch) as
 it inserts the job; `tasks.text` once a text job has its tokens; `lifecycle.ring` for every other doorbell (a
-book's segment jobs, job by job, and the reconciler's rings). Each job's route is on its row before its
-message is sent (`send_routed` commits first), so the next decision counts it.
+book's segments planned with their tokens, job by job), and `lifecycle.ring_many` for groups (a
+`book.tokenize` group and the reconciler's due jobs, 8 at a time: one decision per voice a group). Each
+job's route is on its row before its message is sent (both commit first), so the next decision counts it.
 """
 
 from __future__ import annotations
