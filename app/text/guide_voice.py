@@ -1,4 +1,5 @@
-"""The guide voice: espeak-ng speaks one segment's text as 16 kHz mono float32 PCM.
+"""The guide voice: espeak-ng speaks one segment's text, as its own int16 PCM at its own rate
+(`speak_native`: what a CPU worker stores for the GPU worker) or as 16 kHz mono float32 (`speak`).
 
 This is the first half of the `text` token source (`app.books.planning.tokens`); the S3 tokenizer turns the
 guide audio into speech tokens (not here). `options_for(language)` picks the voice that speaks a book's
@@ -98,6 +99,7 @@ class _Library:
             return bool(self.lib.espeak_SetVoiceByName(voice.encode()) == 0)
 
     def speak(self, text: str, options: GuideOptions) -> np.ndarray:
+        """[T] int16 at `sample_rate`, as espeak-ng made it."""
         with self.lock:
             if self.lib.espeak_SetVoiceByName(options.voice.encode()) != 0:
                 raise BadInput(f"espeak-ng has no voice {options.voice!r}")
@@ -110,8 +112,7 @@ class _Library:
             if status != 0:
                 raise RuntimeError(f"espeak_Synth failed ({status})")
             chunks, self._chunks = self._chunks, []
-        pcm = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
-        return pcm.astype(np.float32) / 32768.0
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
 
 
 _LOAD_LOCK = threading.Lock()
@@ -185,6 +186,14 @@ def has_voice(voice: str) -> bool:
 
 def speak(text: str, options: GuideOptions = GuideOptions()) -> np.ndarray:
     """Normalised text -> [T] float32 mono PCM at 16 kHz (GUIDE_SAMPLE_RATE)."""
+    pcm, rate = speak_native(text, options)
+    return resample(pcm.astype(np.float32) / 32768.0, rate, GUIDE_SAMPLE_RATE).numpy().astype(np.float32,
+                                                                                            copy=False)
+
+
+def speak_native(text: str, options: GuideOptions = GuideOptions()) -> tuple[np.ndarray, int]:
+    """Normalised text -> ([T] int16 mono PCM, its rate) as espeak-ng speaks it (22,050 Hz), not resampled:
+    what a CPU worker stores for the GPU worker (`app.text.guide_speech`), which resamples it."""
     text = " ".join(text.split())
     if not _VOICE_RE.fullmatch(options.voice):
         raise BadInput(f"{options.voice[:40]!r} is not an espeak-ng voice name such as 'en-us'")
@@ -195,10 +204,8 @@ def speak(text: str, options: GuideOptions = GuideOptions()) -> np.ndarray:
                        f"(limit {MAX_CHARS})")
     lib = _library()
     if lib is not None:
-        pcm, rate = lib.speak(text, options), lib.sample_rate
-    else:
-        pcm, rate = _speak_binary(text, options)
-    return resample(pcm, rate, GUIDE_SAMPLE_RATE).numpy().astype(np.float32, copy=False)
+        return lib.speak(text, options), lib.sample_rate
+    return _speak_binary(text, options)
 
 
 def _speak_binary(text: str, options: GuideOptions) -> tuple[np.ndarray, int]:
@@ -211,5 +218,5 @@ def _speak_binary(text: str, options: GuideOptions) -> tuple[np.ndarray, int]:
     if done.returncode != 0 or not done.stdout:
         raise BadInput(f"espeak-ng could not speak with voice {options.voice!r}: "
                        f"{done.stderr.decode(errors='replace').strip()}")
-    pcm, rate = sf.read(io.BytesIO(done.stdout), dtype="float32", always_2d=False)
+    pcm, rate = sf.read(io.BytesIO(done.stdout), dtype="int16", always_2d=False)
     return pcm, rate

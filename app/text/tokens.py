@@ -25,7 +25,7 @@ import re
 from typing import TYPE_CHECKING
 
 from app.errors import BadAudio, BadInput, BadTokens
-from app.speech import S3_SAMPLE_RATE, TOKEN_RATE
+from app.speech import TOKEN_RATE
 from app.text.segment import TextSegment, segment_paragraph
 
 if TYPE_CHECKING:
@@ -80,20 +80,19 @@ def check_text(text: str, language: str, *, max_tokens: int) -> list[TextSegment
 
 
 def text_speech(text: str, language: str, *, max_tokens: int) -> GuideSpeech:
-    """The job's guide speech: every segment through the guide voice, each with its pause (silence).
-    BadInput when the language has no guide voice; BadTokens when the speech is longer than
-    `max_tokens`; BadAudio for a segment too short to tokenize."""
+    """The job's guide speech: every segment through the guide voice, each with its pause (silence), at the
+    guide voice's own rate (the GPU worker resamples it). BadInput when the language has no guide voice;
+    BadTokens when the speech is longer than `max_tokens`; BadAudio for a segment too short to tokenize."""
     import numpy as np
 
-    from app.text.guide_voice import GUIDE_SAMPLE_RATE, options_for, speak
+    from app.text.guide_voice import options_for, speak_native
 
-    assert GUIDE_SAMPLE_RATE == S3_SAMPLE_RATE
     segments = check_text(text, language, max_tokens=max_tokens)
     options = options_for(language)
-    speech = _guide_speech([np.concatenate([speak(segment.text, options),
-                                            np.zeros(S3_SAMPLE_RATE * segment.pause_after_ms // 1000,
-                                                     np.float32)])
-                            for segment in segments])
+    spoken = [(speak_native(segment.text, options), segment.pause_after_ms) for segment in segments]
+    rate = spoken[0][0][1]
+    speech = _guide_speech([np.concatenate([pcm, np.zeros(rate * pause_ms // 1000, np.int16)])
+                            for (pcm, _), pause_ms in spoken], rate)
     n_tokens = sum(speech.token_counts())
     if n_tokens > max_tokens:
         raise BadTokens(f"the text's speech: {n_tokens} tokens; at most {max_tokens} are accepted")
@@ -101,17 +100,19 @@ def text_speech(text: str, language: str, *, max_tokens: int) -> GuideSpeech:
 
 
 def segment_speech(spoken: str, language: str) -> GuideSpeech:
-    """One book segment's guide speech: its normalised text spoken alone, no pause after it. BadInput
-    when the language has no guide voice; BadAudio when it is too short to tokenize."""
-    from app.text.guide_voice import options_for, speak
+    """One book segment's guide speech: its normalised text spoken alone, no pause after it, at the guide
+    voice's own rate. BadInput when the language has no guide voice; BadAudio when it is too short to
+    tokenize."""
+    from app.text.guide_voice import options_for, speak_native
 
-    return _guide_speech([speak(spoken, options_for(language))])
+    pcm, rate = speak_native(spoken, options_for(language))
+    return _guide_speech([pcm], rate)
 
 
-def _guide_speech(waves: list[np.ndarray]) -> GuideSpeech:
+def _guide_speech(segments: list[np.ndarray], rate: int) -> GuideSpeech:
     from app.text.guide_speech import GuideSpeech
 
     try:
-        return GuideSpeech.from_waves(waves)
+        return GuideSpeech(segments, rate)
     except ValueError as exc:
         raise BadAudio(str(exc)) from exc

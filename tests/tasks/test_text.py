@@ -128,8 +128,11 @@ def test_tokenize_stores_the_guide_speech_and_sends_synth_and_the_gpu_worker_tok
         tokens = job_tokens(job=row, artifacts=ctx.artifacts)
         # Two paragraphs, about 5 s of guide speech with pauses: 25 tokens per second of it.
         assert 60 < row.n_tokens == len(tokens) < 400 and row.frames_total == MEL_PER_TOKEN * row.n_tokens
-        # The same tokens as each segment of its speech tokenized alone on the CPU (the path before this)
-        alone = [t for seg in stored.segments for t in speech_tokens(seg / 32768.0, StandInTokenizer())]
+        # The same tokens as each segment of its speech tokenized alone on the CPU (the path before this),
+        # from the speech as it was spoken (espeak-ng's rate), resampled to 16 kHz on the GPU worker
+        per_segment = [speech_tokens(w.numpy(), StandInTokenizer()) for w in stored.waves16k()]
+        assert stored.rate == 22_050 and stored.token_counts() == [len(t) for t in per_segment]
+        alone = [t for segment in per_segment for t in segment]
         assert tokens == alone and lane.stats["segments"] == len(stored.segments) == 2
         assert row.notes == [STAND_IN_NOTE] and row.status == JobStatus.QUEUED
         assert not ctx.store.has_guide_speech(job_id)  # done with once the tokens are stored

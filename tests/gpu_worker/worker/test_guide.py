@@ -10,15 +10,17 @@ import uuid
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save as st_save
 from sqlalchemy import update
 
+from app.audio import resample
 from app.context import Context
 from app.db import queries
 from app.db.models import Job, JobStatus
 from app.s3 import StandInTokenizer
 from app.submission.jobs import submit_job
 from app.submission.request import JobRequest
-from app.text.guide_speech import GuideSpeech, token_count
+from app.text.guide_speech import GuideSpeech, length_at_16k, token_count
 from gpu_worker.worker.guide import TokenizeLane, length_groups, tokenize_text_job
 from tests.support.audio import wav_bytes
 
@@ -67,6 +69,39 @@ def test_guide_speech_refuses_what_is_not_guide_speech(data, says):
 def test_guide_speech_refuses_speech_over_the_limit():
     with pytest.raises(ValueError, match="over the limit of 40 tokens"):
         GuideSpeech.decode(_speech(1.0, 1.0).encode(), max_tokens=40)
+
+
+def test_speech_stored_at_the_guide_voices_rate_is_resampled_to_16k_and_its_token_counts_known_before():
+    rng = np.random.default_rng(5)
+    pcm = [(3000 * rng.standard_normal(n)).astype(np.int16) for n in (22_050, 7_001, 50_000)]
+    speech = GuideSpeech(pcm, 22_050)
+    back = GuideSpeech.decode(speech.encode(), max_tokens=1000)
+    assert back.rate == 22_050 and all(np.array_equal(a, b) for a, b in zip(back.segments, pcm, strict=True))
+    waves = back.waves16k()
+    assert all(torch.equal(w, resample(p.astype(np.float32) / 32768.0, 22_050, 16_000))
+               for w, p in zip(waves, pcm, strict=True))
+    counts = [t.numel() for t in StandInTokenizer().batch(back.logmels())]
+    assert back.token_counts() == counts == [token_count(w.numel()) for w in waves] == [25, 8, 57]
+
+
+@pytest.mark.parametrize("rate", [8_000, 22_050, 24_000, 44_100, 48_000])
+def test_the_16k_length_is_the_resamplers_for_every_length(rate):
+    rng = np.random.default_rng(rate)
+    for n in [1, 2, 3, 440, 441, 442, 22_049, 22_050, 22_051, *rng.integers(1, 200_000, 40).tolist()]:
+        assert length_at_16k(n, rate) == resample(np.zeros(n, np.float32), rate, 16_000).numel(), (n, rate)
+
+
+def test_speech_written_before_its_rate_was_stored_is_16k_and_a_bad_rate_is_refused():
+    old = _speech(1.0)
+    data = st_save({"pcm": torch.from_numpy(old.segments[0]), "lengths": torch.tensor([16_000])})
+    assert GuideSpeech.decode(data, max_tokens=1000).rate == 16_000
+    for rate in ([4_000], [96_000], [16_000, 16_000]):
+        bad = st_save({"pcm": torch.from_numpy(old.segments[0]), "lengths": torch.tensor([16_000]),
+                       "rate": torch.tensor(rate)})
+        with pytest.raises(ValueError, match="rate"):
+            GuideSpeech.decode(bad, max_tokens=1000)
+    with pytest.raises(ValueError, match="too short to tokenize"):  # 440 samples at 22.05 kHz: 320 at 16 kHz
+        GuideSpeech([np.zeros(440, np.int16)], 22_050)
 
 
 def test_length_groups_bound_the_padded_size_and_keep_every_segment_once():
