@@ -45,6 +45,37 @@ def test_the_meter_fed_in_pieces_gives_pyloudnorms_figure_for_the_whole(seconds:
     assert meter.true_peak() == pytest.approx(loudness.true_peak(wave, SR), abs=1e-9)
 
 
+def _whole_signal_peak(wave: np.ndarray) -> float:
+    from scipy.signal import resample_poly
+
+    x = wave.astype(np.float64)
+    return 20 * math.log10(max(float(np.abs(x).max()), float(np.abs(resample_poly(x, 8, 1)).max())))
+
+
+@pytest.mark.parametrize("kind", ["speechlike", "noise", "a click in quiet", "peaks at block edges"])
+def test_the_true_peak_oversampling_only_what_could_raise_it_is_the_whole_signals_to_the_bit(kind) -> None:
+    rng = np.random.default_rng(len(kind))
+    n = 3 * (1 << 18) + 777  # four blocks of the tracker, the last one partial
+    wave = {"speechlike": lambda: _speechlike(n / SR, seed=7),
+            "noise": lambda: (0.3 * rng.standard_normal(n)).astype(np.float32),
+            "a click in quiet": lambda: np.where(np.arange(n) == n // 3, 0.9, 0.001 * rng.standard_normal(n)),
+            "peaks at block edges": lambda: _edges(n, rng)}[kind]()
+    meter = StreamMeter(SR)
+    start = 0
+    while start < n:
+        size = int(rng.integers(1, 300_000))
+        meter.add(wave[start:start + size])
+        start += size
+    assert meter.true_peak() == _whole_signal_peak(wave)  # exactly: each point from the same sums
+
+
+def _edges(n: int, rng: np.random.Generator) -> np.ndarray:
+    wave = 0.05 * rng.standard_normal(n)
+    for edge in (1 << 18, 2 << 18, 3 << 18):  # alternating full-scale samples: a peak between them
+        wave[edge - 3:edge + 3] = [0.7, -0.7, 0.7, -0.7, 0.7, -0.7]
+    return wave
+
+
 def test_silence_is_counted_as_the_same_zeros_would_be_measured() -> None:
     speech = _speechlike(2.0, seed=3)
     counted, fed = StreamMeter(SR), StreamMeter(SR)
