@@ -27,6 +27,7 @@ ABSOLUTE_GATE, RELATIVE_GATE = -70.0, -10.0
 _PEAK_BLOCK = 1 << 18  # samples oversampled at a time
 _PEAK_CONTEXT = 64  # samples on each side of a block; the polyphase filter needs fewer
 _SUPPORT = 12  # samples on either side an oversampled point depends on (resample_poly's filter: 10)
+_JOIN = 1024  # stretches to oversample closer than this are one call (a call costs about 500 samples' work)
 _SETTLED = 1e-12  # filter state this small: the filters' output on silence is silence
 SILENT = -math.inf
 
@@ -160,9 +161,9 @@ class _PeakTracker:
             x = np.concatenate([self.before, block, after])
             start = len(self.before)
             near = maximum_filter1d(np.abs(x), 2 * _SUPPORT + 1, mode="constant")[start:start + count]
-            for first, last in _runs(np.flatnonzero(near * self.bound > self.peak), gap=2 * _PEAK_CONTEXT):
+            for first, last in _runs(np.flatnonzero(near * self.bound > self.peak), gap=_JOIN):
                 lo, hi = max(0, start + first - _PEAK_CONTEXT), min(len(x), start + last + _PEAK_CONTEXT)
-                up = resample_poly(x[lo:hi], self.factor, 1)
+                up = resample_poly(x[lo:hi], self.factor, 1, window=_filter(self.factor))
                 keep = up[(start + first - lo) * self.factor:(start + last - lo) * self.factor]
                 self.peak = max(self.peak, float(np.abs(keep).max()))
         self.before = np.concatenate([self.before, block])[-_PEAK_CONTEXT:]
@@ -175,6 +176,18 @@ class _PeakTracker:
 
 
 @lru_cache(maxsize=8)
+def _filter(factor: int) -> np.ndarray:
+    """The low-pass filter `resample_poly(x, factor, 1)` designs on every call (its default Kaiser window),
+    designed once; given as its `window` it is used as is, so the samples are the same."""
+    from scipy.signal import firwin
+
+    half = 10 * factor
+    taps = firwin(2 * half + 1, 1.0 / factor, window=("kaiser", 5.0))
+    taps.setflags(write=False)  # resample_poly copies it
+    return taps
+
+
+@lru_cache(maxsize=8)
 def _bound(factor: int) -> float:
     """The largest magnitude `resample_poly(x, factor, 1)` gives per unit of the largest |x| near it: the
     largest sum of absolute weights over the filter's phases, read from its impulse response."""
@@ -182,7 +195,7 @@ def _bound(factor: int) -> float:
 
     impulse = np.zeros(4 * _SUPPORT + 1)
     impulse[2 * _SUPPORT] = 1.0
-    response = resample_poly(impulse, factor, 1)
+    response = resample_poly(impulse, factor, 1, window=_filter(factor))
     assert not response[:_SUPPORT * factor].any() and not response[-_SUPPORT * factor:].any()  # its support
     return max(float(np.abs(response[phase::factor]).sum()) for phase in range(factor))
 
