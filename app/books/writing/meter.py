@@ -27,6 +27,7 @@ ABSOLUTE_GATE, RELATIVE_GATE = -70.0, -10.0
 _PEAK_BLOCK = 1 << 18  # samples oversampled at a time
 _PEAK_CONTEXT = 64  # samples on each side of a block; the polyphase filter needs fewer
 _SUPPORT = 12  # samples on either side an oversampled point depends on (resample_poly's filter: 10)
+_CHUNK = 64  # samples bounded together when deciding what to oversample
 _JOIN = 1024  # stretches to oversample closer than this are one call (a call costs about 500 samples' work)
 _SETTLED = 1e-12  # filter state this small: the filters' output on silence is silence
 SILENT = -math.inf
@@ -127,7 +128,8 @@ class _PeakTracker:
 
     Only the stretches that could raise the peak are oversampled: an oversampled point is a weighted sum
     of the `_SUPPORT` samples on either side, so it is at most `bound` (the filter's largest sum of
-    absolute weights over its phases, about 2.24) times their largest magnitude. Where that is no more
+    absolute weights over its phases, about 2.24) times their largest magnitude (bounded here per chunk
+    of 64 samples with its neighbours). Where that is no more
     than the peak so far, nothing there can be larger, and the result is the same number the whole block
     oversampled gives (each point is computed from the same samples with the same weights). Speech is near
     its peak in a few per cent of its samples; noise everywhere."""
@@ -153,21 +155,30 @@ class _PeakTracker:
             self.before = np.zeros(_PEAK_CONTEXT)
 
     def _oversample(self, count: int) -> None:
-        from scipy.ndimage import maximum_filter1d
         from scipy.signal import resample_poly
 
         block, after = self.pending[:count], self.pending[count:count + _PEAK_CONTEXT]
         if self.factor > 1 and count:
             x = np.concatenate([self.before, block, after])
             start = len(self.before)
-            near = maximum_filter1d(np.abs(x), 2 * _SUPPORT + 1, mode="constant")[start:start + count]
-            for first, last in _runs(np.flatnonzero(near * self.bound > self.peak), gap=_JOIN):
+            for first, last in self._could_raise(block, after):
                 lo, hi = max(0, start + first - _PEAK_CONTEXT), min(len(x), start + last + _PEAK_CONTEXT)
                 up = resample_poly(x[lo:hi], self.factor, 1, window=_filter(self.factor))
                 keep = up[(start + first - lo) * self.factor:(start + last - lo) * self.factor]
                 self.peak = max(self.peak, float(np.abs(keep).max()))
         self.before = np.concatenate([self.before, block])[-_PEAK_CONTEXT:]
         self.pending = self.pending[count:]
+
+    def _could_raise(self, block: np.ndarray, after: np.ndarray) -> list[tuple[int, int]]:
+        """[first, last) stretches of the block whose oversampled points could exceed the peak so far:
+        the block in chunks of `_CHUNK` samples (more than `_SUPPORT`), each bounded by the largest sample
+        in it and its two neighbours (the context next to the first and the last)."""
+        chunks = np.maximum.reduceat(np.abs(block), np.arange(0, len(block), _CHUNK))
+        edges = [float(np.abs(side).max()) if len(side) else 0.0 for side in (self.before, after)]
+        near = np.maximum(chunks, np.maximum(np.concatenate([edges[:1], chunks[:-1]]),
+                                             np.concatenate([chunks[1:], edges[1:]])))
+        stretches = _runs(np.flatnonzero(near * self.bound > self.peak), gap=_JOIN // _CHUNK)
+        return [(first * _CHUNK, min(len(block), last * _CHUNK)) for first, last in stretches]
 
     def result(self) -> float:
         if len(self.pending):
