@@ -59,25 +59,6 @@ TABLES = ("install_events", "worker_voices", "jobs", "voices", "workers")  # chi
 SESSION_TAG = f"t{os.getpid()}"
 
 
-# The test files that take longest (a minute or more each: real worker processes killed and restarted, the
-# device kit's rehearsal, mypy) are collected first. `./run test` hands whole files to two pytest-xdist
-# workers in collection order (`--dist loadfile --no-loadscope-reorder`): a long file handed out last kept
-# one worker busy minutes after the other had finished (a run of 16.5 min).
-LONG_FIRST = (
-    "tests/integration/test_cluster.py", "tests/integration/test_crashes.py",
-    "tests/bench/test_device_kit.py", "tests/integration/test_book_render.py", "tests/test_style.py",
-    "tests/integration/test_pipeline.py",
-    "tests/app/books/test_reading_lanes.py", "tests/gpu_worker/model/test_flow_parity.py",
-    "tests/bench/test_engine_bench.py", "tests/bench/test_gpu_check.py", "tests/app/quality/test_gate.py",
-    "tests/integration/test_kill_loss.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest as found
-
-
 def service_missing(reason: str) -> None:
     """A service the test needs is not reachable: a failure under `./run test`, which starts every service
     first (so a skip there would hide a broken set-up), a skip in a bare `pytest` run."""
