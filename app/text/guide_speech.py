@@ -38,7 +38,9 @@ HOP = 160  # samples per S3 log-mel frame (100 per second at 16 kHz)
 MIN_SAMPLES = S3_SAMPLE_RATE // TOKEN_RATE * 2  # the shortest speech the tokenizer is given (2 tokens)
 SAMPLES_PER_TOKEN = S3_SAMPLE_RATE // TOKEN_RATE
 MAX_SEGMENTS = 10_000
-RATES = range(8_000, 48_001)  # the rates guide speech may be stored at
+# the rates guide speech may be stored at: a closed set, since a rate sizes the resampler's kernel (one
+# prime to 16,000 such as 47,999 would make it gigabytes)
+RATES = frozenset({8_000, 11_025, 16_000, 22_050, 24_000, 32_000, 44_100, 48_000})
 
 
 def length_at_16k(samples: int, rate: int) -> int:
@@ -64,7 +66,7 @@ class GuideSpeech:
 
     def __post_init__(self) -> None:
         if self.rate not in RATES:
-            raise ValueError(f"guide speech at {self.rate} Hz (8,000 to 48,000)")
+            raise ValueError(f"guide speech at {self.rate} Hz (one of {sorted(RATES)})")
         _checked(self.segments, self.rate)
 
     @classmethod
@@ -110,7 +112,7 @@ class GuideSpeech:
             raise ValueError("not guide speech: expected its int64 'rate' [1]")
         rate = S3_SAMPLE_RATE if rates is None else int(rates[0])  # entries written before the rate was
         if rate not in RATES:                                      # stored are 16 kHz
-            raise ValueError(f"not guide speech: a rate of {rate} Hz (8,000 to 48,000)")
+            raise ValueError(f"not guide speech: a rate of {rate} Hz (one of {sorted(RATES)})")
         sizes = [int(n) for n in lengths.tolist()]
         if min(sizes) < 1 or sum(sizes) != pcm.numel():
             raise ValueError("not guide speech: segment lengths do not add up to its speech")
