@@ -129,10 +129,10 @@ class _PeakTracker:
     Only the stretches that could raise the peak are oversampled: an oversampled point is a weighted sum
     of the `_SUPPORT` samples on either side, so it is at most `bound` (the filter's largest sum of
     absolute weights over its phases, about 2.24) times their largest magnitude (bounded here per chunk
-    of 64 samples with its neighbours). Where that is no more
-    than the peak so far, nothing there can be larger, and the result is the same number the whole block
-    oversampled gives (each point is computed from the same samples with the same weights). Speech is near
-    its peak in a few per cent of its samples; noise everywhere."""
+    of 64 samples with its neighbours). Where that is no more than the peak so far, nothing there can be
+    larger, and the result is the same number the whole block oversampled gives (each point is computed
+    from the same samples with the same weights). Speech is near its peak in a few per cent of its
+    samples; noise everywhere."""
 
     def __init__(self, rate: int) -> None:
         self.factor = max(1, math.ceil(TRUE_PEAK_RATE / rate))
