@@ -24,7 +24,7 @@ from app import audio, lifecycle
 from app.broker import wire
 from app.db import queries
 from app.db.models import Job, JobKind, JobStatus
-from app.errors import BadInput, Conflict, Gone
+from app.errors import BadInput, Conflict, Gone, NotFound
 from app.settings import Settings
 from app.storage.artifacts import ArtifactStore
 from app.storage.keys import check_job_id, check_voice_id, known_id
@@ -48,23 +48,47 @@ def new_job(*, session: Session, artifacts: ArtifactStore, voice_id: str, reques
     them); `seed` is the one to use.
 
     Returns (job, created); with an idempotency key another submission used first, that job and False."""
+    new = _new_row(artifacts, voice_id, request, seed, route)
+    job, created = queries.create_job(session=session, new=new)
+    if not created and new.tokens_path:
+        artifacts.remove(new.tokens_path)
+    return job, created
+
+
+def new_job_using_voice(*, session: Session, artifacts: ArtifactStore, voice_id: str, request: Request,
+                        seed: int, route: routing.Route | None = None) -> tuple[queries.VoiceUse, Job, bool]:
+    """`new_job`, with one more use of the voice counted in the same statement (`queries.
+    create_job_using_voice`); NotFound, and nothing kept, if there is no such voice.
+
+    Returns (the voice's id and status, job, created)."""
+    new = _new_row(artifacts, voice_id, request, seed, route)
+    try:
+        used, job, created = queries.create_job_using_voice(session=session, new=new)
+    except NotFound:
+        if new.tokens_path:
+            artifacts.remove(new.tokens_path)
+        raise
+    if not created and new.tokens_path:
+        artifacts.remove(new.tokens_path)
+    return used, job, created
+
+
+def _new_row(artifacts: ArtifactStore, voice_id: str, request: Request, seed: int,
+             route: routing.Route | None) -> queries.NewJob:
+    """A new job's row; a token list longer than `INLINE_TOKENS_MAX` is written to the artifact store."""
     job_id = str(uuid.uuid4())
     tokens, idempotency_key = request.tokens, request.idempotency_key
     if tokens is None:
-        return queries.create_job(session=session, new=queries.NewJob(
+        return queries.NewJob(
             id=job_id, voice_id=voice_id, tokens=None, n_tokens=0, seed=seed,
             output_format=request.output_format, priority=request.priority, idempotency_key=idempotency_key,
-            kind=JobKind.TEXT, text=request.text, language=request.language))
+            kind=JobKind.TEXT, text=request.text, language=request.language)
     inline = len(tokens) <= INLINE_TOKENS_MAX
-    tokens_path = None if inline else artifacts.put_tokens(job_id, tokens)
-    job, created = queries.create_job(session=session, new=queries.NewJob(
+    return queries.NewJob(
         id=job_id, voice_id=voice_id, tokens=tokens if inline else None,
         n_tokens=len(tokens), seed=seed, output_format=request.output_format, priority=request.priority,
-        idempotency_key=idempotency_key, tokens_path=tokens_path,
-        routed_to=route.worker if route else None, route=route.reason if route else None))
-    if not created and tokens_path:
-        artifacts.remove(tokens_path)
-    return job, created
+        idempotency_key=idempotency_key, tokens_path=None if inline else artifacts.put_tokens(job_id, tokens),
+        routed_to=route.worker if route else None, route=route.reason if route else None)
 
 
 def store_tokens(*, session: Session, artifacts: ArtifactStore, job_id: str, tokens: list[int]) -> bool:
@@ -104,13 +128,15 @@ def submit(*, ctx: Context, session: Session, request: JobRequest) -> Job:
         if existing is not None:  # a retry: the same request, or a Conflict
             replayed(existing, checked, _voice_id_of(settings, reference_bytes, voice_id), artifacts)
             return existing
-    # The voice read and its use counted in one statement; taken back below if the job is not new.
-    voice = voices.use_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
+    voice_id = voices.voice_to_use(ctx=ctx, session=session, reference_bytes=reference_bytes,
+                                   voice_id=voice_id)
     # Routed before the insert, so the route is written with the row: one commit before any message.
     route = None if checked.text is not None else routing.route_voice(
-        session=session, settings=settings, voice_id=voice.id, live_workers=ctx.live_workers)
-    job, created = new_job(session=session, artifacts=artifacts, voice_id=voice.id, request=checked,
-                           seed=chosen_seed, route=route)
+        session=session, settings=settings, voice_id=voice_id, live_workers=ctx.live_workers)
+    # The voice's use counted and the job written (PostgreSQL: one statement); the use is given back
+    # below if the job is not new.
+    voice, job, created = new_job_using_voice(session=session, artifacts=artifacts, voice_id=voice_id,
+                                              request=checked, seed=chosen_seed, route=route)
     if not created:  # a concurrent submission with the same key won the insert: judged the same way
         queries.add_voice_use(session=session, voice_id=voice.id, delta=-1)
         replayed(job, checked, voice.id, artifacts)

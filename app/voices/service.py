@@ -87,15 +87,17 @@ def resolve_voice(*, ctx: Context, session: Session, reference_bytes: bytes | No
     return queries.require_voice(session=session, voice_id=_stored_id(session, voice_id))
 
 
-def use_voice(*, ctx: Context, session: Session, reference_bytes: bytes | None,
-              voice_id: str | None) -> VoiceState:
-    """`resolve_voice`, and one more use counted on it; returns its id and status (a stored voice: one
-    statement for both, without loading the Voice)."""
-    if reference_bytes is not None or voice_id is None:
-        voice = resolve_voice(ctx=ctx, session=session, reference_bytes=reference_bytes, voice_id=voice_id)
-        queries.add_voice_use(session=session, voice_id=voice.id)
-        return voice
-    return queries.use_voice(session=session, voice_id=_stored_id(session, voice_id))
+def voice_to_use(*, ctx: Context, session: Session, reference_bytes: bytes | None,
+                 voice_id: str | None) -> str:
+    """The id of the voice a submission names, without reading its row (the job's insert counts its use
+    and finds whether it exists: `queries.create_job_using_voice`); an uploaded reference is stored first
+    (`store_reference`). BadInput for both or neither, or an id of the wrong shape."""
+    if (reference_bytes is None) == (voice_id is None):
+        raise BadInput("give exactly one of reference audio or a voice id")
+    if reference_bytes is not None:
+        return store_reference(settings=ctx.settings, session=session, artifacts=ctx.artifacts,
+                               reference_bytes=reference_bytes)[0].id
+    return _stored_id(session, voice_id)
 
 
 def _stored_id(session: Session, ref: str | None) -> str:

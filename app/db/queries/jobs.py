@@ -8,13 +8,15 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, func, select, text, update
+from sqlalchemy import Table, bindparam, delete, func, select, text, update
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from app.db.models import Job, JobKind, JobStatus, utcnow
 from app.db.queries import paging
 from app.db.queries._common import _insert, _rowcount
+from app.db.queries.voices import VoiceUse, _use_voice, use_voice
 from app.errors import NotFound
 from app.speech import MEL_PER_TOKEN
 
@@ -53,6 +55,52 @@ def create_job(*, session: Session, new: NewJob) -> tuple[Job, bool]:
     existing = get_job_by_idempotency_key(session=session, idempotency_key=new.idempotency_key or "")
     assert existing is not None, "conflicting insert without a row to conflict with"
     return existing, False
+
+
+def create_job_using_voice(*, session: Session, new: NewJob) -> tuple[VoiceUse, Job, bool]:
+    """`use_voice` and `create_job` together: one more use of `new.voice_id` counted, and the job inserted
+    (or, with an idempotency key already used, that job: created False; the use is counted all the same,
+    as `use_voice` then `create_job` count it). NotFound, and nothing written, if there is no such voice.
+
+    On PostgreSQL one statement (`_use_voice_and_insert`): a submission's one round trip to the database
+    before its commit. SQLite cannot write in a `WITH`: there the two statements, in the same transaction.
+
+    Returns (the voice's use, the job, created)."""
+    if session.get_bind().dialect.name != "postgresql":
+        used = use_voice(session=session, voice_id=new.voice_id)
+        return (used, *create_job(session=session, new=new))
+    [row] = _rows([new])
+    params = {f"job_{name}": value for name, value in row.items()}
+    found = session.execute(_use_voice_and_insert(tuple(row)),
+                            {**params, "voice_id": new.voice_id, "now": row["updated_at"]}).first()
+    if found is None:
+        raise NotFound(f"no voice {new.voice_id}")
+    used = VoiceUse(new.voice_id, found[0])
+    if found[1] is not None:
+        return used, _written_job(row), True
+    existing = get_job_by_idempotency_key(session=session, idempotency_key=new.idempotency_key or "")
+    assert existing is not None, "conflicting insert without a row to conflict with"
+    return used, existing, False
+
+
+@functools.cache
+def _use_voice_and_insert(names: tuple[str, ...]) -> Any:
+    """PostgreSQL: the voice's use (`_use_voice`, its `UPDATE ... RETURNING`) and the job's INSERT as one
+    statement of two data-modifying `WITH` parts; the INSERT takes its voice id from the UPDATE's row, so
+    no job is written for a voice that does not exist. One row (the voice's status, and the new job's id
+    or NULL when the idempotency key was taken), or none when there is no such voice. Built once, the
+    row as parameters named `job_<column>` (a parameter named as a voices column would join the UPDATE's
+    SET), each cast to its column's type (a parameter in a SELECT list has none of its own)."""
+    table = cast(Table, Job.__table__)
+    used = _use_voice().cte("used")
+    values = [used.c.id if name == "voice_id"
+              else sql_cast(bindparam(f"job_{name}", type_=table.c[name].type), table.c[name].type)
+              for name in names]
+    inserted = (postgresql.insert(table)  # a column the row leaves out takes the database's default
+                .from_select(list(names), select(*values).select_from(used), include_defaults=False)
+                .on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(table.c.id)
+                .cte("inserted"))
+    return select(used.c.status, select(inserted.c.id).scalar_subquery())
 
 
 @functools.cache

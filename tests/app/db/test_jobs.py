@@ -13,7 +13,7 @@ from app.db import queries as q
 from app.db.models import Job, JobKind, JobStatus, PrepPath
 from app.db.session import session_scope
 from app.errors import NotFound
-from tests.app.db.helpers import new_job
+from tests.app.db.helpers import new_job, vid
 
 
 def test_job_round_trips_tokens_and_defaults(session: Session, voice: str):
@@ -52,6 +52,58 @@ def test_a_job_insert_is_compiled_once_and_answers_as_written(session: Session, 
     got = q.require_job(session=session, job_id=job.id)
     for column in Job.__table__.columns:
         assert getattr(job, column.key) == getattr(got, column.key), column.key
+
+
+def test_a_job_written_with_its_voices_use_is_the_row_create_job_writes_and_counts_one_use(
+        session: Session, voice: str, caplog: pytest.LogCaptureFixture):
+    """`create_job_using_voice` (one statement on PostgreSQL) writes every column as `create_job` does,
+    counts one use of the voice, returns the voice's status, and is a statement SQLAlchemy caches."""
+    def fields(key: str) -> q.NewJob:
+        return q.NewJob(id=str(uuid.uuid4()), voice_id=voice, tokens=[7, 8, 9], n_tokens=3, seed=2**40,
+                        output_format="flac", priority=4, idempotency_key=key, routed_to="gpu-1",
+                        route="affinity")
+
+    q.create_job_using_voice(session=session, new=fields("warm-up"))  # compiled here, if not before
+    before = q.require_voice(session=session, voice_id=voice).uses
+    session.commit()  # a connection reads the log level as it is taken: take the next one in at_level
+    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
+        used, job, created = q.create_job_using_voice(session=session, new=fields("used-1"))
+    logged = [r.getMessage().lstrip() for r in caplog.records]
+    writes = [i for i, line in enumerate(logged) if line.startswith(("WITH used", "INSERT", "UPDATE"))]
+    assert [logged[i].split(" ")[0] for i in writes] == (
+        ["WITH"] if session.get_bind().dialect.name == "postgresql" else ["UPDATE", "INSERT"])
+    assert all("cached since" in logged[i + 1] for i in writes), [logged[i + 1] for i in writes]
+    single, _ = q.create_job(session=session, new=replace(fields("single-1")))
+    session.commit()
+    session.expire_all()
+    assert created and used == (voice, "pending")
+    assert q.require_voice(session=session, voice_id=voice).uses == before + 1
+    got, twin = (q.require_job(session=session, job_id=j.id) for j in (job, single))
+    for column in Job.__table__.columns:
+        assert getattr(job, column.key) == getattr(got, column.key), column.key
+        if column.key not in ("id", "idempotency_key", "submitted_at", "updated_at"):
+            assert getattr(got, column.key) == getattr(twin, column.key), column.key
+
+
+def test_a_job_written_with_its_voices_use_finds_a_taken_key_and_writes_nothing_for_no_voice(
+        session: Session, voice: str):
+    """A taken idempotency key: that job, created False, and the use counted all the same (the caller gives
+    it back). No such voice: NotFound, and no job and no use written."""
+    first, _ = new_job(session, voice, key="taken-2")
+    session.commit()
+    before = q.require_voice(session=session, voice_id=voice).uses
+    again = q.NewJob(id=str(uuid.uuid4()), voice_id=voice, tokens=[1], n_tokens=1, seed=1,
+                     output_format="wav", idempotency_key="taken-2")
+    used, job, created = q.create_job_using_voice(session=session, new=again)
+    assert (used.id, job.id, created) == (voice, first.id, False)
+    session.commit()
+    assert q.require_voice(session=session, voice_id=voice).uses == before + 1
+    nobody = replace(again, id=str(uuid.uuid4()), voice_id=vid(99), idempotency_key="nobody's")
+    with pytest.raises(NotFound, match="no voice"):
+        q.create_job_using_voice(session=session, new=nobody)
+    session.rollback()
+    assert q.get_job(session=session, job_id=nobody.id) is None
+    assert q.get_job_by_idempotency_key(session=session, idempotency_key="nobody's") is None
 
 
 def test_a_batch_insert_writes_each_row_as_a_single_insert_does_and_skips_taken_keys(session: Session,
