@@ -124,6 +124,11 @@ def resample(pcm: np.ndarray | torch.Tensor, orig_sr: int, new_sr: int) -> torch
     return cast("torch.Tensor", _resampler(int(orig_sr), int(new_sr))(wave))
 
 
+def load_resampler() -> None:
+    """Import what `resample` needs (torch, torchaudio) now, not at its first call."""
+    import torchaudio.transforms  # noqa: F401
+
+
 @functools.lru_cache(maxsize=32)
 def _resampler(orig_sr: int, new_sr: int) -> torch.nn.Module:
     """torchaudio's resampler between two rates in float32: its windowed-sinc kernel, which

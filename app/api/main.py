@@ -9,6 +9,7 @@ details. Every error body has the `Problem` shape ({"error", "reason"}).
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from app import audio
 from app.api.deps import ApiContext
 from app.api.docs import install_docs
 from app.api.limits import BodyLimit
@@ -114,7 +116,21 @@ def create_app(settings: Settings, *, sender: TaskSender | None = None) -> FastA
 
 def app_from_environment() -> FastAPI:
     """`uvicorn --factory app.api.main:app_from_environment` (what `wavefarm serve` runs)."""
-    return create_app(get_settings())
+    return settled(create_app(get_settings()))
+
+
+def settled(app: FastAPI) -> FastAPI:
+    """`app`, in a process that will serve it until it exits: what a reference upload would import later
+    (torch and torchaudio, for the resampler: `app.audio.load_resampler`) imported now, then everything
+    alive frozen out of the garbage collector's walks (`gc.freeze`). Those objects (the modules, the
+    app, its routes and models: about 330,000) live as long as the process; left to the collector, a
+    full collection walked them all, about 200 ms every few thousand submissions, and every young one
+    was slowed as well (docs/SCALING.md). Imported now, the first upload does not wait for torch either.
+    Only for a serving process: a test process would keep every cycle alive at the time forever."""
+    audio.load_resampler()
+    gc.collect()
+    gc.freeze()
+    return app
 
 
 # Refusals the services raise: (status, the Problem's error name; None: the class's own name).
