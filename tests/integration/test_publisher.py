@@ -198,6 +198,47 @@ def test_messages_copied_from_one_built_message_are_each_celerys_own(
         publisher.close()
 
 
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_a_queue_is_declared_once_per_connection_and_every_message_arrives(
+        broker: str, worker_settings: Settings, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Single messages through the pooled producer: the first declares its queue; the next ones find it in
+    kombu's record of what the connection declared, and skip kombu's declare check (which binds copies of
+    the queue and its exchange on every publish), and each still reaches the queue."""
+    from kombu import Queue
+    from kombu.messaging import Producer
+
+    url = request.getfixturevalue("amqp_url") if broker == "rabbitmq" else worker_settings.broker_url
+    queue = f"declared-{uuid.uuid4().hex[:8]}"
+    settings = worker_settings.model_copy(update={"broker_url": url, "queue_gpu": queue})
+    declared: list[str] = []  # the queues declared on the broker
+    checked: list[str] = []  # the queues kombu checked before a publish
+    real_declare, real_check = Queue.declare, Producer.maybe_declare
+
+    def declare(self: Queue, *args: Any, **kwargs: Any) -> Any:
+        declared.append(self.name)
+        return real_declare(self, *args, **kwargs)
+
+    def check(self: Producer, entity: Any, *args: Any, **kwargs: Any) -> Any:
+        checked.append(entity.name)
+        return real_check(self, entity, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "declare", declare)
+    monkeypatch.setattr(Producer, "maybe_declare", check)
+    app = make_celery(settings)
+    publisher = Publisher(app)
+    try:
+        for i in range(3):
+            publisher.send_task(wire.SYNTH_TASK, args=[f"job-{i}"], queue=queue,
+                                priority=wire.broker_priority(i))
+        assert declared == [queue] and checked == [queue]
+        with app.connection_for_write() as conn:
+            assert conn.default_channel.queue_declare(queue, passive=True).message_count == 3
+            conn.default_channel.queue_delete(queue)
+    finally:
+        publisher.close()
+
+
 def test_a_round_on_redis_is_one_pipeline_and_a_worker_runs_every_task_of_it(
         cpu_worker: str, worker_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing of the round reaches Redis before it ends, then every message goes in one pipeline (one
@@ -208,7 +249,9 @@ def test_a_round_on_redis_is_one_pipeline_and_a_worker_runs_every_task_of_it(
     real_execute = redis.client.Pipeline.execute
 
     def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        executed.append([str(c[0][0]) for c in self.command_stack])
+        commands = [str(c[0][0]) for c in self.command_stack]
+        if "LPUSH" in commands:  # a pipeline with messages (the queue's declaration has its own: LLEN, SADD)
+            executed.append(commands)
         return real_execute(self, *args, **kwargs)
 
     monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
