@@ -22,6 +22,10 @@ part of the CPU the server could have had, so the rates are a floor. `--profile`
 of 200 submissions at concurrency 1 (the request thread's own time) and prints its top functions; with
 `--batch`, of `--batch-requests` batches instead.
 
+The submitted voice is prepared before the run (`--voice ready`, the default: a voice in use, its features
+in the store) or left pending (`--voice pending`: no CPU worker runs, so each submission also makes the
+preparation claim's Redis `SET NX`). The API is served as `wavefarm serve` serves it (`app.api.main.settled`).
+
 `--floor ROUNDS` measures only submissions, against the least possible app doing the same
 (`scripts/bench_floor.py`), served beside the API on the same database and broker: at each concurrency,
 ROUNDS rounds of `--requests` submissions to wavefarm, then to the floor (A, B, A, B, ...), and per round
@@ -94,20 +98,22 @@ class NullSender:
         pass
 
 
-def serve_counted(port: int, profile: str | None, null_broker: bool = False) -> None:
-    """The API app of `wavefarm serve`, plus a count of SQL statements at GET /_bench/statements."""
+def serve_counted(port: int, profile: str | None, null_broker: bool = False, counted: bool = True) -> None:
+    """The API app of `wavefarm serve`, plus a count of SQL statements at GET /_bench/statements (not
+    `counted`: no count, so its listener's work per statement is not measured against the floor's)."""
     import uvicorn
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from app.api.main import create_app
+    from app.api.main import create_app, settled
     from app.cli.services import _upgrade_schema
     from app.settings import get_settings
 
     _upgrade_schema()
     count = [0]
-    event.listen(Engine, "before_cursor_execute", lambda *_: count.__setitem__(0, count[0] + 1))
-    app = create_app(get_settings(), sender=NullSender() if null_broker else None)
+    if counted:
+        event.listen(Engine, "before_cursor_execute", lambda *_: count.__setitem__(0, count[0] + 1))
+    app = settled(create_app(get_settings(), sender=NullSender() if null_broker else None))  # as served
     app.add_api_route("/_bench/statements", lambda: {"statements": count[0]}, methods=["GET"])
     if profile:
         import cProfile
@@ -148,9 +154,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def api_process(settings: Settings, log: Path, profile: str | None,
-                null_broker: bool = False, processes: int = 1) -> Iterator[subprocess.Popen]:
+def api_process(settings: Settings, log: Path, profile: str | None, null_broker: bool = False,
+                processes: int = 1, counted: bool = True) -> Iterator[subprocess.Popen]:
     argv = [sys.executable, __file__, "--serve", str(PORT)] + (["--profile-out", profile] if profile else [])
+    argv += [] if counted else ["--uncounted"]
     argv += ["--null-broker"] if null_broker else []
     argv += ["--serve-processes", str(processes)] if processes > 1 else []
     with served(argv, settings, log, PORT, what="the API", wait_s=180) as proc:
@@ -344,11 +351,29 @@ def print_profile(path: Path) -> list[str]:
     return lines
 
 
-def store_voice(client: httpx.Client) -> str:
+def store_voice(client: httpx.Client, settings: Settings | None = None) -> str:
+    """The benchmark's voice, stored through the API. With `settings`, also prepared here, as a CPU worker
+    would (`voice.prepare`'s own function): its row ready and its features in the store, the state of a
+    voice used again and again (`--voice ready`). Without, it stays pending (no CPU worker runs), so every
+    submission also makes the preparation claim's Redis `SET NX` (`--voice pending`)."""
     sample = SAMPLES / "voice_a.wav"
     response = client.post("/v1/voices", files={"file": (sample.name, sample.read_bytes(), "audio/wav")})
     response.raise_for_status()
-    return str(response.json()["id"])
+    voice = str(response.json()["id"])
+    if settings is not None:
+        from app.context import Context
+        from tasks.voice import prepare_voice
+
+        ctx = Context.build(settings)
+        try:
+            outcome = prepare_voice(voice, ctx)
+        finally:
+            ctx.close()
+        if outcome != "prepared":
+            raise SystemExit(f"the benchmark's voice was not prepared: {outcome}")
+        if client.get(f"/v1/voices/{voice}").json()["status"] != "ready":
+            raise SystemExit("the benchmark's voice is prepared but not ready")
+    return voice
 
 
 def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -360,7 +385,7 @@ def run_backend(name: str, args: argparse.Namespace, root: Path) -> dict[str, An
         with api_process(settings, root / f"{name}-api.log", profile, args.null_broker,
                          args.processes) as proc, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
-            voice = store_voice(client)
+            voice = store_voice(client, settings if args.voice == "ready" else None)
             book = seed_books(settings, voice, args.book_segments, args.books)
             rows = asyncio.run(measure(proc, voice, book, args))
             base = f"http://127.0.0.1:{PORT}"
@@ -393,15 +418,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="API processes (uvicorn workers, as `wavefarm serve --processes`); >1: postgres")
     parser.add_argument("--floor", type=int, default=0, metavar="ROUNDS",
                         help="submissions only, interleaved with the floor app's (scripts/bench_floor.py)")
+    parser.add_argument("--voice", choices=("ready", "pending"), default="ready",
+                        help="the submitted voice: prepared before the run (the steady state: default), or "
+                        "left pending, so each submission also makes the preparation claim's Redis SET NX")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
+    parser.add_argument("--uncounted", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve and args.serve_processes > 1:
         serve_processes(args.serve, args.serve_processes)
         return 0
     if args.serve:
-        serve_counted(args.serve, args.profile_out, args.null_broker)
+        serve_counted(args.serve, args.profile_out, args.null_broker, counted=not args.uncounted)
         return 0
     refusal = processes_refusal(args)
     if refusal:
@@ -422,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {"command": " ".join(sys.argv), "http": os.environ.get("WAVEFARM_BENCH_HTTP", "auto"),
                   "httptools_uvloop": [importlib.util.find_spec(m) is not None
                                        for m in ("httptools", "uvloop")],
-                  "git": revision.strip(), "cpu": cpu, "cores": os.cpu_count(),
+                  "git": revision.strip(), "voice": args.voice, "cpu": cpu, "cores": os.cpu_count(),
                   "load_before": os.getloadavg(), "backends": results}
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

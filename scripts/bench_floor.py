@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, MetaData, String, Table, insert
 
 FLOOR_TABLE = "floor_jobs"
+WARM_UP_PER_CLIENT = 10  # submissions per concurrent client before each measured round
 FLOOR_QUEUE_SUFFIX = "-floor"  # beside the benchmark's own queues, deleted with them
 
 metadata = MetaData()
@@ -158,7 +159,8 @@ async def measure_interleaved(procs: dict[str, Any], ports: dict[str, int], voic
         for c in args.concurrency:
             for n in range(args.floor):
                 for name in ("wavefarm", "floor"):
-                    await run_scenario(clients[name], submit, min(c, 4), 8)  # warm-up
+                    # warm-up at the round's concurrency: its connections, pools and caches in place
+                    await run_scenario(clients[name], submit, c, WARM_UP_PER_CLIENT * c)
                     before = cpu_seconds(procs[name].pid)
                     wall, lat, busy = await run_scenario(clients[name], submit, c, args.requests)
                     cpu = cpu_seconds(procs[name].pid) - before
@@ -195,10 +197,10 @@ def run_floor(name: str, args: Any, root: Path, port: int) -> dict[str, Any]:
 
     print(f"{name} (against the floor):", flush=True)
     with backend(name, root / name) as settings:
-        with api_process(settings, root / f"{name}-api.log", None) as api, \
+        with api_process(settings, root / f"{name}-api.log", None, counted=False) as api, \
                 floor_process(settings, root / f"{name}-floor.log", port) as floor, \
                 httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
-            voice = store_voice(client)
+            voice = store_voice(client, settings if args.voice == "ready" else None)
             rows = asyncio.run(measure_interleaved({"wavefarm": api, "floor": floor},
                                                    {"wavefarm": PORT, "floor": port}, voice, args))
     summary = ratio_summary(rows)

@@ -20,8 +20,9 @@ SEEDING = ("register_voice", "seed_books", "_upgrade_schema", "store_voice")
 # The handler's work: a stack holding one of these frames (first match in this order) is that work's.
 WORK: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the JSON body read and parsed", ("_json_fields (",)),
-    ("the voice checked and its use counted (UPDATE ... RETURNING)", ("use_voice (",)),
-    ("the job INSERT", ("new_job (",)),
+    ("the voice's use counted and the job INSERT (PostgreSQL: one statement)", ("new_job_using_voice (",)),
+    ("the voice checked and its use counted (UPDATE ... RETURNING)", ("use_voice (",)),  # before issue 45's
+    ("the job INSERT", ("new_job (",)),                                                  # third pass
     ("the commit, and the feature store's check of the voice (Redis)", ("queue_preparation (",)),
     ("the publish", ("send_synth (", "bench_floor.py:77)", "bench_floor.py:78)")),
     ("the INSERT and the commit", ("bench_floor.py:74)", "bench_floor.py:75)", "bench_floor.py:76)")),
