@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     max_batch_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1, description="request body of POST /v1/jobs/batch (up to 1000 jobs)"
     )
+    submit_threads: int | None = Field(
+        default=None, ge=1, le=40, description="job submissions (single, batch, speech) an API process "
+        "writes at once; the others wait on its event loop, not in threads fighting for the GIL "
+        "(docs/SCALING.md). Unset: 8 on PostgreSQL, 2 on SQLite (one writer at a time)")
 
     # Books.
     lexicon: Path | None = Field(

@@ -8,16 +8,21 @@ one short session per request with `ctx.session()`.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, TypeVar
 
+import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
 from app.context import Context
+from app.settings import Settings
 from app.submission.routing import LiveWorkers
 from app.voices.service import StoredFeatures
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -27,6 +32,24 @@ class ApiContext(Context):
     live_workers: LiveWorkers | None = field(default_factory=LiveWorkers)
     # Every submission of a ready voice asks whether its features are stored: a find trusted for a second.
     stored_features: StoredFeatures | None = field(default_factory=StoredFeatures)
+    _submitters: anyio.CapacityLimiter | None = field(default=None, init=False, repr=False)  # on first use
+
+    async def submitting(self, work: Callable[..., T], *args: object) -> T:
+        """`work(*args)` in the thread pool, at most `settings.submit_threads` of them at once in this
+        process. A submission is a second of Python work a millisecond at a time between database and
+        broker round trips; at 16 concurrent submissions in 40 threads the threads' handing the GIL
+        to each other cost more than the work (docs/SCALING.md, "Submissions in a few threads")."""
+        if self._submitters is None:
+            self._submitters = anyio.CapacityLimiter(submit_threads(self.settings))
+        return await anyio.to_thread.run_sync(work, *args, limiter=self._submitters)
+
+
+def submit_threads(settings: Settings) -> int:
+    """`settings.submit_threads`, or when unset: 8 on PostgreSQL; 2 on SQLite, which takes one writer at a
+    time (more threads only wait on its lock: a thread that finds it taken sleeps and tries again)."""
+    if settings.submit_threads is not None:
+        return settings.submit_threads
+    return 2 if settings.database_url.startswith("sqlite") else 8
 
 
 async def context(request: Request) -> ApiContext:

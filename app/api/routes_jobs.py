@@ -135,7 +135,7 @@ async def create_job(
     else:
         raise HTTPException(415, detail="send application/json or a form (multipart/form-data)")
     fields["idempotency_key"] = fields.get("idempotency_key") or idempotency_key
-    return await run_in_threadpool(_submit, ctx, fields)
+    return await ctx.submitting(_submit, ctx, fields)
 
 
 BATCH_BODY = {"requestBody": {"required": True, "content": {
@@ -166,7 +166,7 @@ async def create_jobs(request: Request, ctx: Ctx) -> BatchOut:
     async for chunk in request.stream():  # bounded by the body limit (app.api.limits): 413 past it
         body += chunk
     items = await run_in_threadpool(parse_items, bytes(body), lines=lines)
-    return await run_in_threadpool(_submit_batch, ctx, items)
+    return await ctx.submitting(_submit_batch, ctx, items)
 
 
 VOICE_FILTER = "the jobs of one voice: its id, name or a unique id prefix (404 when it names none)"

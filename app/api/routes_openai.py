@@ -109,7 +109,7 @@ async def create_speech(
 ) -> Response:
     """Speak `input` in `voice`; the audio streams as it is rendered."""
     _check(req)
-    listener = await run_in_threadpool(_submit, ctx, req, priority, idempotency_key)
+    listener = await ctx.submitting(_submit, ctx, req, priority, idempotency_key)
     tail = PcmTail(ctx.artifacts, listener.job_id)
     headers = {"X-Wavefarm-Job-Id": listener.job_id}
     try:
