@@ -36,9 +36,9 @@ class ApiContext(Context):
 
     async def submitting(self, work: Callable[..., T], *args: object) -> T:
         """`work(*args)` in the thread pool, at most `settings.submit_threads` of them at once in this
-        process. A submission is a second of Python work a millisecond at a time between database and
-        broker round trips; at 16 concurrent submissions in 40 threads the threads' handing the GIL
-        to each other cost more than the work (docs/SCALING.md, "Submissions in a few threads")."""
+        process. A submission is a millisecond or two of Python work around a few database and broker
+        round trips; with 16 of them at once in as many threads, the threads' handing the GIL to each
+        other cost a third more CPU per submission (docs/SCALING.md, "Submissions in a few threads")."""
         if self._submitters is None:
             self._submitters = anyio.CapacityLimiter(submit_threads(self.settings))
         return await anyio.to_thread.run_sync(work, *args, limiter=self._submitters)
