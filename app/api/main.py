@@ -123,7 +123,7 @@ def settled(app: FastAPI) -> FastAPI:
     """`app`, in a process that will serve it until it exits: what a reference upload would import later
     (torch and torchaudio, for the resampler: `app.audio.load_resampler`) imported now, then everything
     alive frozen out of the garbage collector's walks (`gc.freeze`). Those objects (the modules, the
-    app, its routes and models: about 330,000) live as long as the process; left to the collector, a
+    app, its routes and models: about 300,000) live as long as the process; left to the collector, a
     full collection walked them all, about 200 ms every few thousand submissions, and every young one
     was slowed as well (docs/SCALING.md). Imported now, the first upload does not wait for torch either.
     Only for a serving process: a test process would keep every cycle alive at the time forever."""
